@@ -1,0 +1,86 @@
+"""The runner: the one place that builds device arrays and calls the jitted model step.
+
+A step is always `step_tokens` rows (DESIGN.md: one compiled token-batch shape), whatever
+mix of prompt chunks and decode rows it carries; the rows a caller does not fill are padding
+that writes into the reserved page 0 and whose logits are dropped. The KV cache is one
+(k, v) pair of page arrays per layer, donated to each step so XLA updates it in place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kinetic.model.layers import StepInput
+from kinetic.model.loader import LoadedModel
+
+RESERVED_PAGE = 0  # padding rows write here; no sequence's valid positions ever map to it
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    step_tokens: int = 16     # T: rows per step (never 1: see DESIGN.md on M = 1)
+    num_slots: int = 1        # S: sequences whose pages a step can read
+    page_size: int = 16
+    num_pages: int = 129      # including the reserved page 0
+    pages_per_slot: int = 128  # P: a slot's page table length; context = P * page_size
+    kv_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.step_tokens < 2:
+            raise ValueError("step_tokens must be at least 2 (a 1-row step computes other bits)")
+        if self.num_pages < 2 or self.pages_per_slot < 1 or self.page_size < 1:
+            raise ValueError("the KV cache needs at least one page besides the reserved one")
+
+    @property
+    def max_context(self) -> int:
+        return self.pages_per_slot * self.page_size
+
+
+class Runner:
+    """Owns the weights, the KV cache and the compiled step of one model."""
+
+    def __init__(self, model: LoadedModel, config: RunnerConfig):
+        self.model, self.config = model, config
+        cfg = model.config
+        shape_k = (config.num_pages, config.page_size, cfg.n_kv_head, cfg.head_dim)
+        shape_v = (config.num_pages, config.page_size, cfg.n_kv_head, cfg.v_head_dim)
+        dt = jnp.dtype(config.kv_dtype)
+        self.cache = [(jnp.zeros(shape_k, dt), jnp.zeros(shape_v, dt))
+                      for _ in range(cfg.n_layer)]
+        self._step = jax.jit(partial(_forward, model.arch.forward, cfg), donate_argnums=(1,))
+
+    def step(self, tokens: np.ndarray, positions: np.ndarray, slots: np.ndarray,
+             write_index: np.ndarray, page_table: np.ndarray) -> np.ndarray:
+        """Run one step over up to T rows (arrays of length n <= T); returns their logits as
+        float32 [n, V] and updates the cache. page_table is [S, P]."""
+        T, n = self.config.step_tokens, len(tokens)
+        if n > T:
+            raise ValueError(f"{n} rows do not fit a {T}-row step")
+        pad = T - n
+        page_size = self.config.page_size
+        step = StepInput(
+            tokens=jnp.asarray(np.concatenate([tokens, np.zeros(pad)]).astype(np.int32)),
+            positions=jnp.asarray(np.concatenate([positions, np.zeros(pad)]).astype(np.int32)),
+            slots=jnp.asarray(np.concatenate([slots, np.zeros(pad)]).astype(np.int32)),
+            write_index=jnp.asarray(np.concatenate(
+                [write_index, RESERVED_PAGE * page_size + np.arange(pad) % page_size]
+            ).astype(np.int32)),
+            page_table=jnp.asarray(page_table.astype(np.int32)),
+        )
+        logits, self.cache = self._step(self.model.weights, self.cache, step)
+        return np.asarray(logits[:n])
+
+    def compile(self) -> None:
+        """Compile the step now (the first call would otherwise pay for it)."""
+        S, P = self.config.num_slots, self.config.pages_per_slot
+        self.step(np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0),
+                  np.zeros((S, P), np.int32))
+
+
+def _forward(forward, cfg, weights, cache, step):
+    return forward(weights, cfg, cache, step)

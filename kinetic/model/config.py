@@ -1,0 +1,103 @@
+"""The frozen model configuration, read from GGUF metadata.
+
+One `Config` serves every architecture; each architecture module fills in what is its own
+(`configure(cfg, metadata)`), so that this file holds only the keys all of them share.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+
+class ModelConfigError(ValueError):
+    """The GGUF metadata does not describe a model we can run; the message says what is missing."""
+
+
+@dataclass(frozen=True)
+class Config:
+    arch: str
+    n_layer: int
+    d_model: int
+    n_head: int
+    n_kv_head: int
+    head_dim: int            # per-head width of q and k (GGUF key_length)
+    v_head_dim: int          # per-head width of v (GGUF value_length)
+    d_ffn: int
+    vocab_size: int
+    context_length: int
+    norm_eps: float
+    rope_base: float
+    rope_dim: int            # rotated width per head (partial rotary when < head_dim)
+    rope_neox: bool          # rotate halves (NEOX) rather than adjacent pairs (GPT-J / llama)
+    rope_base_local: float = 0.0          # sliding-window layers' rope base (gemma3), 0 = same
+    rope_freq_scale: float = 1.0          # positions are multiplied by this (linear scaling)
+    attn_scale: float = 0.0               # multiplier on q.k; 0 means 1/sqrt(head_dim)
+    sliding_window: int = 0               # 0 = none
+    sliding_layers: tuple[bool, ...] = ()  # per layer: uses the sliding window
+    embed_scale: float = 1.0              # token embeddings multiplied by this (gemma: sqrt(d))
+    tied_output: bool = False             # output projection is token_embd
+    final_softcap: float = 0.0            # 0 = none
+
+    def __post_init__(self) -> None:
+        if self.n_head % max(self.n_kv_head, 1):
+            raise ModelConfigError(
+                f"head_count {self.n_head} is not a multiple of head_count_kv {self.n_kv_head}")
+        if self.rope_dim > self.head_dim or self.rope_dim % 2:
+            raise ModelConfigError(f"rope dimension {self.rope_dim} does not fit head size "
+                                   f"{self.head_dim}")
+
+    @property
+    def q_scale(self) -> float:
+        return self.attn_scale or 1.0 / math.sqrt(self.head_dim)
+
+    def replace(self, **changes: Any) -> "Config":
+        return dataclasses.replace(self, **changes)
+
+
+def base_config(arch: str, meta: dict[str, Any], vocab_size: int) -> Config:
+    """The shared part of the config: `{arch}.block_count`, `.embedding_length` and so on."""
+
+    def key(name: str, default: Any = None) -> Any:
+        value = meta.get(f"{arch}.{name}", default)
+        if value is None:
+            raise ModelConfigError(f"the file has no {arch}.{name} key")
+        return value
+
+    n_head = int(key("attention.head_count"))
+    d_model = int(key("embedding_length"))
+    n_kv = key("attention.head_count_kv", n_head)
+    if not isinstance(n_kv, int):  # per-layer arrays exist in some files; one value here
+        n_kv = int(n_kv[0])
+    head_dim = int(key("attention.key_length", d_model // n_head))
+    n_layer = int(key("block_count"))
+    return Config(
+        arch=arch,
+        n_layer=n_layer,
+        d_model=d_model,
+        n_head=n_head,
+        n_kv_head=int(n_kv),
+        head_dim=head_dim,
+        v_head_dim=int(key("attention.value_length", head_dim)),
+        d_ffn=int(key("feed_forward_length")),
+        vocab_size=vocab_size,
+        context_length=int(key("context_length", 2048)),
+        norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_base=float(key("rope.freq_base", 10000.0)),
+        rope_dim=int(key("rope.dimension_count", head_dim)),
+        rope_neox=True,
+        rope_freq_scale=_rope_freq_scale(arch, meta),
+        sliding_layers=(False,) * n_layer,
+    )
+
+
+def _rope_freq_scale(arch: str, meta: dict[str, Any]) -> float:
+    kind = meta.get(f"{arch}.rope.scaling.type", "none")
+    factor = float(meta.get(f"{arch}.rope.scaling.factor", 0.0) or 0.0)
+    if kind == "linear" and factor > 0:
+        return 1.0 / factor
+    if kind not in ("none", "linear", "yarn") or (kind == "yarn" and factor > 1):
+        raise ModelConfigError(f"rope scaling {kind!r} (factor {factor}) is not supported yet")
+    return 1.0

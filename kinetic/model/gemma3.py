@@ -1,0 +1,69 @@
+"""Gemma 3: sliding-window layers (5 of every 6) with their own rotary base, RMS-normalized
+q and k, norms before and after both attention and feed-forward, a GELU-gated feed-forward,
+embeddings scaled by sqrt(d_model) and the output tied to the embeddings.
+
+GGUF gemma files already hold the norm weights as (1 + w), so rms_norm applies them as is.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+
+from kinetic.model.config import Config
+from kinetic.model.layers import (StepInput, apply_rope, embed, geglu_ffn, linear,
+                                  paged_attention, rms_norm, rope_angles, write_kv)
+
+GLOBAL_TENSORS = ("token_embd", "output_norm")
+OPTIONAL_GLOBAL = ("output",)
+LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm",
+                 "attn_output", "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up",
+                 "ffn_down", "post_ffw_norm")
+OPTIONAL_LAYER = ()
+
+
+def configure(cfg: Config, meta: dict) -> Config:
+    pattern = int(meta.get("gemma3.attention.sliding_window_pattern", 6) or 6)
+    window = int(meta.get("gemma3.attention.sliding_window", 0) or 0)
+    # Every pattern-th layer is global; the others see only the last `window` positions.
+    sliding = tuple(window > 0 and (i + 1) % pattern != 0 for i in range(cfg.n_layer))
+    return cfg.replace(
+        rope_neox=True,
+        sliding_window=window,
+        sliding_layers=sliding,
+        rope_base_local=float(meta.get("gemma3.rope.freq_base_swa", 10000.0)),
+        embed_scale=math.sqrt(cfg.d_model),
+        attn_scale=1.0 / math.sqrt(cfg.head_dim),
+    )
+
+
+def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
+    """Logits [T, V] for the step's rows, and the cache with their K/V written."""
+    T, eps = step.tokens.shape[0], cfg.norm_eps
+    x = embed(step.tokens, weights["token_embd"], cfg.embed_scale)  # [T, D]
+    rope_global = rope_angles(step.positions, cfg, cfg.rope_base)
+    rope_local = rope_angles(step.positions, cfg.replace(rope_freq_scale=1.0),
+                             cfg.rope_base_local or cfg.rope_base)
+    new_cache = []
+    for w, (k_cache, v_cache), sliding in zip(weights["blk"], cache, cfg.sliding_layers):
+        cos, sin = rope_local if sliding else rope_global
+        with jax.named_scope("attention"):
+            h = rms_norm(x, w["attn_norm"], eps)
+            q = linear(h, w["attn_q"]).reshape(T, cfg.n_head, cfg.head_dim)
+            k = linear(h, w["attn_k"]).reshape(T, cfg.n_kv_head, cfg.head_dim)
+            v = linear(h, w["attn_v"]).reshape(T, cfg.n_kv_head, cfg.v_head_dim)
+            q = apply_rope(rms_norm(q, w["attn_q_norm"], eps), cos, sin, True)
+            k = apply_rope(rms_norm(k, w["attn_k_norm"], eps), cos, sin, True)
+            k_cache = write_kv(k_cache, k, step.write_index)
+            v_cache = write_kv(v_cache, v, step.write_index)
+            a = paged_attention(q, k_cache, v_cache, step, cfg.q_scale,
+                                window=cfg.sliding_window if sliding else 0)
+            a = linear(a.reshape(T, -1), w["attn_output"])
+            x = x + rms_norm(a, w["post_attention_norm"], eps)
+        with jax.named_scope("ffn"):
+            f = geglu_ffn(rms_norm(x, w["ffn_norm"], eps), w)
+            x = x + rms_norm(f, w["post_ffw_norm"], eps)
+        new_cache.append((k_cache, v_cache))
+    x = rms_norm(x, weights["output_norm"], eps)
+    return linear(x, weights["output"]), new_cache

@@ -1,0 +1,176 @@
+"""Pieces every architecture shares: norms, rotary embeddings, projections, paged attention.
+
+Axis alphabet for every einsum in kinetic/model (declared once, here):
+  t token rows of a step   s sequence slots   l key positions of a slot
+  d model width            h query heads      k kv heads      g query heads per kv head
+  q head width             f ffn width        v vocabulary
+
+Determinism: a step is a fixed block of T token rows. Nothing here lets row i read row j's
+values except through the KV cache of row i's own sequence; attention reduces over a fixed,
+padded key axis where masked keys add exact zeros. See tests/test_invariance.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+
+from kinetic.model.config import Config
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class StepInput:
+    """One forward step's token rows, all of shape [T] except `page_table`.
+
+    tokens, positions: the token and its position in its sequence.
+    slots: which sequence slot the row belongs to (index into page_table).
+    write_index: flat cache row (page * page_size + offset) where the row's K/V are stored;
+      padding rows point into the reserved page 0, which no sequence ever reads as valid.
+    page_table: [S, P] page ids of each slot's sequence, in order.
+    """
+
+    tokens: jax.Array
+    positions: jax.Array
+    slots: jax.Array
+    write_index: jax.Array
+    page_table: jax.Array
+
+
+def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
+    x = x.astype(jnp.float32)
+    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+@partial(jax.tree_util.register_dataclass, data_fields=["w"], meta_fields=["act_quant"])
+@dataclass(frozen=True)
+class Proj:
+    """A projection weight, stored [K, N] in its compute dtype (XLA's CPU dot converts a
+    weight stored [N, K] to a full f32 copy on every call), and how llama.cpp would round
+    the activations that meet it: "q8_0" (blocks of 32, f16 scale), "q8_K" (blocks of 256,
+    f32 scale), "f16", or "" for none (see weights.py)."""
+
+    w: jax.Array
+    act_quant: str = ""
+
+
+def quantize_activations(x: jax.Array, kind: str) -> jax.Array:
+    """x rounded as llama.cpp's CPU matmul rounds it before an integer dot product, so that
+    our float dot sees the values llama.cpp multiplies. [..., K] -> [..., K] float32."""
+    if kind == "f16":
+        return x.astype(jnp.float16).astype(jnp.float32)
+    if kind not in ("q8_0", "q8_K"):
+        return x
+    block = 32 if kind == "q8_0" else 256
+    xb = x.reshape(*x.shape[:-1], x.shape[-1] // block, block)
+    if kind == "q8_0":
+        d = jnp.max(jnp.abs(xb), axis=-1, keepdims=True) / 127.0
+        inv = jnp.where(d > 0, 1.0 / d, 0.0)
+        q = jnp.round(xb * inv)
+        d = d.astype(jnp.float16).astype(jnp.float32)
+    else:  # q8_K: the scale comes from the signed value of largest magnitude
+        idx = jnp.argmax(jnp.abs(xb), axis=-1, keepdims=True)
+        amax = jnp.take_along_axis(xb, idx, axis=-1)
+        inv = jnp.where(amax != 0, -127.0 / amax, 0.0)
+        q = jnp.minimum(jnp.round(xb * inv), 127.0)
+        d = jnp.where(amax != 0, 1.0 / inv, 0.0)
+    return (q * d).reshape(x.shape)
+
+
+def linear(x: jax.Array, p: Proj, b: jax.Array | None = None) -> jax.Array:
+    """x [..., K] @ p.w [K, N] with float32 accumulation."""
+    x = quantize_activations(x, p.act_quant)
+    y = jnp.dot(x.astype(p.w.dtype), p.w, preferred_element_type=jnp.float32)
+    return y if b is None else y + b
+
+
+def rope_angles(positions: jax.Array, cfg: Config, base: float,
+                freq_factors: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """cos and sin, [T, rope_dim / 2], for the rows' positions."""
+    half = cfg.rope_dim // 2
+    inv_freq = base ** (-jnp.arange(half, dtype=jnp.float32) * 2.0 / cfg.rope_dim)
+    if freq_factors is not None:
+        inv_freq = inv_freq / freq_factors
+    theta = (positions.astype(jnp.float32) * cfg.rope_freq_scale)[:, None] * inv_freq[None, :]
+    return jnp.cos(theta), jnp.sin(theta)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array, neox: bool) -> jax.Array:
+    """Rotate the first rope_dim features of each head of x [T, H, Q]."""
+    rot = cos.shape[-1] * 2
+    xr, rest = x[..., :rot], x[..., rot:]
+    c, s = cos[:, None, :], sin[:, None, :]
+    if neox:  # pairs (i, i + rot/2)
+        a, b = xr[..., : rot // 2], xr[..., rot // 2:]
+        out = jnp.concatenate([a * c - b * s, a * s + b * c], axis=-1)
+    else:  # adjacent pairs (2i, 2i+1)
+        a, b = xr[..., 0::2], xr[..., 1::2]
+        out = jnp.stack([a * c - b * s, a * s + b * c], axis=-1).reshape(xr.shape)
+    return jnp.concatenate([out, rest], axis=-1) if rest.shape[-1] else out
+
+
+def write_kv(cache: jax.Array, new: jax.Array, write_index: jax.Array) -> jax.Array:
+    """Scatter new [T, K, Q] rows into cache [pages, page_size, K, Q] (donated: no copy)."""
+    pages, page_size = cache.shape[:2]
+    flat = cache.reshape(pages * page_size, *cache.shape[2:])
+    flat = flat.at[write_index].set(new.astype(cache.dtype), unique_indices=False)
+    return flat.reshape(cache.shape)
+
+
+def paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, step: StepInput,
+                    scale: float, window: int = 0, softcap: float = 0.0) -> jax.Array:
+    """Causal attention of each row's queries q [T, H, Q] over its own sequence's keys.
+
+    Keys of every slot are gathered once ([S, L, K, Q]); every row scores against every slot
+    and then keeps its own slot's result. Scoring other slots costs S times the attention
+    FLOPs but avoids copying keys per row, and taking the own slot's row of a per-slot
+    result is exact, whereas summing over a joint (slot, key) axis would change the
+    reduction order with the slot index. Returns [T, H, Qv].
+    """
+    T, H, Q = q.shape
+    S, P = step.page_table.shape
+    page_size, K = k_cache.shape[1], k_cache.shape[2]
+    L = P * page_size
+    keys = k_cache[step.page_table].reshape(S, L, K, Q).astype(jnp.float32)  # [S, L, K, Q]
+    vals = v_cache[step.page_table].reshape(S, L, K, v_cache.shape[-1]).astype(jnp.float32)
+    # q meets the cache in its storage type, as llama.cpp's f16 cache makes it (exact for f32)
+    q = q.astype(k_cache.dtype).astype(jnp.float32)
+    qg = q.reshape(T, K, H // K, Q) * scale  # [T, K, G, Q]
+    scores = jnp.einsum("tkgq,slkq->tskgl", qg, keys, preferred_element_type=jnp.float32)
+    if softcap:
+        scores = softcap * jnp.tanh(scores / softcap)
+    key_pos = jnp.arange(L, dtype=jnp.int32)[None, :]
+    pos = step.positions[:, None]
+    visible = key_pos <= pos  # [T, L]
+    if window:
+        visible &= key_pos > pos - window
+    scores = jnp.where(visible[:, None, None, None, :], scores, -jnp.inf)
+    # softmax over l for every (t, s): row t's own slot always has key pos itself visible,
+    # other slots' results are discarded below (their rows may be NaN-free garbage).
+    m = jnp.max(scores, axis=-1, keepdims=True)
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    p = jnp.exp(scores - m)
+    p = p / jnp.maximum(jnp.sum(p, axis=-1, keepdims=True), 1e-30)
+    out = jnp.einsum("tskgl,slkq->tskgq", p, vals, preferred_element_type=jnp.float32)
+    out = jnp.take_along_axis(out, step.slots[:, None, None, None, None], axis=1)[:, 0]
+    return out.reshape(T, H, vals.shape[-1])  # [T, H, Qv]
+
+
+def gelu_tanh(x: jax.Array) -> jax.Array:
+    return jax.nn.gelu(x, approximate=True)
+
+
+def swiglu_ffn(x: jax.Array, w: dict) -> jax.Array:
+    return linear(jax.nn.silu(linear(x, w["ffn_gate"])) * linear(x, w["ffn_up"]), w["ffn_down"])
+
+
+def geglu_ffn(x: jax.Array, w: dict) -> jax.Array:
+    return linear(gelu_tanh(linear(x, w["ffn_gate"])) * linear(x, w["ffn_up"]), w["ffn_down"])
+
+
+def embed(tokens: jax.Array, table: jax.Array, scale: float = 1.0) -> jax.Array:
+    x = jnp.take(table, tokens, axis=0).astype(jnp.float32)  # [T, D]
+    return x * scale if scale != 1.0 else x

@@ -1,0 +1,55 @@
+"""Llama 2/3, SmolLM2, Mistral: pre-norm blocks, GQA attention, SwiGLU feed-forward.
+
+GGUF llama files store Q and K permuted for adjacent-pair rotary (llama.cpp's "normal" rope
+mode), so rope rotates pairs (2i, 2i+1) here.
+"""
+
+from __future__ import annotations
+
+import jax
+
+from kinetic.model.config import Config
+from kinetic.model.layers import (StepInput, apply_rope, embed, linear, paged_attention,
+                                  rms_norm, rope_angles, swiglu_ffn, write_kv)
+
+GLOBAL_TENSORS = ("token_embd", "output_norm")
+OPTIONAL_GLOBAL = ("output", "rope_freqs")
+LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
+                 "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
+OPTIONAL_LAYER = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias")
+
+
+def configure(cfg: Config, meta: dict) -> Config:
+    return cfg.replace(rope_neox=False)
+
+
+def attention_block(x: jax.Array, w: dict, kv: tuple[jax.Array, jax.Array], step: StepInput,
+                    cfg: Config, cos: jax.Array, sin: jax.Array, neox: bool):
+    """Self-attention of one layer: returns (output [T, D], updated (k_cache, v_cache))."""
+    T = x.shape[0]
+    q = linear(x, w["attn_q"], w.get("attn_q.bias")).reshape(T, cfg.n_head, cfg.head_dim)
+    k = linear(x, w["attn_k"], w.get("attn_k.bias")).reshape(T, cfg.n_kv_head, cfg.head_dim)
+    v = linear(x, w["attn_v"], w.get("attn_v.bias")).reshape(T, cfg.n_kv_head, cfg.v_head_dim)
+    q, k = apply_rope(q, cos, sin, neox), apply_rope(k, cos, sin, neox)
+    k_cache = write_kv(kv[0], k, step.write_index)
+    v_cache = write_kv(kv[1], v, step.write_index)
+    a = paged_attention(q, k_cache, v_cache, step, cfg.q_scale)  # [T, H, Qv]
+    out = linear(a.reshape(T, -1), w["attn_output"], w.get("attn_output.bias"))
+    return out, (k_cache, v_cache)
+
+
+def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
+    """Logits [T, V] for the step's rows, and the cache with their K/V written."""
+    x = embed(step.tokens, weights["token_embd"])  # [T, D]
+    cos, sin = rope_angles(step.positions, cfg, cfg.rope_base, weights.get("rope_freqs"))
+    new_cache = []
+    for w, kv in zip(weights["blk"], cache):
+        with jax.named_scope("attention"):
+            a, kv = attention_block(rms_norm(x, w["attn_norm"], cfg.norm_eps), w, kv, step,
+                                    cfg, cos, sin, cfg.rope_neox)
+        x = x + a
+        with jax.named_scope("ffn"):
+            x = x + swiglu_ffn(rms_norm(x, w["ffn_norm"], cfg.norm_eps), w)
+        new_cache.append(kv)
+    x = rms_norm(x, weights["output_norm"], cfg.norm_eps)
+    return linear(x, weights["output"]), new_cache

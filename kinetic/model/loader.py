@@ -1,0 +1,56 @@
+"""`load_model(path)`: a GGUF file -> (Config, weights, architecture module).
+
+The architecture modules are the registry: each has `configure`, the tensor lists and
+`forward`. An unknown architecture, a missing key or a missing tensor fails here with a
+message naming it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+
+import jax.numpy as jnp
+
+from kinetic.model import gemma3, llama, qwen2, qwen3
+from kinetic.model.config import Config, ModelConfigError, base_config
+from kinetic.model.gguf_file import GGUFFile
+from kinetic.model.weights import ProgressFn, load_weights
+
+ARCHITECTURES: dict[str, ModuleType] = {
+    "llama": llama, "mistral": llama, "qwen2": qwen2, "qwen3": qwen3, "gemma3": gemma3,
+}
+
+
+@dataclass
+class LoadedModel:
+    file: GGUFFile
+    config: Config
+    weights: dict
+    arch: ModuleType
+
+
+def read_config(f: GGUFFile) -> tuple[Config, ModuleType]:
+    arch_name = f.architecture
+    arch = ARCHITECTURES.get(arch_name)
+    if arch is None:
+        raise ModelConfigError(f"{f.path}: architecture {arch_name!r} is not supported "
+                               f"(supported: {', '.join(sorted(ARCHITECTURES))})")
+    tokens = f.get("tokenizer.ggml.tokens")
+    vocab = len(tokens) if tokens is not None else f.get(f"{arch_name}.vocab_size")
+    if "token_embd.weight" in f.tensors:
+        vocab = f.tensors["token_embd.weight"].shape[0]
+    if not vocab:
+        raise ModelConfigError(f"{f.path}: no vocabulary size (no tokenizer and no token_embd)")
+    cfg = arch.configure(base_config(arch_name, f.metadata, int(vocab)), f.metadata)
+    return cfg.replace(tied_output="output.weight" not in f.tensors), arch
+
+
+def load_model(path: str, dtype: str = "bfloat16", act_quant: bool = True,
+               progress: ProgressFn | None = None) -> LoadedModel:
+    """Open, check and convert a GGUF model. dtype is the projection weights' compute type;
+    act_quant rounds activations as llama.cpp does (see weights.load_weights)."""
+    f = GGUFFile(path)
+    cfg, arch = read_config(f)
+    weights = load_weights(f, cfg, arch, jnp.dtype(dtype), act_quant, progress)
+    return LoadedModel(f, cfg, weights, arch)

@@ -1,0 +1,44 @@
+"""Qwen3: no QKV biases; each head's q and k are RMS-normalized before the rotary."""
+
+from __future__ import annotations
+
+import jax
+
+from kinetic.model.config import Config
+from kinetic.model.layers import (StepInput, apply_rope, embed, linear, paged_attention,
+                                  rms_norm, rope_angles, swiglu_ffn, write_kv)
+
+GLOBAL_TENSORS = ("token_embd", "output_norm")
+OPTIONAL_GLOBAL = ("output",)
+LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm",
+                 "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
+OPTIONAL_LAYER = ()
+
+
+def configure(cfg: Config, meta: dict) -> Config:
+    return cfg.replace(rope_neox=True)
+
+
+def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
+    """Logits [T, V] for the step's rows, and the cache with their K/V written."""
+    T, eps = step.tokens.shape[0], cfg.norm_eps
+    x = embed(step.tokens, weights["token_embd"])  # [T, D]
+    cos, sin = rope_angles(step.positions, cfg, cfg.rope_base)
+    new_cache = []
+    for w, (k_cache, v_cache) in zip(weights["blk"], cache):
+        with jax.named_scope("attention"):
+            h = rms_norm(x, w["attn_norm"], eps)
+            q = linear(h, w["attn_q"]).reshape(T, cfg.n_head, cfg.head_dim)
+            k = linear(h, w["attn_k"]).reshape(T, cfg.n_kv_head, cfg.head_dim)
+            v = linear(h, w["attn_v"]).reshape(T, cfg.n_kv_head, cfg.v_head_dim)
+            q = apply_rope(rms_norm(q, w["attn_q_norm"], eps), cos, sin, True)
+            k = apply_rope(rms_norm(k, w["attn_k_norm"], eps), cos, sin, True)
+            k_cache = write_kv(k_cache, k, step.write_index)
+            v_cache = write_kv(v_cache, v, step.write_index)
+            a = paged_attention(q, k_cache, v_cache, step, cfg.q_scale)
+            x = x + linear(a.reshape(T, -1), w["attn_output"])
+        with jax.named_scope("ffn"):
+            x = x + swiglu_ffn(rms_norm(x, w["ffn_norm"], eps), w)
+        new_cache.append((k_cache, v_cache))
+    x = rms_norm(x, weights["output_norm"], eps)
+    return linear(x, weights["output"]), new_cache
