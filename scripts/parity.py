@@ -1,0 +1,87 @@
+"""Parity with llama.cpp on the real models: tokenization, chat prompts, next-token
+distributions (teacher-forced) and greedy continuations, against tests/data/reference/.
+
+    python scripts/parity.py [smollm2 gemma3 qwen25coder] [--dtype bfloat16]
+
+Prints one line of figures per model (the numbers in docs/parity.md come from here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REFERENCE = Path(__file__).resolve().parent.parent / "tests" / "data" / "reference"
+KEYS = ("smollm2", "gemma3", "qwen25coder")
+
+
+def log_softmax(row: np.ndarray) -> np.ndarray:
+    row = row.astype(np.float64) - row.max()
+    return row - np.log(np.exp(row).sum())
+
+
+def measure(model, ref: dict, greedy_tokens: int = 16) -> dict:
+    """Figures for one model against its reference file (see tests/data/reference/README)."""
+    tok = model.tokenizer
+    tokenize_ok = sum(
+        tok.encode(t["text"], add_special=False, parse_special=False) == t["ids"]
+        and tok.encode(t["text"], add_special=True, parse_special=True)
+        == t["ids_add_special_parse_special"] for t in ref["tokenize"])
+    chat_ok = sum(model.apply_chat_template(c["messages"],
+                                            add_generation_prompt=c["add_generation_prompt"])
+                  == c["prompt"] for c in ref["chat_templates"])
+    prompt_ids_ok = sum(model.prompt_ids(c["prompt"]) == c["prompt_ids"]
+                        for c in ref["continuations"])
+    top1, kls, greedy_ok = [], [], 0
+    for c in ref["continuations"]:
+        steps = c["steps"]
+        ids = c["prompt_ids"] + [s["id"] for s in steps[:-1]]
+        logits = model.logits(ids)
+        first = len(c["prompt_ids"]) - 1
+        for j, s in enumerate(steps):
+            lp = log_softmax(logits[first + j])
+            ref_top = s["top_logprobs"]
+            top1.append(int(np.argmax(lp)) == ref_top[0]["id"])
+            p = np.array([t["logprob"] for t in ref_top])
+            q = np.array([lp[t["id"]] for t in ref_top])
+            kls.append(float(np.sum(np.exp(p) * (p - q))))
+        got = [t for _, t in model.generate_from_ids(c["prompt_ids"], greedy_tokens) if t >= 0]
+        greedy_ok += got[:greedy_tokens] == c["tokens"][:greedy_tokens]
+    n = len(ref["continuations"])
+    return {
+        "tokenize": f"{tokenize_ok}/{len(ref['tokenize'])}",
+        "chat_prompts": f"{chat_ok}/{len(ref['chat_templates'])}",
+        "prompt_ids": f"{prompt_ids_ok}/{n}",
+        "positions": len(top1),
+        "top1": float(np.mean(top1)),
+        "mean_kl": float(np.mean(kls)),
+        "max_kl": float(np.max(kls)),
+        "greedy16": greedy_ok / n,
+    }
+
+
+def main() -> int:
+    import kinetic
+    from kinetic.fetch import MODELS, fetch_model
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("models", nargs="*", default=list(KEYS), choices=KEYS)
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--no-llama-rounding", action="store_true",
+                    help="do not round activations as llama.cpp's CPU matmul does")
+    args = ap.parse_args()
+    for key in args.models:
+        ref = json.loads((REFERENCE / f"{key}.json").read_text())
+        model = kinetic.load(fetch_model(key), n_ctx=2048, dtype=args.dtype,
+                             llama_rounding=not args.no_llama_rounding)
+        figures = measure(model, ref)
+        print(json.dumps({"model": MODELS[key].filename, "dtype": args.dtype,
+                          "llama_rounding": not args.no_llama_rounding, **figures}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""The paged forward of every architecture on tiny random models: against a dense numpy
+reference written from the architectures' definitions, and bitwise independent of how the
+tokens are chunked into steps and of which other sequences share a step."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kinetic.engine.runner import Runner, RunnerConfig
+from kinetic.model.layers import StepInput
+from kinetic.model.loader import load_model
+from tests.tiny_models import write_tiny_model
+
+ARCHS = ["llama", "qwen2", "qwen3", "gemma3"]
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def tiny(request, tmp_path_factory):
+    path = write_tiny_model(tmp_path_factory.mktemp(request.param) / "m.gguf", request.param)
+    return load_model(str(path), dtype="float32", act_quant=False)
+
+
+def runner_for(model, **kw):
+    cfg = dict(step_tokens=8, num_slots=2, page_size=4, num_pages=33, pages_per_slot=16)
+    cfg.update(kw)
+    return Runner(model, RunnerConfig(**cfg))
+
+
+def feed(runner, slot_tokens: dict[int, list[int]], chunk: int) -> dict[int, np.ndarray]:
+    """Feed each slot's tokens, `chunk` per slot per step, sharing steps; logits per slot."""
+    rc = runner.config
+    table = np.zeros((rc.num_slots, rc.pages_per_slot), np.int32)
+    for s in range(rc.num_slots):
+        table[s] = 1 + s * rc.pages_per_slot + np.arange(rc.pages_per_slot)
+    done = {s: 0 for s in slot_tokens}
+    out = {s: [] for s in slot_tokens}
+    while any(done[s] < len(t) for s, t in slot_tokens.items()):
+        rows = []
+        for s, toks in slot_tokens.items():
+            for p in range(done[s], min(done[s] + chunk, len(toks))):
+                rows.append((s, p, toks[p]))
+        rows = rows[: rc.step_tokens]
+        slots = np.array([r[0] for r in rows]); pos = np.array([r[1] for r in rows])
+        toks = np.array([r[2] for r in rows])
+        write = table[slots, pos // rc.page_size] * rc.page_size + pos % rc.page_size
+        logits = runner.step(toks, pos, slots, write, table)
+        for (s, p, _), row in zip(rows, logits):
+            out[s].append(row)
+            done[s] = p + 1
+    return {s: np.stack(v) for s, v in out.items()}
+
+
+# ---- a dense reference, written independently of kinetic/model --------------------------
+
+def _rms(x, w, eps):
+    return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * w
+
+
+def _rope(x, pos, base, neox, dim):
+    half = dim // 2
+    inv = base ** (-np.arange(half) * 2.0 / dim)
+    ang = pos[:, None] * inv[None, :]
+    c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    y = x.copy()
+    if neox:
+        a, b = x[..., :half], x[..., half:dim]
+        y[..., :half], y[..., half:dim] = a * c - b * s, a * s + b * c
+    else:
+        a, b = x[..., 0:dim:2], x[..., 1:dim:2]
+        y[..., 0:dim:2], y[..., 1:dim:2] = a * c - b * s, a * s + b * c
+    return y
+
+
+def _gelu(x):
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def dense_reference(model, tokens):
+    cfg, W = model.config, jax.tree.map(np.asarray, model.weights)
+    mat = lambda p: np.asarray(p.w, np.float64)
+    T, arch = len(tokens), cfg.arch
+    pos = np.arange(T, dtype=np.float64)
+    x = W["token_embd"][tokens].astype(np.float64) * cfg.embed_scale
+    for i, w in enumerate(W["blk"]):
+        h = _rms(x, w["attn_norm"], cfg.norm_eps)
+        q = h @ mat(w["attn_q"]) + w.get("attn_q.bias", 0)
+        k = h @ mat(w["attn_k"]) + w.get("attn_k.bias", 0)
+        v = h @ mat(w["attn_v"]) + w.get("attn_v.bias", 0)
+        q = q.reshape(T, cfg.n_head, cfg.head_dim)
+        k = k.reshape(T, cfg.n_kv_head, cfg.head_dim)
+        v = v.reshape(T, cfg.n_kv_head, cfg.head_dim)
+        if "attn_q_norm" in w:
+            q, k = _rms(q, w["attn_q_norm"], cfg.norm_eps), _rms(k, w["attn_k_norm"], cfg.norm_eps)
+        sliding = cfg.sliding_layers[i]
+        base = cfg.rope_base_local if sliding else cfg.rope_base
+        q = _rope(q, pos, base, cfg.rope_neox, cfg.rope_dim)
+        k = _rope(k, pos, base, cfg.rope_neox, cfg.rope_dim)
+        g = cfg.n_head // cfg.n_kv_head
+        k, v = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)
+        s = np.einsum("thq,lhq->htl", q, k) * cfg.q_scale
+        qi, ki = np.arange(T)[:, None], np.arange(T)[None, :]
+        mask = ki <= qi
+        if sliding:
+            mask &= ki > qi - cfg.sliding_window
+        s = np.where(mask[None], s, -np.inf)
+        p = np.exp(s - s.max(-1, keepdims=True)); p /= p.sum(-1, keepdims=True)
+        a = np.einsum("htl,lhq->thq", p, v).reshape(T, -1) @ mat(w["attn_output"])
+        x = x + (_rms(a, w["post_attention_norm"], cfg.norm_eps) if arch == "gemma3" else a)
+        h = _rms(x, w["ffn_norm"], cfg.norm_eps)
+        act = _gelu if arch == "gemma3" else (lambda z: z / (1 + np.exp(-z)))
+        f = (act(h @ mat(w["ffn_gate"])) * (h @ mat(w["ffn_up"]))) @ mat(w["ffn_down"])
+        x = x + (_rms(f, w["post_ffw_norm"], cfg.norm_eps) if arch == "gemma3" else f)
+    return _rms(x, W["output_norm"], cfg.norm_eps) @ mat(W["output"])
+
+
+def test_config_and_shapes(tiny):
+    cfg = tiny.config
+    assert (cfg.n_layer, cfg.d_model, cfg.n_head, cfg.n_kv_head, cfg.head_dim) == (2, 64, 4, 2, 16)
+    assert tiny.weights["output"].w.shape == (64, cfg.vocab_size)
+    assert tiny.weights["blk"][0]["attn_q"].w.shape == (64, 64)  # stored [K, N]
+    assert cfg.tied_output == (cfg.arch == "gemma3")
+    if cfg.arch == "gemma3":
+        assert cfg.sliding_layers == (True, False) and cfg.sliding_window == 8
+        assert cfg.embed_scale == pytest.approx(8.0)
+
+
+def test_matches_dense_reference(tiny):
+    tokens = list(np.random.default_rng(1).integers(0, tiny.config.vocab_size, 21))
+    got = feed(runner_for(tiny), {0: tokens}, chunk=8)[0]
+    want = dense_reference(tiny, np.array(tokens))
+    np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3)
+    assert (got.argmax(-1) == want.argmax(-1)).all()
+
+
+def test_chunking_and_neighbours_do_not_change_bits(tiny):
+    rng = np.random.default_rng(2)
+    a = [int(t) for t in rng.integers(0, tiny.config.vocab_size, 19)]
+    b = [int(t) for t in rng.integers(0, tiny.config.vocab_size, 11)]
+    alone = feed(runner_for(tiny), {0: a}, chunk=8)[0]
+    one_by_one = feed(runner_for(tiny), {0: a}, chunk=1)[0]
+    np.testing.assert_array_equal(alone, one_by_one)
+    shared = feed(runner_for(tiny), {1: b, 0: a}, chunk=3)  # other slot, other rows
+    np.testing.assert_array_equal(shared[0], alone)
+    np.testing.assert_array_equal(shared[1], feed(runner_for(tiny), {1: b}, chunk=5)[1])
+
+
+def test_real_sizes_by_eval_shape(tiny):
+    """The forward at a real model's sizes, shapes only: nothing is allocated."""
+    cfg = tiny.config.replace(n_layer=24, d_model=896, n_head=14, n_kv_head=2, head_dim=64,
+                              v_head_dim=64, d_ffn=4864, vocab_size=151936,
+                              sliding_layers=(False,) * 24)
+    T, S, P, page = 16, 4, 8, 16
+    proj = lambda k, n: jax.ShapeDtypeStruct((k, n), jnp.bfloat16)
+    from kinetic.model.layers import Proj
+    names = {"attn_q": (896, 896), "attn_k": (896, 128), "attn_v": (896, 128),
+             "attn_output": (896, 896), "ffn_gate": (896, 4864), "ffn_up": (896, 4864),
+             "ffn_down": (4864, 896)}
+    layer = {n: Proj(proj(*s)) for n, s in names.items()}
+    for n in ("attn_norm", "ffn_norm", "post_attention_norm", "post_ffw_norm"):
+        layer[n] = jax.ShapeDtypeStruct((896,), jnp.float32)
+    layer.update({"attn_q_norm": jax.ShapeDtypeStruct((64,), jnp.float32),
+                  "attn_k_norm": jax.ShapeDtypeStruct((64,), jnp.float32)})
+    weights = {"token_embd": jax.ShapeDtypeStruct((151936, 896), jnp.float32),
+               "output_norm": jax.ShapeDtypeStruct((896,), jnp.float32),
+               "output": Proj(proj(896, 151936)), "blk": [layer] * 24}
+    kv = jax.ShapeDtypeStruct((S * P + 1, page, 2, 64), jnp.float32)
+    i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)
+    step = StepInput(i32(T), i32(T), i32(T), i32(T), i32(S, P))
+    logits, cache = jax.eval_shape(lambda w, c, s: tiny.arch.forward(w, cfg, c, s),
+                                   weights, [(kv, kv)] * 24, step)
+    assert logits.shape == (T, 151936) and logits.dtype == jnp.float32
+    assert len(cache) == 24 and cache[0][0].shape == kv.shape

@@ -1,0 +1,104 @@
+"""Tiny random-weight GGUF models of every architecture, with real tokenizers.
+
+The tokenizer metadata comes from llama.cpp's vocab-only files in tests/data/vocab/; the
+weights are random (seeded), so the models talk nonsense but exercise loading, shapes, the
+paged forward and the engine exactly as a real file would.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+from kinetic.model.gguf_file import GGUFFile
+
+DATA = Path(__file__).parent / "data"
+VOCAB_FOR_ARCH = {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "gemma3": "llama-spm"}
+
+LAYER_TENSORS = {
+    "llama": ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate",
+              "ffn_up", "ffn_down"],
+    "qwen2": ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_q.bias", "attn_k.bias",
+              "attn_v.bias", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"],
+    "qwen3": ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm",
+              "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"],
+    "gemma3": ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm",
+               "attn_output", "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up",
+               "ffn_down", "post_ffw_norm"],
+}
+
+
+def copy_tokenizer(writer: gguf.GGUFWriter, vocab: str) -> int:
+    """Copy tokenizer.* keys of tests/data/vocab/ggml-vocab-{vocab}.gguf; returns vocab size."""
+    meta = GGUFFile(DATA / "vocab" / f"ggml-vocab-{vocab}.gguf").metadata
+    for key, value in meta.items():
+        if not key.startswith("tokenizer."):
+            continue
+        if isinstance(value, np.ndarray):
+            kind = (gguf.GGUFValueType.FLOAT32 if value.dtype.kind == "f"
+                    else gguf.GGUFValueType.INT32)
+            writer.add_key_value(key, value.tolist(), gguf.GGUFValueType.ARRAY, kind)
+        elif isinstance(value, list):
+            writer.add_array(key, value)
+        elif isinstance(value, bool):
+            writer.add_bool(key, value)
+        elif isinstance(value, int):
+            writer.add_uint32(key, value)
+        elif isinstance(value, float):
+            writer.add_float32(key, value)
+        else:
+            writer.add_string(key, value)
+    return len(meta["tokenizer.ggml.tokens"])
+
+
+def write_tiny_model(path: Path, arch: str, *, n_layer: int = 2, d_model: int = 64,
+                     n_head: int = 4, n_kv_head: int = 2, head_dim: int = 16, d_ffn: int = 128,
+                     context_length: int = 512, sliding_window: int = 8, seed: int = 0,
+                     tied: bool | None = None) -> Path:
+    """Write a random-weight model of `arch` to path and return it."""
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), arch)
+    vocab = copy_tokenizer(w, VOCAB_FOR_ARCH[arch])
+    w.add_block_count(n_layer)
+    w.add_context_length(context_length)
+    w.add_embedding_length(d_model)
+    w.add_feed_forward_length(d_ffn)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_kv_head)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    if arch == "gemma3":
+        w.add_sliding_window(sliding_window)
+        w.add_uint32("gemma3.attention.sliding_window_pattern", 2)
+    tied = arch == "gemma3" if tied is None else tied
+
+    def tensor(name: str, *shape: int, scale: float = 0.08) -> None:
+        w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))
+
+    q, kv = n_head * head_dim, n_kv_head * head_dim
+    shapes = {"attn_q": (q, d_model), "attn_k": (kv, d_model), "attn_v": (kv, d_model),
+              "attn_q.bias": (q,), "attn_k.bias": (kv,), "attn_v.bias": (kv,),
+              "attn_output": (d_model, q), "attn_q_norm": (head_dim,),
+              "attn_k_norm": (head_dim,), "ffn_gate": (d_ffn, d_model),
+              "ffn_up": (d_ffn, d_model), "ffn_down": (d_model, d_ffn)}
+    tensor("token_embd.weight", vocab, d_model, scale=0.5)
+    for i in range(n_layer):
+        for name in LAYER_TENSORS[arch]:
+            full = f"blk.{i}.{name}" + ("" if name.endswith(".bias") else ".weight")
+            if name.endswith("norm"):
+                w.add_tensor(full, (1.0 + 0.1 * rng.standard_normal(
+                    shapes.get(name, (d_model,)))).astype(np.float32))
+            else:
+                tensor(full, *shapes[name])
+    w.add_tensor("output_norm.weight", np.ones(d_model, np.float32))
+    if not tied:
+        tensor("output.weight", vocab, d_model)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
