@@ -96,6 +96,7 @@ def test_vector_counts():
 
 # --- llama-server's answers on the real models ---
 
+@pytest.mark.real_model
 def test_real_tokenize(real):
     tok, ref = real
     for case in ref["tokenize"]:
@@ -104,12 +105,14 @@ def test_real_tokenize(real):
                 == case["ids_add_special_parse_special"])
 
 
+@pytest.mark.real_model
 def test_real_prompt_ids(real):
     tok, ref = real
     for cont in ref["continuations"]:
         assert tok.encode(cont["prompt"], add_special=True, parse_special=True) == cont["prompt_ids"]
 
 
+@pytest.mark.real_model
 def test_real_step_tokens_and_content(real):
     tok, ref = real
     for cont in ref["continuations"]:
@@ -119,6 +122,7 @@ def test_real_step_tokens_and_content(real):
         assert tok.decode([s["id"] for s in cont["steps"]]) == cont["content"]
 
 
+@pytest.mark.real_model
 def test_real_special_tokens(real):
     tok, ref = real
     eog_text = {tok.token_piece(i, special=True) for i in tok.eog_ids}
