@@ -1,0 +1,192 @@
+"""KV page manager: page allocation, reference counts and the prefix cache (pure Python).
+
+The KV cache on the device is an array of `num_pages` pages of `page_size` token rows; this
+module only decides which page ids each sequence uses. Page 0 is reserved for the runner's
+padding rows and is never handed out.
+
+Prefix reuse. Each FULL page of a sequence has a key: the SHA-256 of (its parent page's key,
+its token ids), so a key names the whole token prefix up to the end of that page. When a page
+has been computed the scheduler `register`s it; a later sequence whose tokens start the same
+way finds the pages by key and shares them read-only (its refcount goes up). A partial page is
+never keyed, so a sequence that continues from a shared prefix writes only into its own pages.
+
+Every page 1..num_pages-1 is in exactly one state:
+  free       refcount 0, no key; never used, or released without a key
+  evictable  refcount 0, keyed: still matchable, kept in LRU order
+  used       refcount > 0 (keyed or not)
+Allocation takes free pages first (lowest ids first, then in release order), then evicts the
+least recently released evictable page, dropping its key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+
+RESERVED_PAGE = 0  # the runner's padding rows write here (kinetic/engine/runner.py)
+
+
+class OutOfPages(RuntimeError):
+    """Raised by `PageManager.allocate` when free + evictable pages cannot cover a request;
+    the scheduler answers it by preempting a sequence."""
+
+
+def page_key(parent: bytes | None, tokens: Sequence[int]) -> bytes:
+    """Key of a full page holding `tokens`, whose preceding page has key `parent` (None for
+    the first page). Parent digests are 32 bytes, so the byte string hashed is unambiguous."""
+    h = hashlib.sha256(parent or b"")
+    h.update(array("q", tokens).tobytes())
+    return h.digest()
+
+
+def extend_keys(keys: list[bytes], tokens: Sequence[int], page_size: int,
+                num_pages: int) -> list[bytes]:
+    """Extend `keys` (the chain for the first len(keys) pages of `tokens`) in place to the
+    first `num_pages` full pages of `tokens`, or as many as are full; returns `keys`."""
+    num_pages = min(num_pages, len(tokens) // page_size)
+    while len(keys) < num_pages:
+        i = len(keys)
+        keys.append(page_key(keys[-1] if keys else None,
+                             tokens[i * page_size:(i + 1) * page_size]))
+    return keys
+
+
+class PageManager:
+    """Owns page ids 1..num_pages-1: their refcounts, keys and free / evictable lists."""
+
+    def __init__(self, num_pages: int, page_size: int):
+        if num_pages < 2 or page_size < 1:
+            raise ValueError(f"need at least 2 pages (one is reserved) and page_size >= 1, "
+                             f"got num_pages={num_pages}, page_size={page_size}")
+        self.num_pages, self.page_size = num_pages, page_size
+        self._refs = [0] * num_pages
+        self._free: deque[int] = deque(range(1, num_pages))
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # least recent first
+        self._key_of: dict[int, bytes] = {}
+        self._page_of: dict[bytes, int] = {}
+
+    # --- inspection -------------------------------------------------------------------
+    @property
+    def free_count(self) -> int:
+        """Pages with no refcount and no key."""
+        return len(self._free)
+
+    @property
+    def evictable(self) -> list[int]:
+        """Keyed pages with refcount 0, in eviction order (next to be evicted first)."""
+        return list(self._evictable)
+
+    @property
+    def available(self) -> int:
+        """Pages `allocate` can hand out now: free plus evictable."""
+        return len(self._free) + len(self._evictable)
+
+    def refcount(self, page: int) -> int:
+        return self._refs[page]
+
+    def key(self, page: int) -> bytes | None:
+        return self._key_of.get(page)
+
+    # --- prefix cache -----------------------------------------------------------------
+    def lookup(self, keys: Sequence[bytes]) -> list[int]:
+        """Pages holding the longest cached prefix of the key chain `keys`; changes nothing."""
+        pages = []
+        for k in keys:
+            page = self._page_of.get(k)
+            if page is None:
+                break
+            pages.append(page)
+        return pages
+
+    def acquire(self, pages: Sequence[int]) -> None:
+        """Take one more reference on each of `pages` (keyed pages found by `lookup`); an
+        evictable page leaves the evictable list."""
+        for page in pages:
+            if self._refs[page] == 0:
+                if page not in self._evictable:
+                    raise ValueError(f"page {page} is neither used nor evictable")
+                del self._evictable[page]
+            self._refs[page] += 1
+
+    def match_prefix(self, tokens: Sequence[int]) -> list[int]:
+        """Acquire and return the cached pages of the longest full-page prefix of `tokens`,
+        leaving at least the last token uncomputed (its logits are needed), so a prompt of
+        exactly n full pages matches at most n - 1. Cached tokens = len(result) * page_size."""
+        keys = extend_keys([], tokens, self.page_size, (len(tokens) - 1) // self.page_size)
+        pages = self.lookup(keys)
+        self.acquire(pages)
+        return pages
+
+    def register(self, page: int, key: bytes) -> bool:
+        """Record that used `page` now holds the full page named `key`. Returns False, and
+        records nothing, when another page already holds `key` (two sequences computed the
+        same prefix at once: the first one stays the cached copy)."""
+        if self._refs[page] == 0:
+            raise ValueError(f"page {page} is not in use and cannot be registered")
+        if key in self._page_of:
+            return self._page_of[key] == page
+        if page in self._key_of:
+            raise ValueError(f"page {page} already holds another key")
+        self._page_of[key] = page
+        self._key_of[page] = key
+        return True
+
+    # --- allocation -------------------------------------------------------------------
+    def allocate(self, n: int) -> list[int]:
+        """n pages with refcount 1, free pages first, then evicted ones (their keys are
+        dropped). All or nothing: raises OutOfPages, changing nothing, if n > available."""
+        if n > self.available:
+            raise OutOfPages(f"{n} pages requested, {self.available} available")
+        pages = []
+        for _ in range(n):
+            if self._free:
+                page = self._free.popleft()
+            else:
+                page, _ = self._evictable.popitem(last=False)
+                del self._page_of[self._key_of.pop(page)]
+            self._refs[page] = 1
+            pages.append(page)
+        return pages
+
+    def release(self, pages: Sequence[int]) -> None:
+        """Drop one reference on each of a sequence's `pages` (given in sequence order). A
+        page whose refcount reaches 0 becomes evictable if keyed, else free. Pages are
+        released last first, so a sequence's tail is evicted before its head: a cached
+        prefix is only useful from its start."""
+        for page in reversed(pages):
+            if self._refs[page] <= 0:
+                raise ValueError(f"page {page} released more often than acquired")
+            self._refs[page] -= 1
+            if self._refs[page] == 0:
+                if page in self._key_of:
+                    self._evictable[page] = None
+                else:
+                    self._free.append(page)
+
+    def check_invariants(self, held: dict[int, int] | None = None) -> None:
+        """Raise AssertionError unless every page is in exactly one state, refcounts are
+        non-negative, keys and pages map one to one, and (if `held`, page -> number of
+        holders, is given) each refcount equals its number of holders."""
+        free, evict = set(self._free), set(self._evictable)
+        assert len(free) == len(self._free), "a page is twice in the free list"
+        assert not free & evict, f"pages both free and evictable: {free & evict}"
+        assert RESERVED_PAGE not in free | evict and self._refs[RESERVED_PAGE] == 0
+        for page in range(1, self.num_pages):
+            r = self._refs[page]
+            assert r >= 0, f"page {page} has refcount {r}"
+            states = (page in free) + (page in evict) + (r > 0)
+            assert states == 1, f"page {page} is in {states} states (refcount {r})"
+            if page in free:
+                assert page not in self._key_of, f"free page {page} has a key"
+            if page in evict:
+                assert page in self._key_of, f"evictable page {page} has no key"
+        assert len(self._key_of) == len(self._page_of)
+        for page, k in self._key_of.items():
+            assert self._page_of.get(k) == page, f"key of page {page} maps elsewhere"
+        if held is not None:
+            for page in range(1, self.num_pages):
+                assert self._refs[page] == held.get(page, 0), (
+                    f"page {page}: refcount {self._refs[page]}, "
+                    f"held by {held.get(page, 0)} sequences")

@@ -1,0 +1,405 @@
+"""The scheduler: which token rows of which sequences go into the next fixed-shape step.
+
+There is no prefill phase and no decode phase (DESIGN.md). A sequence holds `tokens` (prompt
+plus generated) and `num_computed`, how many of them have K/V in the cache; the rows it still
+needs are tokens[num_computed:]. A sequence whose only uncomputed token is its newest one
+gets one "decode" row (plus its draft rows, if the engine set a draft); one with more gets a
+prompt chunk. The logits of a sequence's row are sampled only when that row is its newest
+token, so the same rule covers chunked prompts, prefix reuse and resumption after preemption.
+
+One step, traced:
+  schedule()   running sequences first, oldest first: each gets its rows and the pages they
+               need; if pages run out the newest running sequence is preempted (pages released,
+               re-queued at the FRONT of the waiting queue). Then, if nothing was preempted,
+               waiting sequences are admitted in FIFO order into free slots, their cached prefix
+               taken from the PageManager so those tokens are skipped.
+  runner.step  the engine runs the plan's rows (kinetic/engine/runner.py)
+  complete()   num_computed advances, sampled tokens are appended, newly full pages are
+               registered for reuse, and sequences at max_tokens or the context end finish
+               and release their pages at once.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+
+import numpy as np
+
+from kinetic.engine.kv_cache import PageManager, extend_keys
+
+
+class ContextOverflow(ValueError):
+    """A prompt that cannot fit a slot's context; raised by `Scheduler.add` before any work."""
+
+
+class Status(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    step_tokens: int = 16      # T: rows per step
+    num_slots: int = 1         # S: sequences running at once (--parallel)
+    page_size: int = 16
+    num_pages: int = 129       # including the reserved page 0
+    pages_per_slot: int = 128  # P: context = P * page_size
+    chunk_tokens: int = 512    # most prompt rows one sequence gets in one step
+
+    def __post_init__(self) -> None:
+        for name in ("step_tokens", "num_slots", "page_size", "pages_per_slot", "chunk_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        # One sequence alone must always be able to reach its context end, or preemption
+        # could not guarantee progress.
+        if self.num_pages - 1 < self.pages_per_slot:
+            raise ValueError(f"num_pages={self.num_pages} leaves fewer than pages_per_slot="
+                             f"{self.pages_per_slot} usable pages (page 0 is reserved)")
+
+    @property
+    def max_context(self) -> int:
+        return self.pages_per_slot * self.page_size
+
+    @classmethod
+    def from_runner(cls, runner_config, chunk_tokens: int = 512) -> SchedulerConfig:
+        """The scheduler shape matching a RunnerConfig (duck-typed: no JAX import here)."""
+        rc = runner_config
+        return cls(rc.step_tokens, rc.num_slots, rc.page_size, rc.num_pages,
+                   rc.pages_per_slot, chunk_tokens)
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request's tokens and cache state; the scheduler owns every field but `draft`."""
+
+    seq_id: int
+    prompt: list[int]
+    max_tokens: int | None = None   # new tokens to generate; None: until the context end
+    tokens: list[int] = field(init=False)
+    num_computed: int = 0           # tokens whose K/V are in the cache
+    num_cached: int = 0             # prompt tokens taken from the prefix cache at first admission
+    pages: list[int] = field(default_factory=list)
+    page_keys: list[bytes] = field(default_factory=list)  # key chain of tokens' full pages
+    num_registered: int = 0         # leading pages known to the prefix cache
+    slot: int | None = None
+    status: Status = Status.WAITING
+    finish_reason: str | None = None
+    draft: list[int] = field(default_factory=list)  # proposed tokens to verify next step
+    arrival: int = -1               # order of `add`; older sequences are never preempted first
+
+    def __post_init__(self) -> None:
+        self.prompt = list(self.prompt)
+        self.tokens = list(self.prompt)
+        if not self.prompt:
+            raise ValueError(f"sequence {self.seq_id}: empty prompt")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"sequence {self.seq_id}: max_tokens must be at least 1")
+
+    @property
+    def n_prompt(self) -> int:
+        return len(self.prompt)
+
+    @property
+    def n_decoded(self) -> int:
+        return len(self.tokens) - len(self.prompt)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Rows first_row .. first_row+num_rows-1 of a plan belong to `seq_id`, starting at
+    position `start`; the last `num_draft` of them are draft tokens."""
+
+    seq_id: int
+    first_row: int
+    start: int
+    num_rows: int
+    num_draft: int
+    sampled: bool   # whether the rows' logits are sampled (the chunk reaches the newest token)
+
+
+@dataclass
+class StepPlan:
+    """One step's rows as the runner takes them, plus what `complete` needs to know."""
+
+    seq_ids: list[int]          # [n] owner of each row
+    tokens: np.ndarray          # [n] int32
+    positions: np.ndarray       # [n] int32
+    slots: np.ndarray           # [n] int32
+    write_index: np.ndarray     # [n] int32: page * page_size + offset
+    page_table: np.ndarray      # [S, P] int32, RESERVED_PAGE where unused
+    chunks: list[Chunk]
+    preempted: list[int]        # sequences preempted while planning this step
+
+    def __len__(self) -> int:
+        return len(self.seq_ids)
+
+    @property
+    def sample_rows(self) -> dict[int, list[int]]:
+        """seq id -> the rows whose logits are sampled: the last row of a chunk that reaches
+        the newest token, or every draft-verification row (the decode row and its drafts)."""
+        out = {}
+        for c in self.chunks:
+            if c.sampled:
+                end = c.first_row + c.num_rows
+                out[c.seq_id] = list(range(end - c.num_draft - 1, end))
+        return out
+
+
+@dataclass(frozen=True)
+class SlotStats:
+    slot: int
+    busy: bool
+    seq_id: int | None
+    n_prompt_tokens: int
+    n_cached: int
+    n_decoded: int
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class Scheduler:
+    """Continuous batching over S slots and a shared pool of KV pages (see the module
+    docstring for one step). Owns the PageManager and every Sequence it was given."""
+
+    def __init__(self, config: SchedulerConfig):
+        self.config = config
+        self.pages = PageManager(config.num_pages, config.page_size)
+        self.sequences: dict[int, Sequence] = {}   # every unfinished sequence
+        self.waiting: deque[Sequence] = deque()    # FIFO; preempted ones re-enter at the front
+        self.running: list[Sequence] = []          # oldest arrival first
+        self.num_preemptions = 0
+        self._slots: list[Sequence | None] = [None] * config.num_slots
+        self._arrivals = 0
+
+    # --- requests ---------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        """Queue `seq` (never refused for being busy). Raises ContextOverflow if its prompt
+        is longer than a slot's context, ValueError if its id is taken or it was used."""
+        if seq.seq_id in self.sequences:
+            raise ValueError(f"sequence id {seq.seq_id} is already queued or running")
+        if seq.status is not Status.WAITING or seq.num_computed or seq.pages:
+            raise ValueError(f"sequence {seq.seq_id} was already scheduled once")
+        if len(seq.tokens) > self.config.max_context:
+            raise ContextOverflow(
+                f"the prompt has {len(seq.tokens)} tokens, more than the context of "
+                f"{self.config.max_context} (pages_per_slot * page_size)")
+        seq.arrival, self._arrivals = self._arrivals, self._arrivals + 1
+        self.sequences[seq.seq_id] = seq
+        self.waiting.append(seq)
+
+    def set_draft(self, seq_id: int, draft: list[int]) -> None:
+        """Propose `draft` tokens to follow sequence `seq_id`'s newest token; the next step
+        that finds it caught up verifies as many as fit (all rows' logits are sampled)."""
+        self.sequences[seq_id].draft = list(draft)
+
+    def finish(self, seq_id: int, reason: str = "stop") -> Sequence:
+        """Finish sequence `seq_id` now (EOG, a stop string, a cancel): its slot and pages are
+        released at once and it leaves the scheduler. Returns it."""
+        seq = self.sequences.pop(seq_id)
+        if seq.status is Status.RUNNING:
+            self._release(seq)
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
+        seq.status, seq.finish_reason, seq.draft = Status.FINISHED, reason, []
+        return seq
+
+    def cancel(self, seq_id: int) -> Sequence:
+        return self.finish(seq_id, "cancelled")
+
+    # --- one step ---------------------------------------------------------------------
+    def schedule(self) -> StepPlan:
+        """Plan the next step of at most step_tokens rows. Running sequences get their
+        rows first, oldest first; when pages run out (evictable ones are reclaimed by the
+        PageManager first) the newest running sequence is preempted: its pages released,
+        num_computed reset, and it is re-queued at the front of the waiting queue. If none
+        was preempted, waiting sequences are then admitted into free slots in FIFO order,
+        taking their cached prefix. Allocates the pages of every scheduled row."""
+        budget, rows, chunks, preempted = self.config.step_tokens, [], [], []
+        for seq in list(self.running):
+            if budget == 0:
+                break
+            if seq.status is not Status.RUNNING:
+                continue  # preempted for an older sequence earlier in this loop
+            n, n_draft = self._wanted(seq, budget)
+            n = self._reserve(seq, n, preempted)
+            if n == 0:
+                break  # seq itself was the newest left: nothing after it is running
+            budget -= self._emit(seq, n, min(n_draft, n - 1), rows, chunks)
+        # Admitting while preempting would only hand the victims' pages to newer requests.
+        while not preempted and budget and self.waiting and None in self._slots:
+            n = self._admit(self.waiting[0], budget)
+            if n == 0:
+                break  # the head does not fit: later arrivals wait behind it (FIFO)
+            budget -= self._emit(self.waiting.popleft(), n, 0, rows, chunks)
+        return self._plan(rows, chunks, preempted)
+
+    def complete(self, plan: StepPlan, sampled: dict[int, int | list[int]]) -> list[Sequence]:
+        """Apply a step's results. `sampled` maps each sequence with sampled rows to its new
+        token, or for draft verification to the accepted draft tokens plus the target's next
+        token. Advances num_computed, appends the tokens, registers newly full pages in the
+        prefix cache, and finishes (finish_reason "length") sequences at max_tokens or the
+        context end, releasing their pages. Sequences finished or cancelled since `schedule`
+        are skipped. Returns the sequences finished here."""
+        done = []
+        for c in plan.chunks:
+            seq = self.sequences.get(c.seq_id)
+            if seq is None or seq.status is not Status.RUNNING or seq.num_computed != c.start:
+                continue
+            if c.sampled:
+                new = sampled[c.seq_id]
+                new = [int(t) for t in new] if isinstance(new, (list, tuple)) else [int(new)]
+                accepted = len(new) - 1
+                drafted = plan.tokens[c.first_row + c.num_rows - c.num_draft:
+                                      c.first_row + c.num_rows].tolist()
+                if not 0 <= accepted <= c.num_draft or new[:accepted] != drafted[:accepted]:
+                    raise ValueError(f"sequence {c.seq_id}: {new} is not an accepted prefix "
+                                     f"of the draft {drafted} plus one token")
+                seq.num_computed = c.start + c.num_rows - c.num_draft + accepted
+                seq.tokens.extend(new)
+                seq.draft = []
+            else:
+                seq.num_computed += c.num_rows
+            self._register_full_pages(seq)
+            at_max = seq.max_tokens is not None and seq.n_decoded >= seq.max_tokens
+            if at_max or len(seq.tokens) > self.config.max_context:
+                done.append(self.finish(seq.seq_id, "length"))
+        return done
+
+    # --- inspection -------------------------------------------------------------------
+    @property
+    def queue_length(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.sequences)
+
+    def slot_stats(self) -> list[SlotStats]:
+        """One entry per slot, for /slots and /metrics."""
+        return [SlotStats(i, False, None, 0, 0, 0) if s is None else
+                SlotStats(i, True, s.seq_id, s.n_prompt, s.num_cached, s.n_decoded)
+                for i, s in enumerate(self._slots)]
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError unless slots, queues, pages and refcounts agree."""
+        held: dict[int, int] = {}
+        for seq in self.running:
+            assert seq.status is Status.RUNNING and self._slots[seq.slot] is seq
+            assert len(seq.pages) * self.config.page_size >= seq.num_computed
+            assert len(seq.pages) <= self.config.pages_per_slot
+            assert 0 <= seq.num_computed < len(seq.tokens)
+            for page in seq.pages:
+                held[page] = held.get(page, 0) + 1
+        for seq in self.waiting:
+            assert seq.status in (Status.WAITING, Status.PREEMPTED), seq.status
+            assert not seq.pages and seq.slot is None and seq.num_computed == 0
+        assert sum(s is not None for s in self._slots) == len(self.running)
+        assert [s.arrival for s in self.running] == sorted(s.arrival for s in self.running)
+        assert len(self.running) + len(self.waiting) == len(self.sequences)
+        self.pages.check_invariants(held)
+
+    # --- internals --------------------------------------------------------------------
+    def _wanted(self, seq: Sequence, budget: int) -> tuple[int, int]:
+        """(rows, of which draft rows) that `seq` would take from `budget`."""
+        todo = len(seq.tokens) - seq.num_computed
+        if todo == 1 and seq.draft:
+            # drafts may neither run past the context nor produce more than max_tokens
+            room = self.config.max_context - len(seq.tokens)
+            if seq.max_tokens is not None:
+                room = min(room, seq.max_tokens - seq.n_decoded - 1)
+            k = max(0, min(len(seq.draft), budget - 1, room))
+            return 1 + k, k
+        return min(todo, self.config.chunk_tokens, budget), 0
+
+    def _fit(self, seq: Sequence, n: int, extra_pages: int) -> int:
+        """How many of `n` rows from num_computed on fit the pages seq holds plus
+        `extra_pages` more."""
+        return min(n, (len(seq.pages) + extra_pages) * self.config.page_size - seq.num_computed)
+
+    def _reserve(self, seq: Sequence, n: int, preempted: list[int]) -> int:
+        """Give running `seq` the pages for up to `n` rows, preempting the newest running
+        sequences while not even one row fits. Returns the rows it may take (0 if it was
+        preempted itself)."""
+        while self._fit(seq, n, self.pages.available) < 1:
+            victim = self.running[-1]
+            self._preempt(victim)
+            preempted.append(victim.seq_id)
+            if victim is seq:
+                return 0
+        n = self._fit(seq, n, self.pages.available)
+        self._grow(seq, n)
+        return n
+
+    def _admit(self, seq: Sequence, budget: int) -> int:
+        """Start waiting `seq` in a free slot with its cached prefix, if pages for at least
+        one row can be had without preempting. Returns the rows it gets (0: not admitted)."""
+        ps = self.config.page_size
+        # the last token is always computed: its logits are what the step is for
+        cacheable = (len(seq.tokens) - 1) // ps
+        hits = self.pages.lookup(extend_keys(seq.page_keys, seq.tokens, ps, cacheable)[:cacheable])
+        revived = sum(self.pages.refcount(p) == 0 for p in hits)  # leave the evictable list
+        computed = len(hits) * ps
+        n = min(len(seq.tokens) - computed, self.config.chunk_tokens, budget)
+        n = min(n, (len(hits) + self.pages.available - revived) * ps - computed)
+        if n < 1:
+            return 0
+        self.pages.acquire(hits)
+        seq.pages, seq.num_computed, seq.num_registered = hits, computed, len(hits)
+        if seq.status is Status.WAITING:
+            seq.num_cached = computed
+        self._grow(seq, n)
+        seq.slot = self._slots.index(None)
+        self._slots[seq.slot] = seq
+        seq.status = Status.RUNNING
+        later = [i for i, s in enumerate(self.running) if s.arrival > seq.arrival]
+        self.running.insert(later[0] if later else len(self.running), seq)
+        return n
+
+    def _grow(self, seq: Sequence, n: int) -> None:
+        need = _cdiv(seq.num_computed + n, self.config.page_size) - len(seq.pages)
+        if need > 0:
+            seq.pages = seq.pages + self.pages.allocate(need)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self._release(seq)
+        self.running.remove(seq)
+        seq.status, seq.num_computed, seq.num_registered, seq.draft = Status.PREEMPTED, 0, 0, []
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def _release(self, seq: Sequence) -> None:
+        self.pages.release(seq.pages)
+        self._slots[seq.slot] = None
+        seq.pages, seq.slot = [], None
+
+    def _register_full_pages(self, seq: Sequence) -> None:
+        full = seq.num_computed // self.config.page_size
+        extend_keys(seq.page_keys, seq.tokens, self.config.page_size, full)
+        for i in range(seq.num_registered, full):
+            self.pages.register(seq.pages[i], seq.page_keys[i])
+        seq.num_registered = max(seq.num_registered, full)
+
+    def _emit(self, seq: Sequence, n: int, n_draft: int, rows: list, chunks: list) -> int:
+        """Append seq's next n rows (the last n_draft from its draft) to the plan; returns n."""
+        ps, start = self.config.page_size, seq.num_computed
+        toks = seq.tokens[start:start + n - n_draft] + seq.draft[:n_draft]
+        chunks.append(Chunk(seq.seq_id, len(rows), start, n, n_draft,
+                            sampled=start + n - n_draft == len(seq.tokens)))
+        for i, tok in enumerate(toks):
+            pos = start + i
+            rows.append((seq.seq_id, tok, pos, seq.slot, seq.pages[pos // ps] * ps + pos % ps))
+        return n
+
+    def _plan(self, rows: list, chunks: list[Chunk], preempted: list[int]) -> StepPlan:
+        table = np.zeros((self.config.num_slots, self.config.pages_per_slot), np.int32)
+        for seq in self.running:
+            table[seq.slot, :len(seq.pages)] = seq.pages
+        cols = [np.array([r[i] for r in rows], np.int32) for i in range(1, 5)]
+        return StepPlan([r[0] for r in rows], *cols, table, chunks, preempted)
