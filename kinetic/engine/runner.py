@@ -8,6 +8,7 @@ that writes into the reserved page 0 and whose logits are dropped. The KV cache 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from functools import partial
 
@@ -52,7 +53,7 @@ class Runner:
         dt = jnp.dtype(config.kv_dtype)
         self.cache = [(jnp.zeros(shape_k, dt), jnp.zeros(shape_v, dt))
                       for _ in range(cfg.n_layer)]
-        self._step = jax.jit(partial(_forward, model.arch.forward, cfg), donate_argnums=(1,))
+        self._step = _compiled_step(model.arch.forward, cfg)
 
     def step(self, tokens: np.ndarray, positions: np.ndarray, slots: np.ndarray,
              write_index: np.ndarray, page_table: np.ndarray) -> np.ndarray:
@@ -80,6 +81,13 @@ class Runner:
         S, P = self.config.num_slots, self.config.pages_per_slot
         self.step(np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0),
                   np.zeros((S, P), np.int32))
+
+
+@functools.cache
+def _compiled_step(forward, cfg):
+    """One jitted step per (architecture, config): runners of the same model share its
+    compiled shapes instead of compiling again."""
+    return jax.jit(partial(_forward, forward, cfg), donate_argnums=(1,))
 
 
 def _forward(forward, cfg, weights, cache, step):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+
+import numpy as np
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,33 +62,38 @@ class Config:
 def base_config(arch: str, meta: dict[str, Any], vocab_size: int) -> Config:
     """The shared part of the config: `{arch}.block_count`, `.embedding_length` and so on."""
 
-    def key(name: str, default: Any = None) -> Any:
+    def key(name: str, default: Any = None, kind: type = int) -> Any:
         value = meta.get(f"{arch}.{name}", default)
         if value is None:
             raise ModelConfigError(f"the file has no {arch}.{name} key")
+        if isinstance(value, (list, np.ndarray)) and len(value):  # per-layer arrays: one value
+            value = value[0]
+        try:
+            value = kind(value)
+        except (TypeError, ValueError):
+            raise ModelConfigError(f"{arch}.{name} is {value!r}, not a number") from None
+        if kind is int and value <= 0:
+            raise ModelConfigError(f"{arch}.{name} is {value}; it must be positive")
         return value
 
-    n_head = int(key("attention.head_count"))
-    d_model = int(key("embedding_length"))
-    n_kv = key("attention.head_count_kv", n_head)
-    if not isinstance(n_kv, int):  # per-layer arrays exist in some files; one value here
-        n_kv = int(n_kv[0])
-    head_dim = int(key("attention.key_length", d_model // n_head))
-    n_layer = int(key("block_count"))
+    n_head = key("attention.head_count")
+    d_model = key("embedding_length")
+    head_dim = key("attention.key_length", d_model // n_head)
+    n_layer = key("block_count")
     return Config(
         arch=arch,
         n_layer=n_layer,
         d_model=d_model,
         n_head=n_head,
-        n_kv_head=int(n_kv),
+        n_kv_head=key("attention.head_count_kv", n_head),
         head_dim=head_dim,
-        v_head_dim=int(key("attention.value_length", head_dim)),
-        d_ffn=int(key("feed_forward_length")),
+        v_head_dim=key("attention.value_length", head_dim),
+        d_ffn=key("feed_forward_length"),
         vocab_size=vocab_size,
-        context_length=int(key("context_length", 2048)),
-        norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_base=float(key("rope.freq_base", 10000.0)),
-        rope_dim=int(key("rope.dimension_count", head_dim)),
+        context_length=key("context_length", 2048),
+        norm_eps=key("attention.layer_norm_rms_epsilon", 1e-5, float),
+        rope_base=key("rope.freq_base", 10000.0, float),
+        rope_dim=key("rope.dimension_count", head_dim),
         rope_neox=True,
         rope_freq_scale=_rope_freq_scale(arch, meta),
         sliding_layers=(False,) * n_layer,

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from kinetic.model import gemma3, llama, qwen2, qwen3
 from kinetic.model.config import Config, ModelConfigError, base_config
 from kinetic.model.gguf_file import GGUFFile
+from kinetic.model.quants import UnsupportedTensorType
 from kinetic.model.weights import ProgressFn, load_weights
 
 ARCHITECTURES: dict[str, ModuleType] = {
@@ -51,6 +52,11 @@ def load_model(path: str, dtype: str = "bfloat16", act_quant: bool = True,
     """Open, check and convert a GGUF model. dtype is the projection weights' compute type;
     act_quant rounds activations as llama.cpp does (see weights.load_weights)."""
     f = GGUFFile(path)
-    cfg, arch = read_config(f)
-    weights = load_weights(f, cfg, arch, jnp.dtype(dtype), act_quant, progress)
+    try:
+        cfg, arch = read_config(f)
+        weights = load_weights(f, cfg, arch, jnp.dtype(dtype), act_quant, progress)
+    except (ModelConfigError, UnsupportedTensorType) as e:
+        if f.path in str(e):
+            raise
+        raise type(e)(f"{f.path}: {e}") from None
     return LoadedModel(f, cfg, weights, arch)
