@@ -9,7 +9,6 @@ against what llama-server itself answered (tests/data/reference/).
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from functools import lru_cache
@@ -18,17 +17,12 @@ from pathlib import Path
 import pytest
 
 from kinetic.text.chat_template import CHATML_TEMPLATE, ChatTemplate, ChatTemplateError
+from tests.conftest import real_model_file
 
 DATA = Path(__file__).parent / "data"
 TEMPLATES = sorted((DATA / "templates").glob("*.jinja"))
 EXPECTED = json.loads((DATA / "templates" / "llama_server_prompts.json").read_text("utf-8"))
 SCENARIOS = EXPECTED["scenarios"]
-
-
-def model_path(filename: str) -> Path | None:
-    """Where a real test model lives once fetched (`kinetic models fetch KEY`), or None."""
-    path = Path(os.path.expanduser("~/.cache/kinetic/models")) / filename
-    return path if path.is_file() else None
 
 
 @pytest.fixture(autouse=True)
@@ -156,17 +150,13 @@ def test_capabilities_match_llama_cpp(name):
 
 # ---- the three real models against llama-server's own answers -------------------------------
 
-MODELS = [("smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
-          ("qwen25coder", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),
-          ("gemma3", "gemma-3-270m-q4_k_m.gguf")]
+MODELS = ["smollm2", "qwen25coder", "gemma3"]  # kinetic.fetch keys
 
 
 @pytest.mark.real_model
-@pytest.mark.parametrize("key,filename", MODELS, ids=[m[0] for m in MODELS])
-def test_reference_prompts_from_llama_server(key, filename):
-    path = model_path(filename)
-    if path is None:
-        pytest.skip(f"{filename} not fetched (run `kinetic models fetch {key}`)")
+@pytest.mark.parametrize("key", MODELS)
+def test_reference_prompts_from_llama_server(key):
+    path = real_model_file(key)
     from kinetic.model.gguf_file import GGUFFile
     tmpl = ChatTemplate.from_metadata(GGUFFile(path).metadata)
     reference = json.loads((DATA / "reference" / f"{key}.json").read_text(encoding="utf-8"))

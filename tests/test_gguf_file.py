@@ -17,6 +17,7 @@ from gguf import GGMLQuantizationType as T, GGUFValueType as V
 from kinetic.fetch import cache_dir
 from kinetic.model.gguf_file import GGUFError, GGUFFile
 from kinetic.model.quants import dequantize
+from tests.conftest import real_model_file
 
 DATA = Path(__file__).parent / "data"
 
@@ -364,8 +365,8 @@ VOCABS = ["bert-bge", "gpt-2", "llama-spm", "phi-3"]
 # gguf-py's reader takes 8-30 s on each of these (100K-262K tokens): by request only.
 LARGE_VOCABS = ["deepseek-llm", "gemma-4", "llama-bpe", "qwen2", "qwen35"]
 FULL_CHECK = "KINETIC_FULL_GGUF_CHECK"
-MODELS = ["SmolLM2-135M-Instruct.Q4_1.gguf", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-          "gemma-3-270m-q4_k_m.gguf", "all-MiniLM-L6-v2-f16.gguf"]
+MODELS = ["smollm2", "qwen25coder", "gemma3"]  # kinetic.fetch keys
+MINILM = "all-MiniLM-L6-v2-f16.gguf"  # PyPI has no GGUF of it: copied into cache_dir() by hand
 
 
 def _reference_value(field) -> object:
@@ -420,13 +421,14 @@ def test_vocab_files_match_gguf_py(vocab):
 
 
 @pytest.mark.real_model
-@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("model", MODELS + [MINILM])
 def test_real_models_match_gguf_py(model):
-    path = cache_dir() / model
-    if not path.is_file():
-        how = ("PyPI has no GGUF of it: copy one there by hand" if "MiniLM" in model
-               else "fetch it with `kinetic models fetch`")
-        pytest.skip(f"{path} is absent ({how})")
+    if model == MINILM:
+        path = cache_dir() / model
+        if not path.is_file():
+            pytest.skip(f"{path} is absent (PyPI has no GGUF of it: copy one there by hand)")
+    else:
+        path = Path(real_model_file(model))
     assert_same_as_gguf_py(path)
 
 

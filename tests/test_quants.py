@@ -4,9 +4,7 @@ the format definitions, and on tensors of the real model files when they are pre
 
 from __future__ import annotations
 
-import os
 import random
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +16,7 @@ import kinetic.model.quants as quants
 from kinetic.model.gguf_file import GGUFFile, RawTensor
 from kinetic.model.quants import (SUPPORTED, UnsupportedTensorType, dequantize,
                                   dequantize_bytes)
+from tests.conftest import real_model_file
 
 BLOCK_TYPES = [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1,
                T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]
@@ -281,17 +280,13 @@ def test_unknown_type_id_is_unsupported():
 
 # --- 4. real model files -----------------------------------------------------------------
 
-MODEL_DIR = Path(os.path.expanduser("~/.cache/kinetic/models"))
-MODELS = ["SmolLM2-135M-Instruct.Q4_1.gguf", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-          "gemma-3-270m-q4_k_m.gguf"]
+MODELS = ["smollm2", "qwen25coder", "gemma3"]  # kinetic.fetch keys
 
 
 @pytest.mark.real_model
 @pytest.mark.parametrize("model", MODELS)
 def test_real_model_tensors_match_gguf_py(model):
-    path = MODEL_DIR / model
-    if not path.is_file():
-        pytest.skip(f"{path} is absent (downloaded model files are needed for this test)")
+    path = real_model_file(model)
     f = GGUFFile(path)  # opening parses the whole vocabulary: most of this test's time
     smallest: dict[T, RawTensor] = {}  # one tensor per type: the smallest keeps this quick
     for t in f.tensors.values():

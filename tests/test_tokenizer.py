@@ -12,23 +12,14 @@ import pytest
 from kinetic.model.gguf_file import GGUFFile
 from kinetic.text.bpe import merge, parse_merges
 from kinetic.text.tokenizer import Tokenizer
+from tests.conftest import real_model_file
 
 DATA = Path(__file__).parent / "data"
 VOCAB_DIR = DATA / "vocab"
 REFERENCE_DIR = DATA / "reference"
 
 
-def real_model_file(filename: str) -> Path:
-    """Where a fetched real model lives (kinetic.fetch's cache folder)."""
-    from kinetic.fetch import cache_dir
-    return cache_dir() / filename
-
-
-REAL_MODELS = {
-    "smollm2": "SmolLM2-135M-Instruct.Q4_1.gguf",
-    "qwen25coder": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-    "gemma3": "gemma-3-270m-q4_k_m.gguf",
-}
+REAL_MODELS = ["gemma3", "qwen25coder", "smollm2"]  # kinetic.fetch keys
 VOCABS = ["bert-bge", "deepseek-llm", "gemma-4", "gpt-2", "llama-bpe", "llama-spm", "phi-3",
           "qwen2", "qwen35"]
 
@@ -52,17 +43,15 @@ def vectors(name: str) -> list[tuple[str, list[int]]]:
 
 @functools.cache
 def _real(key: str) -> tuple[Tokenizer, dict]:
-    path = real_model_file(REAL_MODELS[key])
+    path = real_model_file(key)
     reference = json.loads((REFERENCE_DIR / f"{key}.json").read_text(encoding="utf-8"))
     return Tokenizer.from_metadata(GGUFFile(path).metadata), reference
 
 
-@pytest.fixture(params=sorted(REAL_MODELS))
+@pytest.fixture(params=REAL_MODELS)
 def real(request) -> tuple[Tokenizer, dict]:
-    """(tokenizer, llama-server reference) of a real model; skips when it is not fetched."""
-    path = real_model_file(REAL_MODELS[request.param])
-    if not path.is_file():
-        pytest.skip(f"{path} is absent: run `kinetic models fetch {request.param}` first")
+    """(tokenizer, llama-server reference) of a real model; skips, saying why, when it cannot
+    be fetched."""
     return _real(request.param)
 
 
