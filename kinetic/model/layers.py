@@ -124,39 +124,40 @@ def paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, step: 
                     scale: float, window: int = 0, softcap: float = 0.0) -> jax.Array:
     """Causal attention of each row's queries q [T, H, Q] over its own sequence's keys.
 
-    Keys of every slot are gathered once ([S, L, K, Q]); every row scores against every slot
-    and then keeps its own slot's result. Scoring other slots costs S times the attention
-    FLOPs but avoids copying keys per row, and taking the own slot's row of a per-slot
-    result is exact, whereas summing over a joint (slot, key) axis would change the
-    reduction order with the slot index. Returns [T, H, Qv].
+    Every row is scored against each slot's keys in turn, at one shape per slot ([T] rows x
+    [L] keys, L = P * page_size), and keeps its own slot's result with an exact select. So
+    a row's bits depend neither on its slot's index nor on how many slots the step has (a
+    joint (slot, key) reduction would change its order with both). Masked keys add exact
+    zeros. Returns [T, H, Qv].
     """
     T, H, Q = q.shape
     S, P = step.page_table.shape
-    page_size, K = k_cache.shape[1], k_cache.shape[2]
+    page_size, K, Qv = k_cache.shape[1], k_cache.shape[2], v_cache.shape[-1]
     L = P * page_size
-    keys = k_cache[step.page_table].reshape(S, L, K, Q).astype(jnp.float32)  # [S, L, K, Q]
-    vals = v_cache[step.page_table].reshape(S, L, K, v_cache.shape[-1]).astype(jnp.float32)
     # q meets the cache in its storage type, as llama.cpp's f16 cache makes it (exact for f32)
     q = q.astype(k_cache.dtype).astype(jnp.float32)
     qg = q.reshape(T, K, H // K, Q) * scale  # [T, K, G, Q]
-    scores = jnp.einsum("tkgq,slkq->tskgl", qg, keys, preferred_element_type=jnp.float32)
-    if softcap:
-        scores = softcap * jnp.tanh(scores / softcap)
     key_pos = jnp.arange(L, dtype=jnp.int32)[None, :]
     pos = step.positions[:, None]
     visible = key_pos <= pos  # [T, L]
     if window:
         visible &= key_pos > pos - window
-    scores = jnp.where(visible[:, None, None, None, :], scores, -jnp.inf)
-    # softmax over l for every (t, s): row t's own slot always has key pos itself visible,
-    # other slots' results are discarded below (their rows may be NaN-free garbage).
-    m = jnp.max(scores, axis=-1, keepdims=True)
-    m = jnp.where(jnp.isfinite(m), m, 0.0)
-    p = jnp.exp(scores - m)
-    p = p / jnp.maximum(jnp.sum(p, axis=-1, keepdims=True), 1e-30)
-    out = jnp.einsum("tskgl,slkq->tskgq", p, vals, preferred_element_type=jnp.float32)
-    out = jnp.take_along_axis(out, step.slots[:, None, None, None, None], axis=1)[:, 0]
-    return out.reshape(T, H, vals.shape[-1])  # [T, H, Qv]
+    out = None
+    for s in range(S):
+        keys = k_cache[step.page_table[s]].reshape(L, K, Q).astype(jnp.float32)  # [L, K, Q]
+        vals = v_cache[step.page_table[s]].reshape(L, K, Qv).astype(jnp.float32)
+        scores = jnp.einsum("tkgq,lkq->tkgl", qg, keys, preferred_element_type=jnp.float32)
+        if softcap:
+            scores = softcap * jnp.tanh(scores / softcap)
+        scores = jnp.where(visible[:, None, None, :], scores, -jnp.inf)
+        # rows of other slots may see no key at all: keep them finite, they are discarded
+        m = jnp.max(scores, axis=-1, keepdims=True)
+        m = jnp.where(jnp.isfinite(m), m, 0.0)
+        p = jnp.exp(scores - m)
+        p = p / jnp.maximum(jnp.sum(p, axis=-1, keepdims=True), 1e-30)
+        o = jnp.einsum("tkgl,lkq->tkgq", p, vals, preferred_element_type=jnp.float32)
+        out = o if out is None else jnp.where((step.slots == s)[:, None, None, None], o, out)
+    return out.reshape(T, H, Qv)  # [T, H, Qv]
 
 
 def gelu_tanh(x: jax.Array) -> jax.Array:
