@@ -49,7 +49,7 @@ def measure(model, ref: dict, greedy_tokens: int = 16) -> dict:
             p = np.array([t["logprob"] for t in ref_top])
             q = np.array([lp[t["id"]] for t in ref_top])
             kls.append(float(np.sum(np.exp(p) * (p - q))))
-        got = [t for _, t in model.generate_from_ids(c["prompt_ids"], greedy_tokens) if t >= 0]
+        got = [t for d in model.stream(c["prompt_ids"], greedy_tokens) for t in d.token_ids]
         greedy_ok += got[:greedy_tokens] == c["tokens"][:greedy_tokens]
     n = len(ref["continuations"])
     return {
@@ -68,12 +68,15 @@ def main() -> int:
     import kinetic
     from kinetic.fetch import MODELS, fetch_model
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("models", nargs="*", default=list(KEYS), choices=KEYS)
+    ap.add_argument("models", nargs="*", help=f"any of {', '.join(KEYS)} (default: all)")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--no-llama-rounding", action="store_true",
                     help="do not round activations as llama.cpp's CPU matmul does")
     args = ap.parse_args()
-    for key in args.models:
+    unknown = set(args.models) - set(KEYS)
+    if unknown:
+        ap.error(f"unknown model {', '.join(sorted(unknown))}; choose from {', '.join(KEYS)}")
+    for key in args.models or KEYS:
         ref = json.loads((REFERENCE / f"{key}.json").read_text())
         model = kinetic.load(fetch_model(key), n_ctx=2048, dtype=args.dtype,
                              llama_rounding=not args.no_llama_rounding)

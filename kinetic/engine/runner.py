@@ -55,10 +55,10 @@ class Runner:
                       for _ in range(cfg.n_layer)]
         self._step = _compiled_step(model.arch.forward, cfg)
 
-    def step(self, tokens: np.ndarray, positions: np.ndarray, slots: np.ndarray,
-             write_index: np.ndarray, page_table: np.ndarray) -> np.ndarray:
-        """Run one step over up to T rows (arrays of length n <= T); returns their logits as
-        float32 [n, V] and updates the cache. page_table is [S, P]."""
+    def step_device(self, tokens: np.ndarray, positions: np.ndarray, slots: np.ndarray,
+                    write_index: np.ndarray, page_table: np.ndarray) -> jax.Array:
+        """Run one step over up to T rows (arrays of length n <= T) and update the cache.
+        Returns the device array of logits [T, V]; rows n.. are padding. page_table: [S, P]."""
         T, n = self.config.step_tokens, len(tokens)
         if n > T:
             raise ValueError(f"{n} rows do not fit a {T}-row step")
@@ -74,7 +74,13 @@ class Runner:
             page_table=jnp.asarray(page_table.astype(np.int32)),
         )
         logits, self.cache = self._step(self.model.weights, self.cache, step)
-        return np.asarray(logits[:n])
+        return logits
+
+    def step(self, tokens: np.ndarray, positions: np.ndarray, slots: np.ndarray,
+             write_index: np.ndarray, page_table: np.ndarray) -> np.ndarray:
+        """step_device, with the n rows' logits brought to the host: float32 [n, V]."""
+        logits = self.step_device(tokens, positions, slots, write_index, page_table)
+        return np.asarray(logits[:len(tokens)])
 
     def compile(self) -> None:
         """Compile the step now (the first call would otherwise pay for it)."""

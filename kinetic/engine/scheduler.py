@@ -90,6 +90,7 @@ class Sequence:
     finish_reason: str | None = None
     draft: list[int] = field(default_factory=list)  # proposed tokens to verify next step
     arrival: int = -1               # order of `add`; older sequences are never preempted first
+    use_prefix_cache: bool = True   # False: compute every row (teacher-forced scoring)
 
     def __post_init__(self) -> None:
         self.prompt = list(self.prompt)
@@ -342,7 +343,7 @@ class Scheduler:
         one row can be had without preempting. Returns the rows it gets (0: not admitted)."""
         ps = self.config.page_size
         # the last token is always computed: its logits are what the step is for
-        cacheable = (len(seq.tokens) - 1) // ps
+        cacheable = (len(seq.tokens) - 1) // ps if seq.use_prefix_cache else 0
         hits = self.pages.lookup(extend_keys(seq.page_keys, seq.tokens, ps, cacheable)[:cacheable])
         revived = sum(self.pages.refcount(p) == 0 for p in hits)  # leave the evictable list
         computed = len(hits) * ps

@@ -1,0 +1,308 @@
+"""The engine: one thread that owns the device and runs the step loop.
+
+    submit(request) -> async iterator of Delta      (the server)
+    generate(request) -> iterator of Delta          (notebooks, tests)
+
+One turn of the loop: take new requests and cancellations from the inbox; propose n-gram
+drafts for sequences that are caught up; `Scheduler.schedule` packs decode rows, draft rows
+and prompt chunks of any sequences into one fixed-shape step; the runner computes the
+step's logits; the rows whose next token is wanted are sampled together (one fixed-size,
+jitted sampler call, every row keyed by its own (seed, position)); drafts are accepted
+while they equal the samples; each request's new tokens go through end-of-generation,
+stop-string and UTF-8 handling and out to its sink; `Scheduler.complete` advances the
+sequences and frees the pages of finished ones at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import queue
+import threading
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable, Iterator
+
+import jax.numpy as jnp
+import numpy as np
+
+from kinetic.engine import sampler
+from kinetic.engine.engine_config import EngineConfig
+from kinetic.engine.job import Job
+from kinetic.engine.request import Delta, GenerationRequest, MAX_LOGPROBS
+from kinetic.engine.runner import Runner, RunnerConfig
+from kinetic.engine.sampling_params import history_rows
+from kinetic.engine.scheduler import ContextOverflow, Scheduler, SchedulerConfig, Sequence
+from kinetic.engine.speculative import accept, ngram_draft
+from kinetic.model.loader import LoadedModel
+from kinetic.text.tokenizer import Tokenizer
+
+HISTORY_WIDTHS = (64, 256, 1024, 4096)  # penalty windows are padded to one of these
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    slots: list            # scheduler.SlotStats per slot
+    queue_length: int
+    requests_processing: int
+
+
+class Engine:
+    """Batched generation over one model. Thread-safe: submit/generate/cancel from anywhere."""
+
+    def __init__(self, model: LoadedModel, tokenizer: Tokenizer, config: EngineConfig):
+        self.model, self.tokenizer = model, tokenizer
+        self.config = config = config.resolved(model.config)
+        self.runner = Runner(model, RunnerConfig(
+            step_tokens=config.step_tokens, num_slots=config.parallel,
+            page_size=config.page_size, num_pages=config.num_pages,
+            pages_per_slot=config.pages_per_slot, kv_dtype=config.kv_dtype))
+        self.scheduler = Scheduler(SchedulerConfig.from_runner(
+            self.runner.config, chunk_tokens=config.chunk_tokens))
+        self.vocab_size = model.config.vocab_size
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._jobs: dict[int, Job] = {}
+        self._scored: dict[int, np.ndarray] = {}  # all-logits jobs: [len(prompt), V]
+        self._ids = itertools.count(1)
+        self._stop = False
+        self._dead: str | None = None  # set if the engine thread failed
+        self._full_mask = jnp.asarray(sampler.full_mask(config.step_tokens, self.vocab_size))
+        self._zero_bias = jnp.zeros((config.step_tokens, self.vocab_size), jnp.float32)
+        self._thread = threading.Thread(target=self._loop, name="kinetic-engine", daemon=True)
+        self._thread.start()
+
+    # --- the outside ----------------------------------------------------------------------
+
+    @property
+    def max_context(self) -> int:
+        return self.runner.config.max_context
+
+    def start(self, request: GenerationRequest, sink: Callable[[Delta], None],
+              all_logits: bool = False) -> int:
+        """Queue a request; `sink` gets its deltas from the engine thread. Returns its id.
+        Raises ContextOverflow (a ValueError) at once if the prompt cannot fit."""
+        if len(request.prompt) >= self.max_context:
+            raise ContextOverflow(f"the prompt has {len(request.prompt)} tokens; the context "
+                                  f"holds {self.max_context}")
+        bad = [t for t in request.prompt if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})")
+        if self._dead:
+            raise RuntimeError(self._dead)
+        seq_id = next(self._ids)
+        seed = request.params.seed
+        if seed is None or seed == -1:
+            seed = int.from_bytes(os.urandom(4), "little")
+        job = Job(seq_id, request, sink, self.tokenizer, seed, all_logits)
+        self._inbox.put(("add", job))
+        self._wake.set()
+        return seq_id
+
+    def cancel(self, seq_id: int) -> None:
+        """Stop a request; its pages are freed on the engine's next turn."""
+        self._inbox.put(("cancel", seq_id))
+        self._wake.set()
+
+    def generate(self, request: GenerationRequest) -> Iterator[Delta]:
+        """The request's deltas, synchronously (for notebooks and tests)."""
+        out: queue.SimpleQueue = queue.SimpleQueue()
+        seq_id = self.start(request, out.put)
+        done = False
+        try:
+            while not done:
+                delta = out.get()
+                done = delta.finish_reason is not None
+                yield delta
+        finally:
+            if not done:
+                self.cancel(seq_id)
+
+    async def submit(self, request: GenerationRequest) -> AsyncIterator[Delta]:
+        """The request's deltas as an async iterator; leaving it early cancels the request."""
+        loop = asyncio.get_running_loop()
+        out: asyncio.Queue = asyncio.Queue()
+        seq_id = self.start(request, lambda d: loop.call_soon_threadsafe(out.put_nowait, d))
+        done = False
+        try:
+            while not done:
+                delta = await out.get()
+                done = delta.finish_reason is not None
+                yield delta
+        finally:
+            if not done:
+                self.cancel(seq_id)
+
+    def score(self, tokens: list[int]) -> np.ndarray:
+        """Logits at every position of `tokens` ([len, V] float32), computed by the same
+        steps as generation (teacher forcing: receipts and parity use this)."""
+        out: queue.SimpleQueue = queue.SimpleQueue()
+        request = GenerationRequest(list(tokens), max_tokens=1, speculative=False)
+        seq_id = self.start(request, out.put, all_logits=True)
+        while True:
+            delta = out.get()
+            if delta.finish_reason is not None:
+                break
+        if delta.error:
+            raise RuntimeError(delta.error)
+        return self._scored.pop(seq_id)
+
+    def stats(self) -> EngineStats:
+        s = self.scheduler
+        return EngineStats(s.slot_stats(), s.queue_length, len(s.running))
+
+    def close(self) -> None:
+        self._stop = True
+        self._wake.set()
+        self._thread.join(timeout=30)
+
+    # --- the engine thread ----------------------------------------------------------------
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop:
+                self._drain_inbox()
+                if not self.scheduler.has_work:
+                    self._wake.wait()
+                    self._wake.clear()
+                    continue
+                self._turn()
+        except Exception as e:  # never lose a request silently: fail them all, loudly
+            self._dead = f"engine error: {type(e).__name__}: {e}"
+            self._drain_inbox()
+            for job in list(self._jobs.values()):
+                job.fail(self._dead)
+            raise
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                kind, item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                self._jobs[item.seq_id] = item
+                if item.all_logits:
+                    self._scored[item.seq_id] = np.zeros(
+                        (len(item.request.prompt), self.vocab_size), np.float32)
+                seq = Sequence(item.seq_id, item.request.prompt, item.request.max_tokens)
+                seq.use_prefix_cache = not item.all_logits  # scoring needs every row
+                self.scheduler.add(seq)
+            elif kind == "cancel" and item in self._jobs:
+                self._jobs[item].finish("cancelled", self._usage(item))
+                self._drop(item)
+
+    def _drop(self, seq_id: int) -> None:
+        self._jobs.pop(seq_id, None)
+        if seq_id in self.scheduler.sequences:
+            self.scheduler.cancel(seq_id)
+
+    def _turn(self) -> None:
+        self._propose_drafts()
+        plan = self.scheduler.schedule()
+        if not len(plan):
+            return
+        logits = self.runner.step_device(plan.tokens, plan.positions, plan.slots,
+                                         plan.write_index, plan.page_table)
+        for c in plan.chunks:
+            if c.seq_id in self._scored:  # by position: a preempted sequence recomputes rows
+                self._scored[c.seq_id][c.start:c.start + c.num_rows] = np.asarray(
+                    logits[c.first_row:c.first_row + c.num_rows])
+        rows = plan.sample_rows
+        samples = self._sample(plan, logits, rows) if rows else {}
+        accepted: dict[int, list[int]] = {}
+        ending: dict[int, str] = {}
+        for seq_id, row_ids in rows.items():
+            job, (tokens, lps) = self._jobs[seq_id], samples[seq_id]
+            draft = plan.tokens[row_ids[1:]].tolist() if len(row_ids) > 1 else []
+            new = accept(draft, tokens)
+            keep, reason = job.take(new, lps[:len(new)] if lps else None)
+            accepted[seq_id] = new[:keep] if reason is None else new[:max(keep, 1)]
+            if reason is not None:
+                ending[seq_id] = reason
+        finished = self.scheduler.complete(plan, accepted)
+        for seq in finished:
+            ending.setdefault(seq.seq_id, seq.finish_reason or "length")
+        for seq_id, reason in ending.items():
+            job = self._jobs.get(seq_id)
+            if job is not None:
+                job.finish(reason, self._usage(seq_id))
+                self._drop(seq_id)
+
+    def _usage(self, seq_id: int):
+        job = self._jobs[seq_id]
+        seq = self.scheduler.sequences.get(seq_id)
+        return job.usage(seq.num_cached if seq is not None else 0)
+
+    def _propose_drafts(self) -> None:
+        if not self.config.speculative:
+            return
+        for seq in self.scheduler.running:
+            job = self._jobs.get(seq.seq_id)
+            if (job is None or not job.request.speculative or job.request.params.mirostat
+                    or seq.num_computed != len(seq.tokens) - 1):
+                continue
+            draft = ngram_draft(seq.tokens, self.config.max_draft)
+            if draft:
+                self.scheduler.set_draft(seq.seq_id, draft)
+
+    def _sample(self, plan, logits, rows: dict[int, list[int]]) -> dict:
+        """Sample every wanted row in one fixed-size call. Returns seq id -> (tokens drawn at
+        its rows, per-row logprob entries or None)."""
+        T = self.config.step_tokens
+        order = [(sid, r) for sid, rs in rows.items() for r in rs]
+        idx = np.zeros(T, np.int32)
+        idx[:len(order)] = [r for _, r in order]
+        params, seeds, positions, mus, histories = [], [], [], [], []
+        for sid, r in order:
+            job, seq = self._jobs[sid], self.scheduler.sequences[sid]
+            pos = int(plan.positions[r]) + 1  # the index the drawn token will take
+            params.append(job.request.params)
+            seeds.append(job.seed)
+            positions.append(pos)
+            mus.append(job.mu)
+            histories.append((seq.tokens + seq.draft)[:pos])
+        width = max(p.repeat_last_n if p.repeat_last_n >= 0 else self.max_context
+                    for p in params)
+        width = next((w for w in HISTORY_WIDTHS if w >= width), HISTORY_WIDTHS[-1])
+        row_params = sampler.make_row_params(params, seeds, positions, mus,
+                                             n_ctx=self.max_context, pad_to=T)
+        hist = history_rows(histories + [[]] * (T - len(order)), width)
+        bias = self._bias(order)
+        dry = self._dry(order, histories)
+        picked = logits[jnp.asarray(idx)]
+        tokens, new_mu = sampler.sample(picked, row_params, jnp.asarray(hist), bias,
+                                        self._full_mask, dry)
+        want_lp = any(self._jobs[sid].request.logprobs is not None for sid, _ in order)
+        if want_lp:
+            chosen, top_ids, top_lp = sampler.logprobs(picked, tokens, MAX_LOGPROBS)
+            chosen, top_ids, top_lp = np.asarray(chosen), np.asarray(top_ids), np.asarray(top_lp)
+        tokens, new_mu = np.asarray(tokens), np.asarray(new_mu)
+        out: dict[int, tuple[list[int], list | None]] = {}
+        for i, (sid, _) in enumerate(order):
+            job = self._jobs[sid]
+            toks, lps = out.setdefault(sid, ([], [] if job.request.logprobs is not None else None))
+            toks.append(int(tokens[i]))
+            if lps is not None:
+                lps.append((float(chosen[i]), top_ids[i], top_lp[i]))
+            if len(toks) == 1:
+                job.pending_mu = float(new_mu[i])
+        return out
+
+    def _bias(self, order):
+        rows = [self._jobs[sid].bias_row(self.vocab_size) for sid, _ in order]
+        if all(r is None for r in rows):
+            return self._zero_bias
+        out = np.zeros((self.config.step_tokens, self.vocab_size), np.float32)
+        for i, r in enumerate(rows):
+            if r is not None:
+                out[i] = r
+        return jnp.asarray(out)
+
+    def _dry(self, order, histories):
+        if not any(self._jobs[sid].request.params.dry_multiplier > 0 for sid, _ in order):
+            return None
+        out = np.zeros((self.config.step_tokens, self.vocab_size), np.float32)
+        for i, (sid, _) in enumerate(order):
+            out[i] = self._jobs[sid].dry_row(histories[i], self.vocab_size, self.max_context)
+        return jnp.asarray(out)

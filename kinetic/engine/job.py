@@ -1,0 +1,91 @@
+"""One request inside the engine: its decoder, stop strings, sampler state and sink."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from kinetic.engine.request import Delta, GenerationRequest, TokenLogprob, Usage
+from kinetic.engine.sampling_params import DryBreakers, bias_row, dry_row
+from kinetic.text.decoder import IncrementalDecoder
+from kinetic.text.stop import StopMatcher
+from kinetic.text.tokenizer import Tokenizer
+
+_dry_breakers: dict[tuple[int, tuple[str, ...]], DryBreakers] = {}
+
+
+class Job:
+    """Turns a sequence's accepted tokens into deltas for its sink (engine thread only)."""
+
+    def __init__(self, seq_id: int, request: GenerationRequest, sink: Callable[[Delta], None],
+                 tokenizer: Tokenizer, seed: int, all_logits: bool = False):
+        self.seq_id, self.request, self.sink = seq_id, request, sink
+        self.tokenizer, self.seed, self.all_logits = tokenizer, seed, all_logits
+        self.decoder = IncrementalDecoder(tokenizer)
+        self.stops = StopMatcher(list(request.stop))
+        self.mu: float | None = None         # Mirostat state, None until the first draw
+        self.pending_mu: float | None = None
+        self.n_out = 0
+        self._bias: np.ndarray | None | bool = False
+
+    def take(self, tokens: list[int], lps: list | None) -> tuple[int, str | None]:
+        """Process accepted tokens in order; send what they complete. Returns (how many of
+        them belong to the answer, finish reason if the answer ended here)."""
+        if self.pending_mu is not None:
+            self.mu = self.pending_mu
+        params = self.request.params
+        out_ids, out_lp, text, reason, keep = [], [], [], None, len(tokens)
+        for i, t in enumerate(tokens):
+            if t < 0:  # no token was allowed (everything banned)
+                keep, reason = i, "stop"
+                break
+            if t in self.tokenizer.eog_ids and not params.ignore_eos:
+                keep, reason = i, "stop"
+                break
+            out_ids.append(t)
+            if lps is not None:
+                chosen, top_ids, top_lp = lps[i]
+                n = self.request.logprobs
+                out_lp.append(TokenLogprob(t, chosen, tuple(
+                    (int(a), float(b)) for a, b in zip(top_ids[:n], top_lp[:n]))))
+            text.append(self.stops.feed(self.decoder.add(t)))
+            if self.stops.stopped is not None:
+                keep, reason = i + 1, "stop"
+                break
+        self.n_out += len(out_ids)
+        if out_ids:
+            self.sink(Delta(tuple(out_ids), "".join(text), tuple(out_lp)))
+        return keep, reason
+
+    def finish(self, reason: str, usage: Usage) -> None:
+        tail = "" if self.stops.stopped is not None else self.stops.feed(self.decoder.flush())
+        tail += self.stops.flush()
+        self.sink(Delta(text=tail, finish_reason=reason, usage=usage))
+
+    def fail(self, message: str) -> None:
+        self.sink(Delta(finish_reason="error", error=message))
+
+    def usage(self, cached: int) -> Usage:
+        return Usage(len(self.request.prompt), self.n_out, cached, self.seed)
+
+    def bias_row(self, vocab_size: int) -> np.ndarray | None:
+        """The dense logit-bias row, or None when the request has none (computed once)."""
+        if self._bias is False:
+            p = self.request.params
+            self._bias = (bias_row(p, vocab_size, self.tokenizer.eog_ids)
+                          if p.logit_bias or p.ignore_eos else None)
+        return self._bias
+
+    def dry_row(self, history: list[int], vocab_size: int, n_ctx: int) -> np.ndarray:
+        p = self.request.params
+        if p.dry_multiplier <= 0:
+            return np.zeros(vocab_size, np.float32)
+        key = (id(self.tokenizer), tuple(p.dry_sequence_breakers))
+        if key not in _dry_breakers:
+            tok = self.tokenizer
+            pieces = [tok.token_piece(i, special=True) for i in range(vocab_size)]
+            _dry_breakers[key] = DryBreakers.build(
+                list(p.dry_sequence_breakers), pieces,
+                lambda text: tok.encode(text, add_special=False))
+        return dry_row(history, p, _dry_breakers[key], vocab_size, n_ctx)

@@ -1,0 +1,67 @@
+"""What goes into the engine and what comes out: typed, with no JSON and no arrays.
+
+The API layer parses a request into a `GenerationRequest`; the engine answers with a stream
+of `Delta`s, the last of which carries `finish_reason` and `usage`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kinetic.engine.sampling_params import SamplingParams
+
+MAX_STOP_STRINGS = 16
+MAX_LOGPROBS = 20
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """prompt: token ids; max_tokens None means until the answer ends or the context is full;
+    logprobs None means none, n >= 0 the chosen token's plus n alternatives."""
+
+    prompt: list[int]
+    params: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0))
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    logprobs: int | None = None
+    speculative: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.prompt:
+            raise ValueError("the prompt is empty")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError("max_tokens must be at least 1")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"top_logprobs must be between 0 and {MAX_LOGPROBS}")
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability under the raw logits, and the top alternatives."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class Delta:
+    """New output of one request: tokens accepted this step and the text they complete
+    (incomplete UTF-8 and possible stop-string starts are held back until resolved)."""
+
+    token_ids: tuple[int, ...] = ()
+    text: str = ""
+    logprobs: tuple[TokenLogprob, ...] = ()
+    finish_reason: str | None = None   # "stop", "length", "cancelled" or "error"
+    usage: Usage | None = None
+    error: str | None = None           # with finish_reason "error": what went wrong
