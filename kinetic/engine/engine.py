@@ -20,6 +20,7 @@ import itertools
 import os
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable, Iterator
 
@@ -38,6 +39,9 @@ from kinetic.model.loader import LoadedModel
 from kinetic.text.tokenizer import Tokenizer
 
 HISTORY_WIDTHS = (64, 256, 1024, 4096)  # penalty windows are padded to one of these
+COUNTERS = ("requests", "prompt_tokens", "prompt_tokens_cached", "prompt_seconds",
+            "tokens_predicted", "tokens_predicted_seconds", "draft_tokens", "draft_accepted",
+            "steps")
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,7 @@ class Engine:
         self._ids = itertools.count(1)
         self._stop = False
         self._dead: str | None = None  # set if the engine thread failed
+        self._counters = dict.fromkeys(COUNTERS, 0.0)
         self._full_mask = jnp.asarray(sampler.full_mask(config.step_tokens, self.vocab_size))
         self._zero_bias = jnp.zeros((config.step_tokens, self.vocab_size), jnp.float32)
         self._thread = threading.Thread(target=self._loop, name="kinetic-engine", daemon=True)
@@ -147,6 +152,11 @@ class Engine:
             raise RuntimeError(delta.error)
         return self._scored.pop(seq_id)
 
+    def counters(self) -> dict[str, float]:
+        """Totals since start: requests, prompt tokens run and reused, predicted tokens, the
+        seconds spent on each (a step's time split by its rows), drafts proposed/accepted."""
+        return dict(self._counters)
+
     def stats(self) -> EngineStats:
         s = self.scheduler
         return EngineStats(s.slot_stats(), s.queue_length, len(s.running))
@@ -182,6 +192,7 @@ class Engine:
                 return
             if kind == "add":
                 self._jobs[item.seq_id] = item
+                self._counters["requests"] += 1
                 if item.all_logits:
                     self._scored[item.seq_id] = np.zeros(
                         (len(item.request.prompt), self.vocab_size), np.float32)
@@ -202,9 +213,11 @@ class Engine:
         plan = self.scheduler.schedule()
         if not len(plan):
             return
+        started = time.perf_counter()
         logits = self.runner.step_device(plan.tokens, plan.positions, plan.slots,
                                          plan.write_index, plan.page_table)
         for c in plan.chunks:
+            self._jobs[c.seq_id].cached = self.scheduler.sequences[c.seq_id].num_cached
             if c.seq_id in self._scored:  # by position: a preempted sequence recomputes rows
                 self._scored[c.seq_id][c.start:c.start + c.num_rows] = np.asarray(
                     logits[c.first_row:c.first_row + c.num_rows])
@@ -220,6 +233,7 @@ class Engine:
             accepted[seq_id] = new[:keep] if reason is None else new[:max(keep, 1)]
             if reason is not None:
                 ending[seq_id] = reason
+        self._count(plan, rows, accepted, time.perf_counter() - started)
         finished = self.scheduler.complete(plan, accepted)
         for seq in finished:
             ending.setdefault(seq.seq_id, seq.finish_reason or "length")
@@ -229,10 +243,23 @@ class Engine:
                 job.finish(reason, self._usage(seq_id))
                 self._drop(seq_id)
 
+    def _count(self, plan, rows, accepted, seconds: float) -> None:
+        c = self._counters
+        decode_rows = sum(len(r) for r in rows.values())
+        prompt_rows = len(plan) - decode_rows
+        for seq_id, r in rows.items():
+            c["draft_tokens"] += len(r) - 1
+            c["draft_accepted"] += max(0, len(accepted.get(seq_id, [])) - 1)
+        c["prompt_tokens"] += prompt_rows
+        c["tokens_predicted"] += sum(len(a) for a in accepted.values())
+        c["prompt_seconds"] += seconds * prompt_rows / max(len(plan), 1)
+        c["tokens_predicted_seconds"] += seconds * decode_rows / max(len(plan), 1)
+        c["steps"] += 1
+
     def _usage(self, seq_id: int):
-        job = self._jobs[seq_id]
-        seq = self.scheduler.sequences.get(seq_id)
-        return job.usage(seq.num_cached if seq is not None else 0)
+        usage = self._jobs[seq_id].usage()
+        self._counters["prompt_tokens_cached"] += usage.cached_tokens
+        return usage
 
     def _propose_drafts(self) -> None:
         if not self.config.speculative:

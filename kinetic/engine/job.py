@@ -27,6 +27,7 @@ class Job:
         self.mu: float | None = None         # Mirostat state, None until the first draw
         self.pending_mu: float | None = None
         self.n_out = 0
+        self.cached = 0                      # prompt tokens reused from the prefix cache
         self._bias: np.ndarray | None | bool = False
 
     def take(self, tokens: list[int], lps: list | None) -> tuple[int, str | None]:
@@ -66,8 +67,8 @@ class Job:
     def fail(self, message: str) -> None:
         self.sink(Delta(finish_reason="error", error=message))
 
-    def usage(self, cached: int) -> Usage:
-        return Usage(len(self.request.prompt), self.n_out, cached, self.seed)
+    def usage(self) -> Usage:
+        return Usage(len(self.request.prompt), self.n_out, self.cached, self.seed)
 
     def bias_row(self, vocab_size: int) -> np.ndarray | None:
         """The dense logit-bias row, or None when the request has none (computed once)."""

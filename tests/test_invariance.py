@@ -1,0 +1,112 @@
+"""The determinism contract (DESIGN.md), bitwise, on a real model: a greedy and a seeded
+request give identical token ids and log-probabilities
+  (1) alone, (2) while 3 other requests of different lengths run, (3) with --parallel 1
+  and 4, (4) with the prompt cold, fully cached and partly cached, (5) with speculative
+  decoding on and off, (6) with a different prefill chunking.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from kinetic.engine.engine import Engine
+from kinetic.engine.engine_config import EngineConfig
+from kinetic.engine.request import GenerationRequest
+from kinetic.engine.sampling_params import SamplingParams
+from kinetic.model.loader import load_model
+from kinetic.text.tokenizer import Tokenizer
+from tests.conftest import real_model_file
+
+pytestmark = pytest.mark.real_model
+
+# Repetitive enough that n-gram drafts are proposed and some accepted.
+PROMPT = ("Days of the week: Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday. "
+          "Again: Monday, Tuesday, Wednesday,")
+OTHERS = ["Hi", "Write a long story about a dragon who learns to count to one hundred.",
+          "List of fruits: apple, banana, cherry, apple, banana,"]
+
+
+@pytest.fixture(scope="module")
+def setup():
+    model = load_model(real_model_file("smollm2"))
+    tok = Tokenizer.from_metadata(model.file.metadata)
+    engines: dict[str, Engine] = {}
+
+    def engine(name: str, **kw) -> Engine:
+        if name not in engines:
+            engines[name] = Engine(model, tok, EngineConfig(n_ctx=512, **kw))
+        return engines[name]
+    yield tok, engine
+    for e in engines.values():
+        e.close()
+
+
+def requests(tok):
+    ids = tok.encode(PROMPT, add_special=True, parse_special=True)
+    greedy = GenerationRequest(ids, SamplingParams(temperature=0.0), max_tokens=20, logprobs=3)
+    seeded = GenerationRequest(ids, SamplingParams(temperature=0.9, seed=1234), max_tokens=20,
+                               logprobs=3)
+    return {"greedy": greedy, "seeded": seeded}
+
+
+def run(engine: Engine, request: GenerationRequest):
+    """(token ids, [(token, logprob, top alternatives)], cached tokens) of one request."""
+    ids, lps, usage = [], [], None
+    for d in engine.generate(request):
+        ids += d.token_ids
+        lps += [(lp.token, lp.logprob, lp.top) for lp in d.logprobs]
+        usage = d.usage or usage
+    assert usage is not None and len(ids) == usage.completion_tokens
+    return ids, lps, usage.cached_tokens
+
+
+def run_with_others(engine: Engine, request: GenerationRequest, tok):
+    others = [GenerationRequest(tok.encode(t), SamplingParams(temperature=0.7, seed=i),
+                                max_tokens=12 + 5 * i) for i, t in enumerate(OTHERS)]
+    threads = [threading.Thread(target=lambda r=r: list(engine.generate(r))) for r in others]
+    for t in threads:
+        t.start()
+    result = run(engine, request)
+    for t in threads:
+        t.join()
+    return result
+
+
+@pytest.mark.parametrize("kind", ["greedy", "seeded"])
+def test_answer_never_depends_on_load(setup, kind):
+    tok, engine = setup
+    request = requests(tok)[kind]
+    # (1) alone, cold, on a 4-slot engine
+    ids, lps, cached = run(engine(f"p4-{kind}", parallel=4), request)
+    assert len(ids) == 20 and cached == 0
+    want = (ids, lps)
+    # (4) fully cached: the same prompt again on the same engine
+    again = run(engine(f"p4-{kind}", parallel=4), request)
+    assert again[2] > 0 and again[:2] == want
+    # (2) with 3 other requests of different lengths sharing the steps
+    assert run_with_others(engine("p4-busy", parallel=4), request, tok)[:2] == want
+    # (3) one slot
+    assert run(engine("p1", parallel=1), request)[:2] == want
+    # (4) partly cached: a different request with the same first 32 tokens ran before
+    partial = GenerationRequest(request.prompt[:32] + tok.encode(" Fruits: pear"),
+                                SamplingParams(temperature=0.0), max_tokens=4)
+    fresh = engine(f"partial-{kind}", parallel=2)
+    run(fresh, partial)
+    got = run(fresh, request)
+    assert 0 < got[2] < len(request.prompt) and got[:2] == want
+    # (5) speculative decoding off
+    assert run(engine("nospec", parallel=4, speculative=False), request)[:2] == want
+    # (6) prompt processed in chunks of 5 tokens instead of 16
+    assert run(engine("chunk5", parallel=4, chunk_tokens=5), request)[:2] == want
+
+
+def test_drafts_are_proposed_and_accepted(setup):
+    tok, engine = setup
+    e = engine("p4-greedy", parallel=4)
+    before = e.counters()
+    run(e, requests(tok)["greedy"])
+    after = e.counters()
+    assert after["draft_tokens"] > before["draft_tokens"]
+    assert after["draft_accepted"] > before["draft_accepted"]
