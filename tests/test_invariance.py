@@ -24,8 +24,10 @@ pytestmark = pytest.mark.real_model
 # Repetitive enough that n-gram drafts are proposed and some accepted.
 PROMPT = ("Days of the week: Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday. "
           "Again: Monday, Tuesday, Wednesday,")
+# Of different lengths; the last is long enough that the steps it shares read a longer
+# (padded) key axis than the request alone does (Runner.key_bucket).
 OTHERS = ["Hi", "Write a long story about a dragon who learns to count to one hundred.",
-          "List of fruits: apple, banana, cherry, apple, banana,"]
+          " ".join(f"item {i}," for i in range(100))]
 
 
 @pytest.fixture(scope="module")

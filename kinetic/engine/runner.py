@@ -20,6 +20,7 @@ from kinetic.model.layers import StepInput
 from kinetic.model.loader import LoadedModel
 
 RESERVED_PAGE = 0  # padding rows write here; no sequence's valid positions ever map to it
+KEY_BUCKET_TOKENS = 128  # smallest key axis a step reads; the next ones are 4x larger
 
 
 @dataclass(frozen=True)
@@ -71,10 +72,24 @@ class Runner:
             write_index=jnp.asarray(np.concatenate(
                 [write_index, RESERVED_PAGE * page_size + np.arange(pad) % page_size]
             ).astype(np.int32)),
-            page_table=jnp.asarray(page_table.astype(np.int32)),
+            page_table=jnp.asarray(page_table[:, :self.key_bucket(positions)].astype(np.int32)),
         )
         logits, self.cache = self._step(self.model.weights, self.cache, step)
         return logits
+
+    def key_bucket(self, positions: np.ndarray) -> int:
+        """Pages of each slot's table the step reads: the smallest bucket that covers the
+        furthest position. Attention over a padded, masked key axis gives the same bits at
+        any padded length (DESIGN.md; tests/test_invariance.py), so short sequences need not
+        pay for the whole context."""
+        need = (int(positions.max()) // self.config.page_size + 1) if len(positions) else 1
+        return next(b for b in self.buckets if b >= need)
+
+    @property
+    def buckets(self) -> list[int]:
+        P, first = self.config.pages_per_slot, max(1, KEY_BUCKET_TOKENS // self.config.page_size)
+        sizes = [first * 4 ** k for k in range(16) if first * 4 ** k < P]
+        return sizes + [P]
 
     def step(self, tokens: np.ndarray, positions: np.ndarray, slots: np.ndarray,
              write_index: np.ndarray, page_table: np.ndarray) -> np.ndarray:
@@ -82,11 +97,15 @@ class Runner:
         logits = self.step_device(tokens, positions, slots, write_index, page_table)
         return np.asarray(logits[:len(tokens)])
 
-    def compile(self) -> None:
-        """Compile the step now (the first call would otherwise pay for it)."""
+    def compile(self, progress=None) -> None:
+        """Compile the step for every key bucket now (the first call of each would otherwise
+        pay for it). progress(done, total) is called after each."""
         S, P = self.config.num_slots, self.config.pages_per_slot
-        self.step(np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0),
-                  np.zeros((S, P), np.int32))
+        for i, b in enumerate(self.buckets):
+            pos = np.array([b * self.config.page_size - 1])
+            self.step(np.zeros(1), pos, np.zeros(1), np.zeros(1), np.zeros((S, P), np.int32))
+            if progress:
+                progress(i + 1, len(self.buckets))
 
 
 @functools.cache
