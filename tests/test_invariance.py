@@ -36,11 +36,11 @@ def setup():
     tok = Tokenizer.from_metadata(model.file.metadata)
     engines: dict[str, Engine] = {}
 
-    def engine(name: str, **kw) -> Engine:
+    def engine(name: str, draft=None, **kw) -> Engine:
         if name not in engines:
-            engines[name] = Engine(model, tok, EngineConfig(n_ctx=512, **kw))
+            engines[name] = Engine(model, tok, EngineConfig(n_ctx=512, **kw), draft=draft)
         return engines[name]
-    yield tok, engine
+    yield tok, engine, model
     for e in engines.values():
         e.close()
 
@@ -78,7 +78,7 @@ def run_with_others(engine: Engine, request: GenerationRequest, tok):
 
 @pytest.mark.parametrize("kind", ["greedy", "seeded"])
 def test_answer_never_depends_on_load(setup, kind):
-    tok, engine = setup
+    tok, engine, model = setup
     request = requests(tok)[kind]
     # (1) alone, cold, on a 4-slot engine
     ids, lps, cached = run(engine(f"p4-{kind}", parallel=4), request)
@@ -98,14 +98,16 @@ def test_answer_never_depends_on_load(setup, kind):
     run(fresh, partial)
     got = run(fresh, request)
     assert 0 < got[2] < len(request.prompt) and got[:2] == want
-    # (5) speculative decoding off
+    # (5) speculative decoding off, and drafts from a draft model (the model itself: every
+    # draft is proposed, most are accepted)
     assert run(engine("nospec", parallel=4, speculative=False), request)[:2] == want
+    assert run(engine("draft-model", parallel=4, draft=model), request)[:2] == want
     # (6) prompt processed in chunks of 5 tokens instead of 16
     assert run(engine("chunk5", parallel=4, chunk_tokens=5), request)[:2] == want
 
 
 def test_drafts_are_proposed_and_accepted(setup):
-    tok, engine = setup
+    tok, engine, model = setup
     e = engine("p4-greedy", parallel=4)
     before = e.counters()
     run(e, requests(tok)["greedy"])

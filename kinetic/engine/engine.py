@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kinetic.engine import sampler
+from kinetic.engine.draft_model import DraftModel
 from kinetic.engine.engine_config import EngineConfig
 from kinetic.engine.job import Job
 from kinetic.engine.request import Delta, GenerationRequest, MAX_LOGPROBS
@@ -54,13 +55,18 @@ class EngineStats:
 class Engine:
     """Batched generation over one model. Thread-safe: submit/generate/cancel from anywhere."""
 
-    def __init__(self, model: LoadedModel, tokenizer: Tokenizer, config: EngineConfig):
+    def __init__(self, model: LoadedModel, tokenizer: Tokenizer, config: EngineConfig,
+                 draft: LoadedModel | None = None):
+        """draft: a smaller model of the same vocabulary that proposes speculative drafts
+        (otherwise n-gram lookup does, when config.speculative)."""
         self.model, self.tokenizer = model, tokenizer
         self.config = config = config.resolved(model.config)
-        self.runner = Runner(model, RunnerConfig(
+        runner_config = RunnerConfig(
             step_tokens=config.step_tokens, num_slots=config.parallel,
             page_size=config.page_size, num_pages=config.num_pages,
-            pages_per_slot=config.pages_per_slot, kv_dtype=config.kv_dtype))
+            pages_per_slot=config.pages_per_slot, kv_dtype=config.kv_dtype)
+        self.runner = Runner(model, runner_config)
+        self.drafter = DraftModel(draft, model, runner_config) if draft is not None else None
         self.scheduler = Scheduler(SchedulerConfig.from_runner(
             self.runner.config, chunk_tokens=config.chunk_tokens))
         self.vocab_size = model.config.vocab_size
@@ -233,6 +239,8 @@ class Engine:
             accepted[seq_id] = new[:keep] if reason is None else new[:max(keep, 1)]
             if reason is not None:
                 ending[seq_id] = reason
+        if self.drafter is not None:
+            self.drafter.follow(plan)
         self._count(plan, rows, accepted, time.perf_counter() - started)
         finished = self.scheduler.complete(plan, accepted)
         for seq in finished:
@@ -262,16 +270,22 @@ class Engine:
         return usage
 
     def _propose_drafts(self) -> None:
-        if not self.config.speculative:
+        if not self.config.speculative or self.config.max_draft == 0:
             return
+        ready = []
         for seq in self.scheduler.running:
             job = self._jobs.get(seq.seq_id)
-            if (job is None or not job.request.speculative or job.request.params.mirostat
-                    or seq.num_computed != len(seq.tokens) - 1):
-                continue
-            draft = ngram_draft(seq.tokens, self.config.max_draft)
+            if (job is not None and job.request.speculative and not job.request.params.mirostat
+                    and seq.num_computed == len(seq.tokens) - 1):
+                ready.append(seq)
+        if self.drafter is not None and ready:
+            drafts = self.drafter.propose(ready, self.scheduler.page_table(),
+                                          self.config.max_draft)
+        else:
+            drafts = {s.seq_id: ngram_draft(s.tokens, self.config.max_draft) for s in ready}
+        for seq_id, draft in drafts.items():
             if draft:
-                self.scheduler.set_draft(seq.seq_id, draft)
+                self.scheduler.set_draft(seq_id, draft)
 
     def _sample(self, plan, logits, rows: dict[int, list[int]]) -> dict:
         """Sample every wanted row in one fixed-size call. Returns seq id -> (tokens drawn at

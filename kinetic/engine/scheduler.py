@@ -398,9 +398,14 @@ class Scheduler:
             rows.append((seq.seq_id, tok, pos, seq.slot, seq.pages[pos // ps] * ps + pos % ps))
         return n
 
-    def _plan(self, rows: list, chunks: list[Chunk], preempted: list[int]) -> StepPlan:
+    def page_table(self) -> np.ndarray:
+        """[S, P] int32: each running sequence's pages in its slot's row, 0 elsewhere."""
         table = np.zeros((self.config.num_slots, self.config.pages_per_slot), np.int32)
         for seq in self.running:
             table[seq.slot, :len(seq.pages)] = seq.pages
+        return table
+
+    def _plan(self, rows: list, chunks: list[Chunk], preempted: list[int]) -> StepPlan:
+        table = self.page_table()
         cols = [np.array([r[i] for r in rows], np.int32) for i in range(1, 5)]
         return StepPlan([r[0] for r in rows], *cols, table, chunks, preempted)
