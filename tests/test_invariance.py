@@ -114,3 +114,20 @@ def test_drafts_are_proposed_and_accepted(setup):
     after = e.counters()
     assert after["draft_tokens"] > before["draft_tokens"]
     assert after["draft_accepted"] > before["draft_accepted"]
+
+
+def test_prefix_evicted_to_host_memory_comes_back_identical(setup):
+    """A prompt whose pages were evicted from the device (a small pool, two long requests
+    in between) is restored from host memory: same answer, its prefix counted as cached."""
+    tok, engine, model = setup
+    e = engine("small-pool", parallel=1, num_pages=33)  # 32 usable pages = one context
+    request = requests(tok)["seeded"]
+    first = run(e, request)
+    for i in range(2):
+        filler = tok.encode(" ".join(f"{w}{i}" for w in ["alpha", "beta", "gamma"] * 60))
+        run(e, GenerationRequest(filler[:400], SamplingParams(temperature=0.0), max_tokens=2))
+    assert e.counters()["pages_to_host"] > 0
+    again = run(e, request)
+    assert e.counters()["pages_from_host"] > 0
+    assert again[2] == (len(request.prompt) - 1) // 16 * 16  # every full page reused
+    assert again[:2] == first[:2]

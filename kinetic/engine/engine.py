@@ -30,6 +30,7 @@ import numpy as np
 from kinetic.engine import sampler
 from kinetic.engine.draft_model import DraftModel
 from kinetic.engine.engine_config import EngineConfig
+from kinetic.engine.host_cache import HostPageStore
 from kinetic.engine.job import Job
 from kinetic.engine.request import Delta, GenerationRequest, MAX_LOGPROBS
 from kinetic.engine.runner import Runner, RunnerConfig
@@ -42,7 +43,7 @@ from kinetic.text.tokenizer import Tokenizer
 HISTORY_WIDTHS = (64, 256, 1024, 4096)  # penalty windows are padded to one of these
 COUNTERS = ("requests", "prompt_tokens", "prompt_tokens_cached", "prompt_seconds",
             "tokens_predicted", "tokens_predicted_seconds", "draft_tokens", "draft_accepted",
-            "steps")
+            "steps", "pages_to_host", "pages_from_host")
 
 
 @dataclass(frozen=True)
@@ -67,8 +68,11 @@ class Engine:
             pages_per_slot=config.pages_per_slot, kv_dtype=config.kv_dtype)
         self.runner = Runner(model, runner_config)
         self.drafter = DraftModel(draft, model, runner_config) if draft is not None else None
+        self.host_pages = HostPageStore(config.host_cache_mb << 20)
         self.scheduler = Scheduler(SchedulerConfig.from_runner(
             self.runner.config, chunk_tokens=config.chunk_tokens))
+        if config.host_cache_mb > 0:
+            self.scheduler.host = self.host_pages
         self.vocab_size = model.config.vocab_size
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -217,6 +221,7 @@ class Engine:
     def _turn(self) -> None:
         self._propose_drafts()
         plan = self.scheduler.schedule()
+        self._sync_host_pages(plan)
         if not len(plan):
             return
         started = time.perf_counter()
@@ -250,6 +255,26 @@ class Engine:
             if job is not None:
                 job.finish(reason, self._usage(seq_id))
                 self._drop(seq_id)
+
+    def _sync_host_pages(self, plan) -> None:
+        """Save pages evicted while planning (still intact on the device) to host memory,
+        then copy back the ones the plan restores. The draft model's cache goes along."""
+        runners = [self.runner] + ([self.drafter.runner] if self.drafter else [])
+        if plan.evicted and self.scheduler.host is not None:
+            pages = [p for p, _ in plan.evicted]
+            copies = [r.read_pages(pages) for r in runners]
+            for i, (_, key) in enumerate(plan.evicted):
+                self.host_pages.put(key, [a for c in copies for a in c[i]])
+            self._counters["pages_to_host"] += len(pages)
+        if plan.restores:
+            pages = [p for p, _ in plan.restores]
+            data = [self.host_pages.get(key) for _, key in plan.restores]
+            start = 0
+            for r in runners:
+                n = 2 * len(r.cache)
+                r.write_pages(pages, [d[start:start + n] for d in data])
+                start += n
+            self._counters["pages_from_host"] += len(pages)
 
     def _count(self, plan, rows, accepted, seconds: float) -> None:
         c = self._counters

@@ -21,6 +21,7 @@ class EngineConfig:
     kv_dtype: str = "float32"
     speculative: bool = True   # n-gram prompt-lookup drafts in the step's spare rows
     max_draft: int = 4
+    host_cache_mb: int = 1024  # evicted prefix pages kept in host memory (0: none)
 
     def __post_init__(self) -> None:
         if self.parallel < 0:

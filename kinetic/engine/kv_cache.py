@@ -66,6 +66,9 @@ class PageManager:
         self._evictable: OrderedDict[int, None] = OrderedDict()  # least recent first
         self._key_of: dict[int, bytes] = {}
         self._page_of: dict[bytes, int] = {}
+        # (page, key) of valid pages evicted since the last `take_evicted`: their content
+        # is still on the device until the next step overwrites it (the host tier saves it)
+        self.evicted: list[tuple[int, bytes]] = []
 
     # --- inspection -------------------------------------------------------------------
     @property
@@ -145,7 +148,9 @@ class PageManager:
                 page = self._free.popleft()
             else:
                 page, _ = self._evictable.popitem(last=False)
-                del self._page_of[self._key_of.pop(page)]
+                key = self._key_of.pop(page)
+                del self._page_of[key]
+                self.evicted.append((page, key))
             self._refs[page] = 1
             pages.append(page)
         return pages

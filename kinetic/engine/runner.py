@@ -20,6 +20,7 @@ from kinetic.model.layers import StepInput
 from kinetic.model.loader import LoadedModel
 
 RESERVED_PAGE = 0  # padding rows write here; no sequence's valid positions ever map to it
+PAGE_COPY_BATCH = 8  # pages restored from host memory per compiled copy
 KEY_BUCKET_TOKENS = 128  # smallest key axis a step reads; the next ones are 4x larger
 
 
@@ -85,6 +86,23 @@ class Runner:
         need = (int(positions.max()) // self.config.page_size + 1) if len(positions) else 1
         return next(b for b in self.buckets if b >= need)
 
+    def read_pages(self, pages: list[int]) -> list[list[np.ndarray]]:
+        """Host copies of whole cache pages: per page, a list of arrays [page_size, ...],
+        k and v of every layer in order."""
+        idx = jnp.asarray(np.asarray(pages, np.int32))
+        stacked = [np.asarray(c[idx]) for kv in self.cache for c in kv]  # each [n, ps, ...]
+        return [[a[i] for a in stacked] for i in range(len(pages))]
+
+    def write_pages(self, pages: list[int], data: list[list[np.ndarray]]) -> None:
+        """Fill whole cache pages from host copies (read_pages' format), in place."""
+        for start in range(0, len(pages), PAGE_COPY_BATCH):
+            chunk, rows = pages[start:start + PAGE_COPY_BATCH], data[start:start + PAGE_COPY_BATCH]
+            pad = PAGE_COPY_BATCH - len(chunk)  # fixed batch: one compiled shape
+            idx = np.asarray(list(chunk) + [RESERVED_PAGE] * pad, np.int32)
+            arrays = [np.stack([r[j] for r in rows] + [np.zeros_like(rows[0][j])] * pad)
+                      for j in range(len(rows[0]))]
+            self.cache = _write_pages(self.cache, jnp.asarray(idx), arrays)
+
     @property
     def buckets(self) -> list[int]:
         P, first = self.config.pages_per_slot, max(1, KEY_BUCKET_TOKENS // self.config.page_size)
@@ -113,6 +131,13 @@ def _compiled_step(forward, cfg):
     """One jitted step per (architecture, config): runners of the same model share its
     compiled shapes instead of compiling again."""
     return jax.jit(partial(_forward, forward, cfg), donate_argnums=(1,))
+
+
+@partial(jax.jit, donate_argnums=(0,))
+def _write_pages(cache, idx, arrays):
+    flat = iter(arrays)
+    return [(k.at[idx].set(next(flat).astype(k.dtype)), v.at[idx].set(next(flat).astype(v.dtype)))
+            for k, v in cache]
 
 
 def _forward(forward, cfg, weights, cache, step):

@@ -134,6 +134,10 @@ class StepPlan:
     page_table: np.ndarray      # [S, P] int32, RESERVED_PAGE where unused
     chunks: list[Chunk]
     preempted: list[int]        # sequences preempted while planning this step
+    # Before the step runs: save `evicted` pages (still intact on the device) to host memory,
+    # then copy `restores` (page, key) from host memory into their new pages.
+    evicted: list[tuple[int, bytes]] = field(default_factory=list)
+    restores: list[tuple[int, bytes]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.seq_ids)
@@ -177,6 +181,8 @@ class Scheduler:
         self.num_preemptions = 0
         self._slots: list[Sequence | None] = [None] * config.num_slots
         self._arrivals = 0
+        self.host = None       # a container of page keys held in host memory (engine's tier)
+        self.restores: list[tuple[int, bytes]] = []  # pages to fill from host this step
 
     # --- requests ---------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -344,14 +350,29 @@ class Scheduler:
         ps = self.config.page_size
         # the last token is always computed: its logits are what the step is for
         cacheable = (len(seq.tokens) - 1) // ps if seq.use_prefix_cache else 0
-        hits = self.pages.lookup(extend_keys(seq.page_keys, seq.tokens, ps, cacheable)[:cacheable])
+        keys = extend_keys(seq.page_keys, seq.tokens, ps, cacheable)[:cacheable]
+        hits = self.pages.lookup(keys)
         revived = sum(self.pages.refcount(p) == 0 for p in hits)  # leave the evictable list
-        computed = len(hits) * ps
+        # pages of the prefix that were evicted to host memory come back by copy
+        from_host = []
+        if self.host is not None:
+            for key in keys[len(hits):]:
+                if key not in self.host:
+                    break
+                from_host.append(key)
+            from_host = from_host[:max(0, self.pages.available - revived - 1)]
+        computed = (len(hits) + len(from_host)) * ps
         n = min(len(seq.tokens) - computed, self.config.chunk_tokens, budget)
         n = min(n, (len(hits) + self.pages.available - revived) * ps - computed)
         if n < 1:
             return 0
         self.pages.acquire(hits)
+        if from_host:
+            restored = self.pages.allocate(len(from_host))
+            for page, key in zip(restored, from_host):
+                self.pages.register(page, key)
+                self.restores.append((page, key))
+            hits = hits + restored
         seq.pages, seq.num_computed, seq.num_registered = hits, computed, len(hits)
         if seq.status is Status.WAITING:
             seq.num_cached = computed
@@ -408,4 +429,7 @@ class Scheduler:
     def _plan(self, rows: list, chunks: list[Chunk], preempted: list[int]) -> StepPlan:
         table = self.page_table()
         cols = [np.array([r[i] for r in rows], np.int32) for i in range(1, 5)]
-        return StepPlan([r[0] for r in rows], *cols, table, chunks, preempted)
+        plan = StepPlan([r[0] for r in rows], *cols, table, chunks, preempted,
+                        self.pages.evicted, self.restores)
+        self.pages.evicted, self.restores = [], []
+        return plan

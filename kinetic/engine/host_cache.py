@@ -1,0 +1,46 @@
+"""Evicted-but-valid KV pages kept in host memory.
+
+When the device page pool runs out, the least recently used cached pages are evicted; their
+contents are copied here first (keyed by the same hash chain as the device prefix cache), so a
+later request that starts the same way gets them back by a copy instead of recomputing them.
+On this CPU a page copy costs a few microseconds per layer, far less than the share of a step
+its 16 tokens would cost to recompute. LRU, bounded in bytes.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+
+
+class HostPageStore:
+    def __init__(self, capacity_bytes: int):
+        self.capacity = capacity_bytes
+        self.used = 0
+        self._pages: OrderedDict[bytes, list[np.ndarray]] = OrderedDict()
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self._pages
+
+    def __len__(self) -> int:
+        return len(self._pages)
+
+    def put(self, key: bytes, data: list[np.ndarray]) -> None:
+        """Keep one page's arrays (one per cache, e.g. per layer k and v); the least recently
+        used pages go when the store is over capacity."""
+        size = sum(a.nbytes for a in data)
+        if size > self.capacity:
+            return
+        if key in self._pages:
+            self._pages.move_to_end(key)
+            return
+        self._pages[key] = data
+        self.used += size
+        while self.used > self.capacity:
+            _, old = self._pages.popitem(last=False)
+            self.used -= sum(a.nbytes for a in old)
+
+    def get(self, key: bytes) -> list[np.ndarray]:
+        self._pages.move_to_end(key)
+        return self._pages[key]
