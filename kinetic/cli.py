@@ -48,7 +48,8 @@ def resolve_model(name: str) -> str:
 def cmd_run(args: argparse.Namespace) -> int:
     import kinetic.llm
     path = resolve_model(args.model)
-    model = kinetic.llm.load(path, n_ctx=args.ctx_size, dtype=args.dtype,
+    draft = resolve_model(args.model_draft) if args.model_draft else None
+    model = kinetic.llm.load(path, n_ctx=args.ctx_size, dtype=args.dtype, draft=draft,
                              progress=_progress_printer("loading"))
     prompt = [{"role": "user", "content": args.prompt}] if args.chat else args.prompt
     for piece in model.generate(prompt, max_tokens=args.n_predict, temperature=args.temp,
@@ -94,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="context length in tokens (default 4096, capped by the model's)")
     run.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
                      help="compute type of the weights (default bfloat16)")
+    run.add_argument("-md", "--model-draft", default=None,
+                     help="a smaller model of the same vocabulary that drafts tokens for "
+                     "speculative decoding (never changes the output)")
     run.set_defaults(func=cmd_run)
 
     models = sub.add_parser("models", help="list or fetch the real models kinetic knows",
