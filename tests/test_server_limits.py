@@ -1,0 +1,96 @@
+"""`kinetic serve`'s limits, on a real server with small ones: a client has 1 second to send
+its request, and 2 connections are served at once. Also: 503 while loading, and SIGINT /
+SIGTERM ending the process cleanly."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import pytest
+
+from tests.conftest import real_model_file
+from tests.serve_process import (ServeProcess, raw_request, read_to_end, read_until,
+                                 split_response)
+
+pytestmark = pytest.mark.real_model
+
+CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = ServeProcess(real_model_file("smollm2"), "-c", "128", "-np", "2", "--timeout", "1",
+                     "--max-connections", "2")
+    try:
+        s.wait_ready()
+        yield s
+    finally:
+        s.close()
+
+
+def test_slow_headers_are_cut(server):
+    with server.connect() as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Ty")
+        assert read_to_end(sock) == b""  # closed without an answer; the socket would time out
+
+
+def test_slow_body_is_cut_with_408(server):
+    body = json.dumps({"messages": [{"role": "user", "content": "Hi"}]}).encode()
+    with server.connect() as sock:
+        sock.sendall(raw_request("POST", CHAT, {"Content-Type": "application/json",
+                                                "Content-Length": str(len(body))}) + body[:10])
+        status, headers, rest = split_response(read_to_end(sock))
+    assert status == 408 and headers["connection"] == "close"
+    assert json.loads(rest)["error"]["type"] == "invalid_request_error"
+
+
+def _start_stream(server):
+    body = json.dumps({"messages": [{"role": "user", "content": "Tell me a story."}],
+                       "max_tokens": 80, "temperature": 1.0, "seed": 1, "ignore_eos": True,
+                       "stream": True}).encode()
+    sock = server.connect()
+    sock.sendall(raw_request("POST", CHAT, {"Content-Type": "application/json",
+                                            "Content-Length": str(len(body))}, body))
+    assert b"200" in read_until(sock, b"\r\n")
+    read_until(sock, b'"content":"')  # generating: the connection is busy, not idle
+    return sock
+
+
+def test_connections_past_the_limit_get_503(server):
+    streams = []
+    try:
+        streams = [_start_stream(server), _start_stream(server)]
+        with server.connect() as extra:
+            extra.sendall(raw_request("GET", "/v1/health", {}))
+            status, headers, body = split_response(read_to_end(extra))
+        assert status == 503 and headers["connection"] == "close"
+        err = json.loads(body)["error"]
+        assert err["type"] == "unavailable_error" and "2 open connections" in err["message"]
+    finally:
+        for s in streams:
+            s.close()
+    end = time.monotonic() + 120  # the server sees the streams close, then serves again
+    while server.request("GET", "/v1/health")[0] != 200:
+        assert time.monotonic() < end, server.output()
+        time.sleep(0.2)
+
+
+def test_sigterm_stops_cleanly(server):
+    assert server.signal(signal.SIGTERM) == 0
+    assert "kinetic: stopped" in server.output()
+
+
+def test_503_while_loading_then_sigint():
+    s = ServeProcess(real_model_file("smollm2"), "-c", "128")
+    try:
+        status, _, body = s.first_answer("/v1/health")
+        if "kinetic: serving" not in s.output():  # printed before it serves: still loading
+            assert status == 503, body
+            assert body["error"]["type"] == "unavailable_error"
+            assert body["error"]["message"].startswith("Loading model")
+        assert s.signal(signal.SIGINT) == 0
+        assert "stopped" in s.output()
+    finally:
+        s.close()
