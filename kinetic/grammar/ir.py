@@ -1,0 +1,389 @@
+"""The grammar IR: expressions over code points and bytes, lowered to byte-level rules.
+
+Front ends (GBNF, JSON Schema) build `Expr` trees for named rules with `GrammarBuilder`;
+`GrammarBuilder.build()` lowers them to a `Grammar` whose rules are alternatives of sequences of
+symbols, each symbol a terminal (a set of bytes) or a rule reference. Character classes over code
+points become alternatives of byte-set sequences (their UTF-8 encodings), repetitions become
+right-recursive helper rules, so the matcher only ever sees bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAX_CODE_POINT = 0x10FFFF
+
+
+class GrammarError(ValueError):
+    """An invalid grammar: the message, and where known the 1-based line and column."""
+
+    def __init__(self, message: str, line: int | None = None, column: int | None = None):
+        self.message = message
+        self.line = line
+        self.column = column
+        where = f" at line {line}, column {column}" if line is not None else ""
+        super().__init__(f"{message}{where}")
+
+
+# --- expressions ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Lit:
+    """Exact bytes."""
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Bytes:
+    """One byte out of a set, as a 256-bit mask."""
+    mask: int
+
+
+@dataclass(frozen=True)
+class Chars:
+    """One code point out of sorted, disjoint, inclusive ranges."""
+    ranges: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class Ref:
+    name: str
+    line: int | None = None
+    column: int | None = None
+
+
+@dataclass(frozen=True)
+class Seq:
+    items: tuple
+
+
+@dataclass(frozen=True)
+class Alt:
+    items: tuple
+
+
+@dataclass(frozen=True)
+class Rep:
+    item: object
+    min: int
+    max: int | None   # None: unbounded
+
+
+EMPTY = Seq(())
+
+
+def lit(text: str | bytes) -> Lit:
+    return Lit(text.encode() if isinstance(text, str) else text)
+
+
+def seq(*items) -> object:
+    flat = []
+    for it in items:
+        if isinstance(it, Seq):
+            flat.extend(it.items)
+        else:
+            flat.append(it)
+    return flat[0] if len(flat) == 1 else Seq(tuple(flat))
+
+
+def alt(*items) -> object:
+    uniq = list(dict.fromkeys(items))
+    return uniq[0] if len(uniq) == 1 else Alt(tuple(uniq))
+
+
+def opt(item) -> Rep:
+    return Rep(item, 0, 1)
+
+
+def star(item) -> Rep:
+    return Rep(item, 0, None)
+
+
+def normalize_ranges(ranges) -> tuple[tuple[int, int], ...]:
+    """Sorted, merged, clipped to valid scalar values (surrogates removed)."""
+    out: list[list[int]] = []
+    for lo, hi in sorted(ranges):
+        lo, hi = max(lo, 0), min(hi, MAX_CODE_POINT)
+        if lo > hi:
+            continue
+        if out and lo <= out[-1][1] + 1:
+            out[-1][1] = max(out[-1][1], hi)
+        else:
+            out.append([lo, hi])
+    cut: list[tuple[int, int]] = []
+    for lo, hi in out:   # UTF-8 cannot encode surrogates
+        if lo < 0xD800 <= hi or lo <= 0xDFFF < hi or 0xD800 <= lo <= hi <= 0xDFFF:
+            if lo < 0xD800:
+                cut.append((lo, 0xD7FF))
+            if hi > 0xDFFF:
+                cut.append((0xE000, hi))
+        else:
+            cut.append((lo, hi))
+    return tuple(cut)
+
+
+def chars(ranges, negate: bool = False) -> Chars:
+    rs = normalize_ranges(ranges)
+    if negate:
+        comp, nxt = [], 0
+        for lo, hi in rs:
+            if lo > nxt:
+                comp.append((nxt, lo - 1))
+            nxt = hi + 1
+        if nxt <= MAX_CODE_POINT:
+            comp.append((nxt, MAX_CODE_POINT))
+        rs = normalize_ranges(comp)
+    return Chars(rs)
+
+
+ANY_CHAR = chars([(0, MAX_CODE_POINT)])
+
+
+def utf8_sequences(lo: int, hi: int) -> list[list[tuple[int, int]]]:
+    """The code points lo..hi as a list of UTF-8 byte-range sequences, each sequence the product
+    of its per-byte ranges."""
+    out: list[list[tuple[int, int]]] = []
+    for blo, bhi in ((0, 0x7F), (0x80, 0x7FF), (0x800, 0xFFFF), (0x10000, MAX_CODE_POINT)):
+        a, b = max(lo, blo), min(hi, bhi)
+        if a <= b:
+            _split_same_length(a, b, out)
+    return out
+
+
+def _split_same_length(lo: int, hi: int, out: list) -> None:
+    n = len(chr(lo).encode("utf-8", "surrogatepass"))
+    for i in range(1, n):
+        m = (1 << (6 * i)) - 1
+        if lo & ~m != hi & ~m:
+            if lo & m:
+                _split_same_length(lo, lo | m, out)
+                _split_same_length((lo | m) + 1, hi, out)
+                return
+            if hi & m != m:
+                _split_same_length(lo, (hi & ~m) - 1, out)
+                _split_same_length(hi & ~m, hi, out)
+                return
+    a = chr(lo).encode("utf-8", "surrogatepass")
+    b = chr(hi).encode("utf-8", "surrogatepass")
+    out.append(list(zip(a, b)))
+
+
+def byte_mask(lo: int, hi: int) -> int:
+    return ((1 << (hi + 1)) - 1) ^ ((1 << lo) - 1)
+
+
+# --- the lowered grammar -------------------------------------------------------------------
+
+TERM, NONTERM, END = 0, 1, 2
+
+
+class Grammar:
+    """Byte-level rules, flattened into positions. Position p has kind[p]: TERM (match one byte
+    of mask[p], then go to p + 1), NONTERM (run rule ref[p], then go to p + 1) or END (the
+    alternative is done). starts[r] lists the first positions of rule r's alternatives."""
+
+    def __init__(self, rule_names: list[str], rules: list[list[list[tuple[int, int]]]],
+                 root: int):
+        self.rule_names = rule_names
+        self.root = root
+        self.kind: list[int] = []
+        self.arg: list[int] = []      # byte mask for TERM, rule id for NONTERM, rule id for END
+        self.starts: list[list[int]] = []
+        for r, alts in enumerate(rules):
+            starts = []
+            for syms in alts:
+                starts.append(len(self.kind))
+                for k, a in syms:
+                    self.kind.append(k)
+                    self.arg.append(a)
+                self.kind.append(END)
+                self.arg.append(r)
+            self.starts.append(starts)
+        self.n_rules = len(rules)
+        self._states = None   # the matcher's shared state tables, made on first use
+
+    def matcher(self, vocab):
+        """A matcher of this grammar over the tokens of `vocab` (a TokenVocab)."""
+        from kinetic.grammar.matcher import Matcher
+        return Matcher(self, vocab)
+
+
+class GrammarBuilder:
+    """Collects named rules as expressions and lowers them to a `Grammar`."""
+
+    def __init__(self):
+        self.exprs: dict[str, object] = {}
+        self.where: dict[str, tuple[int | None, int | None]] = {}
+
+    def define(self, name: str, expr, line: int | None = None, column: int | None = None):
+        self.exprs[name] = expr
+        self.where.setdefault(name, (line, column))
+
+    def fresh(self, base: str) -> str:
+        i = len(self.exprs)
+        while f"{base}-{i}" in self.exprs:
+            i += 1
+        return f"{base}-{i}"
+
+    def build(self, root: str = "root") -> Grammar:
+        if root not in self.exprs:
+            raise GrammarError(f"grammar has no rule named {root!r}", 1, 1)
+        return _Lowering(self).run(root)
+
+
+class _Lowering:
+    def __init__(self, b: GrammarBuilder):
+        self.b = b
+        self.ids: dict[str, int] = {}
+        self.names: list[str] = []
+        self.rules: list[list[list[tuple[int, int]]] | None] = []
+        self.aux: dict[tuple, int] = {}    # memoized helper rules by content
+
+    def run(self, root: str) -> Grammar:
+        for name in self.b.exprs:
+            self._id(name)
+        for name, expr in list(self.b.exprs.items()):
+            self.rules[self.ids[name]] = self._alts(expr, name)
+        self._check_left_recursion()
+        return Grammar(self.names, self.rules, self.ids[root])
+
+    def _id(self, name: str) -> int:
+        if name not in self.ids:
+            self.ids[name] = len(self.names)
+            self.names.append(name)
+            self.rules.append(None)
+        return self.ids[name]
+
+    def _new_rule(self, key: tuple, base: str, alts) -> int:
+        if key in self.aux:
+            return self.aux[key]
+        rid = self._id(f"{base}-{len(self.names)}")
+        self.aux[key] = rid
+        self.rules[rid] = alts
+        return rid
+
+    def _alts(self, expr, ctx: str) -> list[list[tuple[int, int]]]:
+        if isinstance(expr, Alt):
+            return [self._syms(e, ctx) for e in expr.items]
+        if isinstance(expr, Chars):
+            return self._char_alts(expr)
+        return [self._syms(expr, ctx)]
+
+    def _char_alts(self, expr: Chars) -> list[list[tuple[int, int]]]:
+        alts: list[list[tuple[int, int]]] = []
+        ascii_mask = 0
+        for lo, hi in expr.ranges:
+            for s in utf8_sequences(lo, hi):
+                if len(s) == 1:
+                    ascii_mask |= byte_mask(*s[0])
+                else:
+                    alts.append([(TERM, byte_mask(a, b)) for a, b in s])
+        if ascii_mask:
+            alts.insert(0, [(TERM, ascii_mask)])
+        return alts
+
+    def _syms(self, expr, ctx: str) -> list[tuple[int, int]]:
+        if isinstance(expr, Lit):
+            return [(TERM, 1 << b) for b in expr.data]
+        if isinstance(expr, Bytes):
+            return [(TERM, expr.mask)]
+        if isinstance(expr, Ref):
+            if expr.name not in self.b.exprs:
+                raise GrammarError(f"undefined rule {expr.name!r}", expr.line, expr.column)
+            return [(NONTERM, self.ids[expr.name])]
+        if isinstance(expr, Seq):
+            out: list[tuple[int, int]] = []
+            for e in expr.items:
+                out.extend(self._syms(e, ctx))
+            return out
+        if isinstance(expr, Chars):
+            alts = self._char_alts(expr)
+            if len(alts) == 1:
+                return alts[0]
+            return [(NONTERM, self._new_rule(("chars", expr.ranges), "char", alts))]
+        if isinstance(expr, Alt):
+            alts = [self._syms(e, ctx) for e in expr.items]
+            if len(alts) == 1:
+                return alts[0]
+            key = ("alt", tuple(tuple(a) for a in alts))
+            return [(NONTERM, self._new_rule(key, ctx, alts))]
+        if isinstance(expr, Rep):
+            return self._rep(expr, ctx)
+        raise TypeError(f"not a grammar expression: {expr!r}")
+
+    def _rep(self, expr: Rep, ctx: str) -> list[tuple[int, int]]:
+        item = tuple(self._syms(expr.item, ctx))
+        lo, hi = expr.min, expr.max
+        if hi is not None and hi < lo:
+            raise GrammarError(f"repetition {{{lo},{hi}}} has max < min")
+        if not item or hi == 0:
+            return []
+        out = list(item) * lo
+        if hi is None:
+            # S ::= item S | ()
+            key = ("star", item)
+            if key not in self.aux:
+                rid = self._id(f"{ctx}-{len(self.names)}")
+                self.aux[key] = rid
+                self.rules[rid] = [list(item) + [(NONTERM, rid)], []]
+            out.append((NONTERM, self.aux[key]))
+        elif hi > lo:
+            # O_k ::= item O_(k-1) | ()   (O_1 ::= item | ())
+            prev = None
+            for k in range(1, hi - lo + 1):
+                key = ("opt", item, k)
+                if key not in self.aux:
+                    rid = self._id(f"{ctx}-{len(self.names)}")
+                    self.aux[key] = rid
+                    tail = [(NONTERM, prev)] if prev is not None else []
+                    self.rules[rid] = [list(item) + tail, []]
+                prev = self.aux[key]
+            out.append((NONTERM, prev))
+        return out
+
+    def _check_left_recursion(self) -> None:
+        rules = self.rules
+        nullable = [False] * len(rules)
+        changed = True
+        while changed:
+            changed = False
+            for r, alts in enumerate(rules):
+                if not nullable[r] and any(all(k == NONTERM and nullable[a] for k, a in syms)
+                                           for syms in alts):
+                    nullable[r] = changed = True
+        first: list[set[int]] = []   # rules that rule r can start with without consuming input
+        for alts in rules:
+            s: set[int] = set()
+            for syms in alts:
+                for k, a in syms:
+                    if k != NONTERM:
+                        break
+                    s.add(a)
+                    if not nullable[a]:
+                        break
+            first.append(s)
+        color = [0] * len(rules)   # 0 new, 1 on the path, 2 done
+        for start in range(len(rules)):
+            if color[start]:
+                continue
+            stack = [(start, iter(first[start]))]
+            color[start] = 1
+            while stack:
+                r, it = stack[-1]
+                nxt = next(it, None)
+                if nxt is None:
+                    color[r] = 2
+                    stack.pop()
+                elif color[nxt] == 1:
+                    name = self._user_name(nxt)
+                    line, col = self.b.where.get(name, (None, None))
+                    raise GrammarError(f"left recursion in rule {name!r} (a rule that can "
+                                       f"reach itself before matching any character)", line, col)
+                elif color[nxt] == 0:
+                    color[nxt] = 1
+                    stack.append((nxt, iter(first[nxt])))
+
+    def _user_name(self, rid: int) -> str:
+        name = self.names[rid]
+        base = name.rsplit("-", 1)[0] if name not in self.b.exprs else name
+        return base if base in self.b.exprs else name

@@ -1,0 +1,271 @@
+"""Token masks from a grammar: a pushdown recognizer over bytes walked along a token trie.
+
+A parser state is a set of stacks of grammar positions (the top a terminal position, the rest
+the rule references to return to); the empty stack means the root rule is complete. State sets
+are interned per grammar, and the transition table (state, byte) -> state is filled lazily and
+shared by every matcher of the grammar, so in regular stretches (strings, numbers, whitespace)
+the recognizer behaves like a cached DFA.
+
+`fill_mask` walks the vocabulary's token trie level by level with numpy: at each depth it looks
+up the transitions of all live (state, byte) pairs at once, computes only the missing ones in
+Python (few: distinct pairs, not tokens), and prunes every subtree whose byte is rejected. The
+mask of a state is cached, so returning to a state (inside a string after each character, say)
+costs one copy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kinetic.grammar.ir import END, NONTERM, TERM, Grammar
+
+DEAD = 0   # the empty state set
+
+
+class TokenVocab:
+    """A vocabulary's token trie, built once per tokenizer: `token_bytes[i]` are the exact bytes
+    token i adds to the text; `eog_ids` the end-of-generation tokens, allowed exactly when the
+    grammar can end. Tokens with no bytes (control tokens) are never allowed otherwise."""
+
+    def __init__(self, token_bytes: list[bytes], eog_ids=()):
+        self.size = len(token_bytes)
+        self.token_bytes = list(token_bytes)
+        self.eog_ids = np.array(sorted(set(eog_ids)), dtype=np.int64)
+        self.n_words = (self.size + 31) // 32
+        by_bytes: dict[bytes, list[int]] = {}
+        for i, b in enumerate(token_bytes):
+            if b and i not in set(eog_ids):
+                by_bytes.setdefault(b, []).append(i)
+        keys = sorted(by_bytes)
+        # Level d holds the distinct prefixes of length d + 1, sorted, so the children of one
+        # parent are contiguous: parent index, last byte, and the first/last child range.
+        self.levels: list[tuple[np.ndarray, np.ndarray]] = []
+        self.child_lo: list[np.ndarray] = []   # per level d: children range in level d + 1
+        self.child_hi: list[np.ndarray] = []
+        self.ends: list[tuple[np.ndarray, np.ndarray]] = []  # (node index, token id) per level
+        max_len = max((len(k) for k in keys), default=0)
+        prev_index: dict[bytes, int] = {b"": 0}
+        for d in range(1, max_len + 1):
+            prefixes = sorted({k[:d] for k in keys if len(k) >= d})
+            index = {p: i for i, p in enumerate(prefixes)}
+            parent = np.fromiter((prev_index[p[:-1]] for p in prefixes), np.int64, len(prefixes))
+            byte = np.fromiter((p[-1] for p in prefixes), np.int64, len(prefixes))
+            self.levels.append((parent, byte))
+            n_prev = len(prev_index)
+            lo = np.searchsorted(parent, np.arange(n_prev), side="left")
+            hi = np.searchsorted(parent, np.arange(n_prev), side="right")
+            self.child_lo.append(lo)
+            self.child_hi.append(hi)
+            nodes, toks = [], []
+            for k in keys:
+                if len(k) == d:
+                    for t in by_bytes[k]:
+                        nodes.append(index[k])
+                        toks.append(t)
+            self.ends.append((np.array(nodes, np.int64), np.array(toks, np.int64)))
+            prev_index = index
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer) -> "TokenVocab":
+        """The trie of a kinetic.text.tokenizer.Tokenizer."""
+        return cls([tokenizer.token_bytes(i) for i in range(tokenizer.vocab_size)],
+                   tokenizer.eog_ids)
+
+
+class _States:
+    """Interned state sets of one grammar and their lazily filled transition table."""
+
+    def __init__(self, g: Grammar):
+        self.g = g
+        self.sets: list[frozenset] = [frozenset()]
+        self.ids: dict[frozenset, int] = {frozenset(): DEAD}
+        self.table = np.full((64, 256), -1, dtype=np.int32)
+        self.table[DEAD] = DEAD
+        self.can_end: list[bool] = [False]
+        self.masks: dict[TokenVocab, dict[int, np.ndarray]] = {}   # vocab -> state -> mask
+        stacks: set = set()
+        seen: set = set()
+        for st in g.starts[g.root]:
+            self._expand((st,), stacks, seen)
+        self.start = self.intern(stacks)
+
+    def intern(self, stacks) -> int:
+        key = frozenset(stacks)
+        sid = self.ids.get(key)
+        if sid is None:
+            sid = len(self.sets)
+            self.ids[key] = sid
+            self.sets.append(key)
+            self.can_end.append(() in key)
+            if sid >= len(self.table):
+                grown = np.full((2 * len(self.table), 256), -1, dtype=np.int32)
+                grown[:len(self.table)] = self.table
+                self.table = grown
+        return sid
+
+    def _expand(self, stack: tuple, out: set, seen: set) -> None:
+        """Adds to `out` the stacks with a terminal on top (or the empty stack) reachable from
+        `stack` without consuming a byte."""
+        g = self.g
+        kind, arg, starts = g.kind, g.arg, g.starts
+        work = [stack]
+        while work:
+            st = work.pop()
+            if st in seen:
+                continue
+            seen.add(st)
+            if not st:
+                out.add(())
+                continue
+            p = st[-1]
+            k = kind[p]
+            if k == TERM:
+                out.add(st)
+            elif k == NONTERM:
+                work.extend(st + (s,) for s in starts[arg[p]])
+            else:   # END: return to the caller, which moves past its reference
+                work.append(st[:-2] + (st[-2] + 1,) if len(st) > 1 else ())
+
+    def step(self, sid: int, b: int) -> int:
+        t = int(self.table[sid, b])
+        if t >= 0:
+            return t
+        g = self.g
+        out: set = set()
+        seen: set = set()
+        bit = 1 << b
+        for st in self.sets[sid]:
+            if st and g.arg[st[-1]] & bit:
+                self._expand(st[:-1] + (st[-1] + 1,), out, seen)
+        t = self.intern(out)
+        self.table[sid, b] = t
+        return t
+
+    def fill(self, sids: np.ndarray, bs: np.ndarray) -> np.ndarray:
+        """Vectorized step over (state, byte) pairs."""
+        t = self.table[sids, bs]
+        miss = t < 0
+        if miss.any():
+            pairs = np.unique(sids[miss] * 256 + bs[miss])
+            for key in pairs.tolist():
+                self.step(key >> 8, key & 255)
+            t = self.table[sids, bs]
+        return t
+
+
+def _states(g: Grammar) -> _States:
+    if g._states is None:
+        g._states = _States(g)
+    return g._states
+
+
+class Matcher:
+    """Follows one generation through a grammar: accept tokens, compute the mask of the tokens
+    allowed next, roll back rejected draft tokens."""
+
+    def __init__(self, grammar: Grammar, vocab: TokenVocab):
+        self.grammar = grammar
+        self.vocab = vocab
+        self._s = _states(grammar)
+        self._history: list[int] = [self._s.start]   # state after each accepted token
+        self._terminated = False
+        self._eog = set(vocab.eog_ids.tolist())
+
+    @property
+    def state(self) -> int:
+        return self._history[-1]
+
+    def can_end(self) -> bool:
+        """Whether the text so far is a complete sentence of the grammar (EOS allowed)."""
+        return self._s.can_end[self.state]
+
+    def is_terminated(self) -> bool:
+        """Whether an end-of-generation token was accepted."""
+        return self._terminated
+
+    def accept_bytes(self, data: bytes) -> bool:
+        """Advances over raw bytes; returns False (changing nothing) if they do not fit."""
+        sid = self.state
+        for b in data:
+            sid = self._s.step(sid, b)
+            if sid == DEAD:
+                return False
+        self._history.append(sid)
+        return True
+
+    def accept_token(self, token_id: int) -> bool:
+        """Advances over a token; returns False (changing nothing) if the grammar rejects it."""
+        if self._terminated:
+            return False
+        if token_id in self._eog:
+            if not self.can_end():
+                return False
+            self._history.append(self.state)
+            self._terminated = True
+            return True
+        data = self.vocab.token_bytes[token_id]
+        if not data:
+            return False
+        return self.accept_bytes(data)
+
+    def rollback(self, n: int) -> None:
+        """Undoes the last n accepted tokens."""
+        if n < 0 or n >= len(self._history):
+            raise ValueError(f"cannot roll back {n} tokens: {len(self._history) - 1} accepted")
+        if n:
+            del self._history[-n:]
+            self._terminated = False
+
+    def fill_mask(self, out: np.ndarray) -> None:
+        """Writes the allowed next tokens into `out`, an int32 row of ceil(vocab / 32) words
+        (bit i % 32 of word i // 32 set when token i is allowed)."""
+        if self._terminated:
+            out[:] = 0
+            return
+        out[:] = self._mask(self.state).view(np.int32)[:len(out)]
+
+    def allowed_tokens(self) -> np.ndarray:
+        """The allowed token ids (for tests and debugging)."""
+        row = np.zeros(self.vocab.n_words, np.int32)
+        self.fill_mask(row)
+        bits = np.unpackbits(row.view(np.uint8), bitorder="little")[:self.vocab.size]
+        return np.flatnonzero(bits)
+
+    def _mask(self, sid: int) -> np.ndarray:
+        cache = self._s.masks.setdefault(self.vocab, {})
+        cached = cache.get(sid)
+        if cached is not None:
+            return cached
+        v = self.vocab
+        s = self._s
+        allowed = np.zeros(v.n_words * 32, dtype=bool)
+        if s.can_end[sid] and len(v.eog_ids):
+            allowed[v.eog_ids] = True
+        nodes = np.zeros(1, np.int64)           # live nodes of the previous level
+        states = np.full(1, sid, np.int64)      # their parser states
+        for d, (parent, byte) in enumerate(v.levels):
+            lo = v.child_lo[d][nodes]
+            hi = v.child_hi[d][nodes]
+            counts = hi - lo
+            total = int(counts.sum())
+            if total == 0:
+                break
+            # children of the live nodes: ranges lo..hi, concatenated
+            offs = np.repeat(lo - np.concatenate(([0], np.cumsum(counts)[:-1])), counts)
+            child = offs + np.arange(total)
+            cstate = s.fill(np.repeat(states, counts), byte[child]).astype(np.int64)
+            live = cstate != DEAD
+            child, cstate = child[live], cstate[live]
+            end_nodes, end_toks = v.ends[d]
+            if len(end_nodes) and len(child):
+                mark = np.zeros(len(parent), dtype=bool)
+                mark[child] = True
+                allowed[end_toks[mark[end_nodes]]] = True
+            nodes, states = child, cstate
+            if not len(nodes):
+                break
+        packed = np.packbits(allowed, bitorder="little").view(np.uint32)
+        if len(cache) >= 4096:
+            cache.clear()
+        cache[sid] = packed
+        return packed
