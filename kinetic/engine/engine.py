@@ -189,7 +189,10 @@ class Engine:
                 self._turn()
         except Exception as e:  # never lose a request silently: fail them all, loudly
             self._dead = f"engine error: {type(e).__name__}: {e}"
-            self._drain_inbox()
+            try:
+                self._drain_inbox()
+            except Exception:  # the jobs already known still get their error below
+                pass
             for job in list(self._jobs.values()):
                 job.fail(self._dead)
             raise

@@ -28,6 +28,7 @@ class Job:
         self.pending_mu: float | None = None
         self.n_out = 0
         self.cached = 0                      # prompt tokens reused from the prefix cache
+        self.gone = False                    # the sink failed: nobody reads this job any more
         self._bias: np.ndarray | None | bool = False
 
     def take(self, tokens: list[int], lps: list | None) -> tuple[int, str | None]:
@@ -56,16 +57,29 @@ class Job:
                 break
         self.n_out += len(out_ids)
         if out_ids:
-            self.sink(Delta(tuple(out_ids), "".join(text), tuple(out_lp)))
+            self.send(Delta(tuple(out_ids), "".join(text), tuple(out_lp)))
+        if self.gone and reason is None:
+            reason = "cancelled"
         return keep, reason
 
     def finish(self, reason: str, usage: Usage) -> None:
         tail = "" if self.stops.stopped is not None else self.stops.feed(self.decoder.flush())
         tail += self.stops.flush()
-        self.sink(Delta(text=tail, finish_reason=reason, usage=usage))
+        self.send(Delta(text=tail, finish_reason=reason, usage=usage))
 
     def fail(self, message: str) -> None:
-        self.sink(Delta(finish_reason="error", error=message))
+        self.send(Delta(finish_reason="error", error=message))
+
+    def send(self, delta: Delta) -> None:
+        """Hand a delta to the sink. A sink that raises (its consumer's event loop has
+        closed, say) means nobody is listening: the job is marked gone and the engine ends
+        it, instead of the engine thread dying."""
+        if self.gone:
+            return
+        try:
+            self.sink(delta)
+        except Exception:
+            self.gone = True
 
     def usage(self) -> Usage:
         return Usage(len(self.request.prompt), self.n_out, self.cached, self.seed)
