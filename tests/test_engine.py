@@ -1,0 +1,523 @@
+"""The engine over the hand-calculable mock model (tests/mock_model.py): exact tokens,
+finish reasons, usage, stop strings, context limits, prefix reuse, cancellation, seeded
+sampling, log-probabilities, speculative decoding, scoring, the async interface and stats.
+
+Reminder of the mock's rule: after `tokens` the next token is (sum(tokens) + len(tokens)) % 31,
+then x -> 2x + 1 (mod 31); token 27 ends generation. "hello" = [7, 4, 11, 11, 14] sums to 47,
+so its answer starts at (47 + 5) % 31 = 21 "v" and runs round v m z u k (21 12 25 20 10).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import types
+
+import numpy as np
+import pytest
+
+from kinetic.engine.request import Delta, GenerationRequest
+from kinetic.engine.sampling_params import SamplingParams
+from kinetic.engine.scheduler import ContextOverflow
+from tests import mock_model as mm
+from tests.mock_model import TIMEOUT, Collector, Gate, Paused, Result, greedy, ids, run
+
+HELLO = ids("hello")
+VMZUK = [21, 12, 25, 20, 10]
+
+
+def sampled(seed: int, **kw) -> SamplingParams:
+    return SamplingParams(temperature=1.0, seed=seed, **kw)
+
+
+@pytest.fixture
+def make_engine():
+    made = []
+
+    def make(**config):
+        made.append(mm.make_engine(**config))
+        return made[-1]
+
+    yield make
+    for e in made:
+        e.close()
+
+
+@pytest.fixture
+def engine(make_engine):
+    return make_engine()  # 2 slots, 64-token context, 16-row steps, 4-token pages
+
+
+@pytest.fixture
+def long_engine(make_engine):
+    """A 4096-token context: an unbounded answer runs for thousands of steps, so a request
+    the test leaves early is certainly still running when its cancel arrives."""
+    return make_engine(n_ctx=4096, page_size=16)
+
+
+# --- tokens, finish reasons, usage ------------------------------------------------------------
+
+def test_greedy_answer_is_the_hand_computed_one(engine):
+    r = run(engine, GenerationRequest(HELLO, max_tokens=12, speculative=False))
+    assert r.tokens == VMZUK + VMZUK + [21, 12]
+    assert r.text == "vmzukvmzukvm"
+    assert [d.token_ids for d in r.deltas[:-1]] == [(t,) for t in r.tokens]  # a token a step
+    assert r.finish_reason == "length"
+    assert (r.tokens, r.finish_reason) == greedy(HELLO, 12)
+
+
+def test_prompt_longer_than_a_step_is_chunked_over_pages(engine):
+    prompt = ids("the quick brown fox jumps over the lazy dog")  # 43 rows: 3 steps, 11 pages
+    expected, reason = greedy(prompt, 10)
+    assert len(expected) == 10 and reason == "length"
+    r = run(engine, GenerationRequest(prompt, max_tokens=10))
+    assert r.tokens == expected and r.text == mm.text_of(expected)
+
+
+def test_chunk_size_changes_nothing(make_engine):
+    prompt = ids("the quick brown fox jumps over the lazy dog")
+    e = make_engine(chunk_tokens=3)  # 15 chunks of at most 3 rows
+    r = run(e, GenerationRequest(prompt, max_tokens=10, logprobs=1))
+    assert r.tokens == greedy(prompt, 10)[0]
+    assert r.logprobs == run(make_engine(), GenerationRequest(prompt, max_tokens=10,
+                                                              logprobs=1)).logprobs
+
+
+def test_max_tokens_ends_with_length_and_usage_counts(engine):
+    r = run(engine, GenerationRequest(HELLO, params=SamplingParams(temperature=0.0, seed=42),
+                                      max_tokens=7))
+    assert r.tokens == VMZUK + [21, 12]
+    assert r.finish_reason == "length"
+    u = r.usage
+    assert (u.prompt_tokens, u.completion_tokens, u.cached_tokens, u.seed) == (5, 7, 0, 42)
+    assert r.deltas[-1].token_ids == () and r.deltas[-1].text == ""
+
+
+def test_eog_ends_the_answer_and_is_not_emitted(engine):
+    # "abc": (0 + 1 + 2 + 3) % 31 = 6 "g", then 13 "n", then 27 = EOG
+    r = run(engine, GenerationRequest(ids("abc"), max_tokens=10))
+    assert r.tokens == [6, 13] and r.text == "gn"
+    assert r.finish_reason == "stop" and r.usage.completion_tokens == 2
+    # " " = [26]: (26 + 1) % 31 = 27, EOG at once: no token at all
+    r = run(engine, GenerationRequest(ids(" "), max_tokens=10))
+    assert r.tokens == [] and r.text == "" and r.finish_reason == "stop"
+    assert r.usage.completion_tokens == 0 and len(r.deltas) == 1
+    # ignore_eos bans 27: the runner-up 28 follows "gn"; then (3 + 6 + 13 + 28 + 6) % 31 = 25
+    r = run(engine, GenerationRequest(ids("abc"), params=SamplingParams(
+        temperature=0.0, ignore_eos=True), max_tokens=5))
+    assert r.tokens == [6, 13, 28, 25, 20] and r.finish_reason == "length"
+    assert (r.tokens, r.finish_reason) == greedy(ids("abc"), 5, banned={mm.EOG})
+
+
+def test_logit_bias_bans_and_boosts(engine):
+    # banning "m" (12) after "v": the runner-up 13 "n" is taken; then (47 + 21 + 13 + 7) % 31
+    # = 26 " ", and the cycle 26 22 14 29 28 (" wo" + "é") follows
+    r = run(engine, GenerationRequest(HELLO, params=SamplingParams(
+        temperature=0.0, logit_bias=((12, -100.0),)), max_tokens=10))
+    assert r.tokens == [21, 13, 26, 22, 14, 29, 28, 26, 22, 14] and r.text == "vn woé wo"
+    assert (r.tokens, r.finish_reason) == greedy(HELLO, 10, banned={12})
+    # +5 on "a" (0) beats every target (the best logit is 0, "a" is never below -30)
+    r = run(engine, GenerationRequest(HELLO, params=SamplingParams(
+        temperature=0.0, logit_bias=((0, 31.0),)), max_tokens=4))
+    assert r.tokens == [0, 0, 0, 0]
+
+
+def test_stop_string_across_tokens_is_not_emitted(engine):
+    r = run(engine, GenerationRequest(HELLO, stop=("zu",), speculative=False))
+    assert [(d.token_ids, d.text) for d in r.deltas] == [
+        ((21,), "v"), ((12,), "m"), ((25,), ""), ((20,), ""), ((), "")]
+    assert r.finish_reason == "stop" and r.usage.completion_tokens == 4
+
+
+def test_possible_stop_start_is_held_back_then_released(engine):
+    r = run(engine, GenerationRequest(HELLO, stop=("zq", "xyz"), max_tokens=7,
+                                      speculative=False))
+    assert [d.text for d in r.deltas] == ["v", "m", "", "zu", "k", "v", "m", ""]
+    assert r.finish_reason == "length"
+    # held text still pending at the end comes out with the final delta
+    r = run(engine, GenerationRequest(HELLO, stop=("zq",), max_tokens=3, speculative=False))
+    assert [d.text for d in r.deltas] == ["v", "m", "", "z"] and r.finish_reason == "length"
+
+
+def test_stop_string_inside_accepted_drafts_cuts_the_answer_there(engine):
+    # "ukvmzukv" first ends at the 11th token, when n-gram drafts are being accepted: the
+    # tokens accepted after it in the same step are dropped
+    r = run(engine, GenerationRequest(HELLO, stop=("ukvmzukv",), max_tokens=40))
+    assert r.text == "vmz" and r.finish_reason == "stop"
+    assert r.tokens == greedy(HELLO, 11)[0] and r.usage.completion_tokens == 11
+    assert len(r.deltas[-2].token_ids) > 1  # the stop came inside an accepted draft
+
+
+def test_a_character_split_over_tokens_is_held_until_complete(engine):
+    # "n" = [13]: 14 "o", then 29 and 28 (the two bytes of "é"), 26 " ", 22 "w"
+    r = run(engine, GenerationRequest(ids("n"), max_tokens=5, speculative=False))
+    assert r.tokens == [14, 29, 28, 26, 22]
+    assert [d.text for d in r.deltas] == ["o", "", "é", " ", "w", ""]
+    r = run(engine, GenerationRequest(ids("n"), max_tokens=2, speculative=False))
+    assert [d.text for d in r.deltas] == ["o", "", "\ufffd"]  # an unfinished byte at the end
+
+
+# --- context limits ---------------------------------------------------------------------------
+
+def test_prompt_that_does_not_fit_is_refused_at_once(engine):
+    assert engine.max_context == 64
+    for n in (64, 65, 200):
+        with pytest.raises(ContextOverflow, match=f"{n} tokens"):
+            engine.start(GenerationRequest([0] * n), Collector())
+        with pytest.raises(ValueError):  # ContextOverflow is a ValueError, raised at once
+            next(engine.generate(GenerationRequest([0] * n)))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        engine.start(GenerationRequest([0, mm.V]), Collector())
+    with Paused(engine) as p:  # nothing was queued, nothing runs
+        p.assert_only_this_runs()
+    # 63 tokens fit: 63 % 31 = 1 "b", then (1 + 64) % 31 = 3; 65 tokens pass the context
+    r = run(engine, GenerationRequest([0] * 63))
+    assert r.tokens == [1, 3] and r.finish_reason == "length"
+
+
+def test_answer_reaching_the_context_end_stops_with_length(engine):
+    expected, reason = greedy(HELLO, n_ctx=64)
+    assert len(expected) == 60 and reason == "length"  # 5 + 60 = 65: the last needs no K/V
+    r = run(engine, GenerationRequest(HELLO))
+    assert r.tokens == expected and r.finish_reason == "length"
+    assert r.usage.completion_tokens == 60
+    r = run(engine, GenerationRequest(HELLO, speculative=False))  # drafts never pass the end
+    assert r.tokens == expected and r.finish_reason == "length"
+
+
+# --- prefix reuse -----------------------------------------------------------------------------
+
+def test_shared_prefix_is_taken_from_the_cache_and_changes_nothing(engine):
+    prompt = ids("thequickbrown")  # 13 tokens: 3 full pages of 4 can be reused
+    expected = greedy(prompt, 6)[0]
+    first = run(engine, GenerationRequest(prompt, max_tokens=6))
+    assert first.tokens == expected and first.usage.cached_tokens == 0
+    again = run(engine, GenerationRequest(prompt, max_tokens=6))
+    assert again.tokens == expected and again.usage.cached_tokens == 12
+    assert again.usage.prompt_tokens == 13
+    other = prompt[:9] + ids("zz")  # shares 2 full pages
+    r = run(engine, GenerationRequest(other, max_tokens=6))
+    assert r.usage.cached_tokens == 8 and r.tokens == greedy(other, 6)[0]
+    # exactly 3 full pages: the last token is always computed, so 2 pages are reused
+    r = run(engine, GenerationRequest(prompt[:12], max_tokens=6))
+    assert r.usage.cached_tokens == 8 and r.tokens == greedy(prompt[:12], 6)[0]
+    # the answer's own pages were kept too: prompt + its answer reuses 4 pages
+    longer = prompt + expected
+    r = run(engine, GenerationRequest(longer, max_tokens=6))
+    assert r.usage.cached_tokens == 16 and r.tokens == greedy(longer, 6)[0]
+
+
+@pytest.mark.parametrize("host_cache_mb", [0, 1])
+def test_evicted_prefix_comes_back_from_host_memory(make_engine, host_cache_mb):
+    # one slot of 8 pages and no page more: the second request evicts all of the first's
+    e = make_engine(parallel=1, n_ctx=32, num_pages=9, host_cache_mb=host_cache_mb)
+    prompt = ids("thequickbrown")
+    first = run(e, GenerationRequest(prompt, max_tokens=3))  # 3 full prompt pages kept
+    filler = [30] * 29  # 29 + 2 tokens: every page
+    assert run(e, GenerationRequest(filler, max_tokens=2)).tokens == greedy(filler, 2)[0]
+    assert e.counters()["pages_to_host"] == (3 if host_cache_mb else 0)
+    again = run(e, GenerationRequest(prompt, max_tokens=3))
+    assert again.tokens == first.tokens == greedy(prompt, 3)[0]
+    assert again.usage.cached_tokens == (12 if host_cache_mb else 0)
+    assert e.counters()["pages_from_host"] == (3 if host_cache_mb else 0)
+
+
+def test_a_running_sequence_shares_its_prefix_pages(engine):
+    prompt = ids("thequickbrown")
+    a_gate = Gate(at=2)  # a's second step: its first one registered 3 full prompt pages
+    a = engine.start(GenerationRequest(prompt, max_tokens=20, speculative=False), a_gate)
+    a_gate.wait_reached()
+    a_pages = list(engine.scheduler.sequences[a].pages)
+    c_gate = Gate(at=1)
+    c = engine.start(GenerationRequest(prompt, max_tokens=3), c_gate)
+    a_gate.release()
+    c_gate.wait_reached()  # c admitted next to the running a, reading a's pages
+    c_seq = engine.scheduler.sequences[c]
+    assert c_seq.num_cached == 12 and c_seq.pages[:3] == a_pages[:3]
+    assert c_seq.pages[3] not in a_pages
+    assert [engine.scheduler.pages.refcount(p) for p in a_pages[:3]] == [2, 2, 2]
+    engine.scheduler.check_invariants()
+    c_gate.release()
+    r = c_gate.wait()
+    assert r.tokens == greedy(prompt, 3)[0] and r.usage.cached_tokens == 12
+    assert a_gate.wait().tokens == greedy(prompt, 20)[0]
+    with Paused(engine) as p:
+        p.assert_only_this_runs()
+
+
+# --- cancellation -----------------------------------------------------------------------------
+
+def test_cancel_frees_the_slot_and_pages_at_once(engine):
+    gate = Gate(at=3)  # holds the engine inside the step that samples the 3rd token
+    seq_id = engine.start(GenerationRequest(HELLO, speculative=False), gate)
+    gate.wait_reached()
+    held = list(engine.scheduler.sequences[seq_id].pages)
+    assert len(held) == 2 and [engine.scheduler.pages.refcount(p) for p in held] == [1, 1]
+    engine.cancel(seq_id)
+    gate.release()
+    r = gate.wait()
+    # the step in flight completes; the cancel is taken before the next one
+    assert r.tokens == VMZUK[:3] and r.finish_reason == "cancelled"
+    assert r.usage.completion_tokens == 3
+    with Paused(engine) as p:
+        p.assert_only_this_runs()
+        # 7 computed tokens: the full first page stays reusable, the partial one is free
+        assert engine.scheduler.pages.evictable == held[:1]
+        assert p.seq.pages[0] not in held
+    engine.cancel(seq_id)  # cancelling a finished request does nothing
+    assert run(engine, GenerationRequest(HELLO, max_tokens=3)).tokens == VMZUK[:3]
+
+
+def test_leaving_generate_early_cancels(long_engine):
+    request = GenerationRequest(HELLO, speculative=False)  # would run for 4091 steps
+    for delta in long_engine.generate(request):
+        assert delta.token_ids == (21,)
+        break
+    with Paused(long_engine) as p:
+        p.assert_only_this_runs()
+    gen = long_engine.generate(request)
+    assert next(gen).token_ids == (21,)
+    gen.close()
+    with Paused(long_engine) as p:
+        p.assert_only_this_runs()
+
+
+def test_cancel_of_a_queued_request(long_engine):
+    engine = long_engine
+    with Paused(engine):  # the held request takes one of the two slots
+        long = [Collector() for _ in range(2)]
+        ids_ = [engine.start(GenerationRequest(HELLO, speculative=False), c) for c in long]
+        queued = Collector()
+        queued_id = engine.start(GenerationRequest(ids("abc")), queued)
+        engine.cancel(queued_id)
+    r = queued.wait()
+    assert r.tokens == [] and r.finish_reason == "cancelled"
+    for seq_id in ids_:
+        engine.cancel(seq_id)
+    assert all(c.wait().finish_reason == "cancelled" for c in long)
+    with Paused(engine) as p:
+        p.assert_only_this_runs()
+
+
+# --- sampling, log-probabilities, speculative decoding ----------------------------------------
+
+def test_seeded_sampling_repeats_alone_and_batched(make_engine):
+    e = make_engine(parallel=4)
+    request = GenerationRequest(HELLO, params=sampled(7), max_tokens=30, logprobs=3)
+    alone, again = run(e, request), run(e, request)
+    assert [d.token_ids for d in again.deltas] == [d.token_ids for d in alone.deltas]
+    assert again.logprobs == alone.logprobs and again.text == alone.text
+    assert again.usage.cached_tokens == 4 and again.usage.seed == alone.usage.seed == 7
+    # top_p 0.95 and min_p 0.05 keep exactly the 3 best tokens (p = 0.63, 0.23, 0.09)
+    context = list(HELLO)
+    for t in alone.tokens:
+        assert (t - mm.target(context)) % mm.V in (0, 1, 2)
+        context.append(t)
+    assert len(alone.tokens) == 23 and alone.tokens != greedy(HELLO, 30)[0][:len(alone.tokens)]
+    # batched: three requests ahead of it, so its rows sit elsewhere in every step
+    with Paused(e):
+        others = [Collector() for _ in range(3)]
+        for i, c in enumerate(others):
+            e.start(GenerationRequest(ids("abcdefgh"[i:]), params=sampled(i), max_tokens=20), c)
+        mine = Collector()
+        e.start(request, mine)
+    batched = mine.wait()
+    assert batched.tokens == alone.tokens and batched.logprobs == alone.logprobs
+    assert batched.text == alone.text and batched.finish_reason == alone.finish_reason
+    assert all(c.wait().finish_reason for c in others)
+    answers = {tuple(run(e, GenerationRequest(HELLO, params=sampled(s), max_tokens=20)).tokens)
+               for s in range(4)}
+    assert len(answers) > 1  # the seed matters
+
+
+def test_logprobs_are_the_log_softmax_of_the_mock_logits(engine):
+    r = run(engine, GenerationRequest(HELLO, max_tokens=8, logprobs=5))
+    assert len(r.logprobs) == 8 and [lp.token for lp in r.logprobs] == r.tokens
+    context = list(HELLO)
+    for lp in r.logprobs:
+        t, ref = mm.target(context), mm.log_softmax(mm.logits_of(context))
+        assert lp.token == t
+        assert lp.logprob == pytest.approx(ref[t], abs=1e-6)
+        assert [i for i, _ in lp.top] == [(t + j) % mm.V for j in range(5)]
+        assert [x for _, x in lp.top] == pytest.approx([ref[(t + j) % mm.V] for j in range(5)],
+                                                       abs=1e-6)
+        context.append(t)
+    # a sampled token's logprob is its own, not the best one's
+    r = run(engine, GenerationRequest(HELLO, params=sampled(7), max_tokens=20, logprobs=0))
+    context, off_target = list(HELLO), 0
+    for lp in r.logprobs:
+        ref = mm.log_softmax(mm.logits_of(context))
+        assert lp.top == () and lp.logprob == pytest.approx(ref[lp.token], abs=1e-6)
+        off_target += lp.token != mm.target(context)
+        context.append(lp.token)
+    assert off_target > 0
+    assert run(engine, GenerationRequest(HELLO, max_tokens=3)).logprobs == []
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.0), sampled(8),
+    SamplingParams(temperature=0.0, frequency_penalty=0.6),  # 2 repeats: -1.2 < runner-up
+    SamplingParams(temperature=0.0, dry_multiplier=0.8, dry_allowed_length=2),
+], ids=["greedy", "sampled", "frequency-penalty", "dry"])
+def test_speculative_decoding_gives_the_same_tokens_and_logprobs(make_engine, params):
+    on, off = make_engine(), make_engine(speculative=False)
+    steps = []
+    step_device = on.runner.step_device
+    on.runner.step_device = lambda *a: steps.append(1) or step_device(*a)  # counts steps
+    request = GenerationRequest(HELLO, params=params, max_tokens=40, logprobs=2)
+    a, b = run(on, request), run(off, request)
+    assert a.tokens == b.tokens and a.logprobs == b.logprobs
+    assert a.text == b.text and a.finish_reason == b.finish_reason
+    assert all(len(d.token_ids) <= 1 for d in b.deltas)
+    if params == SamplingParams(temperature=0.0):
+        assert a.tokens == greedy(HELLO, 40)[0]
+        assert max(len(d.token_ids) for d in a.deltas) > 1  # drafts were accepted
+        assert len(steps) < 40
+    elif params.temperature == 0:  # the penalties break the plain cycle
+        assert a.tokens != greedy(HELLO, 40)[0][:len(a.tokens)]
+
+
+# --- scoring ----------------------------------------------------------------------------------
+
+def test_score_gives_the_logits_of_every_position(engine):
+    tokens = ids("thequickbrownfoxjumpsoverthelazydog")  # 35 rows: 3 steps
+    expected = np.stack([mm.logits_of(tokens[:i + 1]) for i in range(len(tokens))])
+    out = engine.score(tokens)
+    assert out.dtype == np.float32 and out.shape == (35, mm.V)
+    np.testing.assert_array_equal(out, expected)
+    run(engine, GenerationRequest(tokens, max_tokens=2))  # its pages are now in the cache
+    np.testing.assert_array_equal(engine.score(tokens), expected)  # still every row
+    other = Collector()  # and in steps shared with a generation
+    engine.start(GenerationRequest(HELLO, speculative=False), other)
+    np.testing.assert_array_equal(engine.score(tokens), expected)
+    assert other.wait().tokens == greedy(HELLO, n_ctx=64)[0]
+    with Paused(engine) as p:
+        p.assert_only_this_runs()
+
+
+# --- the async interface and stats ------------------------------------------------------------
+
+def test_async_submit_and_leaving_early(long_engine):
+    e = long_engine
+    requests = [GenerationRequest(ids(w), max_tokens=10) for w in ("hello", "abc", "thequick")]
+
+    async def collect(request):
+        return Result([d async for d in e.submit(request)])
+
+    async def main():
+        results = await asyncio.gather(*(collect(r) for r in requests))
+        async with contextlib.aclosing(e.submit(GenerationRequest(HELLO, speculative=False))) as it:
+            async for first in it:
+                break
+        # queued after the cancel: once it has answered, the cancel has been handled (and
+        # its "cancelled" delta reached this loop while it still runs)
+        after = await collect(GenerationRequest(ids("abc")))
+        return results, first, after
+
+    results, first, after = asyncio.run(main())
+    for request, r in zip(requests, results):
+        assert (r.tokens, r.finish_reason) == greedy(request.prompt, 10)
+    assert first.token_ids == (21,)
+    assert after.tokens == [6, 13] and after.finish_reason == "stop"
+    with Paused(e) as p:
+        p.assert_only_this_runs()
+
+
+def test_stats_while_requests_run(engine):
+    st = engine.stats()
+    assert (st.queue_length, st.requests_processing) == (0, 0)
+    assert [s.busy for s in st.slots] == [False, False]
+    gate = Gate(at=1)
+    with Paused(engine):  # all three reach the engine together
+        a = engine.start(GenerationRequest(HELLO, max_tokens=3), gate)
+        b_out, c_out = Collector(), Collector()
+        b = engine.start(GenerationRequest(ids("abcd"), max_tokens=3), b_out)
+        c = engine.start(GenerationRequest(ids("xyz"), max_tokens=3), c_out)
+    gate.wait_reached()  # a's first token: a and b were admitted into the 2 slots, c waits
+    st = engine.stats()
+    assert (st.queue_length, st.requests_processing) == (1, 2)
+    assert [(s.slot, s.busy, s.seq_id, s.n_prompt_tokens, s.n_cached, s.n_decoded)
+            for s in st.slots] == [(0, True, a, 5, 0, 0), (1, True, b, 4, 0, 0)]
+    gate.release()
+    assert gate.wait().tokens == VMZUK[:3]
+    assert b_out.wait().tokens == [10, 21, 12]
+    assert c_out.wait().tokens == [13]  # (23 + 24 + 25 + 3) % 31 = 13, then 27 = EOG
+    with Paused(engine) as p:
+        p.assert_only_this_runs()
+        st = engine.stats()
+        assert (st.queue_length, st.requests_processing) == (0, 1)
+
+
+# --- consumers that go away, and failures -----------------------------------------------------
+# The first two were engine bugs found by these tests (fixed in 8bd68d0): a sink that raised
+# killed the engine thread, and the failure handler stopped at the first sink that raised.
+
+def test_cancelled_submit_after_its_loop_closed_leaves_the_engine_alive(engine, monkeypatch):
+    done, died = threading.Event(), threading.Event()
+    monkeypatch.setattr(threading, "excepthook", lambda args: (died.set(), done.set()))
+
+    async def leave_before_the_first_token():
+        it = engine.submit(GenerationRequest(HELLO))
+        task = asyncio.ensure_future(it.__anext__())
+        await asyncio.sleep(0)  # one turn of the loop: start() has queued the request
+        task.cancel()           # the consumer goes away (a client disconnect): cancel
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    with Paused(engine):  # the add and the cancel are handled after the loop has closed
+        asyncio.run(leave_before_the_first_token())
+    later = Collector()
+    try:
+        engine.start(GenerationRequest(ids("abc")),
+                     lambda d: (later(d), d.finish_reason and done.set()))
+    except RuntimeError:  # the engine is already dead
+        died.set()
+        done.set()
+    assert done.wait(TIMEOUT)
+    assert not died.is_set(), "the engine thread died"
+    assert later.wait().tokens == [6, 13]
+    with Paused(engine) as p:
+        p.assert_only_this_runs()
+
+
+def test_a_raising_sink_ends_its_request_and_no_other(engine, monkeypatch):
+    died = threading.Event()
+    monkeypatch.setattr(threading, "excepthook", lambda args: died.set())
+    other = Collector()
+
+    def broken(delta):
+        raise RuntimeError("a broken sink")
+
+    with Paused(engine):  # both reach the engine together and share steps
+        engine.start(GenerationRequest(HELLO, max_tokens=3), broken)
+        engine.start(GenerationRequest(ids("abc")), other)
+    assert other.wait().tokens == [6, 13]
+    with Paused(engine) as p:  # the broken one was ended and its pages freed
+        p.assert_only_this_runs()
+    assert not died.is_set()
+
+
+def test_an_engine_failure_reaches_every_request(make_engine, monkeypatch):
+    died = []
+    monkeypatch.setattr(threading, "excepthook", died.append)
+
+    def forward(weights, cfg, cache, step):
+        raise RuntimeError("a broken model")
+
+    monkeypatch.setattr(mm, "mock_model", lambda: mm.LoadedModel(
+        None, mm.CONFIG, {}, types.SimpleNamespace(forward=forward)))
+    e = make_engine()
+    outs = [Collector() for _ in range(3)]
+    for c, text in zip(outs, ("hello", "abc", "xyz")):
+        try:
+            e.start(GenerationRequest(ids(text)), c)
+        except RuntimeError as err:  # already dead: refused at once, saying why
+            c(Delta(finish_reason="error", error=str(err)))
+    for c in outs:
+        r = c.wait()
+        assert r.finish_reason == "error" and "a broken model" in r.deltas[-1].error
+    with pytest.raises(RuntimeError, match="engine error: RuntimeError: a broken model"):
+        e.start(GenerationRequest(HELLO), Collector())
+    e.close()
+    assert [type(a.exc_value) for a in died] == [RuntimeError]
