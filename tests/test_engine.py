@@ -521,3 +521,15 @@ def test_an_engine_failure_reaches_every_request(make_engine, monkeypatch):
         e.start(GenerationRequest(HELLO), Collector())
     e.close()
     assert [type(a.exc_value) for a in died] == [RuntimeError]
+
+
+
+def test_close_ends_requests_still_running(make_engine):
+    """Closing an engine sends every request still in it a final 'cancelled' delta, so no
+    generate() is left waiting."""
+    e = make_engine(parallel=1)
+    gen = e.generate(GenerationRequest(HELLO, max_tokens=None, speculative=False))
+    assert next(gen).finish_reason is None
+    e.close()
+    rest = list(gen)
+    assert rest and rest[-1].finish_reason == "cancelled"

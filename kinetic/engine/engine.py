@@ -112,6 +112,8 @@ class Engine:
         job = Job(seq_id, request, sink, self.tokenizer, seed, all_logits)
         self._inbox.put(("add", job))
         self._wake.set()
+        if self._dead:  # the engine failed after the check above: nobody will answer it
+            job.fail(self._dead)
         return seq_id
 
     def cancel(self, seq_id: int) -> None:
@@ -187,6 +189,10 @@ class Engine:
                     self._wake.clear()
                     continue
                 self._turn()
+            self._drain_inbox()
+            for job in list(self._jobs.values()):  # closed: end what is still running
+                job.finish("cancelled", self._usage(job.seq_id))
+                self._drop(job.seq_id)
         except Exception as e:  # never lose a request silently: fail them all, loudly
             self._dead = f"engine error: {type(e).__name__}: {e}"
             try:

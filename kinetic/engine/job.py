@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import Callable
 
 import numpy as np
@@ -12,7 +13,8 @@ from kinetic.text.decoder import IncrementalDecoder
 from kinetic.text.stop import StopMatcher
 from kinetic.text.tokenizer import Tokenizer
 
-_dry_breakers: dict[tuple[int, tuple[str, ...]], DryBreakers] = {}
+# tokenizer -> breaker strings -> DryBreakers (building one scans the whole vocabulary)
+_dry_breakers: "weakref.WeakKeyDictionary[Tokenizer, dict]" = weakref.WeakKeyDictionary()
 
 
 class Job:
@@ -96,11 +98,10 @@ class Job:
         p = self.request.params
         if p.dry_multiplier <= 0:
             return np.zeros(vocab_size, np.float32)
-        key = (id(self.tokenizer), tuple(p.dry_sequence_breakers))
-        if key not in _dry_breakers:
-            tok = self.tokenizer
+        tok, key = self.tokenizer, tuple(p.dry_sequence_breakers)
+        built = _dry_breakers.setdefault(tok, {})
+        if key not in built:
             pieces = [tok.token_piece(i, special=True) for i in range(vocab_size)]
-            _dry_breakers[key] = DryBreakers.build(
-                list(p.dry_sequence_breakers), pieces,
-                lambda text: tok.encode(text, add_special=False))
-        return dry_row(history, p, _dry_breakers[key], vocab_size, n_ctx)
+            built[key] = DryBreakers.build(list(key), pieces,
+                                           lambda text: tok.encode(text, add_special=False))
+        return dry_row(history, p, built[key], vocab_size, n_ctx)
