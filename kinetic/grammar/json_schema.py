@@ -627,9 +627,27 @@ class _Converter:
             except re.error as e:
                 raise UnsupportedSchema(f"propertyNames pattern ({e})", path) from None
             excluded |= {k for k in names | set(required) if not rx.search(k)}
+        compiled_patterns = []
+        for pat, sub in pattern_props.items():
+            try:
+                compiled_patterns.append((re.compile(pat), sub))
+            except re.error as e:
+                raise UnsupportedSchema(f"patternProperties pattern ({e})", path) from None
+
+        def schema_of(k, declared):
+            """A property's schema: its own and those of the patterns its name matches."""
+            parts = [] if declared is None else [declared]
+            parts += [sub for rx, sub in compiled_patterns if rx.search(k)]
+            if declared is None and not parts:
+                if addl is False:
+                    return False
+                parts = [addl if addl not in (None, True) else True]
+            return parts[0] if len(parts) == 1 else {"allOf": parts}
+
+        items = [(k, schema_of(k, v)) for k, v in items]
         for k in required:
             if k not in names:
-                items.append((k, True))
+                items.append((k, schema_of(k, None)))
                 names.add(k)
         req = set(required)
         if excluded & req:
@@ -668,12 +686,18 @@ class _Converter:
             else:
                 raise UnsupportedSchema("propertyNames with patternProperties",
                                         path + "/propertyNames")
-            extra.append(seq(key, _WS, lit(":"), _WS,
-                             self.gen(sub, f"{path}/patternProperties/{_esc(pat)}")))
+            try:
+                val = self.gen(sub, f"{path}/patternProperties/{_esc(pat)}")
+            except _Unsatisfiable:
+                continue   # no value fits: no such key
+            extra.append(seq(key, _WS, lit(":"), _WS, val))
         if addl not in (None, False) and not pattern_props:
             # (with patternProperties, extra keys are only those the patterns allow)
-            val = self.gen(addl if addl is not True else True, path + "/additionalProperties")
-            extra.append(seq(any_key, _WS, lit(":"), _WS, val))
+            try:
+                val = self.gen(addl if addl is not True else True, path + "/additionalProperties")
+                extra.append(seq(any_key, _WS, lit(":"), _WS, val))
+            except _Unsatisfiable:
+                pass
         extra_kv = alt(*extra) if extra else None
         sep = seq(lit(","), _WS)
         # after[i]: items i.. when something came before; none[i]: when nothing did
