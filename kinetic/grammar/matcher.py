@@ -122,7 +122,12 @@ class _States:
             if k == TERM:
                 out.add(st)
             elif k == NONTERM:
-                work.extend(st + (s,) for s in starts[arg[p]])
+                if kind[p + 1] == END:
+                    # a tail call: returning here would only return again, so the callee
+                    # takes this frame's place (keeps repetitions at a constant depth)
+                    work.extend(st[:-1] + (s,) for s in starts[arg[p]])
+                else:
+                    work.extend(st + (s,) for s in starts[arg[p]])
             else:   # END: return to the caller, which moves past its reference
                 work.append(st[:-2] + (st[-2] + 1,) if len(st) > 1 else ())
 
