@@ -133,27 +133,48 @@ class _States:
 
     def step(self, sid: int, b: int) -> int:
         t = int(self.table[sid, b])
-        if t >= 0:
-            return t
-        g = self.g
-        out: set = set()
-        seen: set = set()
-        bit = 1 << b
-        for st in self.sets[sid]:
-            if st and g.arg[st[-1]] & bit:
-                self._expand(st[:-1] + (st[-1] + 1,), out, seen)
-        t = self.intern(out)
-        self.table[sid, b] = t
+        if t < 0:
+            self.fill_row(sid)
+            t = int(self.table[sid, b])
         return t
+
+    def fill_row(self, sid: int) -> None:
+        """Computes the transitions of a state on all 256 bytes at once: each stack's successor
+        is the same for every byte of its top terminal, so the stacks are advanced once each and
+        the bytes grouped by which stacks take them."""
+        g = self.g
+        stacks = [st for st in self.sets[sid] if st]
+        succ = []
+        bits = np.zeros((len(stacks), 256), dtype=bool)
+        for i, st in enumerate(stacks):
+            out: set = set()
+            self._expand(st[:-1] + (st[-1] + 1,), out, set())
+            succ.append(out)
+            m = g.arg[st[-1]]
+            bits[i] = np.unpackbits(np.frombuffer(m.to_bytes(32, "little"), np.uint8),
+                                    bitorder="little").astype(bool)
+        # bytes taken by the same stacks share a successor
+        if len(stacks) <= 62:
+            weights = np.left_shift(np.int64(1), np.arange(len(stacks), dtype=np.int64))
+            keys, inverse = np.unique(weights @ bits, return_inverse=True)
+            sigs = ((keys[None, :] >> np.arange(len(stacks))[:, None]) & 1).astype(bool)
+        else:
+            sigs, inverse = np.unique(bits, axis=1, return_inverse=True)
+        targets = np.zeros(sigs.shape[1], dtype=np.int32)
+        for j in range(sigs.shape[1]):
+            out: set = set()
+            for i in np.flatnonzero(sigs[:, j]).tolist():
+                out |= succ[i]
+            targets[j] = self.intern(out) if out else DEAD
+        self.table[sid] = targets[inverse.reshape(-1)]
 
     def fill(self, sids: np.ndarray, bs: np.ndarray) -> np.ndarray:
         """Vectorized step over (state, byte) pairs."""
         t = self.table[sids, bs]
         miss = t < 0
         if miss.any():
-            pairs = np.unique(sids[miss] * 256 + bs[miss])
-            for key in pairs.tolist():
-                self.step(key >> 8, key & 255)
+            for sid in np.unique(sids[miss]).tolist():
+                self.fill_row(sid)
             t = self.table[sids, bs]
         return t
 
