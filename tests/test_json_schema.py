@@ -177,3 +177,44 @@ def test_jsonschemabench_compile_rate():
     # what is refused is refused for features the grammar cannot enforce
     assert all(any(k in msg for k in ("dependencies", " if ", "maxProperties"))
                for msg in failed.values()), failed
+
+
+def _random_text(grammar, rng, max_len=3000):
+    """A random sentence of the grammar, byte by byte (biased toward closing, so it ends)."""
+    import numpy as np
+    from kinetic.grammar.matcher import DEAD, _states
+    s = _states(grammar)
+    sid, out, every = s.start, bytearray(), np.arange(256)
+    while len(out) < max_len:
+        if s.can_end[sid] and rng.random() < 0.5:
+            return bytes(out)
+        allowed = np.flatnonzero(s.fill(np.full(256, sid), every) != DEAD).tolist()
+        if not allowed:
+            return bytes(out)
+        short = [b for b in allowed if b in b'"}]0123456789tfn']
+        b = rng.choice(short if short and (len(out) > 200 or rng.random() < 0.3) else allowed)
+        out.append(b)
+        sid = s.step(sid, b)
+    return None
+
+
+def test_jsonschemabench_random_answers_validate():
+    """Random texts generated from each benchmark schema's grammar parse and validate."""
+    import random
+    rng = random.Random(1)
+    checked = 0
+    for path in sorted(glob.glob(os.path.join(BENCH, "*.json"))):
+        with open(path) as f:
+            schema = json.load(f)
+        try:
+            g = compile_json_schema(schema)
+        except UnsupportedSchema:
+            continue
+        text = _random_text(g, rng)
+        if text is None:
+            continue
+        value = json.loads(text.decode("utf-8"))
+        errors = list(jsonschema.validators.validator_for(schema)(schema).iter_errors(value))
+        assert not errors, (os.path.basename(path), text[:300], errors[0].message)
+        checked += 1
+    assert checked >= 160
