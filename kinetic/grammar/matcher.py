@@ -33,8 +33,9 @@ class TokenVocab:
         self.eog_ids = np.array(sorted(set(eog_ids)), dtype=np.int64)
         self.n_words = (self.size + 31) // 32
         by_bytes: dict[bytes, list[int]] = {}
+        eog = set(eog_ids)
         for i, b in enumerate(token_bytes):
-            if b and i not in set(eog_ids):
+            if b and i not in eog:
                 by_bytes.setdefault(b, []).append(i)
         keys = sorted(by_bytes)
         # Level d holds the distinct prefixes of length d + 1, sorted, so the children of one
@@ -45,8 +46,13 @@ class TokenVocab:
         self.ends: list[tuple[np.ndarray, np.ndarray]] = []  # (node index, token id) per level
         max_len = max((len(k) for k in keys), default=0)
         prev_index: dict[bytes, int] = {b"": 0}
+        by_len: dict[int, list[bytes]] = {}
+        for k in keys:
+            by_len.setdefault(len(k), []).append(k)
+        longer = list(keys)   # the keys of length >= d
         for d in range(1, max_len + 1):
-            prefixes = sorted({k[:d] for k in keys if len(k) >= d})
+            longer = [k for k in longer if len(k) >= d]
+            prefixes = sorted({k[:d] for k in longer})
             index = {p: i for i, p in enumerate(prefixes)}
             parent = np.fromiter((prev_index[p[:-1]] for p in prefixes), np.int64, len(prefixes))
             byte = np.fromiter((p[-1] for p in prefixes), np.int64, len(prefixes))
@@ -57,11 +63,10 @@ class TokenVocab:
             self.child_lo.append(lo)
             self.child_hi.append(hi)
             nodes, toks = [], []
-            for k in keys:
-                if len(k) == d:
-                    for t in by_bytes[k]:
-                        nodes.append(index[k])
-                        toks.append(t)
+            for k in by_len.get(d, ()):
+                for t in by_bytes[k]:
+                    nodes.append(index[k])
+                    toks.append(t)
             self.ends.append((np.array(nodes, np.int64), np.array(toks, np.int64)))
             prev_index = index
 
