@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import lark
 
-from kinetic.grammar.ir import (ANY_CHAR, Alt, Grammar, GrammarBuilder, GrammarError, Rep, Ref,
-                                alt, chars, lit, seq)
+from kinetic.grammar.ir import (ANY_CHAR, Grammar, GrammarBuilder, GrammarError, Rep, Ref, alt,
+                                chars, lit, seq)
 
 _GBNF = r"""
 start: rule*

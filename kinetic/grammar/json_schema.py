@@ -17,6 +17,13 @@ ipv4, ipv6, uri, uri-reference; non-standard formats are annotations), minimum, 
 exclusiveMinimum, exclusiveMaximum (integer bounds for numbers), anyOf, oneOf (as anyOf),
 allOf (merged), $ref into the same document (#/$defs/..., #/definitions/..., any JSON pointer,
 recursion included), nullable.
+
+Narrowings (sound: every answer still validates): key order fixed; maxLength/maxItems above
+MAX_REPEAT capped; fractional number bounds rounded inward to integers; dependencies and
+minProperties met by requiring more properties; `not: {required: [a, ...]}` by leaving a out;
+uniqueItems as enum values in enum order, otherwise at most one item; a pattern with lengths
+narrowed to fit them; with a pattern, format is left as an annotation; oneOf is treated as
+anyOf (exclusivity not checked).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ and raise RegexUnsupported naming them.
 
 from __future__ import annotations
 
-from kinetic.grammar.ir import MAX_CODE_POINT, Alt, Chars, Rep, chars, seq, alt, EMPTY
+from kinetic.grammar.ir import EMPTY, Chars, Rep, alt, chars, seq
 
 
 class RegexUnsupported(ValueError):
@@ -60,7 +60,7 @@ class _Parser:
             return out
 
     def parse_alt(self):
-        branches = [seq(*self.parse_seq()) if True else None]
+        branches = [seq(*self.parse_seq())]
         while self.peek() == "|":
             self.i += 1
             branches.append(seq(*self.parse_seq()))
@@ -218,5 +218,3 @@ class _Parser:
         self.i += 1
         return ord(c)
 
-
-__all__ = ["parse_regex", "RegexUnsupported", "MAX_CODE_POINT", "Alt"]
