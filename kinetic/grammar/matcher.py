@@ -88,6 +88,8 @@ class _States:
         self.table[DEAD] = DEAD
         self.can_end: list[bool] = [False]
         self.masks: dict[TokenVocab, dict[int, np.ndarray]] = {}   # vocab -> state -> mask
+        self.local: dict[TokenVocab, dict[int, tuple]] = {}   # vocab -> position -> walk
+        self._can_end_np = np.zeros(0, dtype=bool)
         stacks: set = set()
         seen: set = set()
         for st in g.starts[g.root]:
@@ -107,6 +109,11 @@ class _States:
                 grown[:len(self.table)] = self.table
                 self.table = grown
         return sid
+
+    def can_end_array(self) -> np.ndarray:
+        if len(self._can_end_np) != len(self.can_end):
+            self._can_end_np = np.array(self.can_end, dtype=bool)
+        return self._can_end_np
 
     def _expand(self, stack: tuple, out: set, seen: set) -> None:
         """Adds to `out` the stacks with a terminal on top (or the empty stack) reachable from
@@ -263,6 +270,11 @@ class Matcher:
         return np.flatnonzero(bits)
 
     def _mask(self, sid: int) -> np.ndarray:
+        """The packed mask of a state. Each stack's top terminal position has a cached local
+        walk (the trie walked from that position alone, as if its frame were the whole
+        stack): tokens it allows are allowed whatever lies below, and the trie nodes where it
+        ran past the frame's end (the frontier) are the only ones walked again with the real
+        stacks. So entering a string in a new context costs only the tokens that leave it."""
         cache = self._s.masks.setdefault(self.vocab, {})
         cached = cache.get(sid)
         if cached is not None:
@@ -272,31 +284,94 @@ class Matcher:
         allowed = np.zeros(v.n_words * 32, dtype=bool)
         if s.can_end[sid] and len(v.eog_ids):
             allowed[v.eog_ids] = True
-        nodes = np.zeros(1, np.int64)           # live nodes of the previous level
-        states = np.full(1, sid, np.int64)      # their parser states
-        for d, (parent, byte) in enumerate(v.levels):
-            lo = v.child_lo[d][nodes]
-            hi = v.child_hi[d][nodes]
-            counts = hi - lo
-            total = int(counts.sum())
-            if total == 0:
-                break
-            # children of the live nodes: ranges lo..hi, concatenated
-            offs = np.repeat(lo - np.concatenate(([0], np.cumsum(counts)[:-1])), counts)
-            child = offs + np.arange(total)
-            cstate = s.fill(np.repeat(states, counts), byte[child]).astype(np.int64)
-            live = cstate != DEAD
-            child, cstate = child[live], cstate[live]
-            end_nodes, end_toks = v.ends[d]
-            if len(end_nodes) and len(child):
-                mark = np.zeros(len(parent), dtype=bool)
-                mark[child] = True
-                allowed[end_toks[mark[end_nodes]]] = True
-            nodes, states = child, cstate
-            if not len(nodes):
-                break
+        frontier: dict[int, list[np.ndarray]] = {}
+        for p in sorted({st[-1] for st in s.sets[sid] if st}):
+            local_allowed, local_frontier = self._local(p)
+            allowed[:v.size] |= local_allowed
+            for depth, nodes in local_frontier.items():
+                frontier.setdefault(depth, []).append(nodes)
+        entries = {}
+        for depth, parts in frontier.items():
+            nodes = np.unique(np.concatenate(parts))
+            states = self._states_at(sid, depth, nodes)
+            live = states != DEAD
+            if live.any():
+                entries[depth] = (nodes[live], states[live])
+        if entries:
+            self._walk(entries, allowed, None)
         packed = np.packbits(allowed, bitorder="little").view(np.uint32)
         if len(cache) >= 4096:
             cache.clear()
         cache[sid] = packed
         return packed
+
+    def _local(self, p: int):
+        cache = self._s.local.setdefault(self.vocab, {})
+        hit = cache.get(p)
+        if hit is None:
+            s = self._s
+            local = s.intern({(p,)})
+            allowed = np.zeros(self.vocab.size, dtype=bool)
+            frontier: dict[int, np.ndarray] = {}
+            self._walk({0: (np.zeros(1, np.int64), np.full(1, local, np.int64))}, allowed,
+                       frontier)
+            hit = cache[p] = (allowed, frontier)
+        return hit
+
+    def _states_at(self, sid: int, depth: int, nodes: np.ndarray) -> np.ndarray:
+        """The parser states reached from `sid` along the prefixes of trie nodes at `depth`."""
+        v = self.vocab
+        cols = []
+        idx = nodes
+        for d in range(depth - 1, -1, -1):
+            parent, byte = v.levels[d]
+            cols.append(byte[idx])
+            idx = parent[idx]
+        states = np.full(len(nodes), sid, np.int64)
+        for col in reversed(cols):
+            states = self._s.fill(states, col).astype(np.int64)
+        return states
+
+    def _walk(self, entries: dict, allowed: np.ndarray, frontier: dict | None) -> None:
+        """Walks the trie level by level from entries {depth: (nodes, states)}, marking the
+        tokens whose bytes the states accept. With `frontier`, records the nodes (with
+        children) where a state can end, that is, where the local walk left its frame."""
+        v = self.vocab
+        s = self._s
+        depth = min(entries)
+        nodes, states = entries.pop(depth)
+        while depth < len(v.levels):
+            if len(nodes):
+                lo = v.child_lo[depth][nodes]
+                counts = v.child_hi[depth][nodes] - lo
+                total = int(counts.sum())
+            else:
+                total = 0
+            parent, byte = v.levels[depth]
+            if total:
+                # children of the live nodes: ranges lo..hi, concatenated
+                offs = np.repeat(lo - np.concatenate(([0], np.cumsum(counts)[:-1])), counts)
+                child = offs + np.arange(total)
+                cstate = s.fill(np.repeat(states, counts), byte[child]).astype(np.int64)
+                live = cstate != DEAD
+                child, cstate = child[live], cstate[live]
+                end_nodes, end_toks = v.ends[depth]
+                if len(end_nodes) and len(child):
+                    mark = np.zeros(len(parent), dtype=bool)
+                    mark[child] = True
+                    allowed[end_toks[mark[end_nodes]]] = True
+                if frontier is not None and len(child) and depth + 1 < len(v.levels):
+                    ends = s.can_end_array()[cstate]
+                    inner = v.child_hi[depth + 1][child] > v.child_lo[depth + 1][child]
+                    if (ends & inner).any():
+                        frontier[depth + 1] = child[ends & inner]
+            else:
+                child = cstate = np.zeros(0, np.int64)
+            depth += 1
+            if depth in entries:
+                more_nodes, more_states = entries.pop(depth)
+                child = np.concatenate((child, more_nodes))
+                cstate = np.concatenate((cstate, more_states))
+            nodes, states = child, cstate
+            if not len(nodes) and not entries:
+                break
