@@ -32,6 +32,7 @@ class TokenVocab:
         self.token_bytes = list(token_bytes)
         self.eog_ids = np.array(sorted(set(eog_ids)), dtype=np.int64)
         self.n_words = (self.size + 31) // 32
+        self.local_walks: dict[tuple, tuple] = {}   # grammar-independent walks (matcher.py)
         by_bytes: dict[bytes, list[int]] = {}
         eog = set(eog_ids)
         for i, b in enumerate(token_bytes):
@@ -88,7 +89,7 @@ class _States:
         self.table[DEAD] = DEAD
         self.can_end: list[bool] = [False]
         self.masks: dict[TokenVocab, dict[int, np.ndarray]] = {}   # vocab -> state -> mask
-        self.local: dict[TokenVocab, dict[int, tuple]] = {}   # vocab -> position -> walk
+        self._signatures: dict[int, tuple] = {}
         self._can_end_np = np.zeros(0, dtype=bool)
         stacks: set = set()
         seen: set = set()
@@ -109,6 +110,39 @@ class _States:
                 grown[:len(self.table)] = self.table
                 self.table = grown
         return sid
+
+    def signature(self, p: int) -> tuple:
+        """What a stack topped by position p can do, written without rule or position ids:
+        the rest of p's alternative and every rule reachable from it, numbered in the order
+        they are met, terminals as byte masks."""
+        sig = self._signatures.get(p)
+        if sig is not None:
+            return sig
+        g = self.g
+        order: dict[int, int] = {}
+        queue: list[int] = []
+
+        def tail(q: int) -> tuple:
+            out = []
+            while g.kind[q] != END:
+                if g.kind[q] == TERM:
+                    out.append(g.arg[q])
+                else:
+                    r = g.arg[q]
+                    if r not in order:
+                        order[r] = len(order)
+                        queue.append(r)
+                    out.append(-1 - order[r])
+                q += 1
+            return tuple(out)
+
+        parts = [tail(p)]
+        i = 0
+        while i < len(queue):
+            parts.append(tuple(tail(st) for st in g.starts[queue[i]]))
+            i += 1
+        sig = self._signatures[p] = tuple(parts)
+        return sig
 
     def can_end_array(self) -> np.ndarray:
         if len(self._can_end_np) != len(self.can_end):
@@ -284,21 +318,33 @@ class Matcher:
         allowed = np.zeros(v.n_words * 32, dtype=bool)
         if s.can_end[sid] and len(v.eog_ids):
             allowed[v.eog_ids] = True
-        frontier: dict[int, list[np.ndarray]] = {}
+        fronts = []
         for p in sorted({st[-1] for st in s.sets[sid] if st}):
-            local_allowed, local_frontier = self._local(p)
+            local_allowed, front = self._local(p)
             allowed[:v.size] |= local_allowed
-            for depth, nodes in local_frontier.items():
-                frontier.setdefault(depth, []).append(nodes)
-        entries = {}
-        for depth, parts in frontier.items():
-            nodes = np.unique(np.concatenate(parts))
-            states = self._states_at(sid, depth, nodes)
-            live = states != DEAD
-            if live.any():
-                entries[depth] = (nodes[live], states[live])
-        if entries:
-            self._walk(entries, allowed, None)
+            if front is not None:
+                fronts.append(front)
+        if fronts:
+            depth = np.concatenate([f[0] for f in fronts])
+            nodes = np.concatenate([f[1] for f in fronts])
+            width = max(f[2].shape[1] for f in fronts)
+            prefix = np.concatenate([np.pad(f[2], ((0, 0), (0, width - f[2].shape[1])))
+                                     for f in fronts])
+            if len(fronts) > 1:
+                _, first = np.unique(depth * (1 << 32) + nodes, return_index=True)
+                depth, nodes, prefix = depth[first], nodes[first], prefix[first]
+            # the real states at the frontier nodes, one column of prefix bytes at a time
+            states = np.full(len(nodes), sid, np.int64)
+            for j in range(width):
+                on = depth > j
+                states[on] = s.fill(states[on], prefix[on, j])
+            entries = {}
+            for d in np.unique(depth).tolist():
+                sel = (depth == d) & (states != DEAD)
+                if sel.any():
+                    entries[d] = (nodes[sel], states[sel])
+            if entries:
+                self._walk(entries, allowed, None)
         packed = np.packbits(allowed, bitorder="little").view(np.uint32)
         if len(cache) >= 4096:
             cache.clear()
@@ -306,8 +352,11 @@ class Matcher:
         return packed
 
     def _local(self, p: int):
-        cache = self._s.local.setdefault(self.vocab, {})
-        hit = cache.get(p)
+        # Keyed by the shape of what can follow p, so grammars with the same string or number
+        # rules (every JSON schema) share the walks.
+        cache = self.vocab.local_walks
+        key = self._s.signature(p)
+        hit = cache.get(key)
         if hit is None:
             s = self._s
             local = s.intern({(p,)})
@@ -315,22 +364,32 @@ class Matcher:
             frontier: dict[int, np.ndarray] = {}
             self._walk({0: (np.zeros(1, np.int64), np.full(1, local, np.int64))}, allowed,
                        frontier)
-            hit = cache[p] = (allowed, frontier)
+            front = None
+            if frontier:
+                # (depths, nodes, prefix bytes padded to the deepest) of the frontier nodes
+                depths = np.concatenate([np.full(len(n), d, np.int64)
+                                         for d, n in frontier.items()])
+                nodes = np.concatenate(list(frontier.values()))
+                prefix = np.zeros((len(nodes), max(frontier)), np.int64)
+                at = 0
+                for d, n in frontier.items():
+                    prefix[at:at + len(n), :d] = self._prefixes(d, n)
+                    at += len(n)
+                front = (depths, nodes, prefix)
+            if len(cache) >= 256:
+                cache.clear()
+            hit = cache[key] = (allowed, front)
         return hit
 
-    def _states_at(self, sid: int, depth: int, nodes: np.ndarray) -> np.ndarray:
-        """The parser states reached from `sid` along the prefixes of trie nodes at `depth`."""
-        v = self.vocab
-        cols = []
+    def _prefixes(self, depth: int, nodes: np.ndarray) -> np.ndarray:
+        """The bytes of the trie nodes at `depth`, one row per node."""
+        out = np.zeros((len(nodes), depth), np.int64)
         idx = nodes
         for d in range(depth - 1, -1, -1):
-            parent, byte = v.levels[d]
-            cols.append(byte[idx])
+            parent, byte = self.vocab.levels[d]
+            out[:, d] = byte[idx]
             idx = parent[idx]
-        states = np.full(len(nodes), sid, np.int64)
-        for col in reversed(cols):
-            states = self._s.fill(states, col).astype(np.int64)
-        return states
+        return out
 
     def _walk(self, entries: dict, allowed: np.ndarray, frontier: dict | None) -> None:
         """Walks the trie level by level from entries {depth: (nodes, states)}, marking the
