@@ -20,6 +20,7 @@ import numpy as np
 from kinetic.grammar.ir import END, NONTERM, TERM, Grammar
 
 DEAD = 0   # the empty state set
+LOCAL_FRAMES = 3   # how many top stack frames a cached local walk covers
 
 
 class TokenVocab:
@@ -89,7 +90,7 @@ class _States:
         self.table[DEAD] = DEAD
         self.can_end: list[bool] = [False]
         self.masks: dict[TokenVocab, dict[int, np.ndarray]] = {}   # vocab -> state -> mask
-        self._signatures: dict[int, tuple] = {}
+        self._signatures: dict[tuple, tuple] = {}
         self._can_end_np = np.zeros(0, dtype=bool)
         stacks: set = set()
         seen: set = set()
@@ -111,11 +112,11 @@ class _States:
                 self.table = grown
         return sid
 
-    def signature(self, p: int) -> tuple:
-        """What a stack topped by position p can do, written without rule or position ids:
-        the rest of p's alternative and every rule reachable from it, numbered in the order
-        they are met, terminals as byte masks."""
-        sig = self._signatures.get(p)
+    def signature(self, frames: tuple) -> tuple:
+        """What a stack ending in `frames` can do until it returns below them, written without
+        rule or position ids: the rest of each frame's alternative and every rule reachable
+        from them, numbered in the order they are met, terminals as byte masks."""
+        sig = self._signatures.get(frames)
         if sig is not None:
             return sig
         g = self.g
@@ -136,12 +137,12 @@ class _States:
                 q += 1
             return tuple(out)
 
-        parts = [tail(p)]
+        parts = [tail(q + 1) for q in frames[:-1]] + [tail(frames[-1])]
         i = 0
         while i < len(queue):
             parts.append(tuple(tail(st) for st in g.starts[queue[i]]))
             i += 1
-        sig = self._signatures[p] = tuple(parts)
+        sig = self._signatures[frames] = tuple(parts)
         return sig
 
     def can_end_array(self) -> np.ndarray:
@@ -304,10 +305,10 @@ class Matcher:
         return np.flatnonzero(bits)
 
     def _mask(self, sid: int) -> np.ndarray:
-        """The packed mask of a state. Each stack's top terminal position has a cached local
-        walk (the trie walked from that position alone, as if its frame were the whole
-        stack): tokens it allows are allowed whatever lies below, and the trie nodes where it
-        ran past the frame's end (the frontier) are the only ones walked again with the real
+        """The packed mask of a state. The top frames of each stack have a cached local walk
+        (the trie walked from those frames alone, as if they were the whole stack): tokens it
+        allows are allowed whatever lies below, and the trie nodes where it ran past the
+        bottom frame's end (the frontier) are the only ones walked again with the real
         stacks. So entering a string in a new context costs only the tokens that leave it."""
         cache = self._s.masks.setdefault(self.vocab, {})
         cached = cache.get(sid)
@@ -319,8 +320,8 @@ class Matcher:
         if s.can_end[sid] and len(v.eog_ids):
             allowed[v.eog_ids] = True
         fronts = []
-        for p in sorted({st[-1] for st in s.sets[sid] if st}):
-            local_allowed, front = self._local(p)
+        for frames in sorted({st[-LOCAL_FRAMES:] for st in s.sets[sid] if st}):
+            local_allowed, front = self._local(frames)
             allowed[:v.size] |= local_allowed
             if front is not None:
                 fronts.append(front)
@@ -351,15 +352,15 @@ class Matcher:
         cache[sid] = packed
         return packed
 
-    def _local(self, p: int):
-        # Keyed by the shape of what can follow p, so grammars with the same string or number
+    def _local(self, frames: tuple):
+        # Keyed by the shape of what can follow, so grammars with the same string or number
         # rules (every JSON schema) share the walks.
         cache = self.vocab.local_walks
-        key = self._s.signature(p)
+        key = self._s.signature(frames)
         hit = cache.get(key)
         if hit is None:
             s = self._s
-            local = s.intern({(p,)})
+            local = s.intern({frames})
             allowed = np.zeros(self.vocab.size, dtype=bool)
             frontier: dict[int, np.ndarray] = {}
             self._walk({0: (np.zeros(1, np.int64), np.full(1, local, np.int64))}, allowed,
