@@ -219,3 +219,24 @@ def test_jsonschemabench_random_answers_validate():
         assert not errors, (os.path.basename(path), text[:300], errors[0].message)
         checked += 1
     assert checked >= 160
+
+
+def test_schema_masks_match_brute_force():
+    """Masks at every prefix of an answer (strings in several contexts, numbers, nesting)
+    equal token-by-token checking, for two grammars sharing the vocabulary's cached walks."""
+    import numpy as np
+    from tests.test_grammar import VOCAB, brute_force_mask, mask_bits
+    schema = {"type": "object", "properties": {
+        "a": {"type": "string"}, "b": {"type": "array", "items": {"type": "string"}},
+        "c": {"type": "object", "properties": {"d": {"type": "string", "maxLength": 3},
+                                               "e": {"type": "number"}}}},
+        "required": ["a", "b"]}
+    text = '{"a": "x\\"y", "b": ["", "ab"], "c": {"d": "é", "e": -1.5}}'
+    jsonschema.validate(json.loads(text), schema)
+    for _ in range(2):
+        m = compile_json_schema(schema).matcher(VOCAB)
+        for b in text.encode():
+            np.testing.assert_array_equal(mask_bits(m, VOCAB), brute_force_mask(m, VOCAB))
+            assert m.accept_bytes(bytes([b]))
+        np.testing.assert_array_equal(mask_bits(m, VOCAB), brute_force_mask(m, VOCAB))
+        assert m.can_end()
