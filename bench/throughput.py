@@ -495,6 +495,12 @@ class LlamaServer:
         return vm_hwm(self.pid)
 
     def close(self) -> None:
+        child = self.pid if self.wrapper else None
+        if child and child != self.proc.pid:   # the wrapper does not pass signals on
+            try:
+                os.kill(child, 15)
+            except OSError:
+                pass
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
