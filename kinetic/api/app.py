@@ -12,18 +12,19 @@ then the route parses its body into a typed request (params.py), runs it through
 (`generation`) and writes the answer as JSON or server-sent events (`sse_response`). Every
 error, the router's 404 and 405 included, is written in the OpenAI shape (errors.py).
 
-Dialects are blueprints: `openai` (openai.py) here; llama-server's and Ollama's routes
-register theirs in `create_app` the same way.
+Dialects are blueprints: `openai` (openai.py) and `llama_server` (llama_server.py); Ollama's
+routes register theirs in `create_app` the same way. Every generation, whatever its dialect,
+is recorded in `ServerState.activity` (metrics.py) for /metrics and /slots.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
 import json
 import logging
 import time
-from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, AsyncIterator
 from urllib.parse import urlsplit
@@ -32,10 +33,10 @@ from quart import Quart, Response, current_app, request
 from werkzeug.exceptions import HTTPException
 
 from kinetic.api.errors import APIError, bad_request, unavailable
+from kinetic.api.metrics import Activity, Task
 from kinetic.engine.request import Delta, GenerationRequest
 
 if TYPE_CHECKING:
-    from kinetic.engine.engine import Engine
     from kinetic.llm import Model
 
 log = logging.getLogger("kinetic.server")
@@ -79,6 +80,7 @@ class ServerState:
         self.kind = "text"                 # what the model serves: "text" (generation)
         self.loading = "Loading model"     # the 503 message while loading
         self.created = int(time.time())
+        self.activity = Activity()         # every generation since ready (metrics.py)
         self._counter_base: dict[str, float] = {}
 
     @property
@@ -107,7 +109,7 @@ def server_state() -> ServerState:
 
 def create_app(state: ServerState) -> Quart:
     """The Quart app over `state`: shared checks, error handlers, health, the dialects."""
-    from kinetic.api import openai
+    from kinetic.api import llama_server, openai
 
     app = Quart("kinetic")
     app.extensions["kinetic"] = state
@@ -120,6 +122,7 @@ def create_app(state: ServerState) -> Quart:
     app.add_url_rule("/health", "health", _health, methods=["GET"])
     app.add_url_rule("/v1/health", "health", _health, methods=["GET"])
     app.register_blueprint(openai.blueprint)
+    app.register_blueprint(llama_server.blueprint)
     return app
 
 
@@ -276,21 +279,37 @@ def sse_event(obj: Any) -> str:
     return f"data: {dumps(obj)}\n\n"
 
 
-async def generation(engine: "Engine", request_: GenerationRequest,
-                     label: str) -> AsyncIterator[Delta]:
-    """The engine's deltas for one request. Iterate it inside `aclosing` (or let Quart close
-    a streamed body): leaving early, by a client that went away or by cancellation, cancels
-    the request in the engine at once, freeing its slot. Nothing runs until it is iterated."""
-    done, n_tokens = False, 0
+async def generation(state: ServerState, request_: GenerationRequest, label: str, *,
+                     stream: bool = False, task: Task | None = None) -> AsyncIterator[Delta]:
+    """The engine's deltas for one request, recorded in `state.activity` (as `task` if given:
+    its slot, cached tokens and timings are known once the first delta has come). Iterate it
+    inside `aclosing` (or let Quart close a streamed body): leaving early, by a client that
+    went away or by cancellation, cancels the request in the engine at once, freeing its
+    slot. Nothing runs until it is iterated."""
+    engine = state.require_model().engine
+    if task is None:
+        task = Task(request_, stream)
+    loop = asyncio.get_running_loop()
+    out: asyncio.Queue[Delta] = asyncio.Queue()
+
+    def sink(delta: Delta) -> None:  # on the engine thread
+        task.engine_delta(delta, engine)
+        loop.call_soon_threadsafe(out.put_nowait, delta)
+
+    task.id = engine.start(request_, sink)
+    state.activity.started(task)
+    done = False
     try:
-        async with aclosing(engine.submit(request_)) as deltas:
-            async for delta in deltas:
-                n_tokens += len(delta.token_ids)
-                done = delta.finish_reason is not None
-                if delta.finish_reason == "error":
-                    log.error("%s failed: %s", label, delta.error)
-                yield delta
+        while not done:
+            delta = await out.get()
+            state.activity.saw(task, delta)
+            done = delta.finish_reason is not None
+            if delta.finish_reason == "error":
+                log.error("%s failed: %s", label, delta.error)
+            yield delta
     finally:
+        state.activity.ended(task)
         if not done:
+            engine.cancel(task.id)
             log.info("%s cancelled after %d tokens (the client went away, or the server is "
-                     "stopping)", label, n_tokens)
+                     "stopping)", label, task.n_decoded)

@@ -8,8 +8,7 @@ the context (400) -> `generation` runs it in the engine. Streamed, each Delta be
 two always agree.
 
 The paths also answer without /v1, except /completions and /embeddings, which are
-llama-server's there (SPEC.md); until kinetic/api/llama_server.py takes /completions over,
-it is routed to the OpenAI completions handler here.
+llama-server's there (SPEC.md, kinetic/api/llama_server.py).
 """
 
 from __future__ import annotations
@@ -75,7 +74,6 @@ def require_kind(state: ServerState, kind: str, what: str) -> None:
 
 
 @blueprint.post("/v1/embeddings")
-@blueprint.post("/embeddings")  # llama-server's path; answers the same until llama_server.py
 async def embeddings():
     require_kind(server_state(), "embedding", "embeddings")
     raise bad_request("embedding models are not supported yet")
@@ -136,9 +134,6 @@ def _completion_prompt(model, req: CompletionRequest) -> list[int]:
 
 
 @blueprint.post("/v1/completions")
-# /completions belongs to llama-server's API (SPEC.md); until llama_server.py serves it with
-# llama-server's fields, it answers as /v1/completions does.
-@blueprint.post("/completions")
 async def completions():
     state = server_state()
     require_kind(state, "text", "completions")
@@ -198,6 +193,7 @@ class _Job:
     def __init__(self, prefix: str, state: ServerState, tok: Tokenizer, opts: Options):
         self.id = f"{prefix}-{secrets.token_hex(12)}"
         self.created, self.model_id = int(time.time()), state.model_id
+        self.state = state
         self.tok, self.opts = tok, opts
 
     def _head(self, kind: str) -> dict[str, Any]:
@@ -206,7 +202,7 @@ class _Job:
 
     async def _fold(self, engine, gen: GenerationRequest) -> tuple[str, list, Delta]:
         text, lps, last = [], [], None
-        async with aclosing(generation(engine, gen, self.id)) as deltas:
+        async with aclosing(generation(self.state, gen, self.id)) as deltas:
             async for d in deltas:
                 text.append(d.text)
                 lps.extend(d.logprobs)
@@ -244,7 +240,7 @@ class _Job:
         """The stream: one chunk per delta with text or log-probabilities (`piece` makes its
         choice), a last chunk with the finish reason (`finish` holds its empty content), the
         usage chunk if asked for, then [DONE]. An engine error ends it with an error event."""
-        async with aclosing(generation(engine, gen, self.id)) as deltas:
+        async with aclosing(generation(self.state, gen, self.id, stream=True)) as deltas:
             async for d in deltas:
                 if d.finish_reason == "error":
                     yield sse_event(APIError(500, d.error or "the engine failed").body())

@@ -1,0 +1,351 @@
+"""llama-server's own API: /completion, /tokenize, /detokenize, /props, /slots, /metrics.
+
+Scripts and apps written for llama-server work against kinetic unchanged: the routes, request
+fields and answer fields are llama-server's (scripts/llama_server_compat.py lists what still
+differs, docs/compat.md explains why). Errors keep kinetic's OpenAI shape. These routes take
+bodies of any content type, as llama-server does; the Origin rule in app.py keeps web pages of
+other sites from using them.
+
+A /completion, in order: `json_body` -> `parse_completion` (llama-server's field names,
+checked like the OpenAI ones, 400 naming the field) -> the prompt's token ids (text is
+tokenized with BOS and special tokens, as llama-server does) -> `generation` runs it, recorded
+as a `Task` (metrics.py) whose slot and timings the answer reports. Streamed, each delta's text
+is one `data: {"content": ..., "stop": false}` event and the last event is the whole answer
+object with empty content and "stop": true; otherwise the deltas are folded into that object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import secrets
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from quart import Blueprint, Response
+
+from kinetic import __version__
+from kinetic.api.app import (ServerState, generation, json_body, json_response,
+                             server_state, sse_event, sse_response)
+from kinetic.api.errors import APIError, bad_request, not_supported
+from kinetic.api.metrics import Task, metric_values, prometheus_text
+from kinetic.api.openai import require_kind
+from kinetic.api.params import (GRAMMAR_LATER, MAX_STOP_CHARS, MAX_TOKENS_LIMIT, boolean,
+                                check_prompt_fits, integer, sampling_params, strings)
+from kinetic.engine.request import MAX_STOP_STRINGS, Delta, GenerationRequest
+from kinetic.engine.sampling_params import SamplingParams
+from kinetic.text.tokenizer import Tokenizer
+
+blueprint = Blueprint("llama_server", __name__)
+
+DEFAULT_SEED = 0xFFFFFFFF     # llama-server's "no seed given" (LLAMA_DEFAULT_SEED)
+# llama-server's default sampler chain, under its names; with Mirostat it is the other one
+SAMPLERS = ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc",
+            "temperature"]
+MIROSTAT_SAMPLERS = ["temperature", "mirostat"]
+# generation settings that llama-server leaves out of the params of /slots and /props
+NOT_IN_PARAMS = ("dry_sequence_breakers", "stop", "logit_bias", "grammar")
+
+
+# --- /completion ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LlamaCompletion:
+    """A /completion body, checked."""
+
+    prompt: str | list[int]
+    params: SamplingParams
+    n_predict: int | None      # None: until the answer ends or the context is full
+    stop: tuple[str, ...]
+    stream: bool
+    return_tokens: bool
+    n_probs: int
+
+
+def parse_completion(body: dict, defaults: SamplingParams) -> LlamaCompletion:
+    """llama-server's /completion fields. Raises APIError (400) naming the field at fault."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, list):
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            raise bad_request("prompt must be a string or a list of token ids (one prompt "
+                              "per request)", "prompt")
+    elif not isinstance(prompt, str):
+        raise bad_request("prompt must be a string or a list of token ids", "prompt")
+    for name in ("grammar", "json_schema"):
+        if body.get(name) not in (None, "", {}):
+            raise not_supported(name, name, GRAMMAR_LATER)
+    n_predict = integer(body, "n_predict", -1, MAX_TOKENS_LIMIT)
+    if n_predict is None:
+        n_predict = integer(body, "max_tokens", -1, MAX_TOKENS_LIMIT)
+    if n_predict == 0:
+        raise bad_request("n_predict must be -1 (no limit) or at least 1", "n_predict")
+    boolean(body, "cache_prompt")  # always on: checked, nothing more
+    return LlamaCompletion(
+        prompt=prompt,
+        params=sampling_params(body, defaults),
+        n_predict=None if n_predict in (None, -1) else n_predict,
+        stop=strings(body, "stop", MAX_STOP_STRINGS, MAX_STOP_CHARS) or (),
+        stream=bool(boolean(body, "stream")),
+        return_tokens=bool(boolean(body, "return_tokens")),
+        n_probs=integer(body, "n_probs", 0) or 0,  # accepted; probabilities not returned yet
+    )
+
+
+def generation_settings(p: SamplingParams, *, seed: int | None = None,
+                        n_predict: int | None = None, stop: tuple[str, ...] = (),
+                        stream: bool = False, n_probs: int = 0) -> dict[str, Any]:
+    """A request's settings under llama-server's names, in its order. seed: the one used
+    (llama-server reports 4294967295 when none was given)."""
+    if seed is None:
+        seed = p.seed if p.seed not in (None, -1) else DEFAULT_SEED
+    limit = -1 if n_predict is None else n_predict
+    return {
+        "seed": seed, "temperature": p.temperature, "dynatemp_range": 0.0,
+        "dynatemp_exponent": 1.0, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p,
+        "top_n_sigma": p.top_n_sigma, "xtc_probability": p.xtc_probability,
+        "xtc_threshold": p.xtc_threshold, "typical_p": p.typical_p,
+        "repeat_last_n": p.repeat_last_n, "repeat_penalty": p.repeat_penalty,
+        "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,
+        "dry_multiplier": p.dry_multiplier, "dry_base": p.dry_base,
+        "dry_allowed_length": p.dry_allowed_length, "dry_penalty_last_n": p.dry_penalty_last_n,
+        "dry_sequence_breakers": list(p.dry_sequence_breakers), "mirostat": p.mirostat,
+        "mirostat_tau": p.mirostat_tau, "mirostat_eta": p.mirostat_eta, "stop": list(stop),
+        "max_tokens": limit, "n_predict": limit, "n_keep": 0, "n_discard": 0,
+        "ignore_eos": p.ignore_eos, "stream": stream,
+        "logit_bias": [[t, b] for t, b in p.logit_bias], "n_probs": n_probs,
+        "min_keep": p.min_keep, "grammar": "",
+        "samplers": MIROSTAT_SAMPLERS if p.mirostat else SAMPLERS,
+    }
+
+
+def _prompt_ids(model, prompt: str | list[int]) -> list[int]:
+    if isinstance(prompt, list):
+        bad = [t for t in prompt if not 0 <= t < model.config.vocab_size]
+        if bad:
+            raise bad_request(f"token id {bad[0]} is outside the vocabulary "
+                              f"(0..{model.config.vocab_size - 1})", "prompt")
+        return list(prompt)
+    return model.prompt_ids(prompt)
+
+
+@blueprint.post("/completion")
+@blueprint.post("/completions")
+async def completion():
+    state = server_state()
+    require_kind(state, "text", "completions")
+    model = state.require_model()
+    req = parse_completion(await json_body(), model.default_params)
+    ids = await asyncio.to_thread(_prompt_ids, model, req.prompt)
+    if not ids:
+        raise bad_request("the prompt is empty", "prompt")
+    check_prompt_fits(len(ids), model.n_ctx, "prompt")
+    gen = GenerationRequest(ids, req.params, req.n_predict, req.stop)
+    # the prompt as run, as llama-server shows it: BOS and special tokens written out
+    answer = _Answer(state, req, gen, model.tokenizer.decode_pieces(ids))
+    if req.stream:
+        return sse_response(answer.events())
+    return json_response(await answer.whole())
+
+
+class _Answer:
+    """One /completion's answer, whole or streamed."""
+
+    def __init__(self, state: ServerState, req: LlamaCompletion, gen: GenerationRequest,
+                 prompt_text: str):
+        self.state, self.req, self.gen, self.prompt_text = state, req, gen, prompt_text
+        self.task = Task(gen, req.stream)
+        self.label = f"completion-{secrets.token_hex(6)}"
+
+    def final(self, content: str, tokens: list[int], last: Delta) -> dict[str, Any]:
+        """The answer object: llama-server's fields, in its order."""
+        t = self.task
+        limit = last.finish_reason == "length"
+        return {
+            "index": 0, "content": content, "tokens": tokens if self.req.return_tokens else [],
+            "id_slot": t.slot, "stop": True, "model": self.state.model_id,
+            "tokens_predicted": t.n_decoded, "tokens_evaluated": t.n_prompt,
+            "generation_settings": generation_settings(
+                self.req.params, seed=last.usage.seed if last.usage else None,
+                n_predict=self.req.n_predict, stop=self.req.stop, stream=self.req.stream,
+                n_probs=self.req.n_probs),
+            "prompt": self.prompt_text, "has_new_line": t.has_new_line, "truncated": False,
+            # kinetic does not tell a stop string from the end of generation (SPEC.md)
+            "stop_type": "limit" if limit else "eos", "stopping_word": "",
+            # this request's tokens in the slot's cache: a token drawn at the limit is never
+            # run (the end-of-generation token is neither run nor counted)
+            "tokens_cached": t.n_prompt + t.n_decoded - (1 if limit else 0),
+            "timings": t.timings(),
+        }
+
+    async def whole(self) -> dict[str, Any]:
+        text, tokens, last = [], [], None
+        async with aclosing(generation(self.state, self.gen, self.label,
+                                       task=self.task)) as deltas:
+            async for d in deltas:
+                text.append(d.text)
+                tokens.extend(d.token_ids)
+                last = d
+        if last is None or last.finish_reason == "error":
+            raise APIError(500, last.error if last and last.error else "the engine stopped")
+        return self.final("".join(text), tokens, last)
+
+    async def events(self) -> AsyncIterator[str]:
+        """A `data:` event per piece of text (no token ids: a piece's text and its tokens
+        need not line up when a stop string is held back), then the answer object."""
+        tokens: list[int] = []
+        async with aclosing(generation(self.state, self.gen, self.label, stream=True,
+                                       task=self.task)) as deltas:
+            async for d in deltas:
+                if d.finish_reason == "error":
+                    yield sse_event(APIError(500, d.error or "the engine failed").body())
+                    return
+                tokens.extend(d.token_ids)
+                if d.text:
+                    yield sse_event({"index": 0, "content": d.text, "tokens": [],
+                                     "stop": False, "id_slot": -1,
+                                     "tokens_predicted": self.task.n_decoded,
+                                     "tokens_evaluated": self.task.n_prompt})
+                if d.finish_reason is not None:
+                    yield sse_event(self.final("", tokens, d))
+
+
+# --- tokens -------------------------------------------------------------------------------
+
+def _piece(tok: Tokenizer, token_id: int) -> str | list[int]:
+    """A token's text as llama-server's with_pieces shows it: special tokens as written, a
+    string when the bytes are valid UTF-8, else the list of bytes."""
+    data = tok.token_bytes(token_id) or tok.token_piece(token_id, special=True).encode()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(data)
+
+
+@blueprint.post("/tokenize")
+async def tokenize():
+    model = server_state().require_model()
+    body = await json_body()
+    content = body.get("content", "")
+    if not isinstance(content, str):
+        raise bad_request("content must be a string", "content")
+    add_special = boolean(body, "add_special")
+    parse_special = boolean(body, "parse_special")
+    with_pieces = boolean(body, "with_pieces")
+    tok = model.tokenizer
+    # llama-server's defaults: no BOS, special tokens written in the text are parsed
+    ids = await asyncio.to_thread(tok.encode, content, bool(add_special),
+                                  parse_special is not False)
+    if with_pieces:
+        return json_response({"tokens": [{"id": t, "piece": _piece(tok, t)} for t in ids]})
+    return json_response({"tokens": ids})
+
+
+@blueprint.post("/detokenize")
+async def detokenize():
+    tok = server_state().require_model().tokenizer
+    body = await json_body()
+    ids = body.get("tokens", [])
+    if not isinstance(ids, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise bad_request("tokens must be a list of token ids", "tokens")
+    bad = [t for t in ids if not 0 <= t < tok.vocab_size]
+    if bad:
+        raise bad_request(f"token id {bad[0]} is outside the vocabulary "
+                          f"(0..{tok.vocab_size - 1})", "tokens")
+    return json_response({"content": tok.decode_pieces(ids)})
+
+
+# --- the server ---------------------------------------------------------------------------
+
+@blueprint.get("/props")
+async def props():
+    state = server_state()
+    model = state.require_model()
+    engine, tok = model.engine, model.tokenizer
+    meta = model.loaded.file.metadata
+
+    def token_text(tid: int | None) -> str:
+        return "" if tid is None else tok.token_piece(tid, special=True)
+    return json_response({
+        "default_generation_settings": {"params": _params(generation_settings(
+            model.default_params)), "n_ctx": model.n_ctx},
+        "total_slots": engine.config.parallel,
+        "model_alias": state.model_id,
+        "model_path": model.loaded.file.path,
+        "modalities": {"vision": False, "video": False, "audio": False},
+        "endpoint_slots": True, "endpoint_props": False, "endpoint_metrics": True,
+        "chat_template": meta.get("tokenizer.chat_template") or model.chat_template.source,
+        "chat_template_caps": dataclasses.asdict(model.chat_template.caps),
+        "bos_token": token_text(tok.bos_id), "eos_token": token_text(tok.eos_id),
+        "build_info": f"kinetic-{__version__}",
+    })
+
+
+@blueprint.get("/slots")
+async def slots():
+    """Each slot with its current or last request (llama-server's fields)."""
+    state = server_state()
+    engine = state.require_model().engine
+    activity = state.activity
+    out = []
+    for s in engine.stats().slots:
+        slot: dict[str, Any] = {"id": s.slot, "n_ctx": engine.max_context,
+                                "speculative": engine.config.speculative
+                                or engine.drafter is not None,
+                                "is_processing": s.busy}
+        task = activity.running.get(s.seq_id) if s.busy else None
+        task = task or activity.last.get(s.slot)
+        if task is not None:
+            slot.update(_slot_task(state, task, s if s.busy and s.seq_id == task.id else None))
+        out.append(slot)
+    return json_response(out)
+
+
+def _slot_task(state: ServerState, task: Task, live) -> dict[str, Any]:
+    """A slot's request: `live` is the engine's SlotStats while it runs there."""
+    n_cached = live.n_cached if live is not None else task.n_cached
+    n_decoded = max(task.n_decoded, live.n_decoded if live is not None else 0)
+    params = generation_settings(task.request.params, n_predict=task.request.max_tokens,
+                                 stream=task.stream, n_probs=task.request.logprobs or 0,
+                                 seed=task.usage.seed if task.usage else None)
+    tok = state.require_model().tokenizer
+    limit = task.request.max_tokens
+    return {
+        "id_task": task.id,
+        "n_prompt_tokens": task.n_prompt,
+        "n_prompt_tokens_processed": task.n_prompt - n_cached,
+        "n_prompt_tokens_cache": n_cached,
+        "params": _params(params),
+        "prompt": tok.decode_pieces(task.request.prompt),
+        "next_token": [{"has_next_token": live is not None,
+                        "has_new_line": task.has_new_line,
+                        "n_remain": -1 if limit is None else max(limit - n_decoded, 0),
+                        "n_decoded": n_decoded}],
+    }
+
+
+def _params(settings: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in settings.items() if k not in NOT_IN_PARAMS}
+
+
+@blueprint.get("/metrics")
+@blueprint.get("/v1/metrics")
+async def metrics():
+    state = server_state()
+    stats = state.require_model().engine.stats()
+    values = metric_values(state.activity.totals, stats.requests_processing, stats.queue_length)
+    return Response(prometheus_text(values), mimetype="text/plain",
+                    headers={"Content-Type": "text/plain; version=0.0.4"})
+
+
+# --- endpoints of other kinds of models ---------------------------------------------------
+
+@blueprint.post("/embedding")
+@blueprint.post("/embeddings")
+async def embedding():
+    require_kind(server_state(), "embedding", "embeddings")
+    raise bad_request("embedding models are not supported yet")
+
