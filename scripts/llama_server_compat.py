@@ -33,6 +33,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -75,7 +76,10 @@ class Server:
     def __init__(self, name: str, argv: list[str], port: int):
         self.name, self.port = name, port
         self.log = tempfile.NamedTemporaryFile(prefix=f"{name}-", suffix=".log", delete=False)
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
+        # a process group of its own: llama-cpp-server is a wrapper that does not pass a
+        # SIGTERM on to the llama-server it starts, so the whole group is stopped
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                     start_new_session=True)
 
     def wait_ready(self, deadline: float = 1800) -> None:
         end = time.monotonic() + deadline
@@ -112,13 +116,20 @@ class Server:
             return resp.status, ctype, raw
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
             try:
                 self.proc.wait(timeout=30)
+                break
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+                continue
+        try:  # a child that outlived the wrapper
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         os.unlink(self.log.name)
 
 
