@@ -397,8 +397,8 @@ def test_disconnect_mid_answer_frees_the_slot(server, stream):
         "Content-Type": "application/json", "Content-Length": str(len(body))}), body))
     end = time.monotonic() + 120
     request_id = None
-    if stream:  # the role chunk, then the first content chunk
-        first = read_until(sock, b'"content":"')
+    if stream:  # past the role chunk (whose content is ""): a generated token's chunk
+        first = read_until(sock, b'"delta":{"content":')
         request_id = re.search(rb'"id":"(chatcmpl-[0-9a-f]+)"', first).group(1).decode()
         assert server.request("GET", "/health")[2]["slots_processing"] >= 1
     else:
