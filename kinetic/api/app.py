@@ -81,21 +81,14 @@ class ServerState:
         self.loading = "Loading model"     # the 503 message while loading
         self.created = int(time.time())
         self.activity = Activity()         # every generation since ready (metrics.py)
-        self._counter_base: dict[str, float] = {}
 
     @property
     def ready(self) -> bool:
         return self.model is not None
 
     def set_ready(self, model: "Model") -> None:
-        """Serve `model` from now on; its counters so far (the warm-up) are not reported."""
-        self._counter_base = model.engine.counters()
+        """Serve `model` from now on."""
         self.model = model
-
-    def counters(self) -> dict[str, float]:
-        """The engine's counters since the server became ready (for /metrics)."""
-        c = self.model.engine.counters() if self.model else {}
-        return {k: v - self._counter_base.get(k, 0.0) for k, v in c.items()}
 
     def require_model(self) -> "Model":
         if self.model is None:
