@@ -6,6 +6,8 @@
     logits = m.logits(ids)                      # [len(ids), vocab] float32
     for piece in m.generate([{"role": "user", "content": "Hi!"}], max_tokens=32):
         print(piece, end="")
+    person = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    text = "".join(m.generate("A person as JSON:", json_schema=person))   # always parses
 
 Everything runs through the model's engine (kinetic/engine), so the tokens and
 log-probabilities here are the ones the server gives for the same request.
@@ -23,6 +25,7 @@ from kinetic.engine.engine import Engine
 from kinetic.engine.engine_config import EngineConfig
 from kinetic.engine.request import Delta, GenerationRequest
 from kinetic.engine.sampling_params import SamplingParams
+from kinetic.grammar import Grammar, compile_gbnf, compile_json_schema
 from kinetic.model.loader import LoadedModel, load_model
 from kinetic.text.chat_template import ChatTemplate
 from kinetic.text.tokenizer import Tokenizer
@@ -72,27 +75,41 @@ class Model:
         return self.engine.score(list(token_ids))
 
     def generate(self, prompt: str | Messages, max_tokens: int = 256, temperature: float = 0.0,
-                 seed: int | None = None, **template_kwargs: Any) -> Iterator[str]:
+                 seed: int | None = None, *, grammar: str | Grammar | None = None,
+                 json_schema: dict | bool | None = None,
+                 **template_kwargs: Any) -> Iterator[str]:
         """Yield the continuation's text pieces (never a split UTF-8 character) until an
         end-of-generation token, max_tokens, or the end of the context. temperature 0 is
-        greedy; otherwise draws are keyed by (seed, position) and so repeatable."""
+        greedy; otherwise draws are keyed by (seed, position) and so repeatable. `grammar`
+        (GBNF text or a compiled Grammar) or `json_schema` (True: any JSON) holds the text to
+        that shape; GrammarError / UnsupportedSchema (ValueErrors) say why one cannot be used."""
         ids = self.prompt_ids(prompt, **template_kwargs)
         for delta in self.stream(ids, max_tokens=max_tokens, temperature=temperature,
-                                 seed=seed):
+                                 seed=seed, grammar=grammar, json_schema=json_schema):
             if delta.text:
                 yield delta.text
 
     def stream(self, prompt: str | Messages | list[int], max_tokens: int | None = 256,
                temperature: float = 0.0, seed: int | None = None, *,
                params: SamplingParams | None = None, stop: tuple[str, ...] = (),
-               logprobs: int | None = None, **template_kwargs: Any) -> Iterator[Delta]:
+               logprobs: int | None = None, grammar: str | Grammar | None = None,
+               json_schema: dict | bool | None = None,
+               **template_kwargs: Any) -> Iterator[Delta]:
         """The engine's deltas (token ids, text, log-probabilities, then the finish reason
         and usage) for a prompt given as text, messages or token ids. `params` replaces
-        temperature and seed with a full SamplingParams (kinetic/engine/sampling_params)."""
+        temperature and seed with a full SamplingParams (kinetic/engine/sampling_params);
+        `grammar` and `json_schema` as in `generate`."""
         ids = prompt if _is_ids(prompt) else self.prompt_ids(prompt, **template_kwargs)
         if params is None:
             params = dataclasses.replace(self.default_params, temperature=temperature, seed=seed)
-        request = GenerationRequest(list(ids), params, max_tokens, tuple(stop), logprobs)
+        if isinstance(grammar, str):
+            grammar = compile_gbnf(grammar)
+        if json_schema is not None:
+            if grammar is not None:
+                raise ValueError("give grammar or json_schema, not both")
+            grammar = compile_json_schema(json_schema)
+        request = GenerationRequest(list(ids), params, max_tokens, tuple(stop), logprobs,
+                                    grammar=grammar)
         yield from self.engine.generate(request)
 
     def close(self) -> None:

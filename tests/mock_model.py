@@ -136,8 +136,10 @@ class MockTokenizer:
     bos_id = None
     eos_id = EOG
 
-    def token_bytes(self, token_id: int) -> bytes:
-        return b"" if token_id == EOG else PIECES[token_id]
+    def token_bytes(self, token_id: int, special: bool = False) -> bytes:
+        if token_id == EOG:
+            return PIECES[token_id] if special else b""
+        return PIECES[token_id]
 
     def token_piece(self, token_id: int, special: bool = False) -> str:
         if token_id == EOG and not special:

@@ -131,3 +131,31 @@ def test_prefix_evicted_to_host_memory_comes_back_identical(setup):
     assert e.counters()["pages_from_host"] > 0
     assert again[2] == (len(request.prompt) - 1) // 16 * 16  # every full page reused
     assert again[:2] == first[:2]
+
+
+DAYS_GRAMMAR = '''root ::= (" " day ",")+ " done."
+day ::= "Monday" | "Tuesday" | "Wednesday" | "Thursday"'''
+
+
+@pytest.mark.parametrize("kind", ["greedy", "seeded"])
+def test_constrained_answer_never_depends_on_load_or_drafts(setup, kind):
+    """With a grammar, drafts that leave it are cut and every row is masked: the answer is
+    the same alone, batched, without drafting and with a draft model, and it follows the
+    grammar. The prompt's own history drafts " Friday", which the grammar rejects."""
+    import dataclasses
+    import re
+
+    from kinetic.grammar import compile_gbnf
+    tok, engine, model = setup
+    request = dataclasses.replace(requests(tok)[kind], grammar=compile_gbnf(DAYS_GRAMMAR),
+                                  max_tokens=24)
+    e = engine(f"p4-{kind}", parallel=4)
+    before = e.counters()
+    ids, lps, _ = run(e, request)
+    assert e.counters()["draft_tokens"] > before["draft_tokens"]
+    text = tok.decode(ids)
+    assert re.fullmatch(r"( (Monday|Tuesday|Wednesday|Thursday),)+( done\.)?", text), text
+    want = (ids, lps)
+    assert run_with_others(engine("p4-busy", parallel=4), request, tok)[:2] == want
+    assert run(engine("nospec", parallel=4, speculative=False), request)[:2] == want
+    assert run(engine("draft-model", parallel=4, draft=model), request)[:2] == want

@@ -11,6 +11,11 @@ jitted sampler call, every row keyed by its own (seed, position)); drafts are ac
 while they equal the samples; each request's new tokens go through end-of-generation,
 stop-string and UTF-8 handling and out to its sink; `Scheduler.complete` advances the
 sequences and frees the pages of finished ones at once.
+
+Requests with a grammar: drafts are cut where the grammar rejects them; each sampled row gets
+its token bitmask from the request's matcher (advanced through the row's draft tokens, then
+rolled back), computed after the step is dispatched, so on the host while the device runs it;
+the tokens kept advance the matcher (Job.take).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from kinetic.engine.runner import Runner, RunnerConfig
 from kinetic.engine.sampling_params import history_rows
 from kinetic.engine.scheduler import ContextOverflow, Scheduler, SchedulerConfig, Sequence
 from kinetic.engine.speculative import accept, ngram_draft
+from kinetic.grammar import Matcher, TokenVocab
 from kinetic.model.loader import LoadedModel
 from kinetic.text.tokenizer import Tokenizer
 
@@ -83,6 +89,8 @@ class Engine:
         self._dead: str | None = None  # set if the engine thread failed
         self._counters = dict.fromkeys(COUNTERS, 0.0)
         self._full_mask = jnp.asarray(sampler.full_mask(config.step_tokens, self.vocab_size))
+        self._vocab: TokenVocab | None = None   # the token trie, built for the first grammar
+        self._vocab_lock = threading.Lock()
         self._zero_bias = jnp.zeros((config.step_tokens, self.vocab_size), jnp.float32)
         self._thread = threading.Thread(target=self._loop, name="kinetic-engine", daemon=True)
         self._thread.start()
@@ -92,6 +100,14 @@ class Engine:
     @property
     def max_context(self) -> int:
         return self.runner.config.max_context
+
+    def grammar_vocab(self) -> TokenVocab:
+        """The tokenizer's trie for grammar masks (control tokens as their text), built once
+        (about a second for a 150k vocabulary: the server builds it while it starts)."""
+        with self._vocab_lock:
+            if self._vocab is None:
+                self._vocab = TokenVocab.from_tokenizer(self.tokenizer, special=True)
+            return self._vocab
 
     def start(self, request: GenerationRequest, sink: Callable[[Delta], None],
               all_logits: bool = False) -> int:
@@ -109,7 +125,8 @@ class Engine:
         seed = request.params.seed
         if seed is None or seed == -1:
             seed = int.from_bytes(os.urandom(4), "little")
-        job = Job(seq_id, request, sink, self.tokenizer, seed, all_logits)
+        vocab = self.grammar_vocab() if request.grammar is not None else None
+        job = Job(seq_id, request, sink, self.tokenizer, seed, all_logits, vocab)
         self._inbox.put(("add", job))
         self._wake.set()
         if self._dead:  # the engine failed after the check above: nobody will answer it
@@ -242,7 +259,8 @@ class Engine:
                 self._scored[c.seq_id][c.start:c.start + c.num_rows] = np.asarray(
                     logits[c.first_row:c.first_row + c.num_rows])
         rows = plan.sample_rows
-        samples = self._sample(plan, logits, rows) if rows else {}
+        masks = self._masks(plan, rows)   # host work while the device runs the step
+        samples = self._sample(plan, logits, rows, masks) if rows else {}
         accepted: dict[int, list[int]] = {}
         ending: dict[int, str] = {}
         for seq_id, row_ids in rows.items():
@@ -318,10 +336,39 @@ class Engine:
         else:
             drafts = {s.seq_id: ngram_draft(s.tokens, self.config.max_draft) for s in ready}
         for seq_id, draft in drafts.items():
+            matcher = self._jobs[seq_id].matcher
+            if matcher is not None:
+                draft = _grammar_prefix(matcher, draft)
             if draft:
                 self.scheduler.set_draft(seq_id, draft)
 
-    def _sample(self, plan, logits, rows: dict[int, list[int]]) -> dict:
+    def _masks(self, plan, rows: dict[int, list[int]]):
+        """The [T, ceil(V/32)] bitmask of the sampled rows, in `_sample`'s row order: all ones
+        for rows without a grammar; for a draft row, the grammar's mask after the drafted tokens
+        before it (drafts were cut to what the grammar allows, see `_grammar_prefix`)."""
+        if not any(self._jobs[sid].matcher is not None for sid in rows):
+            return self._full_mask
+        T = self.config.step_tokens
+        out = np.full((T, (self.vocab_size + 31) // 32), -1, np.int32)
+        i = 0
+        for sid, row_ids in rows.items():
+            matcher = self._jobs[sid].matcher
+            if matcher is not None:
+                words = matcher.vocab.n_words
+                draft = plan.tokens[row_ids[1:]].tolist()
+                out[i:i + len(row_ids)] = 0
+                matcher.fill_mask(out[i, :words])
+                taken = 0
+                for t in draft:
+                    if not matcher.accept_token(t):
+                        break
+                    taken += 1
+                    matcher.fill_mask(out[i + taken, :words])
+                matcher.rollback(taken)
+            i += len(row_ids)
+        return jnp.asarray(out)
+
+    def _sample(self, plan, logits, rows: dict[int, list[int]], masks) -> dict:
         """Sample every wanted row in one fixed-size call. Returns seq id -> (tokens drawn at
         its rows, per-row logprob entries or None)."""
         T = self.config.step_tokens
@@ -346,8 +393,7 @@ class Engine:
         bias = self._bias(order)
         dry = self._dry(order, histories)
         picked = logits[jnp.asarray(idx)]
-        tokens, new_mu = sampler.sample(picked, row_params, jnp.asarray(hist), bias,
-                                        self._full_mask, dry)
+        tokens, new_mu = sampler.sample(picked, row_params, jnp.asarray(hist), bias, masks, dry)
         want_lp = any(self._jobs[sid].request.logprobs is not None for sid, _ in order)
         if want_lp:
             chosen, top_ids, top_lp = sampler.logprobs(picked, tokens, MAX_LOGPROBS)
@@ -381,3 +427,15 @@ class Engine:
         for i, (sid, _) in enumerate(order):
             out[i] = self._jobs[sid].dry_row(histories[i], self.vocab_size, self.max_context)
         return jnp.asarray(out)
+
+
+def _grammar_prefix(matcher: Matcher, draft: list[int]) -> list[int]:
+    """The longest start of `draft` the grammar accepts from the matcher's state (left as
+    it was): a drafted token the grammar rejects could never equal a (masked) sample."""
+    taken = 0
+    for t in draft:
+        if not matcher.accept_token(t):
+            break
+        taken += 1
+    matcher.rollback(taken)
+    return draft[:taken]

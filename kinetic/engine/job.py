@@ -9,6 +9,7 @@ import numpy as np
 
 from kinetic.engine.request import Delta, GenerationRequest, TokenLogprob, Usage
 from kinetic.engine.sampling_params import DryBreakers, bias_row, dry_row
+from kinetic.grammar import Matcher, TokenVocab
 from kinetic.text.decoder import IncrementalDecoder
 from kinetic.text.stop import StopMatcher
 from kinetic.text.tokenizer import Tokenizer
@@ -21,10 +22,15 @@ class Job:
     """Turns a sequence's accepted tokens into deltas for its sink (engine thread only)."""
 
     def __init__(self, seq_id: int, request: GenerationRequest, sink: Callable[[Delta], None],
-                 tokenizer: Tokenizer, seed: int, all_logits: bool = False):
+                 tokenizer: Tokenizer, seed: int, all_logits: bool = False,
+                 vocab: TokenVocab | None = None):
+        """vocab: the engine's token trie, for a request with a grammar."""
         self.seq_id, self.request, self.sink = seq_id, request, sink
         self.tokenizer, self.seed, self.all_logits = tokenizer, seed, all_logits
-        self.decoder = IncrementalDecoder(tokenizer)
+        special = request.special_text or request.grammar is not None
+        self.decoder = IncrementalDecoder(tokenizer, special)
+        self.matcher: Matcher | None = (request.grammar.matcher(vocab)
+                                        if request.grammar is not None else None)
         self.stops = StopMatcher(list(request.stop))
         self.mu: float | None = None         # Mirostat state, None until the first draw
         self.pending_mu: float | None = None
@@ -46,6 +52,9 @@ class Job:
                 break
             if t in self.tokenizer.eog_ids and not params.ignore_eos:
                 keep, reason = i, "stop"
+                break
+            if self.matcher is not None and not self.matcher.accept_token(t):
+                keep, reason = i, "stop"   # masks make this unreachable; never emit off-grammar
                 break
             out_ids.append(t)
             if lps is not None:

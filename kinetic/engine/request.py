@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kinetic.engine.sampling_params import SamplingParams
+from kinetic.grammar import Grammar
 
 MAX_STOP_STRINGS = 16
 MAX_LOGPROBS = 20
@@ -17,7 +18,10 @@ MAX_LOGPROBS = 20
 @dataclass(frozen=True)
 class GenerationRequest:
     """prompt: token ids; max_tokens None means until the answer ends or the context is full;
-    logprobs None means none, n >= 0 the chosen token's plus n alternatives."""
+    logprobs None means none, n >= 0 the chosen token's plus n alternatives. grammar: every
+    token drawn (and every drafted token kept) follows it, and end-of-generation is allowed
+    only where it may end. special_text: control tokens come out as their text (always so with
+    a grammar, which matches them by their text; tool-call markers need it too)."""
 
     prompt: list[int]
     params: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0))
@@ -25,6 +29,8 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     logprobs: int | None = None
     speculative: bool = True
+    grammar: Grammar | None = None
+    special_text: bool = False
 
     def __post_init__(self) -> None:
         if not self.prompt:

@@ -73,9 +73,11 @@ class TokenVocab:
             prev_index = index
 
     @classmethod
-    def from_tokenizer(cls, tokenizer) -> "TokenVocab":
-        """The trie of a kinetic.text.tokenizer.Tokenizer."""
-        return cls([tokenizer.token_bytes(i) for i in range(tokenizer.vocab_size)],
+    def from_tokenizer(cls, tokenizer, special: bool = False) -> "TokenVocab":
+        """The trie of a kinetic.text.tokenizer.Tokenizer. With `special`, control tokens
+        count as their text (so a grammar can ask for a marker such as [TOOL_CALLS]); the
+        engine uses this one, and renders those tokens as text in constrained answers."""
+        return cls([tokenizer.token_bytes(i, special) for i in range(tokenizer.vocab_size)],
                    tokenizer.eog_ids)
 
 

@@ -9,16 +9,18 @@ class IncrementalDecoder:
     """Accumulates token bytes and returns the text that is complete so far.
 
     A character split across tokens (byte-fallback or byte-level BPE pieces) is held back
-    until its last byte arrives; `flush` returns what is left, invalid bytes replaced.
+    until its last byte arrives; `flush` returns what is left, invalid bytes replaced. With
+    `special`, control tokens come out as their text (as a grammar saw them) instead of nothing.
     """
 
-    def __init__(self, tokenizer: Tokenizer):
+    def __init__(self, tokenizer: Tokenizer, special: bool = False):
         self.tokenizer = tokenizer
+        self.special = special
         self.pending = b""
 
     def add(self, token_id: int) -> str:
         """The text this token completes (possibly "")."""
-        self.pending += self.tokenizer.token_bytes(token_id)
+        self.pending += self.tokenizer.token_bytes(token_id, self.special)
         cut = _complete_prefix(self.pending)
         text, self.pending = self.pending[:cut], self.pending[cut:]
         return text.decode("utf-8", errors="replace")

@@ -162,11 +162,11 @@ class Tokenizer:
 
     # --- decoding ---
 
-    def token_bytes(self, token_id: int) -> bytes:
+    def token_bytes(self, token_id: int, special: bool = False) -> bytes:
         """Returns the bytes the token adds to generated text: byte tokens their byte, ▁ as a
-        space, byte-level BPE characters mapped back to bytes, control tokens nothing,
-        user-defined tokens their text."""
-        return self._piece(self._check(token_id), False)
+        space, byte-level BPE characters mapped back to bytes, control tokens nothing (their
+        text with `special`), user-defined tokens their text."""
+        return self._piece(self._check(token_id), special)
 
     def token_piece(self, token_id: int, special: bool = False) -> str:
         """Returns the token's text as llama-server shows it as a log-probability's "token":
