@@ -68,6 +68,14 @@ def compile_json_schema(schema) -> Grammar:
     return _Converter(schema).build()
 
 
+def schema_expr(builder: GrammarBuilder, schema, prefix: str):
+    """Defines in `builder` the rules of a value of `schema` and returns the expression of one
+    such value (no surrounding whitespace), so several schemas can live in one grammar (tool
+    calls). The schema's own rules are named with `prefix`; the shared JSON rules (ws, json-*)
+    are the same for every schema. Raises UnsupportedSchema as compile_json_schema does."""
+    return _Converter(schema, builder, prefix).gen(schema, "")
+
+
 # --- fixed pieces --------------------------------------------------------------------------
 
 def _r(a: str, b: str | None = None):
@@ -286,9 +294,10 @@ def _esc(token: str) -> str:
 
 
 class _Converter:
-    def __init__(self, schema):
+    def __init__(self, schema, builder: GrammarBuilder | None = None, prefix: str = ""):
         self.root = schema
-        self.b = GrammarBuilder()
+        self.b = builder or GrammarBuilder()
+        self.prefix = prefix
         self.refs: dict[str, str] = {}   # $ref -> rule name
         self.b.define("ws", Rep(chars([(9, 10), (13, 13), (32, 32)]), 0, WS_MAX))
         self.b.define("json-char", _str_char())
@@ -416,7 +425,7 @@ class _Converter:
             raise UnsupportedSchema(f"$ref to another document ({ref!r})", path)
         name = self.refs.get(ref)
         if name is None:
-            name = f"ref-{len(self.refs)}"
+            name = f"{self.prefix}ref-{len(self.refs)}"
             self.refs[ref] = name
             target = self.resolve(ref, path)
             self.b.define(name, self.gen(target, ref[1:] or "/"))
