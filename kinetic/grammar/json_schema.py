@@ -1,29 +1,38 @@
 """JSON Schema to the grammar IR.
 
 `compile_json_schema(schema)` returns a Grammar whose sentences are JSON texts valid under the
-schema. The grammar may be narrower than the schema (a fixed key order: properties in the order
-the schema declares them, then any additional ones; canonical spellings for pattern strings;
-no exponents in bounded numbers; keys outside `properties` are not allowed unless
-`additionalProperties` or `patternProperties` says so), never wider: a keyword it cannot enforce
-raises UnsupportedSchema naming it and where it is, rather than being ignored. Annotations
-(title, description, default, examples, ...) and unknown keywords are ignored, as JSON Schema
-itself ignores them. `{"type": "json_object"}` in the API is `compile_json_schema(True)`: any
-JSON value.
+schema. The grammar may be narrower than the schema, never wider: every text it accepts
+validates. A keyword it cannot enforce raises UnsupportedSchema naming it and where it is (the
+API answers 400), rather than being ignored. Annotations (title, description, default,
+examples, $comment, deprecated, readOnly, writeOnly, $schema, $id, contentMediaType, ...) and
+unknown keywords are ignored, as JSON Schema itself ignores them; so are `format` values outside
+the standard ones (int64, url, ... : annotations, as JSON Schema makes every format by default).
+`{"type": "json_object"}` in the API is `compile_json_schema(True)`: any JSON value.
 
-Supported: type (one or a list), properties, required, additionalProperties, patternProperties,
-enum, const, items / prefixItems (and draft-4 tuple items with additionalItems), minItems,
-maxItems, minLength, maxLength, pattern, format (date, time, date-time, uuid, email, hostname,
-ipv4, ipv6, uri, uri-reference; non-standard formats are annotations), minimum, maximum,
-exclusiveMinimum, exclusiveMaximum (integer bounds for numbers), anyOf, oneOf (as anyOf),
+Enforced: type (one or a list), properties, required, additionalProperties, patternProperties,
+propertyNames (pattern), minProperties, maxProperties, dependencies / dependentRequired (lists),
+`not: {required: [...]}`, enum, const (filtered by the other keywords), items / prefixItems (and
+draft-4 tuple items with additionalItems), minItems, maxItems, uniqueItems on enum items,
+minLength, maxLength, pattern, format (date, time, date-time, uuid, email, hostname, ipv4, ipv6,
+uri, uri-reference), minimum, maximum, exclusiveMinimum, exclusiveMaximum, multipleOf 1, anyOf,
+oneOf (when the branches are provably disjoint, or only require properties: exactly one then),
 allOf (merged), $ref into the same document (#/$defs/..., #/definitions/..., any JSON pointer,
 recursion included), nullable.
 
-Narrowings (sound: every answer still validates): key order fixed; maxLength/maxItems above
-MAX_REPEAT capped; fractional number bounds rounded inward to integers; dependencies and
-minProperties met by requiring more properties; `not: {required: [a, ...]}` by leaving a out;
-uniqueItems as enum values in enum order, otherwise at most one item; a pattern with lengths
-narrowed to fit them; with a pattern, format is left as an annotation; oneOf is treated as
-anyOf (exclusivity not checked).
+Refused (UnsupportedSchema): not (other than not-required), if/then/else, dependentSchemas and
+dependencies with a schema, contains, unevaluated*, multipleOf other than 1, uniqueItems on
+items that are not an enum, oneOf whose branches may overlap, a format together with a pattern,
+formats such as duration or regex, $ref to another document, $dynamicRef.
+
+Narrowings (every answer still validates): key order fixed (declared order, then extra keys);
+keys outside `properties` only when additionalProperties / patternProperties allow them, written
+without escapes and never repeating a named property (a patternProperties pattern that matches
+a named property adds no keys); minProperties met by extra keys needs at most one of them;
+unique enum items in enum order; maxLength/maxItems above MAX_REPEAT capped; fractional number
+bounds rounded inward to integers; no exponents in bounded numbers; canonical spellings ("0",
+not "-0"; integers without ".0"); a pattern with lengths narrowed to fit them; formats as a
+subset of their syntax (ipv6 in full form, dates without 29 February, hostnames of up to 4
+labels of up to 62 characters).
 """
 
 from __future__ import annotations
@@ -251,7 +260,7 @@ def _two(lo: str, hi: str):
     return _same_len_range(lo, hi)
 
 
-_DATE = seq(_digits(4), lit("-"), alt(
+_DATE = seq(_same_len_range("0001", "9999"), lit("-"), alt(
     seq(alt(*(lit(m) for m in ("01", "03", "05", "07", "08", "10", "12"))), lit("-"),
         _two("01", "31")),
     seq(alt(*(lit(m) for m in ("04", "06", "09", "11"))), lit("-"), _two("01", "30")),
@@ -261,8 +270,9 @@ _TIME = seq(_two("00", "23"), lit(":"), _two("00", "59"), lit(":"), _two("00", "
             alt(lit("Z"), seq(chars([(43, 43), (45, 45)]), _two("00", "23"), lit(":"),
                               _two("00", "59"))))
 _ALNUM = chars([(48, 57), (65, 90), (97, 122)])
-_LABEL = seq(Rep(_ALNUM, 1, None), star(seq(lit("-"), Rep(_ALNUM, 1, None))))
-_HOSTNAME = seq(_LABEL, star(seq(lit("."), _LABEL)))
+_LABEL = seq(_ALNUM, opt(seq(Rep(chars([(45, 45), (48, 57), (65, 90), (97, 122)]), 0, 60),
+                             _ALNUM)))   # 1 to 62 characters
+_HOSTNAME = seq(_LABEL, Rep(seq(lit("."), _LABEL), 0, 3))   # at most 251 characters
 _LOCAL = Rep(chars([(48, 57), (65, 90), (97, 122), (95, 95), (37, 37), (43, 43), (45, 45)]), 1,
              None)
 _EMAIL = seq(_LOCAL, star(seq(lit("."), _LOCAL)), lit("@"), _LABEL,
@@ -299,6 +309,7 @@ class _Converter:
         self.b = builder or GrammarBuilder()
         self.prefix = prefix
         self.refs: dict[str, str] = {}   # $ref -> rule name
+        self.key_class: dict[str, object] = {}   # key_not_in's classes, by excluded characters
         self.b.define("ws", Rep(chars([(9, 10), (13, 13), (32, 32)]), 0, WS_MAX))
         self.b.define("json-char", _str_char())
         self.b.define("json-string", seq(lit('"'), star(Ref("json-char")), lit('"')))
@@ -340,12 +351,10 @@ class _Converter:
             return self.gen({"allOf": [{"$ref": s["$ref"]}, rest]}, path)
         if "multipleOf" in s and s["multipleOf"] == 1 and s.get("type") in ("integer", "number"):
             s = {**{k: v for k, v in s.items() if k != "multipleOf"}, "type": "integer"}
-        if "dependencies" in s or "dependentRequired" in s:
-            s = self.dependencies(s, path)
         for k in _UNSUPPORTED_KEYWORDS:
             if k in s:
-                if k == "maxProperties" and self.max_properties_ok(s):
-                    continue
+                if k in ("maxProperties", "dependencies", "dependentRequired"):
+                    continue   # object() (vacuous for other types)
                 if (k == "not" and _is_not_required(s["not"])
                         and s.get("type", _infer_type(s)) == "object"):
                     continue   # handled by object()
@@ -363,25 +372,55 @@ class _Converter:
                 if not isinstance(branches, list) or not branches:
                     raise UnsupportedSchema(f"{key} that is not a non-empty list", path)
                 rest = {k: v for k, v in s.items() if k != key}
+                if key == "oneOf" and not self.disjoint(branches, path):
+                    # exactly one: enforced when the branches only require properties
+                    sets = [self.deref(b, path) for b in branches]
+                    if not all(isinstance(b, dict) and not set(b) & _VALIDATION - {"required"}
+                               and isinstance(b.get("required"), list) for b in sets):
+                        raise UnsupportedSchema("oneOf (branches that may overlap)",
+                                                path + "/oneOf")
+                    t = rest.get("type", "object")
+                    if t != "object" and "object" not in (t if isinstance(t, list) else []):
+                        raise _Unsatisfiable("oneOf of required properties on a non-object",
+                                             path)
+                    groups = [*rest.get("_one_of_required", []),
+                              [frozenset(b["required"]) for b in sets]]
+                    return self.gen({**rest, "type": "object", "_one_of_required": groups},
+                                    path)
                 out = []
                 for i, br in enumerate(branches):
-                    if _has_validation(rest):
-                        out.append(self.gen({"allOf": [rest, br]}, f"{path}/{key}/{i}"))
-                    else:
-                        out.append(self.gen(br, f"{path}/{key}/{i}"))
+                    try:
+                        if _has_validation(rest):
+                            out.append(self.gen({"allOf": [rest, br]}, f"{path}/{key}/{i}"))
+                        else:
+                            out.append(self.gen(br, f"{path}/{key}/{i}"))
+                    except _Unsatisfiable:
+                        continue
+                if not out:
+                    raise _Unsatisfiable(f"{key} with no branch that can be met", path)
                 return alt(*out)
-        if "const" in s:
-            return self.literal(s["const"])
-        if "enum" in s:
-            values = s["enum"]
+        if "const" in s or "enum" in s:
+            values = [s["const"]] if "const" in s else s["enum"]
             if not isinstance(values, list) or not values:
                 raise UnsupportedSchema("enum that is not a non-empty list", path + "/enum")
+            if "const" in s and "enum" in s:
+                values = [v for v in values if _same_json(v, s["enum"])]
             types = s.get("type")
             if types is not None:
                 tl = types if isinstance(types, list) else [types]
                 values = [v for v in values if any(_is_type(v, t) for t in tl)]
-                if not values:
-                    raise _Unsatisfiable("enum with no value of the given type", path)
+            rest = {k: v for k, v in s.items() if k in _VALIDATION and k not in ("enum", "const")}
+            if set(rest) - {"type"} and values:
+                # other keywords: keep the values their grammar accepts
+                sub = _Converter(self.root)
+                try:
+                    sub.b.define("root", sub.gen(rest, path))
+                    g = sub.b.build("root")
+                    values = [v for v in values if _accepts(g, self.literal(v).data)]
+                except _Unsatisfiable:
+                    values = []
+            if not values:
+                raise _Unsatisfiable("enum with no value that fits the other keywords", path)
             return alt(*(self.literal(v) for v in values))
         t = s.get("type")
         if t is None:
@@ -394,28 +433,40 @@ class _Converter:
             return Ref("json-value")
         return self.typed(s, t, path)
 
-    def dependencies(self, s, path):
-        """Property dependencies ("if a is present, b must be too") are enforced by requiring
-        the dependent properties always, a narrowing that keeps every answer valid."""
-        out = {k: v for k, v in s.items() if k not in ("dependencies", "dependentRequired")}
-        req = list(out.get("required") or [])
-        for key in ("dependencies", "dependentRequired"):
-            for name, dep in (s.get(key) or {}).items():
-                if isinstance(dep, dict) and set(dep) <= {"required"}:
-                    dep = dep.get("required", [])
-                if not isinstance(dep, list):
-                    raise UnsupportedSchema(f"{key} with a schema", f"{path}/{key}/{_esc(name)}")
-                req.extend(d for d in dep if d not in req)
-        out["required"] = req
-        return out
+    def disjoint(self, branches, path) -> bool:
+        """Whether no value can meet two of the branches (so oneOf is anyOf), as far as a
+        simple look can prove it: different types, an enum none of whose values meets the
+        other branch, or objects told apart by a required property."""
+        bs = [self.deref(b, path) for b in branches]
+        return all(self.apart(a, b, 0) for i, a in enumerate(bs) for b in bs[:i])
 
-    def max_properties_ok(self, s) -> bool:
-        """maxProperties holds by construction when the object cannot have more keys."""
-        if s.get("type") not in (None, "object"):
+    def apart(self, a, b, depth: int) -> bool:
+        if a is False or b is False:
             return True
-        extras = s.get("additionalProperties") not in (None, False) or s.get("patternProperties")
-        names = set(s.get("properties") or {}) | set(s.get("required") or [])
-        return not extras and bool(names) and len(names) <= s["maxProperties"]
+        if not isinstance(a, dict) or not isinstance(b, dict) or depth > 8:
+            return False
+        a, b = self.deref(a, ""), self.deref(b, "")
+        if not _types(a) & _types(b):
+            return True
+        for x, y in ((a, b), (b, a)):
+            values = [x["const"]] if "const" in x else x.get("enum", _pattern_values(x))
+            if isinstance(values, list) and all(_fails(y, v) for v in values):
+                return True
+        for x, y in ((a, b), (b, a)):
+            if not {"object"} >= _types(x) & _types(y):
+                continue
+            req_x = set(x.get("required") or [])
+            req_y = set(y.get("required") or [])
+            px, py = x.get("properties") or {}, y.get("properties") or {}
+            for k in req_x:
+                if k in req_y and k in px and k in py and self.apart(px[k], py[k], depth + 1):
+                    return True
+                if (y.get("additionalProperties") is False and k not in py
+                        and not y.get("patternProperties")):
+                    return True
+            if _is_not_required(y.get("not")) and set(y["not"]["required"]) <= req_x:
+                return True
+        return False
 
     def literal(self, value):
         return lit(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
@@ -555,7 +606,8 @@ class _Converter:
                                             path)
             return seq(lit('"'), body, lit('"'))
         if pattern is not None:
-            # with a pattern, format is left as the annotation JSON Schema makes it by default
+            if fmt in _FORMATS:   # both cannot be enforced at once
+                raise UnsupportedSchema(f"format {fmt!r} together with pattern", path + "/format")
             body = self.pattern(pattern, path + "/pattern")
             if lo or hi is not None:
                 body = _fit_length(body, lo, hi)
@@ -620,6 +672,9 @@ class _Converter:
         return r
 
     def object(self, s, path):
+        """Declared properties in declaration order, then any extra keys. The counts and
+        presence rules (minProperties, maxProperties, dependencies, not-required) are tracked
+        exactly: a rule per (position, properties so far, relevant properties present)."""
         props = s.get("properties") or {}
         if not isinstance(props, dict):
             raise UnsupportedSchema("properties that is not an object", path + "/properties")
@@ -631,18 +686,33 @@ class _Converter:
         if addl is None and not props and not pattern_props:
             addl = True
         min_props = s.get("minProperties", 0)
-        items = [(k, v) for k, v in props.items()]
-        names = set(props)
+        max_props = s.get("maxProperties")
+        for k, v in (("minProperties", min_props), ("maxProperties", max_props)):
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+                raise UnsupportedSchema(f"{k} that is not a count", f"{path}/{k}")
+        deps: dict[str, list[str]] = {}
+        for key in ("dependencies", "dependentRequired"):
+            for name, dep in (s.get(key) or {}).items():
+                if isinstance(dep, dict) and set(dep) <= {"required"}:
+                    dep = dep.get("required", [])
+                if not isinstance(dep, list):
+                    raise UnsupportedSchema(f"{key} with a schema", f"{path}/{key}/{_esc(name)}")
+                deps.setdefault(name, []).extend(d for d in dep if d != name)
+        not_sets = [frozenset(s["not"]["required"])] if "not" in s else []
+        one_of = s.get("_one_of_required", [])   # oneOf of required sets: exactly one holds
+        names = list(props)
+        for k in [*required, *deps, *(d for ds in deps.values() for d in ds),
+                  *(k for group in one_of for ns in group for k in ns)]:
+            if k not in names:
+                names.append(k)
         excluded = set()
-        if "not" in s:   # not: {required: [a, b]}: leave out a, so they are never all there
-            excluded.add(s["not"]["required"][0])
         name_pattern = (s.get("propertyNames") or {}).get("pattern")
         if name_pattern is not None:
             try:
                 rx = re.compile(name_pattern)
             except re.error as e:
                 raise UnsupportedSchema(f"propertyNames pattern ({e})", path) from None
-            excluded |= {k for k in names | set(required) if not rx.search(k)}
+            excluded |= {k for k in names if not rx.search(k)}
         compiled_patterns = []
         for pat, sub in pattern_props.items():
             try:
@@ -660,40 +730,33 @@ class _Converter:
                 parts = [addl if addl not in (None, True) else True]
             return parts[0] if len(parts) == 1 else {"allOf": parts}
 
-        items = [(k, schema_of(k, v)) for k, v in items]
-        for k in required:
-            if k not in names:
-                items.append((k, schema_of(k, None)))
-                names.add(k)
         req = set(required)
         if excluded & req:
             raise _Unsatisfiable("a required property that is not allowed", path)
-        if excluded and (addl not in (None, False) or pattern_props) and "not" in s:
-            raise UnsupportedSchema("not together with additional properties", path + "/not")
-        items = [(k, v) for k, v in items if k not in excluded]
-        # minProperties: optional properties are made required, in order, until enough
-        for k, _ in items:
-            if len(req) >= min_props:
-                break
-            req.add(k)
-        force_one = min_props > len(req)
-        if min_props > len(req) + 1 or (force_one and addl in (None, False)
-                                        and not pattern_props):
-            raise UnsupportedSchema("minProperties", path + "/minProperties")
-        kvs = []
-        for k, v in items:
+        items = []   # (name, key: value expression, required)
+        for k in names:
+            if k in excluded:
+                continue
             try:
-                sub = self.gen(v, f"{path}/properties/{_esc(k)}")
+                sub = self.gen(schema_of(k, props.get(k)), f"{path}/properties/{_esc(k)}")
             except _Unsatisfiable:
                 if k in req:
                     raise
                 continue   # an optional property no value fits is left out
-            kvs.append((seq(self.literal(k), _WS, lit(":"), _WS, sub), k in req))
+            items.append((k, seq(self.literal(k), _WS, lit(":"), _WS, sub), k in req))
+        # extra keys: never one of the names above (a repeated key would be checked against
+        # the wrong schema), so they are written without escapes
+        known = set(names) | {k for ns in not_sets for k in ns}
         extra = []
-        any_key = Ref("json-string")
         if name_pattern is not None:
             any_key = seq(lit('"'), self.pattern(name_pattern, path + "/propertyNames"), lit('"'))
-        for pat, sub in pattern_props.items():
+            if any(rx.search(k) for k in known):
+                any_key = None   # it could repeat a known name: no extra keys (narrower)
+        else:
+            any_key = self.key_not_in(known)
+        for (prx, sub), pat in zip(compiled_patterns, pattern_props):
+            if any(prx.search(k) for k in known):
+                continue   # could repeat a known name: these keys are left out (narrower)
             if name_pattern is None:
                 key = seq(lit('"'), self.pattern(pat, f"{path}/patternProperties/{_esc(pat)}"),
                           lit('"'))
@@ -702,34 +765,122 @@ class _Converter:
             else:
                 raise UnsupportedSchema("propertyNames with patternProperties",
                                         path + "/propertyNames")
+            if key is None:
+                continue
             try:
                 val = self.gen(sub, f"{path}/patternProperties/{_esc(pat)}")
             except _Unsatisfiable:
                 continue   # no value fits: no such key
             extra.append(seq(key, _WS, lit(":"), _WS, val))
-        if addl not in (None, False) and not pattern_props:
+        if addl not in (None, False) and not pattern_props and any_key is not None:
             # (with patternProperties, extra keys are only those the patterns allow)
             try:
                 val = self.gen(addl if addl is not True else True, path + "/additionalProperties")
                 extra.append(seq(any_key, _WS, lit(":"), _WS, val))
             except _Unsatisfiable:
                 pass
-        extra_kv = alt(*extra) if extra else None
+        extra_kv = self.share(alt(*extra)) if extra else None
         sep = seq(lit(","), _WS)
-        # after[i]: items i.. when something came before; none[i]: when nothing did
-        after = star(seq(sep, extra_kv, _WS)) if extra_kv is not None else EMPTY
-        none = (opt(seq(extra_kv, _WS, star(seq(sep, extra_kv, _WS))))
-                if extra_kv is not None else EMPTY)
-        if force_one:
-            none = seq(extra_kv, _WS, star(seq(sep, extra_kv, _WS)))
-        for kv, is_req in reversed(kvs):
-            a = seq(sep, kv, _WS, after)
-            n = seq(kv, _WS, after)
-            if not is_req:
-                a = alt(a, after)
-                n = alt(n, none)
-            after, none = self.share(a), self.share(n)
-        return seq(lit("{"), _WS, none, lit("}"))
+        present = {k for k, _, _ in items}
+        relevant = ({k for k in deps if k in present}
+                    | {d for k in deps if k in present for d in deps[k]}
+                    | {k for ns in not_sets for k in ns}
+                    | {k for group in one_of for ns in group for k in ns}) & present
+        cap = max(min_props, max_props + 1 if max_props is not None else 0, 1)
+        memo: dict = {}
+
+        def tail(c, seen):
+            """Extra keys after the declared ones, c properties so far."""
+            if any(not set(deps[k]) <= seen for k in seen if k in deps):
+                return None
+            if any(ns <= seen for ns in not_sets):
+                return None
+            if any(sum(ns <= seen for ns in group) != 1 for group in one_of):
+                return None
+            lo = max(min_props - c, 0)
+            hi = None if max_props is None else max_props - c
+            if extra_kv is None or hi == 0:
+                return EMPTY if lo == 0 else None
+            if lo > 1:
+                return None   # repeated extra keys would count twice: not attempted
+            item = seq(extra_kv, _WS)
+            if c:
+                return Rep(seq(sep, item), lo, hi)
+            more = Rep(seq(sep, item), 0, None if hi is None else hi - 1)
+            return seq(item, more) if lo else opt(seq(item, more))
+
+        def rest(i, c, seen):
+            key = (i, c, seen)
+            if key in memo:
+                return memo[key]
+            if len(memo) > 5000:
+                raise UnsupportedSchema("too many combinations of minProperties, "
+                                        "maxProperties, dependencies and not", path)
+            if i == len(items):
+                out = tail(c, seen)
+            else:
+                k, kv, is_req = items[i]
+                opts = []
+                if max_props is None or c < max_props:
+                    after = rest(i + 1, min(c + 1, cap), seen | {k} if k in relevant else seen)
+                    if after is not None:
+                        opts.append(seq(*([sep] if c else []), kv, _WS, after))
+                if not is_req:
+                    after = rest(i + 1, c, seen)
+                    if after is not None:
+                        opts.append(after)
+                out = self.share(alt(*opts)) if opts else None
+            memo[key] = out
+            return out
+
+        body = rest(0, 0, frozenset())
+        if body is None:
+            for k in ("minProperties", "maxProperties", "dependencies", "dependentRequired",
+                      "not", "oneOf"):
+                if k in s:
+                    raise UnsupportedSchema(k, f"{path}/{k}")
+            raise _Unsatisfiable("an object no properties fit", path)
+        return seq(lit("{"), _WS, body, lit("}"))
+
+    def key_not_in(self, known):
+        """A JSON string key, written without escapes, that is none of `known`."""
+        special = [(0, 0x1F), (0x22, 0x22), (0x5C, 0x5C)]
+        if not known:
+            return Ref("json-string")
+        trie: dict = {}
+        for k in known:
+            node = trie
+            for ch in k:
+                node = node.setdefault(ch, {})
+            node[None] = {}
+
+        if "key-char" not in self.b.exprs:
+            self.b.define("key-char", chars(special, negate=True))
+            self.b.define("key-non-ascii", chars([(0x80, 0x10FFFF)]))
+        free = star(Ref("key-char"))
+
+        def walk(node):
+            out = [] if None in node else [EMPTY]
+            kids = [ch for ch in node if ch is not None]
+            for ch in kids:
+                if ord(ch) > 0x1F and ch not in '"\\':
+                    out.append(seq(lit(ch), walk(node[ch])))
+            taken = "".join(sorted(kids))
+            other = self.key_class.get(taken)   # the characters that leave every name
+            if other is None:
+                cut = [(ord(ch), ord(ch)) for ch in taken]
+                if any(ord(ch) >= 0x80 for ch in kids):   # (rare: one big class)
+                    cls = chars(special + cut, negate=True)
+                else:
+                    cls = alt(chars(special + cut + [(0x80, 0x10FFFF)], negate=True),
+                              Ref("key-non-ascii"))
+                other = self.key_class[taken] = self.share(seq(cls, free))
+            out.append(other)
+            return self.share(alt(*out))
+
+        name = self.b.fresh("key")
+        self.b.define(name, seq(lit('"'), walk(trie), lit('"')))
+        return Ref(name)
 
     def enum_values(self, items):
         """The values of an items schema that is a plain enum (or const), else None."""
@@ -803,14 +954,13 @@ class _Converter:
         lo = s.get("minItems", 0)
         hi = s.get("maxItems")
         if s.get("uniqueItems") is True and (hi is None or hi > 1):
-            # Distinct items cannot be checked by a grammar; an array of distinct values of an
-            # enum is (the values in enum order), anything else is narrowed to one item.
+            # Distinct items cannot be checked by a grammar in general; distinct values of an
+            # enum can (the values in enum order).
             values = self.enum_values(rest) if not prefix else None
-            if values is not None:
-                return self.unique_enum_array(values, lo, hi, path)
-            if lo > 1:
-                raise UnsupportedSchema("uniqueItems with minItems above 1", path + "/uniqueItems")
-            hi = 1
+            if values is None:
+                raise UnsupportedSchema("uniqueItems (on items that are not an enum)",
+                                        path + "/uniqueItems")
+            return self.unique_enum_array(values, lo, hi, path)
         if hi is not None and hi < lo:
             raise _Unsatisfiable("maxItems below minItems", path)
         if hi is not None:
@@ -851,6 +1001,105 @@ _VALIDATION = {"type", "properties", "required", "additionalProperties", "patter
                "maxItems", "uniqueItems", "minLength", "maxLength", "pattern", "format",
                "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "anyOf", "oneOf",
                "allOf", "$ref", "nullable", "minProperties", *_UNSUPPORTED_KEYWORDS}
+
+
+def _accepts(g: Grammar, data: bytes) -> bool:
+    from kinetic.grammar.matcher import DEAD, _states
+    s = _states(g)
+    sid = s.start
+    for b in data:
+        sid = s.step(sid, b)
+        if sid == DEAD:
+            return False
+    return s.can_end[sid]
+
+
+def _types(s: dict) -> set:
+    """The JSON types a schema's values can have (integer counted as number too)."""
+    out = set(_TYPES)
+    if "const" in s or "enum" in s:
+        values = [s["const"]] if "const" in s else s["enum"]
+        if isinstance(values, list):
+            out &= {t for v in values for t in _TYPES if _is_type(v, t)}
+    t = s.get("type") or _infer_type(s)
+    if t is not None:
+        tl = set(t if isinstance(t, list) else [t])
+        if tl & {"number", "integer"}:
+            tl |= {"number", "integer"}
+        out &= tl
+    return out
+
+
+def _finite_strings(expr, limit: int = 64):
+    """The strings a regex expression matches, if few (else None)."""
+    if isinstance(expr, Chars):
+        n = sum(hi - lo + 1 for lo, hi in expr.ranges)
+        return [chr(c) for lo, hi in expr.ranges for c in range(lo, hi + 1)] if n <= limit else None
+    if isinstance(expr, Lit):
+        return [expr.data.decode("utf-8")]
+    if isinstance(expr, Seq):
+        out = [""]
+        for e in expr.items:
+            part = _finite_strings(e, limit)
+            if part is None or len(out) * len(part) > limit:
+                return None
+            out = [a + b for a in out for b in part]
+        return out
+    if isinstance(expr, Alt):
+        out = []
+        for e in expr.items:
+            part = _finite_strings(e, limit)
+            if part is None or len(out) + len(part) > limit:
+                return None
+            out += part
+        return out
+    if isinstance(expr, Rep) and expr.max is not None and expr.max <= 8:
+        return _finite_strings(alt(*(Seq((expr.item,) * n) for n in range(expr.min,
+                                                                          expr.max + 1))), limit)
+    return None
+
+
+def _pattern_values(s: dict):
+    """A string schema whose pattern matches few strings, as those strings (else None)."""
+    if not isinstance(s.get("pattern"), str) or "string" not in _types(s):
+        return None
+    try:
+        out = []
+        for expr, start, end in parse_regex(s["pattern"]):
+            part = _finite_strings(expr) if start and end else None
+            if part is None:
+                return None
+            out += part
+        return out
+    except (RegexUnsupported, re.error):
+        return None
+
+
+def _fails(s: dict, v) -> bool:
+    """Whether the value is surely invalid under s (False when unsure)."""
+    if not any(_is_type(v, t) for t in _types(s)):
+        return True
+    if ("const" in s or isinstance(s.get("enum"), list)) and not _same_json(
+            v, [s["const"]] if "const" in s else s["enum"]):
+        return True
+    if isinstance(v, str):
+        if isinstance(s.get("pattern"), str):
+            try:
+                if not re.search(s["pattern"], v):
+                    return True
+            except re.error:
+                pass
+        if isinstance(s.get("minLength"), int) and len(v) < s["minLength"]:
+            return True
+        if isinstance(s.get("maxLength"), int) and len(v) > s["maxLength"]:
+            return True
+    return False
+
+
+def _same_json(v, values) -> bool:
+    """Whether v is among values by JSON equality."""
+    key = json.dumps(v, sort_keys=True)
+    return any(json.dumps(u, sort_keys=True) == key for u in values)
 
 
 def _is_not_required(x) -> bool:
@@ -934,7 +1183,8 @@ def _has_validation(s: dict) -> bool:
 
 def _infer_type(s: dict):
     if any(k in s for k in ("properties", "additionalProperties", "required",
-                            "patternProperties", "minProperties")):
+                            "patternProperties", "minProperties", "maxProperties",
+                            "dependencies", "dependentRequired", "propertyNames")):
         return "object"
     if any(k in s for k in ("items", "prefixItems", "minItems", "maxItems")):
         return "array"
