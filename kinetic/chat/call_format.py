@@ -3,8 +3,8 @@
 A format finds where its calls begin (a start marker such as "<tool_call>" or "[TOOL_CALLS]", or,
 for bare-JSON formats, a reply that starts with "{"), parses the calls from there, and builds the
 grammar that forces them. The text before the calls is content (its trailing whitespace dropped);
-text after the last call is content too. A calls section that does not parse makes the whole reply
-content: parsing never raises.
+text after the last call is content too (after a blank line). A calls section that does not parse,
+or a start marker after the calls, makes the whole reply content: parsing never raises.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from kinetic.grammar import Grammar
 from kinetic.chat.reasoning import partial_suffix
+from kinetic.grammar import Grammar
 from kinetic.grammar.ir import GrammarBuilder, Ref, alt, chars, lit, opt, seq, star
 
 
@@ -99,13 +99,16 @@ class ToolFormat:
         at = text.find(self.start)
         return None if at < 0 else at
 
-    def hold_from(self, text: str) -> int:
+    def hold_from(self, text: str, sent: int) -> int:
         """How much of a reply in progress is content for sure: up to the first start marker,
-        or a suffix that may still become one, less the whitespace before it."""
-        at = self._calls_start(text)
-        if at is None:
+        or a suffix that may still become one, less the whitespace before it. `text[:sent]` is
+        known to hold no marker, so the search starts there."""
+        at = text.find(self.start, sent)
+        if at < 0:
             at = partial_suffix(text, self.start)
-        return len(text[:at].rstrip())
+        while at > sent and text[at - 1].isspace():
+            at -= 1
+        return at
 
 
 class ToolCallStream:
@@ -127,7 +130,7 @@ class ToolCallStream:
     def feed(self, text: str) -> str:
         """Adds generated text; returns the content that can be sent now."""
         self.text += text
-        safe = self.fmt.hold_from(self.text)
+        safe = self.fmt.hold_from(self.text, self.sent)
         if safe <= self.sent:
             return ""
         out, self.sent = self.text[self.sent:safe], safe

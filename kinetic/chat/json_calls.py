@@ -187,9 +187,11 @@ class Llama3(ToolFormat):
     def _calls_start(self, text):
         return 0 if text.lstrip().startswith("{") else None
 
-    def hold_from(self, text):
-        head = text.lstrip()
-        return 0 if not head or head.startswith("{") else len(text)
+    def hold_from(self, text, sent):
+        if sent:
+            return len(text)   # the reply started as text: no calls
+        at = skip_ws(text, 0)
+        return 0 if at == len(text) or text[at] == "{" else len(text)
 
     def _parse_section(self, text, at, schemas):
         calls = []
