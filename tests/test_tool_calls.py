@@ -358,3 +358,16 @@ def test_grammar_refusals(name):
     with pytest.raises(ValueError):
         fmt.grammar(TOOLS, parallel=False, think="maybe")
 
+
+
+def test_tools_with_refs_share_one_grammar():
+    """Each tool's $refs resolve in its own schema even when two tools use the same names."""
+    def tool(name, leaf):
+        return {"function": {"name": name, "parameters": {
+            "type": "object", "properties": {"x": {"$ref": "#/$defs/leaf"}},
+            "required": ["x"], "$defs": {"leaf": leaf}}}}
+    tools = [tool("f", {"type": "integer"}), tool("g", {"type": "string"})]
+    g = FORMATS["hermes"].grammar(tools, parallel=True, think="none")
+    write = WRITERS["hermes"]
+    check_table(g, [write([("f", '{"x": 1}'), ("g", '{"x": "s"}')])],
+                [write([("f", '{"x": "s"}')]), write([("g", '{"x": 1}')])])
