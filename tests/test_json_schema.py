@@ -109,6 +109,10 @@ TABLE = [
     ({"oneOf": [{"type": "string", "pattern": "^a+$"}, {"enum": ["b", "c"]}]},
      ['"aa"', '"b"'], ['"d"']),
     ({"enum": ["a", "bbb", 3], "maxLength": 2}, ['"a"'], ['"bbb"']),
+    ({"type": "string", "format": "uri"}, ['"http://example.com/a/b?c=d#e"', '"urn:isbn:123"'],
+     ['"a:##"', '"http://a:b:c"', '"a:[x]"', '"//x"']),
+    ({"type": "string", "format": "uri-reference"}, ['"../a?b"', '"http://x/y"', '""'],
+     ['"a b"', '"#a#b"']),
     ({"type": "string", "format": "hostname"}, ['"a-b.example"'], ['"' + "a" * 64 + '"']),
     (True, ['{"a": [1, 2.5e-3, "x", null, true, {}]}', '"s"', '-0.5', '[]'],
      ['{"a" 1}', '[1,]', "'x'", '01', '{"a": tru}']),
@@ -117,7 +121,8 @@ TABLE = [
 
 V = jsonschema.Draft202012Validator
 # formats the jsonschema package checks only with optional dependencies
-_UNCHECKED_FORMATS = {f for f in ("date", "time", "date-time", "uuid", "email", "hostname")
+_UNCHECKED_FORMATS = {f for f in ("date", "time", "date-time", "uuid", "email", "hostname", "uri",
+                                    "uri-reference")
                       if f not in V.FORMAT_CHECKER.checkers}
 
 

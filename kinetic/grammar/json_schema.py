@@ -284,14 +284,22 @@ _H16 = Rep(_HEX, 1, 4)
 _IPV6 = seq(_H16, Rep(seq(lit(":"), _H16), 7, 7))
 _UUID = seq(Rep(_HEX, 8, 8), lit("-"), Rep(_HEX, 4, 4), lit("-"), Rep(_HEX, 4, 4), lit("-"),
             Rep(_HEX, 4, 4), lit("-"), Rep(_HEX, 12, 12))
-# URI characters (RFC 3986 unreserved, reserved and percent-encodings), '/' written as is
-_URI_CHAR = alt(chars([(48, 57), (65, 90), (97, 122)] + [(ord(c), ord(c)) for c in
-                                                          "-._~:/?#[]@!$&'()*+,;="]),
-                seq(lit("%"), _HEX, _HEX))
+# URIs (RFC 3986), a subset: a host is a registered name (no user or port)
+_SUB = [(48, 57), (65, 90), (97, 122)] + [(ord(c), ord(c)) for c in "-._~!$&'()*+,;="]
+_PCT = seq(lit("%"), _HEX, _HEX)
+_PCHAR_NC = alt(chars(_SUB + [(64, 64)]), _PCT)               # no ':'
+_PCHAR = alt(chars(_SUB + [(58, 58), (64, 64)]), _PCT)
+_SEGMENTS = star(seq(lit("/"), star(_PCHAR)))
+_AUTHORITY_PATH = seq(lit("//"), star(alt(chars(_SUB), _PCT)), _SEGMENTS)
+_ABSOLUTE_PATH = seq(lit("/"), opt(seq(Rep(_PCHAR, 1, None), _SEGMENTS)))
+_QUERY_FRAGMENT = seq(opt(seq(lit("?"), star(alt(_PCHAR, chars([(47, 47), (63, 63)]))))),
+                      opt(seq(lit("#"), star(alt(_PCHAR, chars([(47, 47), (63, 63)]))))))
 _SCHEME = seq(chars([(65, 90), (97, 122)]), star(chars([(48, 57), (65, 90), (97, 122),
                                                          (43, 43), (45, 46)])))
-_URI = seq(_SCHEME, lit(":"), star(_URI_CHAR))
-_URI_REF = star(_URI_CHAR)
+_URI = seq(_SCHEME, lit(":"), alt(_AUTHORITY_PATH, _ABSOLUTE_PATH,
+                                  opt(seq(Rep(_PCHAR, 1, None), _SEGMENTS))), _QUERY_FRAGMENT)
+_URI_REF = alt(_URI, seq(alt(_AUTHORITY_PATH, _ABSOLUTE_PATH,
+                             opt(seq(Rep(_PCHAR_NC, 1, None), _SEGMENTS))), _QUERY_FRAGMENT))
 _FORMATS = {"date": _DATE, "time": _TIME, "date-time": seq(_DATE, lit("T"), _TIME),
             "uuid": _UUID, "email": _EMAIL, "hostname": _HOSTNAME, "ipv4": _IPV4,
             "ipv6": _IPV6, "uri": _URI, "uri-reference": _URI_REF}
