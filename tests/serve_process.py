@@ -89,6 +89,15 @@ class ServeProcess:
         finally:
             conn.close()
 
+    def stream(self, method: str, path: str, body: dict, headers: dict | None = None) -> list:
+        """The parsed JSON events of a server-sent-events answer, up to data: [DONE]
+        (which must end it)."""
+        status, _, data = self.request(method, path, body, headers)
+        assert status == 200, data
+        events = [e for e in data.decode().split("\n\n") if e]
+        assert events[-1] == "data: [DONE]", events[-3:]
+        return [json.loads(e[len("data: "):]) for e in events[:-1]]
+
     def connect(self, timeout: float = 120.0) -> socket.socket:
         return socket.create_connection(("127.0.0.1", self.port), timeout=timeout)
 

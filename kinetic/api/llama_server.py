@@ -28,11 +28,12 @@ from quart import Blueprint, Response
 from kinetic import __version__
 from kinetic.api.app import (ServerState, generation, json_body, json_response,
                              server_state, sse_event, sse_response)
-from kinetic.api.errors import APIError, bad_request, not_supported
+from kinetic.api.errors import APIError, bad_request
 from kinetic.api.metrics import Task, metric_values, prometheus_text
 from kinetic.api.openai import require_kind
-from kinetic.api.params import (GRAMMAR_LATER, MAX_STOP_CHARS, MAX_TOKENS_LIMIT, boolean,
-                                check_prompt_fits, integer, sampling_params, strings)
+from kinetic.api.params import (MAX_STOP_CHARS, MAX_TOKENS_LIMIT, Shape, boolean,
+                                check_prompt_fits, compile_shape, integer, sampling_params,
+                                shape, strings)
 from kinetic.engine.request import MAX_STOP_STRINGS, Delta, GenerationRequest
 from kinetic.engine.sampling_params import SamplingParams
 from kinetic.text.tokenizer import Tokenizer
@@ -61,6 +62,7 @@ class LlamaCompletion:
     stream: bool
     return_tokens: bool
     n_probs: int
+    shape: Shape | None        # grammar or json_schema (or response_format)
 
 
 def parse_completion(body: dict, defaults: SamplingParams) -> LlamaCompletion:
@@ -74,9 +76,6 @@ def parse_completion(body: dict, defaults: SamplingParams) -> LlamaCompletion:
                               "per request)", "prompt")
     elif not isinstance(prompt, str):
         raise bad_request("prompt must be a string or a list of token ids", "prompt")
-    for name in ("grammar", "json_schema"):
-        if body.get(name) not in (None, "", {}):
-            raise not_supported(name, name, GRAMMAR_LATER)
     n_predict = integer(body, "n_predict", -1, MAX_TOKENS_LIMIT)
     if n_predict is None:
         n_predict = integer(body, "max_tokens", -1, MAX_TOKENS_LIMIT)
@@ -91,6 +90,7 @@ def parse_completion(body: dict, defaults: SamplingParams) -> LlamaCompletion:
         stream=bool(boolean(body, "stream")),
         return_tokens=bool(boolean(body, "return_tokens")),
         n_probs=integer(body, "n_probs", 0) or 0,  # accepted; probabilities not returned yet
+        shape=shape(body),
     )
 
 
@@ -142,7 +142,10 @@ async def completion():
     if not ids:
         raise bad_request("the prompt is empty", "prompt")
     check_prompt_fits(len(ids), model.n_ctx, "prompt")
-    gen = GenerationRequest(ids, req.params, req.n_predict, req.stop)
+    grammar = None
+    if req.shape is not None:
+        grammar = await asyncio.to_thread(compile_shape, req.shape)
+    gen = GenerationRequest(ids, req.params, req.n_predict, req.stop, grammar=grammar)
     # the prompt as run, as llama-server shows it: BOS and special tokens written out
     answer = _Answer(state, req, gen, model.tokenizer.decode_pieces(ids))
     if req.stream:

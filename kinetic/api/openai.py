@@ -26,10 +26,11 @@ from kinetic import __version__
 from kinetic.api.app import (ServerState, generation, json_body, json_response,
                              server_state, sse_event, sse_response)
 from kinetic.api.errors import APIError, bad_request
-from kinetic.api.params import (ChatRequest, CompletionRequest, Options, check_prompt_fits,
+from kinetic.api.chat_reply import ChatReader, plan_chat, tool_call_objects
+from kinetic.api.params import (CompletionRequest, Options, check_prompt_fits, compile_shape,
                                 parse_chat, parse_completion)
 from kinetic.engine.request import Delta, GenerationRequest, TokenLogprob, Usage
-from kinetic.text.chat_template import ChatTemplateError
+from kinetic.grammar import Grammar
 from kinetic.text.tokenizer import Tokenizer
 
 blueprint = Blueprint("openai", __name__)
@@ -90,17 +91,12 @@ async def rerank():
 
 # --- chat completions ---------------------------------------------------------------------
 
-def _chat_prompt(model, req: ChatRequest) -> list[int]:
+def _generation_request(prompt: list[int], opts: Options, param: str,
+                        grammar: Grammar | None = None,
+                        special_text: bool = False) -> GenerationRequest:
     try:
-        text = model.apply_chat_template(req.messages, **req.template_kwargs)
-    except ChatTemplateError as e:
-        raise bad_request(f"the chat template refused the messages: {e}", "messages") from None
-    return model.tokenize(text, add_special=True, parse_special=True)
-
-
-def _generation_request(prompt: list[int], opts: Options, param: str) -> GenerationRequest:
-    try:
-        return GenerationRequest(prompt, opts.params, opts.max_tokens, opts.stop, opts.logprobs)
+        return GenerationRequest(prompt, opts.params, opts.max_tokens, opts.stop, opts.logprobs,
+                                 grammar=grammar, special_text=special_text)
     except ValueError as e:
         raise bad_request(str(e), param) from None
 
@@ -112,13 +108,14 @@ async def chat_completions():
     require_kind(state, "text", "chat completions")
     model = state.require_model()
     req = parse_chat(await json_body(), model.default_params)
-    prompt = await asyncio.to_thread(_chat_prompt, model, req)
-    check_prompt_fits(len(prompt), model.n_ctx, "messages")
+    plan = await asyncio.to_thread(plan_chat, model, req)
+    check_prompt_fits(len(plan.prompt), model.n_ctx, "messages")
     job = _Job("chatcmpl", state, model.tokenizer, req.options)
-    gen = _generation_request(prompt, req.options, "messages")
+    gen = _generation_request(plan.prompt, req.options, "messages", plan.grammar,
+                              special_text=plan.calls is not None)
     if req.options.stream:
-        return sse_response(job.chat_events(model.engine, gen))
-    return json_response(await job.chat_answer(model.engine, gen))
+        return sse_response(job.chat_events(gen, plan.reader()))
+    return json_response(await job.chat_answer(gen, plan.reader()))
 
 
 # --- completions --------------------------------------------------------------------------
@@ -141,11 +138,14 @@ async def completions():
     req = parse_completion(await json_body(), model.default_params)
     prompt = await asyncio.to_thread(_completion_prompt, model, req)
     check_prompt_fits(len(prompt), model.n_ctx, "prompt")
+    grammar = None
+    if req.options.shape is not None:
+        grammar = await asyncio.to_thread(compile_shape, req.options.shape)
     job = _Job("cmpl", state, model.tokenizer, req.options)
-    gen = _generation_request(prompt, req.options, "prompt")
+    gen = _generation_request(prompt, req.options, "prompt", grammar)
     if req.options.stream:
-        return sse_response(job.completion_events(model.engine, gen))
-    return json_response(await job.completion_answer(model.engine, gen))
+        return sse_response(job.completion_events(gen))
+    return json_response(await job.completion_answer(gen))
 
 
 # --- answers ------------------------------------------------------------------------------
@@ -200,7 +200,7 @@ class _Job:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model_id,
                 "system_fingerprint": FINGERPRINT}
 
-    async def _fold(self, engine, gen: GenerationRequest) -> tuple[str, list, Delta]:
+    async def _fold(self, gen: GenerationRequest) -> tuple[str, list, Delta]:
         text, lps, last = [], [], None
         async with aclosing(generation(self.state, gen, self.id)) as deltas:
             async for d in deltas:
@@ -211,17 +211,26 @@ class _Job:
             raise APIError(500, last.error if last and last.error else "the engine stopped")
         return "".join(text), lps, last
 
-    async def chat_answer(self, engine, gen: GenerationRequest) -> dict[str, Any]:
-        text, lps, last = await self._fold(engine, gen)
+    async def chat_answer(self, gen: GenerationRequest, reader: ChatReader) -> dict[str, Any]:
+        text, lps, last = await self._fold(gen)
+        reasoning, content = reader.feed(text)
+        more_reasoning, more_content, calls = reader.finish()
+        reasoning, content = reasoning + more_reasoning, content + more_content
         logprobs = ({"content": chat_logprobs(self.tok, lps)}
                     if self.opts.logprobs is not None else None)
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if reasoning:
+            message["reasoning_content"] = reasoning
+        if calls:
+            message["content"] = content or None
+            message["tool_calls"] = tool_call_objects(calls, streamed=False)
         return dict(self._head("chat.completion"), choices=[{
-            "index": 0, "message": {"role": "assistant", "content": text},
-            "logprobs": logprobs, "finish_reason": FINISH_REASONS.get(last.finish_reason, "stop"),
+            "index": 0, "message": message, "logprobs": logprobs,
+            "finish_reason": _finish_reason(last.finish_reason, calls),
         }], usage=usage_object(last.usage))
 
-    async def completion_answer(self, engine, gen: GenerationRequest) -> dict[str, Any]:
-        text, lps, last = await self._fold(engine, gen)
+    async def completion_answer(self, gen: GenerationRequest) -> dict[str, Any]:
+        text, lps, last = await self._fold(gen)
         logprobs = (LegacyLogprobs(self.tok).take(tuple(lps))
                     if self.opts.logprobs is not None else None)
         return dict(self._head("text_completion"), choices=[{
@@ -235,48 +244,81 @@ class _Job:
             obj["usage"] = None  # only the last chunk carries usage
         return sse_event(obj)
 
-    async def _events(self, engine, gen: GenerationRequest, kind: str, piece,
+    async def _events(self, gen: GenerationRequest, kind: str, pieces,
                       finish: dict[str, Any]) -> AsyncIterator[str]:
-        """The stream: one chunk per delta with text or log-probabilities (`piece` makes its
-        choice), a last chunk with the finish reason (`finish` holds its empty content), the
-        usage chunk if asked for, then [DONE]. An engine error ends it with an error event."""
+        """The stream: the chunks `pieces(delta)` makes of each delta (its choices), a last
+        chunk with the finish reason (`finish` holds its empty content; "calls" in it, if set,
+        say the answer called tools), the usage chunk if asked for, then [DONE]. An engine
+        error ends it with an error event."""
         async with aclosing(generation(self.state, gen, self.id, stream=True)) as deltas:
             async for d in deltas:
                 if d.finish_reason == "error":
                     yield sse_event(APIError(500, d.error or "the engine failed").body())
                     return
-                if d.text or d.logprobs:
-                    yield self._chunk(kind, piece(d))
+                for choice in pieces(d):
+                    yield self._chunk(kind, choice)
                 if d.finish_reason is not None:
-                    reason = FINISH_REASONS.get(d.finish_reason, "stop")
+                    calls = finish.pop("calls", ())
+                    reason = _finish_reason(d.finish_reason, calls)
                     yield self._chunk(kind, dict(finish, logprobs=None, finish_reason=reason))
                     if self.opts.include_usage:
                         yield sse_event(dict(self._head(kind), choices=[],
                                              usage=usage_object(d.usage)))
         yield "data: [DONE]\n\n"
 
-    def chat_events(self, engine, gen: GenerationRequest) -> AsyncIterator[str]:
+    def chat_events(self, gen: GenerationRequest, reader: ChatReader) -> AsyncIterator[str]:
+        """Reasoning streams as delta.reasoning_content and the answer as delta.content, as
+        the reader releases them; tool calls come whole in one delta.tool_calls chunk."""
         want = self.opts.logprobs is not None
+        finish: dict[str, Any] = {"delta": {}}
 
-        def piece(d: Delta) -> dict[str, Any]:
-            return {"delta": {"content": d.text}, "finish_reason": None,
-                    "logprobs": {"content": chat_logprobs(self.tok, d.logprobs)} if want else None}
+        def choice(reasoning: str, content: str, lps=()) -> dict[str, Any]:
+            delta = {}
+            if reasoning:
+                delta["reasoning_content"] = reasoning
+            if content or not reasoning:
+                delta["content"] = content
+            return {"delta": delta, "finish_reason": None,
+                    "logprobs": {"content": chat_logprobs(self.tok, lps)} if want else None}
+
+        def pieces(d: Delta) -> list[dict[str, Any]]:
+            out = []
+            reasoning, content = reader.feed(d.text)
+            if reasoning or content or d.logprobs:
+                out.append(choice(reasoning, content, d.logprobs))
+            if d.finish_reason is not None:
+                reasoning, content, calls = reader.finish()
+                if reasoning or content:
+                    out.append(choice(reasoning, content))
+                if calls:
+                    out.append({"delta": {"tool_calls": tool_call_objects(calls, streamed=True)},
+                                "finish_reason": None, "logprobs": None})
+                    finish["calls"] = calls
+            return out
 
         async def events() -> AsyncIterator[str]:
             yield self._chunk("chat.completion.chunk", {
                 "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                 "finish_reason": None})
-            async with aclosing(self._events(engine, gen, "chat.completion.chunk", piece,
-                                             {"delta": {}})) as rest:
+            async with aclosing(self._events(gen, "chat.completion.chunk", pieces,
+                                             finish)) as rest:
                 async for event in rest:
                     yield event
         return events()
 
-    def completion_events(self, engine, gen: GenerationRequest) -> AsyncIterator[str]:
+    def completion_events(self, gen: GenerationRequest) -> AsyncIterator[str]:
         legacy = LegacyLogprobs(self.tok) if self.opts.logprobs is not None else None
 
-        def piece(d: Delta) -> dict[str, Any]:
-            return {"text": d.text, "finish_reason": None,
-                    "logprobs": legacy.take(d.logprobs) if legacy else None}
-        return self._events(engine, gen, "text_completion", piece, {"text": ""})
+        def pieces(d: Delta) -> list[dict[str, Any]]:
+            if not (d.text or d.logprobs):
+                return []
+            return [{"text": d.text, "finish_reason": None,
+                     "logprobs": legacy.take(d.logprobs) if legacy else None}]
+        return self._events(gen, "text_completion", pieces, {"text": ""})
+
+
+def _finish_reason(engine_reason: str | None, calls) -> str:
+    """OpenAI's finish_reason: tool_calls when the answer ended in calls."""
+    reason = FINISH_REASONS.get(engine_reason, "stop")
+    return "tool_calls" if calls and reason == "stop" else reason
 

@@ -8,8 +8,10 @@ controls is bounded: the body size by the server, and here max_tokens, the stop 
 logit_bias entries and DRY breakers.
 
 The result is an `Options` (what the engine needs besides the prompt) inside a
-`ChatRequest` (messages) or a `CompletionRequest` (prompt); the routes render and tokenize
-the prompt and make the engine's `GenerationRequest`.
+`ChatRequest` (messages, tools) or a `CompletionRequest` (prompt); the routes render and
+tokenize the prompt and make the engine's `GenerationRequest`. A shape for the answer
+(grammar, json_schema, response_format) stays as the client gave it in `Options.shape`;
+`compile_shape` turns it into a Grammar off the event loop.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from typing import Any
 from kinetic.api.errors import APIError, bad_request, not_supported
 from kinetic.engine.request import MAX_LOGPROBS, MAX_STOP_STRINGS
 from kinetic.engine.sampling_params import SamplingParams
+from kinetic.grammar import (Grammar, GrammarError, UnsupportedSchema, compile_gbnf,
+                             compile_json_schema)
 
 MAX_TOKENS_LIMIT = 1 << 20      # generation also ends when the context is full
 MAX_LOGIT_BIAS = 1024           # entries
@@ -35,6 +39,15 @@ RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt", "prefi
 
 
 @dataclass(frozen=True)
+class Shape:
+    """The answer's shape as the client gave it: GBNF text or a JSON Schema (True: any JSON)."""
+
+    kind: str      # "gbnf" or "json_schema"
+    value: Any
+    param: str     # the field it came in, for errors
+
+
+@dataclass(frozen=True)
 class Options:
     """What a chat or completion request asks of the engine, besides its prompt."""
 
@@ -44,6 +57,7 @@ class Options:
     logprobs: int | None = None      # None: none; n: the chosen token's and n alternatives
     stream: bool = False
     include_usage: bool = False
+    shape: "Shape | None" = None
 
 
 @dataclass(frozen=True)
@@ -51,6 +65,13 @@ class ChatRequest:
     messages: list[dict]
     template_kwargs: dict[str, Any]
     options: Options
+    tools: list[dict] | None = None      # the tools offered (none when tool_choice is "none")
+    tool_choice: str | None = None       # "auto", "required", or the one function's name
+    parallel_tool_calls: bool = False
+
+    @property
+    def forced_call(self) -> bool:
+        return bool(self.tools) and self.tool_choice not in (None, "auto")
 
 
 @dataclass(frozen=True)
@@ -217,35 +238,122 @@ def logit_bias(body: dict) -> tuple[tuple[int, float], ...] | None:
 
 # --- whole requests ---------------------------------------------------------------------
 
-GRAMMAR_LATER = "it comes with structured output (the grammar issue)"
-
-
 def _refuse_unsupported(body: dict) -> None:
     n = integer(body, "n", 1)
     if n is not None and n != 1:
         raise not_supported("n other than 1", "n")
-    if _get(body, "grammar") not in (None, ""):
-        raise not_supported("grammar", "grammar", GRAMMAR_LATER)
-    if _get(body, "json_schema") is not None:
-        raise not_supported("json_schema", "json_schema", GRAMMAR_LATER)
+    if boolean(body, "receipt"):
+        raise not_supported("receipt", "receipt", "receipts come in a later version")
+
+
+# --- structured output and tools ----------------------------------------------------------
+
+MAX_GRAMMAR_CHARS = 256 * 1024
+MAX_TOOLS = 128
+
+
+def shape(body: dict) -> Shape | None:
+    """The answer's shape: grammar (GBNF, as llama-server takes it), json_schema
+    (llama-server's field) or response_format (OpenAI's); one of them at most."""
+    given = []
+    grammar = _get(body, "grammar")
+    if grammar not in (None, ""):
+        if not isinstance(grammar, str):
+            raise bad_request("grammar must be a string of GBNF rules", "grammar")
+        if len(grammar) > MAX_GRAMMAR_CHARS:
+            raise bad_request(f"grammar must be at most {MAX_GRAMMAR_CHARS} characters",
+                              "grammar")
+        given.append(Shape("gbnf", grammar, "grammar"))
+    schema = _get(body, "json_schema")
+    if schema not in (None, {}):
+        if not isinstance(schema, (dict, bool)):
+            raise bad_request("json_schema must be a JSON Schema object", "json_schema")
+        given.append(Shape("json_schema", schema, "json_schema"))
     fmt = obj(body, "response_format")
     if fmt is not None:
         kind = fmt.get("type")
-        if kind in ("json_object", "json_schema"):
-            raise not_supported(f"response_format {kind}", "response_format", GRAMMAR_LATER)
-        if kind != "text":
+        if kind == "json_object":
+            inner = fmt.get("schema")   # llama-server also takes a schema here
+            given.append(Shape("json_schema", inner if inner else True, "response_format"))
+        elif kind == "json_schema":
+            spec = fmt.get("json_schema")
+            if not isinstance(spec, dict):
+                raise bad_request("response_format.json_schema must be an object with a "
+                                  "schema", "response_format")
+            inner = spec.get("schema", True)
+            if not isinstance(inner, (dict, bool)):
+                raise bad_request("response_format.json_schema.schema must be a JSON Schema "
+                                  "object", "response_format")
+            given.append(Shape("json_schema", inner if inner != {} else True,
+                               "response_format"))
+        elif kind != "text":
             raise bad_request('response_format.type must be "text", "json_object" or '
                               '"json_schema"', "response_format")
-    tools = _get(body, "tools")
-    if tools is not None and not isinstance(tools, list):
+    if len(given) > 1:
+        raise bad_request(f"give one of grammar, json_schema and response_format, not "
+                          f"{' and '.join(g.param for g in given)}", given[1].param)
+    return given[0] if given else None
+
+
+def compile_shape(shape: Shape) -> Grammar:
+    """The Grammar of a shape; an invalid grammar or a schema feature kinetic cannot enforce
+    is a 400 that says what and where."""
+    param = shape.param
+    try:
+        if shape.kind == "gbnf":
+            return compile_gbnf(shape.value)
+        return compile_json_schema(shape.value)
+    except GrammarError as e:
+        raise bad_request(f"invalid grammar: {e}", param) from None
+    except UnsupportedSchema as e:
+        raise bad_request(f"unsupported JSON Schema: {e}", param) from None
+    except RecursionError:
+        raise bad_request("the grammar or schema is nested too deeply", param) from None
+
+
+def tools(body: dict) -> tuple[list[dict] | None, str | None, bool]:
+    """(the tools offered, tool_choice, parallel_tool_calls). tool_choice "none" offers no
+    tools; a named function offers only that one."""
+    offered = _get(body, "tools")
+    if offered is not None and not isinstance(offered, list):
         raise bad_request("tools must be a list", "tools")
-    if tools:
-        raise not_supported("tools (function calling)", "tools", GRAMMAR_LATER)
+    offered = offered or []
+    if len(offered) > MAX_TOOLS:
+        raise bad_request(f"at most {MAX_TOOLS} tools", "tools")
+    names = []
+    for t in offered:
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(t, dict) or t.get("type", "function") != "function" \
+                or not isinstance(fn, dict) or not isinstance(fn.get("name"), str) \
+                or not fn["name"]:
+            raise bad_request('each tool must be {"type": "function", "function": {"name": '
+                              '..., "parameters": {...}}}', "tools")
+        params = fn.get("parameters")
+        if params is not None and not isinstance(params, (dict, bool)):
+            raise bad_request(f"tool {fn['name']!r}: parameters must be a JSON Schema object",
+                              "tools")
+        names.append(fn["name"])
     choice = _get(body, "tool_choice")
-    if choice not in (None, "none", "auto"):
-        raise not_supported(f"tool_choice {choice!r}", "tool_choice", GRAMMAR_LATER)
-    if boolean(body, "receipt"):
-        raise not_supported("receipt", "receipt", "receipts come in a later version")
+    if isinstance(choice, dict):
+        fn = choice.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if choice.get("type", "function") != "function" or not isinstance(name, str):
+            raise bad_request('tool_choice must be "auto", "none", "required" or {"type": '
+                              '"function", "function": {"name": ...}}', "tool_choice")
+        if name not in names:
+            raise bad_request(f"tool_choice names {name!r}, which is not among the tools",
+                              "tool_choice")
+        offered = [t for t in offered if t["function"]["name"] == name]
+        choice = name
+    elif choice not in (None, "auto", "none", "required"):
+        raise bad_request('tool_choice must be "auto", "none", "required" or {"type": '
+                          '"function", "function": {"name": ...}}', "tool_choice")
+    if choice == "none":
+        offered = []
+    if choice == "required" and not offered:
+        raise bad_request('tool_choice "required" needs tools', "tool_choice")
+    parallel = bool(boolean(body, "parallel_tool_calls"))
+    return (offered or None), (None if choice in (None, "none") else choice), parallel
 
 
 def options(body: dict, defaults: SamplingParams, logprobs: int | None) -> Options:
@@ -263,6 +371,7 @@ def options(body: dict, defaults: SamplingParams, logprobs: int | None) -> Optio
         logprobs=logprobs,
         stream=stream,
         include_usage=bool(include_usage),
+        shape=shape(body),
     )
 
 
@@ -291,7 +400,13 @@ def parse_chat(body: dict, defaults: SamplingParams) -> ChatRequest:
     if top is not None and not want:
         raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
     logprobs = (top or 0) if want else None
-    return ChatRequest(messages, dict(kwargs), options(body, defaults, logprobs))
+    opts = options(body, defaults, logprobs)
+    offered, choice, parallel = tools(body)
+    req = ChatRequest(messages, dict(kwargs), opts, offered, choice, parallel)
+    if req.forced_call and opts.shape is not None:
+        raise bad_request(f"tool_choice {'required' if choice == 'required' else 'of a function'}"
+                          f" cannot be combined with {opts.shape.param}", "tool_choice")
+    return req
 
 
 def parse_completion(body: dict, defaults: SamplingParams) -> CompletionRequest:

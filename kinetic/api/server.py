@@ -58,6 +58,7 @@ def build_model(opts: ModelOptions, progress: Callable[[str], Callable[[int, int
     callback for one stage (loading, compiling)."""
     from kinetic.engine.engine import Engine
     from kinetic.engine.request import GenerationRequest
+    from kinetic.grammar import compile_json_schema
     from kinetic.llm import Model
     from kinetic.model.loader import load_model
     from kinetic.text.tokenizer import Tokenizer
@@ -69,12 +70,15 @@ def build_model(opts: ModelOptions, progress: Callable[[str], Callable[[int, int
     engine = Engine(loaded, tokenizer, opts.engine, draft=draft)
     model = Model(loaded, tokenizer, engine)
     # every key-axis bucket now, then the sampler and log-probabilities by one short request,
-    # so that no client request waits for XLA (the engine thread is idle until then)
+    # so that no client request waits for XLA (the engine thread is idle until then); the
+    # request has a grammar, so the token trie for grammar masks is built now too
     engine.runner.compile(progress=progress("compiling"))
     if engine.drafter is not None:
         engine.drafter.runner.compile(progress=progress("compiling the draft model"))
     first = tokenizer.bos_id if tokenizer.bos_id is not None else 0
-    for delta in engine.generate(GenerationRequest([first], max_tokens=2, logprobs=1)):
+    warm_up = GenerationRequest([first], max_tokens=2, logprobs=1,
+                                grammar=compile_json_schema(True))
+    for delta in engine.generate(warm_up):
         if delta.error:
             raise RuntimeError(delta.error)
     return model

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MAX_CODE_POINT = 0x10FFFF
+MAX_SYMBOLS = 1 << 20   # a grammar lowered to more symbols than this is refused (a client
+                        # sends the grammar: x{1000000} must not take the server's memory)
 
 
 class GrammarError(ValueError):
@@ -238,6 +240,7 @@ class _Lowering:
         self.names: list[str] = []
         self.rules: list[list[list[tuple[int, int]]] | None] = []
         self.aux: dict[tuple, int] = {}    # memoized helper rules by content
+        self.size = 0                      # symbols made by repetitions so far
 
     def run(self, root: str) -> Grammar:
         for name in self.b.exprs:
@@ -318,6 +321,10 @@ class _Lowering:
             raise GrammarError(f"repetition {{{lo},{hi}}} has max < min")
         if not item or hi == 0:
             return []
+        self.size += len(item) * (lo + (1 if hi is None else hi - lo))
+        if self.size > MAX_SYMBOLS:
+            raise GrammarError(f"the grammar is too large: its repetitions expand to more than "
+                               f"{MAX_SYMBOLS} symbols")
         out = list(item) * lo
         if hi is None:
             # S ::= item S | ()

@@ -1,0 +1,100 @@
+"""A chat answer's text taken apart: reasoning, content and tool calls (kinetic/chat).
+
+    plan = plan_chat(model, request)        # prompt ids, grammar, and how to read the answer
+    out = plan.reader()
+    reasoning, content = out.feed(delta.text)   # per delta, what can be sent now
+    reasoning, content, calls = out.finish()    # at the end: the rest, and the calls whole
+
+Thinking is split off when the chat template knows <think> or the prompt opened a think
+block; tool calls are read in the template's own format when tools are offered. A forced
+call (tool_choice "required" or a function) is held to that format by a grammar; otherwise
+the request's own grammar or response_format, if any, shapes the answer.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from kinetic.api.errors import bad_request
+from kinetic.api.params import ChatRequest, compile_shape
+from kinetic.chat.reasoning import (ReasoningSplitter, prompt_opens_thinking,
+                                    template_knows_thinking)
+from kinetic.chat.tool_calls import ToolCall, ToolFormat, tool_format
+from kinetic.grammar import Grammar, GrammarError, UnsupportedSchema
+from kinetic.text.chat_template import ChatTemplateError
+
+
+@dataclass(frozen=True)
+class ChatPlan:
+    prompt: list[int]
+    grammar: Grammar | None
+    thinking: bool                 # split reasoning off the answer
+    opens_thinking: bool           # the prompt ended inside a <think> block
+    calls: ToolFormat | None       # read tool calls in this format
+    tools: list[dict] | None       # the tools offered (their schemas type XML call values)
+
+    def reader(self) -> "ChatReader":
+        return ChatReader(self)
+
+
+def plan_chat(model, req: ChatRequest) -> ChatPlan:
+    """Render and tokenize the prompt and compile the answer's grammar (blocking: run it in a
+    worker thread). Raises APIError 400 for messages the template refuses, an invalid grammar
+    or schema, or a tool schema kinetic cannot enforce."""
+    try:
+        text = model.apply_chat_template(req.messages, tools=req.tools, **req.template_kwargs)
+    except ChatTemplateError as e:
+        raise bad_request(f"the chat template refused the messages: {e}", "messages") from None
+    prompt = model.tokenize(text, add_special=True, parse_special=True)
+    source = model.chat_template.source
+    opens = prompt_opens_thinking(text)
+    thinking = opens or template_knows_thinking(source)
+    fmt = tool_format(source) if req.tools else None
+    grammar = None
+    if req.forced_call:
+        think = "open" if opens else "optional" if thinking else "none"
+        try:
+            grammar = fmt.grammar(req.tools, req.parallel_tool_calls, think)
+        except (UnsupportedSchema, GrammarError) as e:
+            raise bad_request(f"cannot hold the reply to these tools: {e}", "tools") from None
+        except RecursionError:
+            raise bad_request("a tool's parameters are nested too deeply", "tools") from None
+    elif req.options.shape is not None:
+        grammar = compile_shape(req.options.shape)
+    return ChatPlan(prompt, grammar, thinking, opens, fmt, req.tools)
+
+
+class ChatReader:
+    """Reads one answer as it streams: `feed` returns the (reasoning, content) that can be
+    sent now, holding back what may still turn out to be a tag or a call; `finish` returns
+    the rest and the calls. Calls that do not parse come back as content, never lost."""
+
+    def __init__(self, plan: ChatPlan):
+        self._think = ReasoningSplitter(plan.opens_thinking) if plan.thinking else None
+        self._calls = plan.calls.streamer(plan.tools) if plan.calls is not None else None
+
+    def feed(self, text: str) -> tuple[str, str]:
+        reasoning, content = self._think.feed(text) if self._think else ("", text)
+        if self._calls is not None:
+            content = self._calls.feed(content)
+        return reasoning, content
+
+    def finish(self) -> tuple[str, str, tuple[ToolCall, ...]]:
+        reasoning, content = self._think.finish() if self._think else ("", "")
+        if self._calls is None:
+            return reasoning, content, ()
+        content = self._calls.feed(content)
+        reply = self._calls.finish()
+        return reasoning, content + reply.content, reply.calls
+
+
+def tool_call_objects(calls: tuple[ToolCall, ...], streamed: bool) -> list[dict[str, Any]]:
+    """OpenAI's tool_calls entries, each with a fresh id (and its index when streamed)."""
+    out = []
+    for i, call in enumerate(calls):
+        entry: dict[str, Any] = {"id": f"call-{secrets.token_hex(12)}", "type": "function",
+                                 "function": {"name": call.name, "arguments": call.arguments}}
+        out.append({"index": i, **entry} if streamed else entry)
+    return out
