@@ -57,6 +57,14 @@ RECORDED = [
     ("hermes", "The answer is 4 (no <tool call needed).", "The answer is 4 (no <tool call "
      "needed).", []),
     ("hermes", HERMES_PARIS + "\nI will report back.", "I will report back.", [PARIS]),
+    # Qwen2.5-Coder-0.5B's own reply to "What is the weather in Paris?" (kinetic serve, greedy)
+    ("hermes", '{"name": "get_weather", "arguments": {"city": "Paris"}}', "", [PARIS]),
+    ("hermes", '{"name": "Ethan", "age": 25}', '{"name": "Ethan", "age": 25}', []),
+    # and with two tools offered, the same model and question (a fenced object)
+    ("hermes", '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris"\n'
+     '  }\n}\n```', "", [PARIS]),
+    ("hermes", '```python\nprint(1)\n```', '```python\nprint(1)\n```', []),
+    ("hermes", '```json\n{"a": 1}\n```', '```json\n{"a": 1}\n```', []),
     ("qwen3_xml", "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
      "</function>\n</tool_call>", "", [PARIS]),
     ("qwen3_xml", "I'll look that up.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\n"
@@ -162,7 +170,8 @@ def test_recorded_replies(name, reply, content, calls):
 
 
 TEXT_FIRST = [(name, reply) for name, reply, _, calls in RECORDED
-              if calls and FORMATS[name].start and reply.split(FORMATS[name].start)[0].strip()]
+              if calls and FORMATS[name].start and FORMATS[name].start in reply
+              and reply.split(FORMATS[name].start)[0].strip()]
 
 
 @pytest.mark.parametrize("name,reply", TEXT_FIRST)

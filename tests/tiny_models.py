@@ -30,11 +30,12 @@ LAYER_TENSORS = {
 }
 
 
-def copy_tokenizer(writer: gguf.GGUFWriter, vocab: str) -> int:
-    """Copy tokenizer.* keys of tests/data/vocab/ggml-vocab-{vocab}.gguf; returns vocab size."""
+def copy_tokenizer(writer: gguf.GGUFWriter, vocab: str, skip: tuple[str, ...] = ()) -> int:
+    """Copy tokenizer.* keys (but `skip`) of tests/data/vocab/ggml-vocab-{vocab}.gguf; returns
+    the vocabulary size."""
     meta = GGUFFile(DATA / "vocab" / f"ggml-vocab-{vocab}.gguf").metadata
     for key, value in meta.items():
-        if not key.startswith("tokenizer."):
+        if not key.startswith("tokenizer.") or key in skip:
             continue
         if isinstance(value, np.ndarray):
             kind = (gguf.GGUFValueType.FLOAT32 if value.dtype.kind == "f"
@@ -56,11 +57,15 @@ def copy_tokenizer(writer: gguf.GGUFWriter, vocab: str) -> int:
 def write_tiny_model(path: Path, arch: str, *, n_layer: int = 2, d_model: int = 64,
                      n_head: int = 4, n_kv_head: int = 2, head_dim: int = 16, d_ffn: int = 128,
                      context_length: int = 512, sliding_window: int = 8, seed: int = 0,
-                     tied: bool | None = None) -> Path:
-    """Write a random-weight model of `arch` to path and return it."""
+                     tied: bool | None = None, chat_template: str | None = None) -> Path:
+    """Write a random-weight model of `arch` to path and return it; `chat_template` (Jinja
+    source) replaces the vocabulary file's own, if any."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), arch)
-    vocab = copy_tokenizer(w, VOCAB_FOR_ARCH[arch])
+    vocab = copy_tokenizer(w, VOCAB_FOR_ARCH[arch], skip=("tokenizer.chat_template",)
+                           if chat_template is not None else ())
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
     w.add_block_count(n_layer)
     w.add_context_length(context_length)
     w.add_embedding_length(d_model)

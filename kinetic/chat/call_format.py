@@ -139,7 +139,9 @@ class ToolCallStream:
     def finish(self) -> ParsedReply:
         """The content not sent yet and all the calls."""
         reply = self.fmt.parse(self.text, self.tools)
-        assert reply.content.startswith(self.text[:self.sent])   # sent text is never retracted
+        if not reply.content.startswith(self.text[:self.sent]):
+            # sent text is never retracted: keep it as content, and the rest with it
+            return ParsedReply(self.text[self.sent:], ())
         return ParsedReply(reply.content[self.sent:], reply.calls)
 
 

@@ -27,7 +27,22 @@ class Hermes(ToolFormat):
     markers = ("<tool_call>", "</tool_call>")
     start = "<tool_call>"
 
+    def _calls_start(self, text):
+        # Qwen2.5-Coder writes its calls as bare objects, or in a ```json fence, without the
+        # tags: read those too
+        at = super()._calls_start(text)
+        if at is None and (text.lstrip().startswith("{") or _FENCE_OPEN.match(text)):
+            return 0
+        return at
+
+    def hold_from(self, text, sent):
+        if not sent and _may_be_bare_calls(text):
+            return 0   # may be bare call objects: hold until the end
+        return super().hold_from(text, sent)
+
     def _parse_section(self, text, at, schemas):
+        if not text.startswith(self.start, at):
+            return _fenced_or_bare_calls(text, at)
         calls = []
         while True:
             at = expect(text, at, "<tool_call>")
@@ -194,13 +209,42 @@ class Llama3(ToolFormat):
         return 0 if at == len(text) or text[at] == "{" else len(text)
 
     def _parse_section(self, text, at, schemas):
-        calls = []
-        at = skip_ws(text, at)
-        while at < len(text):
-            obj, at = decode_json(text, at)
-            calls.append(call_from_object(obj))
-            at = skip_ws(text, at)
-        return calls, at
+        return _bare_calls(text, at)
 
     def _call(self, b, name, params, prefix):
         return seq(_json_call(b, name, params, prefix, key="parameters"), lit("}"))
+
+
+def _bare_calls(text: str, at: int) -> tuple[list[ToolCall], int]:
+    """Call objects one after another, whitespace between, up to the end of the text."""
+    calls = []
+    at = skip_ws(text, at)
+    while at < len(text):
+        obj, at = decode_json(text, at)
+        calls.append(call_from_object(obj))
+        at = skip_ws(text, at)
+    return calls, at
+
+
+_FENCE_OPEN = re.compile(r"\s*```(?:json)?[ \t]*\n?\s*(?=\{)")
+_FENCE_START = re.compile(r"\s*(`{1,3}|```j|```js|```jso|```json)?[ \t]*\n?\s*\Z")
+
+
+def _may_be_bare_calls(text: str) -> bool:
+    """Whether a reply so far may still be call objects without tags (bare or fenced)."""
+    return (text.lstrip().startswith("{") or _FENCE_OPEN.match(text) is not None
+            or _FENCE_START.match(text) is not None)
+
+
+def _fenced_or_bare_calls(text: str, at: int) -> tuple[list[ToolCall], int]:
+    """Call objects without tags: bare up to the end, or inside one ```json fence."""
+    m = _FENCE_OPEN.match(text, at)
+    if m is None:
+        return _bare_calls(text, at)
+    calls, at = [], m.end()
+    while True:
+        obj, at = decode_json(text, at)
+        calls.append(call_from_object(obj))
+        at = skip_ws(text, at)
+        if text.startswith("```", at):
+            return calls, at + 3
