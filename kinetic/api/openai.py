@@ -1,11 +1,12 @@
 """The OpenAI dialect: /v1/models, /v1/chat/completions, /v1/completions.
 
 A chat completion, in order: `json_body` -> `parse_chat` (every field checked, 400 naming the
-one at fault) -> the chat template renders the messages and the tokenizer makes the prompt
-(in a worker thread: a long prompt must not stall other connections) -> the prompt must fit
-the context (400) -> `generation` runs it in the engine. Streamed, each Delta becomes a
-`chat.completion.chunk` event; otherwise the same deltas are folded into one answer, so the
-two always agree.
+one at fault) -> `plan_chat` (chat_reply.py) renders the messages with the tools, makes the
+prompt and compiles the answer's grammar (in a worker thread: a long prompt must not stall
+other connections) -> the prompt must fit the context (400) -> `generation` runs it in the
+engine, and a `ChatReader` takes the text apart into reasoning, content and tool calls.
+Streamed, each Delta becomes `chat.completion.chunk` events; otherwise the same deltas are
+folded into one answer and read by the same reader, so the two always agree.
 
 The paths also answer without /v1, except /completions and /embeddings, which are
 llama-server's there (SPEC.md, kinetic/api/llama_server.py).
