@@ -20,7 +20,8 @@ import numpy as np
 from kinetic.grammar.ir import END, NONTERM, TERM, Grammar
 
 DEAD = 0   # the empty state set
-LOCAL_FRAMES = 3   # how many top stack frames a cached local walk covers
+LOCAL_FRAMES = 3   # how many top stack frames a cached local walk covers, at most
+SHARED_RULES = 64  # the most rules a signature may reach for its walk to be shared
 
 
 class TokenVocab:
@@ -92,7 +93,9 @@ class _States:
         self.table[DEAD] = DEAD
         self.can_end: list[bool] = [False]
         self.masks: dict[TokenVocab, dict[int, np.ndarray]] = {}   # vocab -> state -> mask
-        self._signatures: dict[tuple, tuple] = {}
+        self._signatures: dict[tuple, tuple | None] = {}
+        self._frames: dict[tuple, tuple] = {}   # stack -> the frames its local walk covers
+        self.local_walks: dict[TokenVocab, dict[tuple, tuple]] = {}   # unshared local walks
         self._can_end_np = np.zeros(0, dtype=bool)
         stacks: set = set()
         seen: set = set()
@@ -114,13 +117,14 @@ class _States:
                 self.table = grown
         return sid
 
-    def signature(self, frames: tuple) -> tuple:
+    def signature(self, frames: tuple) -> tuple | None:
         """What a stack ending in `frames` can do until it returns below them, written without
         rule or position ids: the rest of each frame's alternative and every rule reachable
-        from them, numbered in the order they are met, terminals as byte masks."""
-        sig = self._signatures.get(frames)
-        if sig is not None:
-            return sig
+        from them, numbered in the order they are met, terminals as byte masks. None when
+        more than SHARED_RULES rules are reachable: such a signature is about the whole
+        grammar (the rest of a big object), costly to build and shared by no other grammar."""
+        if frames in self._signatures:
+            return self._signatures[frames]
         g = self.g
         order: dict[int, int] = {}
         queue: list[int] = []
@@ -142,10 +146,26 @@ class _States:
         parts = [tail(q + 1) for q in frames[:-1]] + [tail(frames[-1])]
         i = 0
         while i < len(queue):
+            if len(order) > SHARED_RULES:
+                self._signatures[frames] = None
+                return None
             parts.append(tuple(tail(st) for st in g.starts[queue[i]]))
             i += 1
         sig = self._signatures[frames] = tuple(parts)
         return sig
+
+    def local_frames(self, stack: tuple) -> tuple:
+        """The top frames of `stack` its local walk covers: the most (up to LOCAL_FRAMES)
+        whose signature can be shared across grammars, else the top frame alone."""
+        frames = self._frames.get(stack)
+        if frames is None:
+            frames = stack[-1:]
+            for k in range(min(LOCAL_FRAMES, len(stack)), 0, -1):
+                if self.signature(stack[-k:]) is not None:
+                    frames = stack[-k:]
+                    break
+            self._frames[stack] = frames
+        return frames
 
     def can_end_array(self) -> np.ndarray:
         if len(self._can_end_np) != len(self.can_end):
@@ -232,6 +252,11 @@ def _states(g: Grammar) -> _States:
     if g._states is None:
         g._states = _States(g)
     return g._states
+
+
+def _going(depths: np.ndarray, width: int) -> list[int]:
+    """For depths sorted in decreasing order: how many are deeper than each of 0..width - 1."""
+    return np.searchsorted(-depths, -np.arange(width), side="left").tolist()
 
 
 class Matcher:
@@ -322,25 +347,31 @@ class Matcher:
         if s.can_end[sid] and len(v.eog_ids):
             allowed[v.eog_ids] = True
         fronts = []
-        for frames in sorted({st[-LOCAL_FRAMES:] for st in s.sets[sid] if st}):
+        for frames in sorted({s.local_frames(st) for st in s.sets[sid] if st}):
             local_allowed, front = self._local(frames)
             allowed[:v.size] |= local_allowed
             if front is not None:
                 fronts.append(front)
         if fronts:
-            depth = np.concatenate([f[0] for f in fronts])
-            nodes = np.concatenate([f[1] for f in fronts])
-            width = max(f[2].shape[1] for f in fronts)
-            prefix = np.concatenate([np.pad(f[2], ((0, 0), (0, width - f[2].shape[1])))
-                                     for f in fronts])
-            if len(fronts) > 1:
+            if len(fronts) == 1:
+                depth, nodes, prefix, going = fronts[0]
+            else:
+                depth = np.concatenate([f[0] for f in fronts])
+                nodes = np.concatenate([f[1] for f in fronts])
+                prefix = np.zeros((len(depth), max(f[2].shape[1] for f in fronts)), np.uint8)
+                at = 0
+                for f in fronts:
+                    prefix[at:at + len(f[0]), :f[2].shape[1]] = f[2]
+                    at += len(f[0])
                 _, first = np.unique(depth * (1 << 32) + nodes, return_index=True)
+                first = first[np.argsort(-depth[first], kind="stable")]
                 depth, nodes, prefix = depth[first], nodes[first], prefix[first]
-            # the real states at the frontier nodes, one column of prefix bytes at a time
-            states = np.full(len(nodes), sid, np.int64)
-            for j in range(width):
-                on = depth > j
-                states[on] = s.fill(states[on], prefix[on, j])
+                going = _going(depth, prefix.shape[1])
+            # the real states at the frontier nodes, one column of prefix bytes at a time (the
+            # rows are sorted deepest first, so the rows still going are a leading slice)
+            states = np.full(len(depth), sid, np.int64)
+            for j, n in enumerate(going):
+                states[:n] = s.fill(states[:n], prefix[:n, j])
             entries = {}
             for d in np.unique(depth).tolist():
                 sel = (depth == d) & (states != DEAD)
@@ -356,9 +387,14 @@ class Matcher:
 
     def _local(self, frames: tuple):
         # Keyed by the shape of what can follow, so grammars with the same string or number
-        # rules (every JSON schema) share the walks.
-        cache = self.vocab.local_walks
+        # rules (every JSON schema) share the walks; frames that reach too much of their
+        # grammar to be shared are cached by the grammar alone, keyed by the frames.
         key = self._s.signature(frames)
+        if key is None:
+            cache = self._s.local_walks.setdefault(self.vocab, {})
+            key = frames
+        else:
+            cache = self.vocab.local_walks
         hit = cache.get(key)
         if hit is None:
             s = self._s
@@ -369,16 +405,20 @@ class Matcher:
                        frontier)
             front = None
             if frontier:
-                # (depths, nodes, prefix bytes padded to the deepest) of the frontier nodes
-                depths = np.concatenate([np.full(len(n), d, np.int64)
-                                         for d, n in frontier.items()])
-                nodes = np.concatenate(list(frontier.values()))
-                prefix = np.zeros((len(nodes), max(frontier)), np.int64)
+                # (depths, nodes, prefix bytes padded to the deepest, how many rows are deeper
+                # than each column) of the frontier nodes, deepest first
+                order = sorted(frontier, reverse=True)
+                depths = np.concatenate([np.full(len(frontier[d]), d, np.int64)
+                                         for d in order])
+                nodes = np.concatenate([frontier[d] for d in order])
+                prefix = np.zeros((len(nodes), order[0]), np.uint8)
                 at = 0
-                for d, n in frontier.items():
+                for d in order:
+                    n = frontier[d]
                     prefix[at:at + len(n), :d] = self._prefixes(d, n)
                     at += len(n)
-                front = (depths, nodes, prefix)
+                going = _going(depths, order[0])
+                front = (depths, nodes, prefix, going)
             if len(cache) >= 256:
                 cache.clear()
             hit = cache[key] = (allowed, front)
