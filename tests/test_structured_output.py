@@ -96,6 +96,7 @@ def test_completions_take_the_shape_too(server):
         "prompt": "Answer yes or no: is water wet?", "n_predict": 8,
         "grammar": 'root ::= ("yes" | "no") "."'})
     assert status == 200 and answer["content"] in ("yes.", "no."), answer
+    assert answer["generation_settings"]["grammar"] == 'root ::= ("yes" | "no") "."'
 
 
 def bench_sample(every: int = 25) -> list[tuple[str, dict]]:

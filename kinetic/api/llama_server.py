@@ -96,9 +96,10 @@ def parse_completion(body: dict, defaults: SamplingParams) -> LlamaCompletion:
 
 def generation_settings(p: SamplingParams, *, seed: int | None = None,
                         n_predict: int | None = None, stop: tuple[str, ...] = (),
-                        stream: bool = False, n_probs: int = 0) -> dict[str, Any]:
+                        stream: bool = False, n_probs: int = 0,
+                        grammar: str = "") -> dict[str, Any]:
     """A request's settings under llama-server's names, in its order. seed: the one used
-    (llama-server reports 4294967295 when none was given)."""
+    (llama-server reports 4294967295 when none was given); grammar: the request's GBNF."""
     if seed is None:
         seed = p.seed if p.seed not in (None, -1) else DEFAULT_SEED
     limit = -1 if n_predict is None else n_predict
@@ -116,7 +117,7 @@ def generation_settings(p: SamplingParams, *, seed: int | None = None,
         "max_tokens": limit, "n_predict": limit, "n_keep": 0, "n_discard": 0,
         "ignore_eos": p.ignore_eos, "stream": stream,
         "logit_bias": [[t, b] for t, b in p.logit_bias], "n_probs": n_probs,
-        "min_keep": p.min_keep, "grammar": "",
+        "min_keep": p.min_keep, "grammar": grammar,
         "samplers": MIROSTAT_SAMPLERS if p.mirostat else SAMPLERS,
     }
 
@@ -173,7 +174,9 @@ class _Answer:
             "generation_settings": generation_settings(
                 self.req.params, seed=last.usage.seed if last.usage else None,
                 n_predict=self.req.n_predict, stop=self.req.stop, stream=self.req.stream,
-                n_probs=self.req.n_probs),
+                n_probs=self.req.n_probs,
+                grammar=self.req.shape.value if self.req.shape and self.req.shape.kind == "gbnf"
+                else ""),
             "prompt": self.prompt_text, "has_new_line": t.has_new_line, "truncated": False,
             # kinetic does not tell a stop string from the end of generation (SPEC.md)
             "stop_type": "limit" if limit else "eos", "stopping_word": "",
