@@ -11,7 +11,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -112,6 +114,18 @@ class ServeProcess:
             self.proc.wait()
         self._log.close()
         os.unlink(self._log.name)
+
+
+@contextmanager
+def serving(model: str, *args: str) -> Iterator[ServeProcess]:
+    """A `kinetic serve` process, ready to answer, killed on leaving (a module fixture's
+    body: `with serving(path, "-c", "512") as s: yield s`)."""
+    s = ServeProcess(model, *args)
+    try:
+        s.wait_ready()
+        yield s
+    finally:
+        s.close()
 
 
 def read_until(sock: socket.socket, marker: bytes, limit: int = 1 << 20) -> bytes:

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tests.conftest import real_model_file
-from tests.serve_process import ServeProcess, raw_request, read_until
+from tests.serve_process import raw_request, read_until, serving
 
 pytestmark = pytest.mark.real_model
 
@@ -36,13 +36,9 @@ TIMINGS = ("cache_n", "prompt_n", "prompt_ms", "prompt_per_token_ms", "prompt_pe
 
 @pytest.fixture(scope="module")
 def server():
-    s = ServeProcess(real_model_file("smollm2"), "-c", str(N_CTX), "-np", "2",
-                     "--api-key", KEY)
-    try:
-        s.wait_ready()
+    with serving(real_model_file("smollm2"), "-c", str(N_CTX), "-np", "2",
+                 "--api-key", KEY) as s:
         yield s
-    finally:
-        s.close()
 
 
 @pytest.fixture(scope="module")

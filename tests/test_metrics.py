@@ -14,7 +14,7 @@ import time
 import pytest
 
 from tests.conftest import real_model_file
-from tests.serve_process import ServeProcess, raw_request, read_until
+from tests.serve_process import raw_request, read_until, serving
 
 pytestmark = pytest.mark.real_model
 
@@ -30,12 +30,8 @@ PROMPT = ("<|im_start|>user\nWrite a few words about the sea, its waves, its col
 
 @pytest.fixture(scope="module")
 def server():
-    s = ServeProcess(real_model_file("smollm2"), "-c", str(N_CTX), "-np", "2")
-    try:
-        s.wait_ready()
+    with serving(real_model_file("smollm2"), "-c", str(N_CTX), "-np", "2") as s:
         yield s
-    finally:
-        s.close()
 
 
 def scrape(server, path: str = "/metrics") -> dict[str, float]:

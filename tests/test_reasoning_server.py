@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from tests.serve_process import ServeProcess
+from tests.serve_process import serving
 from tests.tiny_models import DATA, write_tiny_model
 
 CHAT = "/v1/chat/completions"
@@ -24,12 +24,8 @@ def server(tmp_path_factory):
     template = (DATA / "templates" / "Qwen-Qwen3-0.6B.jinja").read_text()
     path = write_tiny_model(tmp_path_factory.mktemp("qwen3") / "tiny-qwen3.gguf", "qwen3",
                             context_length=1024, chat_template=template)
-    s = ServeProcess(str(path), "-c", "1024", "-np", "2")
-    try:
-        s.wait_ready()
+    with serving(str(path), "-c", "1024", "-np", "2") as s:
         yield s
-    finally:
-        s.close()
 
 
 def chat(server, **fields) -> dict:

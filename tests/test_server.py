@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from tests.conftest import real_model_file
-from tests.serve_process import (ServeProcess, raw_request, read_until, split_response)
+from tests.serve_process import raw_request, read_until, serving, split_response
 
 pytestmark = pytest.mark.real_model
 
@@ -30,13 +30,9 @@ QUESTION = [{"role": "user", "content": "Name three colours."}]
 
 @pytest.fixture(scope="module")
 def server():
-    s = ServeProcess(real_model_file("smollm2"), "-c", str(N_CTX), "-np", "2",
-                     "--api-key", KEY)
-    try:
-        s.wait_ready()
+    with serving(real_model_file("smollm2"), "-c", str(N_CTX), "-np", "2",
+                 "--api-key", KEY) as s:
         yield s
-    finally:
-        s.close()
 
 
 @pytest.fixture(scope="module")

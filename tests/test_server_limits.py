@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import real_model_file
 from tests.serve_process import (ServeProcess, raw_request, read_to_end, read_until,
-                                 split_response)
+                                 serving, split_response)
 
 pytestmark = pytest.mark.real_model
 
@@ -21,13 +21,9 @@ CHAT = "/v1/chat/completions"
 
 @pytest.fixture(scope="module")
 def server():
-    s = ServeProcess(real_model_file("smollm2"), "-c", "128", "-np", "2", "--timeout", "1",
-                     "--max-connections", "2")
-    try:
-        s.wait_ready()
+    with serving(real_model_file("smollm2"), "-c", "128", "-np", "2", "--timeout", "1",
+                 "--max-connections", "2") as s:
         yield s
-    finally:
-        s.close()
 
 
 def test_slow_headers_are_cut(server):

@@ -17,7 +17,7 @@ import pytest
 
 from kinetic.grammar import UnsupportedSchema, compile_json_schema
 from tests.conftest import real_model_file
-from tests.serve_process import ServeProcess
+from tests.serve_process import serving
 
 pytestmark = pytest.mark.real_model
 
@@ -30,12 +30,8 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string"},
 
 @pytest.fixture(scope="module")
 def server():
-    s = ServeProcess(real_model_file("smollm2"), "-c", "2048", "-np", "4")
-    try:
-        s.wait_ready()
+    with serving(real_model_file("smollm2"), "-c", "2048", "-np", "4") as s:
         yield s
-    finally:
-        s.close()
 
 
 def chat(server, content: str, **fields):

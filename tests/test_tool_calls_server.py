@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from tests.conftest import real_model_file
-from tests.serve_process import ServeProcess
+from tests.serve_process import serving
 
 pytestmark = pytest.mark.real_model
 
@@ -38,12 +38,8 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def server():
-    s = ServeProcess(real_model_file("qwen25coder"), "-c", "2048", "-np", "2")
-    try:
-        s.wait_ready()
+    with serving(real_model_file("qwen25coder"), "-c", "2048", "-np", "2") as s:
         yield s
-    finally:
-        s.close()
 
 
 def chat(server, messages=ASK, **fields) -> dict:
