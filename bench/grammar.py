@@ -86,45 +86,10 @@ def stats(ms) -> str:
             f"p99 {np.percentile(a, 99):.3f} ms, max {a.max():.2f} ms")
 
 
-def accepts(grammar, text: bytes) -> bool:
-    from kinetic.grammar.matcher import DEAD, _states
-    s = _states(grammar)
-    sid = s.start
-    for b in text:
-        sid = s.step(sid, b)
-        if sid == DEAD:
-            return False
-    return s.can_end[sid]
-
-
-def random_walk(grammar, rng, max_len=3000):
-    """A random sentence of the grammar, byte by byte, preferring printable ASCII (so the text
-    tokenizes roughly like a model's) and closing characters as it grows; None if too long."""
-    from kinetic.grammar.matcher import DEAD, _states
-    s = _states(grammar)
-    sid, out, every = s.start, bytearray(), np.arange(256)
-    while len(out) < max_len:
-        if s.can_end[sid] and rng.random() < 0.5:
-            return bytes(out)
-        allowed = np.flatnonzero(s.fill(np.full(256, sid), every) != DEAD).tolist()
-        if not allowed:
-            return bytes(out) if s.can_end[sid] else None
-        short = [b for b in allowed if b in b'"}]0123456789tfn']
-        ascii_ = [b for b in allowed if 0x20 <= b < 0x7F and b != 0x5C]
-        if short and (len(out) > 100 or rng.random() < 0.3):
-            b = rng.choice(short)
-        elif ascii_ and rng.random() < 0.9:
-            b = rng.choice(ascii_)
-        else:
-            b = rng.choice(allowed)
-        out.append(b)
-        sid = s.step(sid, b)
-    return None
-
-
 def document(schema, grammar, rng) -> bytes | None:
     """A document the grammar accepts: the schema's example or default if it does, else a
     random walk that finishes."""
+    from kinetic.grammar.matcher import accepts, random_sentence
     candidates = []
     if isinstance(schema, dict):
         candidates += [e for e in schema.get("examples") or [] if e is not None]
@@ -136,7 +101,7 @@ def document(schema, grammar, rng) -> bytes | None:
             if accepts(grammar, text.encode()):
                 return text.encode()
     for _ in range(5):
-        text = random_walk(grammar, rng)
+        text = random_sentence(grammar, rng, prefer_ascii=True)
         if text is not None:
             return text
     return None
@@ -217,7 +182,7 @@ def bench_tool_call(tok, vocab) -> None:
     compile_ms = []
     for _ in range(20):
         t = time.perf_counter()
-        g = make()
+        make()
         compile_ms.append((time.perf_counter() - t) * 1e3)
     masks = None
     for parse_special in (True, False):

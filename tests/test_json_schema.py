@@ -13,6 +13,7 @@ import jsonschema
 import pytest
 
 from kinetic.grammar import UnsupportedSchema, compile_json_schema
+from kinetic.grammar.matcher import random_sentence
 from tests.test_grammar import check_table
 
 BENCH = os.path.join(os.path.dirname(__file__), "data", "jsonschemabench")
@@ -215,27 +216,6 @@ REFUSED = {
 }
 
 
-def _random_text(grammar, rng, max_len=3000):
-    """A random sentence of the grammar: a walk over bytes picking, at each step, one of the
-    bytes the matcher's state accepts (biased toward closing as it grows, so most walks end);
-    None when the walk gets too long."""
-    import numpy as np
-    from kinetic.grammar.matcher import DEAD, _states
-    s = _states(grammar)
-    sid, out, every = s.start, bytearray(), np.arange(256)
-    while len(out) < max_len:
-        if s.can_end[sid] and rng.random() < 0.5:
-            return bytes(out)
-        allowed = np.flatnonzero(s.fill(np.full(256, sid), every) != DEAD).tolist()
-        if not allowed:
-            return bytes(out) if s.can_end[sid] else None
-        short = [b for b in allowed if b in b'"}]0123456789tfn']
-        b = rng.choice(short if short and (len(out) > 100 or rng.random() < 0.3) else allowed)
-        out.append(b)
-        sid = s.step(sid, b)
-    return None
-
-
 def _no_repeated_keys(pairs):
     keys = [k for k, _ in pairs]
     assert len(keys) == len(set(keys)), f"repeated key in {keys}"
@@ -279,7 +259,7 @@ def test_jsonschemabench_random_answers_validate():
         validator = jsonschema.validators.validator_for(schema)(schema, format_checker=checker)
         done = 0
         for _ in range(2):
-            text = _random_text(g, rng)
+            text = random_sentence(g, rng)
             if text is None:
                 continue
             value = json.loads(text.decode("utf-8"), object_pairs_hook=_no_repeated_keys)

@@ -43,6 +43,7 @@ import re
 
 from kinetic.grammar.ir import (EMPTY, Alt, Chars, Grammar, GrammarBuilder, Lit, Rep, Ref, Seq,
                                 alt, chars, lit, opt, seq, star)
+from kinetic.grammar.matcher import accepts
 from kinetic.grammar.regex import RegexUnsupported, parse_regex
 
 
@@ -424,7 +425,7 @@ class _Converter:
                 try:
                     sub.b.define("root", sub.gen(rest, path))
                     g = sub.b.build("root")
-                    values = [v for v in values if _accepts(g, self.literal(v).data)]
+                    values = [v for v in values if accepts(g, self.literal(v).data)]
                 except _Unsatisfiable:
                     values = []
             if not values:
@@ -1009,17 +1010,6 @@ _VALIDATION = {"type", "properties", "required", "additionalProperties", "patter
                "maxItems", "uniqueItems", "minLength", "maxLength", "pattern", "format",
                "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "anyOf", "oneOf",
                "allOf", "$ref", "nullable", "minProperties", *_UNSUPPORTED_KEYWORDS}
-
-
-def _accepts(g: Grammar, data: bytes) -> bool:
-    from kinetic.grammar.matcher import DEAD, _states
-    s = _states(g)
-    sid = s.start
-    for b in data:
-        sid = s.step(sid, b)
-        if sid == DEAD:
-            return False
-    return s.can_end[sid]
 
 
 def _types(s: dict) -> set:
