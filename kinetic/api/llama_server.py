@@ -30,7 +30,7 @@ from kinetic.api.app import (ServerState, generation, json_body, json_response,
                              server_state, sse_event, sse_response)
 from kinetic.api.errors import APIError, bad_request
 from kinetic.api.metrics import Task, metric_values, prometheus_text
-from kinetic.api.openai import require_kind
+from kinetic.api.openai import completion_prompt_ids, require_kind
 from kinetic.api.params import (MAX_STOP_CHARS, MAX_TOKENS_LIMIT, Shape, boolean,
                                 check_prompt_fits, compile_shape, integer, sampling_params,
                                 shape, strings)
@@ -122,16 +122,6 @@ def generation_settings(p: SamplingParams, *, seed: int | None = None,
     }
 
 
-def _prompt_ids(model, prompt: str | list[int]) -> list[int]:
-    if isinstance(prompt, list):
-        bad = [t for t in prompt if not 0 <= t < model.config.vocab_size]
-        if bad:
-            raise bad_request(f"token id {bad[0]} is outside the vocabulary "
-                              f"(0..{model.config.vocab_size - 1})", "prompt")
-        return list(prompt)
-    return model.prompt_ids(prompt)
-
-
 @blueprint.post("/completion")
 @blueprint.post("/completions")
 async def completion():
@@ -139,7 +129,7 @@ async def completion():
     require_kind(state, "text", "completions")
     model = state.require_model()
     req = parse_completion(await json_body(), model.default_params)
-    ids = await asyncio.to_thread(_prompt_ids, model, req.prompt)
+    ids = await asyncio.to_thread(completion_prompt_ids, model, req.prompt)
     if not ids:
         raise bad_request("the prompt is empty", "prompt")
     check_prompt_fits(len(ids), model.n_ctx, "prompt")

@@ -28,8 +28,8 @@ from kinetic.api.app import (ServerState, generation, json_body, json_response,
                              server_state, sse_event, sse_response)
 from kinetic.api.errors import APIError, bad_request
 from kinetic.api.chat_reply import ChatReader, plan_chat, tool_call_objects
-from kinetic.api.params import (CompletionRequest, Options, check_prompt_fits, compile_shape,
-                                parse_chat, parse_completion)
+from kinetic.api.params import (Options, check_prompt_fits, compile_shape, parse_chat,
+                                parse_completion)
 from kinetic.engine.request import Delta, GenerationRequest, TokenLogprob, Usage
 from kinetic.grammar import Grammar
 from kinetic.text.tokenizer import Tokenizer
@@ -121,14 +121,16 @@ async def chat_completions():
 
 # --- completions --------------------------------------------------------------------------
 
-def _completion_prompt(model, req: CompletionRequest) -> list[int]:
-    if isinstance(req.prompt, list):
-        bad = [t for t in req.prompt if not 0 <= t < model.config.vocab_size]
+def completion_prompt_ids(model, prompt: str | list[int]) -> list[int]:
+    """A completion's prompt as token ids: ids checked against the vocabulary (400), text
+    tokenized as llama-server does (BOS where the model adds it, special tokens parsed)."""
+    if isinstance(prompt, list):
+        bad = [t for t in prompt if not 0 <= t < model.config.vocab_size]
         if bad:
             raise bad_request(f"token id {bad[0]} is outside the vocabulary "
                               f"(0..{model.config.vocab_size - 1})", "prompt")
-        return list(req.prompt)
-    return model.prompt_ids(req.prompt)
+        return list(prompt)
+    return model.prompt_ids(prompt)
 
 
 @blueprint.post("/v1/completions")
@@ -137,7 +139,7 @@ async def completions():
     require_kind(state, "text", "completions")
     model = state.require_model()
     req = parse_completion(await json_body(), model.default_params)
-    prompt = await asyncio.to_thread(_completion_prompt, model, req)
+    prompt = await asyncio.to_thread(completion_prompt_ids, model, req.prompt)
     check_prompt_fits(len(prompt), model.n_ctx, "prompt")
     grammar = None
     if req.options.shape is not None:
@@ -245,12 +247,10 @@ class _Job:
             obj["usage"] = None  # only the last chunk carries usage
         return sse_event(obj)
 
-    async def _events(self, gen: GenerationRequest, kind: str, pieces,
-                      finish: dict[str, Any]) -> AsyncIterator[str]:
-        """The stream: the chunks `pieces(delta)` makes of each delta (its choices), a last
-        chunk with the finish reason (`finish` holds its empty content; "calls" in it, if set,
-        say the answer called tools), the usage chunk if asked for, then [DONE]. An engine
-        error ends it with an error event."""
+    async def _events(self, gen: GenerationRequest, kind: str, pieces) -> AsyncIterator[str]:
+        """The stream: the chunks `pieces(delta)` makes of each delta (its choices; for the
+        last delta they end with the choice that carries the finish reason), the usage chunk
+        if asked for, then [DONE]. An engine error ends it with an error event."""
         async with aclosing(generation(self.state, gen, self.id, stream=True)) as deltas:
             async for d in deltas:
                 if d.finish_reason == "error":
@@ -259,9 +259,6 @@ class _Job:
                 for choice in pieces(d):
                     yield self._chunk(kind, choice)
                 if d.finish_reason is not None:
-                    calls = finish.pop("calls", ())
-                    reason = _finish_reason(d.finish_reason, calls)
-                    yield self._chunk(kind, dict(finish, logprobs=None, finish_reason=reason))
                     if self.opts.include_usage:
                         yield sse_event(dict(self._head(kind), choices=[],
                                              usage=usage_object(d.usage)))
@@ -271,7 +268,6 @@ class _Job:
         """Reasoning streams as delta.reasoning_content and the answer as delta.content, as
         the reader releases them; tool calls come whole in one delta.tool_calls chunk."""
         want = self.opts.logprobs is not None
-        finish: dict[str, Any] = {"delta": {}}
 
         def choice(reasoning: str, content: str, lps=()) -> dict[str, Any]:
             delta = {}
@@ -294,15 +290,15 @@ class _Job:
                 if calls:
                     out.append({"delta": {"tool_calls": tool_call_objects(calls, streamed=True)},
                                 "finish_reason": None, "logprobs": None})
-                    finish["calls"] = calls
+                out.append({"delta": {}, "logprobs": None,
+                            "finish_reason": _finish_reason(d.finish_reason, calls)})
             return out
 
         async def events() -> AsyncIterator[str]:
             yield self._chunk("chat.completion.chunk", {
                 "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                 "finish_reason": None})
-            async with aclosing(self._events(gen, "chat.completion.chunk", pieces,
-                                             finish)) as rest:
+            async with aclosing(self._events(gen, "chat.completion.chunk", pieces)) as rest:
                 async for event in rest:
                     yield event
         return events()
@@ -311,11 +307,15 @@ class _Job:
         legacy = LegacyLogprobs(self.tok) if self.opts.logprobs is not None else None
 
         def pieces(d: Delta) -> list[dict[str, Any]]:
-            if not (d.text or d.logprobs):
-                return []
-            return [{"text": d.text, "finish_reason": None,
-                     "logprobs": legacy.take(d.logprobs) if legacy else None}]
-        return self._events(gen, "text_completion", pieces, {"text": ""})
+            out = []
+            if d.text or d.logprobs:
+                out.append({"text": d.text, "finish_reason": None,
+                            "logprobs": legacy.take(d.logprobs) if legacy else None})
+            if d.finish_reason is not None:
+                out.append({"text": "", "logprobs": None,
+                            "finish_reason": _finish_reason(d.finish_reason, ())})
+            return out
+        return self._events(gen, "text_completion", pieces)
 
 
 def _finish_reason(engine_reason: str | None, calls) -> str:
