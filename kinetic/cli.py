@@ -104,7 +104,8 @@ def serve_options(args: argparse.Namespace):
     port = args.port if args.port is not None else (11434 if args.ollama else 8080)
     config = ServerConfig(host=args.host, port=port, api_keys=_api_keys(args),
                           max_connections=args.max_connections, request_timeout=args.timeout,
-                          sign_key=args.sign_key, ollama=args.ollama)
+                          stall_timeout=args.stall_timeout, sign_key=args.sign_key,
+                          ollama=args.ollama)
     # -ub: rows per compiled step; -b: prompt rows one request may take in a step
     engine = EngineConfig(parallel=args.parallel, n_ctx=args.ctx_size or (1 << 30),
                           step_tokens=args.ubatch_size, chunk_tokens=args.batch_size)
@@ -154,8 +155,11 @@ def _add_serve(sub) -> None:
                        help="seconds a client has to send its request (default 30); slower "
                        "clients are disconnected")
     serve.add_argument("--max-connections", type=int, default=64,
-                       help="open connections served at once (default 64); more are answered "
-                       "503")
+                       help="open connections served at once (default 64); one more is "
+                       "answered 503 at once and closed")
+    serve.add_argument("--stall-timeout", type=float, default=60.0, metavar="SECONDS",
+                       help="/health answers 503 while one engine step has run longer than "
+                       "this (default 60), so that a supervisor can restart a stuck server")
     serve.add_argument("-md", "--model-draft", metavar="FILE",
                        help="a smaller model of the same vocabulary that drafts tokens for "
                        "speculative decoding (never changes an answer; without it, drafts "

@@ -25,16 +25,17 @@ def free_port() -> int:
 
 
 class ServeProcess:
-    """`python -m kinetic.cli serve MODEL --port P ARGS...`, its output in a temporary file."""
+    """`python -m kinetic.cli serve MODEL --port P ARGS...`, its output in a temporary file.
+    `cli` replaces `-m kinetic.cli` (a test's script that patches kinetic, then runs it)."""
 
-    def __init__(self, model: str, *args: str):
+    def __init__(self, model: str, *args: str, cli: tuple[str, ...] = ("-m", "kinetic.cli")):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._log = tempfile.NamedTemporaryFile(prefix="kinetic-serve-", suffix=".log",
                                                 delete=False)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kinetic.cli", "serve", model, "--port", str(self.port),
-             *args], stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT)
+            [sys.executable, *cli, "serve", model, "--port", str(self.port), *args],
+            stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT)
 
     def output(self) -> str:
         return Path(self._log.name).read_text(errors="replace")

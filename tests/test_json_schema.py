@@ -1,7 +1,8 @@
 """JSON Schema grammars as (schema, valid JSON texts, invalid ones) tables: every text is first
 checked against the `jsonschema` package (so the table itself is right), then through the
-matcher byte by byte and through the masks of a byte-level vocabulary. Plus the refusals, and
-the compile rate on the JSONSchemaBench sample."""
+matcher byte by byte and through the masks of a byte-level vocabulary. Plus the refusals, the
+compile rate on the JSONSchemaBench sample, and the keyword table: each refused, partly
+enforced and ignored keyword of it, and the docs that list it."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import jsonschema
 import pytest
 
 from kinetic.grammar import UnsupportedSchema, compile_json_schema
+from kinetic.grammar.json_schema import keywords as K
 from kinetic.grammar.matcher import random_sentence
 from tests.test_grammar import check_table
 
@@ -290,3 +292,127 @@ def test_schema_masks_match_brute_force():
             assert m.accept_bytes(bytes([b]))
         np.testing.assert_array_equal(mask_bits(m, VOCAB), brute_force_mask(m, VOCAB))
         assert m.can_end()
+
+
+# --- the keyword table -------------------------------------------------------------------
+
+REFUSED_SAMPLES = {"if": {}, "then": {}, "else": {}, "dependentSchemas": {"a": {}},
+                   "unevaluatedProperties": False, "contains": {}, "minContains": 1,
+                   "maxContains": 1, "unevaluatedItems": False, "$dynamicRef": "#x",
+                   "$recursiveRef": "#"}
+
+# keyword: (a schema where it is enforced, texts it accepts and rejects, a schema where it is
+# refused, the feature the refusal names)
+PARTIAL_SAMPLES = {
+    "oneOf": ({"oneOf": [{"type": "string"}, {"type": "integer"}]}, ['"a"', "1"], ["true"],
+              {"oneOf": [{"type": "string"}, {"maxLength": 2}]}, "oneOf (branches that may"),
+    "$ref": ({"$defs": {"a": {"type": "null"}}, "$ref": "#/$defs/a"}, ["null"], ["1"],
+             {"$ref": "https://example.com/s.json"}, "$ref to another document"),
+    "not": ({"type": "object", "properties": {"a": {}}, "not": {"required": ["a"]}}, ["{}"],
+            ['{"a": 1}'], {"not": {"type": "null"}}, "not at /not"),
+    "propertyNames": ({"propertyNames": {"pattern": "^x"}, "additionalProperties": True},
+                      ['{"xa": 1}'], ['{"a": 1}'], {"propertyNames": {"maxLength": 2}},
+                      "propertyNames at /propertyNames"),
+    "dependencies": ({"properties": {"a": {}, "b": {}}, "dependencies": {"a": ["b"]}},
+                     ['{"a": 1, "b": 2}', '{"b": 2}'], ['{"a": 1}'],
+                     {"dependencies": {"a": {"type": "object"}}}, "dependencies with a schema"),
+    "uniqueItems": ({"items": {"enum": [1, 2]}, "uniqueItems": True}, ["[1, 2]"], ["[1, 1]"],
+                    {"items": {"type": "integer"}, "uniqueItems": True}, "uniqueItems (on"),
+    "pattern": ({"type": "string", "pattern": "^a+$"}, ['"aa"'], ['"ab"'],
+                {"type": "string", "pattern": "(?=a)a"}, "pattern '(?=a)a'"),
+    "format": ({"type": "string", "format": "ipv4"}, ['"10.0.0.1"'], ['"10.0.0"'],
+               {"type": "string", "format": "duration"}, "format 'duration'"),
+    "multipleOf": ({"type": "number", "multipleOf": 1}, ["3"], ["3.5"],
+                   {"type": "number", "multipleOf": 2}, "multipleOf at /multipleOf"),
+}
+
+
+@pytest.mark.parametrize("keyword", [k.name for k in K.TABLE if k.kind == K.REFUSED])
+def test_refused_keywords_are_refused_where_they_are(keyword):
+    assert set(REFUSED_SAMPLES) == {k.name for k in K.TABLE if k.kind == K.REFUSED}
+    schema = {"properties": {"x": {keyword: REFUSED_SAMPLES[keyword]}}}
+    with pytest.raises(UnsupportedSchema) as e:
+        compile_json_schema(schema)
+    assert e.value.path == f"/properties/x/{keyword}", str(e.value)
+    assert str(e.value).startswith(f"unsupported JSON Schema feature {keyword} at ")
+
+
+@pytest.mark.parametrize("keyword", sorted(PARTIAL_SAMPLES))
+def test_partial_keywords_enforce_one_form_and_refuse_the_others(keyword):
+    assert set(PARTIAL_SAMPLES) == {k.name for k in K.TABLE if k.kind == K.PARTIAL}
+    schema, valid, invalid, refused, feature = PARTIAL_SAMPLES[keyword]
+    for text in valid:
+        jsonschema.validate(json.loads(text), schema)
+    check_table(compile_json_schema(schema), valid, invalid)
+    with pytest.raises(UnsupportedSchema) as e:
+        compile_json_schema(refused)
+    assert feature in str(e.value)
+
+
+@pytest.mark.parametrize("keyword", [k.name for k in K.TABLE if k.kind == K.ANNOTATION])
+def test_annotations_are_ignored(keyword):
+    schema = {**PERSON, keyword: {"type": "string"}}
+    check_table(compile_json_schema(schema), ['{"name": "a", "age": 1}'], ['{"name": "a"}'])
+
+
+def test_keyword_table_is_consistent():
+    from dataclasses import fields
+
+    from kinetic.grammar.json_schema.formats import FORMATS
+    from kinetic.grammar.json_schema.limits import SchemaLimits
+    assert K.FORMATS == tuple(FORMATS)
+    names = {f.name for f in fields(SchemaLimits)}
+    for k in K.TABLE:
+        assert set(k.limits) <= names, k.name
+        assert k.kind in (K.ENFORCED, K.PARTIAL, K.REFUSED, K.ANNOTATION, K.CONTAINER)
+        assert k.merge in ("same", "max", "min", "union", "types", "properties",
+                           "false_wins", "branches"), k.name
+        assert bool(k.refused) == (k.kind in (K.REFUSED, K.PARTIAL)), k.name
+    assert len(K.KEYWORDS) == len(K.TABLE)
+
+
+def test_docs_list_the_keyword_table_and_the_limits():
+    """docs/server.md and the package docstring hold the rendering of the table (regenerate
+    with `python -m kinetic.grammar.json_schema.docs --write`)."""
+    from pathlib import Path
+
+    import kinetic.grammar.json_schema as package
+    from kinetic.grammar.json_schema.docs import keyword_list, limit_list, marked
+    docs = (Path(__file__).parents[1] / "docs" / "server.md").read_text()
+    assert marked(docs, "json-schema-keywords") == keyword_list()
+    assert marked(docs, "json-schema-limits") == limit_list()
+    assert marked(package.__doc__, "json-schema-keywords") == keyword_list()
+
+
+def test_private_looking_names_are_plain_names():
+    """A keyword or property named `_one_of_required` (the converter once used that key to pass
+    a oneOf rule along) is an unknown keyword and an ordinary property."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+              "_one_of_required": [[["a"]]]}
+    check_table(compile_json_schema(schema), ["{}", '{"a": 1, "b": 2}', '{"b": 2}'], ['{"a": "x"}'])
+    schema = {"type": "object", "properties": {"_one_of_required": {"type": "string"}},
+              "required": ["_one_of_required"]}
+    check_table(compile_json_schema(schema), ['{"_one_of_required": "x"}'],
+                ["{}", '{"_one_of_required": 1}'])
+
+
+def test_one_of_required_holds_beside_ref_and_enum():
+    """The exactly-one rule of a oneOf of required sets is a typed record passed to the object:
+    it is kept beside a $ref and filters an enum (whose values once escaped it)."""
+    one_of = [{"required": ["a"]}, {"required": ["b"]}]
+    props = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
+    schema = {"$defs": {"o": props}, "$ref": "#/$defs/o", "oneOf": one_of}
+    check_table(compile_json_schema(schema), ['{"a": 1}', '{"b": 2}'], ["{}", '{"a": 1, "b": 2}'])
+    schema = {"enum": [{"a": 1}, {"a": 1, "b": 2}, {"b": 2}, {}], "oneOf": one_of}
+    check_table(compile_json_schema(schema), ['{"a":1}', '{"b":2}'], ['{"a":1,"b":2}', "{}"])
+
+
+def test_allof_of_anyofs():
+    """Two anyOfs under allOf: each branch of one is joined with the other (this recursed
+    without end)."""
+    schema = {"allOf": [{"anyOf": [{"type": "integer"}, {"type": "string"}]},
+                        {"anyOf": [{"type": "integer", "minimum": 1},
+                                   {"type": "string", "maxLength": 2}]}]}
+    for text in ["5", '"ab"']:
+        jsonschema.validate(json.loads(text), schema)
+    check_table(compile_json_schema(schema), ["5", '"ab"'], ["0", '"abc"', "null"])

@@ -16,7 +16,7 @@ def test_defaults_are_llama_servers():
     config, model = options()
     assert (config.host, config.port) == ("127.0.0.1", 8080)
     assert config.api_keys == () and config.max_connections == 64
-    assert config.request_timeout == 30.0
+    assert config.request_timeout == 30.0 and config.stall_timeout == 60.0
     assert model.path == "m.gguf" and model.model_id == "m" and model.draft is None
     assert model.engine.parallel == 0 and model.engine.n_ctx == 4096
 
@@ -29,11 +29,12 @@ def test_flags_map_to_fields(tmp_path):
     config, model = options(
         "--host", "0.0.0.0", "--port", "9000", "-c", "2048", "-np", "3", "-ub", "32",
         "-b", "64", "--api-key", "k1,k0", "--api-key-file", str(keys), "--timeout", "2.5",
-        "--max-connections", "8", "--sign-key", str(sign), "--metrics", "--slots",
-        "-ngl", "99")
+        "--max-connections", "8", "--stall-timeout", "120", "--sign-key", str(sign),
+        "--metrics", "--slots", "-ngl", "99")
     assert (config.host, config.port) == ("0.0.0.0", 9000)
     assert config.api_keys == ("k1", "k0", "k2", "k3")
     assert config.request_timeout == 2.5 and config.max_connections == 8
+    assert config.stall_timeout == 120.0
     assert config.sign_key == str(sign)
     e = model.engine
     assert (e.n_ctx, e.parallel, e.step_tokens, e.chunk_tokens) == (2048, 3, 32, 64)
@@ -61,7 +62,7 @@ def test_refused_flags_say_why(argv, words):
 
 
 @pytest.mark.parametrize("argv", [["--max-connections", "0"], ["--timeout", "0"],
-                                  ["--port", "70000"], ["-np", "-1"]])
+                                  ["--stall-timeout", "0"], ["--port", "70000"], ["-np", "-1"]])
 def test_invalid_values_are_errors(argv):
     with pytest.raises(ValueError):
         options(*argv)
@@ -74,7 +75,7 @@ def test_help_documents_every_flag(capsys):
     for flag in ("--host", "--port", "--ctx-size", "--parallel", "--batch-size",
                  "--ubatch-size", "--api-key", "--api-key-file", "--model-draft", "--sign-key",
                  "--mmproj", "--ollama", "--metrics", "--slots", "--gpu-layers", "--timeout",
-                 "--max-connections"):
+                 "--max-connections", "--stall-timeout"):
         assert flag in text
 
 

@@ -1,16 +1,17 @@
 """The HTTP app: what every route shares, and the dialects' blueprints on top.
 
+A connection past --max-connections never gets here: server.py answers it 503 on accept.
 One request, in order (`_guard`, before any route runs):
-1. a connection past --max-connections gets 503 and is closed (server.py marks it);
-2. a browser `Origin` that is not this computer gets 403, on every route, so that no web page
+1. a browser `Origin` that is not this computer gets 403, on every route, so that no web page
    can drive the server, whatever content type it sends;
-3. every route but /health and /v1/health needs the API key when the server has one (401);
-4. POST bodies of the OpenAI routes must be application/json (415) and, on every route, at
+2. every route but /health and /v1/health needs the API key when the server has one (401);
+3. POST bodies of the OpenAI routes must be application/json (415) and, on every route, at
    most `max_body_bytes` (413); a client has `request_timeout` seconds to send its body;
-5. while the model loads, every route but health answers 503;
-then the route parses its body into a typed request (params.py), runs it through the engine
-(`generation`) and writes the answer as JSON or server-sent events (`sse_response`). Every
-error, the router's 404 and 405 included, is written in the OpenAI shape (errors.py).
+4. while the model loads, every route but health answers 503;
+then the route reads its body (`json_body`: strict UTF-8 JSON of valid Unicode, body.py),
+parses it into a typed request (params.py), runs it through the engine (`generation`) and
+writes the answer as JSON or server-sent events (`sse_response`). Every error, the router's
+404 and 405 included, is written in the OpenAI shape (errors.py).
 
 Dialects are blueprints: `openai` (openai.py) and `llama_server` (llama_server.py); Ollama's
 routes register theirs in `create_app` the same way. Every generation, whatever its dialect,
@@ -32,7 +33,8 @@ from urllib.parse import urlsplit
 from quart import Quart, Response, current_app, request
 from werkzeug.exceptions import HTTPException
 
-from kinetic.api.errors import APIError, bad_request, unavailable
+from kinetic.api.body import parse_json_object
+from kinetic.api.errors import APIError, unavailable
 from kinetic.api.metrics import Activity, Task
 from kinetic.engine.request import Delta, GenerationRequest
 
@@ -41,7 +43,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kinetic.server")
 
-OVER_LIMIT = "kinetic.over_connection_limit"  # set in a connection's ASGI state by server.py
 PUBLIC_ENDPOINTS = {"health"}                  # no API key needed
 JSON_ONLY_BLUEPRINTS = {"openai"}              # their POST bodies must be application/json
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
@@ -56,6 +57,7 @@ class ServerConfig:
     api_keys: tuple[str, ...] = ()     # --api-key / --api-key-file; empty: no authentication
     max_connections: int = 64          # more open connections are answered 503 and closed
     request_timeout: float = 30.0      # seconds a client has to send its request
+    stall_timeout: float = 60.0        # /health answers 503 once a step runs longer
     max_body_bytes: int = 16 << 20
     sign_key: str | None = None        # --sign-key: kept for signed receipts
     ollama: bool = False               # --ollama: Ollama's port (its routes come later)
@@ -67,6 +69,9 @@ class ServerConfig:
             raise ValueError(f"--max-connections must be at least 1, got {self.max_connections}")
         if not self.request_timeout > 0:
             raise ValueError(f"--timeout must be more than 0 seconds, got {self.request_timeout}")
+        if not self.stall_timeout > 0:
+            raise ValueError(f"--stall-timeout must be more than 0 seconds, got "
+                             f"{self.stall_timeout}")
         if any(not k for k in self.api_keys):
             raise ValueError("an API key must not be empty")
 
@@ -120,9 +125,19 @@ def create_app(state: ServerState) -> Quart:
 
 
 async def _health() -> Response:
-    """{"status": "ok"} and the slots once the model is ready; 503 while it loads."""
-    model = server_state().require_model()
-    slots = model.engine.stats().slots
+    """{"status": "ok"} and the slots once the model is ready; 503 while it loads, once the
+    engine thread has died, or while its current step has run past `stall_timeout` (a
+    supervisor polling health can then restart the server)."""
+    state = server_state()
+    model = state.require_model()
+    engine = model.engine
+    if engine.failure is not None:
+        raise unavailable(f"the engine has stopped ({engine.failure}); restart the server")
+    stalled = engine.stalled_for()
+    if stalled > state.config.stall_timeout:
+        raise unavailable(f"the engine has not finished a step for {stalled:.0f} s (the "
+                          f"limit is {state.config.stall_timeout:g} s); restart the server")
+    slots = engine.stats().slots
     busy = sum(1 for s in slots if s.busy)
     return json_response({"status": "ok", "slots_idle": len(slots) - busy,
                           "slots_processing": busy})
@@ -132,9 +147,6 @@ async def _health() -> Response:
 
 async def _guard() -> None:
     state = server_state()
-    if request.scope.get("state", {}).get(OVER_LIMIT):
-        raise unavailable(f"the server already has {state.config.max_connections} open "
-                          f"connections; try again later", close=True)
     origin = request.headers.get("Origin")
     if origin is not None and not is_local_origin(origin):
         raise APIError(403, f"requests from web pages of other sites (Origin: {origin}) are "
@@ -235,20 +247,10 @@ async def _internal_error(e: Exception) -> Response:
 
 # --- bodies and answers -------------------------------------------------------------------
 
-def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
 async def json_body() -> dict[str, Any]:
-    """The request body as a JSON object (400 if it is not one)."""
-    raw = await request.get_data()
-    try:
-        body = json.loads(raw, parse_constant=_no_constants)
-    except (ValueError, RecursionError) as e:
-        raise bad_request(f"the body is not valid JSON: {e}") from None
-    if not isinstance(body, dict):
-        raise bad_request(f"the body must be a JSON object, got {type(body).__name__}")
-    return body
+    """The request body as a JSON object of valid Unicode, at most body.MAX_DEPTH deep (400
+    saying what is wrong, and where, otherwise: body.py)."""
+    return parse_json_object(await request.get_data())
 
 
 def dumps(obj: Any) -> str:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kinetic.api.errors import bad_request
-from kinetic.api.params import ChatRequest, compile_shape
+from kinetic.api.params import ChatRequest, compile_shape, ready_grammar
 from kinetic.chat.reasoning import (ReasoningSplitter, prompt_opens_thinking,
                                     template_knows_thinking)
 from kinetic.chat.tool_calls import ToolCall, ToolFormat, tool_format
@@ -56,13 +56,14 @@ def plan_chat(model, req: ChatRequest) -> ChatPlan:
     if req.forced_call:
         think = "open" if opens else "optional" if thinking else "none"
         try:
-            grammar = fmt.grammar(req.tools, req.parallel_tool_calls, think)
+            grammar = ready_grammar(model, fmt.grammar(req.tools, req.parallel_tool_calls,
+                                                       think), "tools")
         except (UnsupportedSchema, GrammarError) as e:
             raise bad_request(f"cannot hold the reply to these tools: {e}", "tools") from None
         except RecursionError:
             raise bad_request("a tool's parameters are nested too deeply", "tools") from None
     elif req.options.shape is not None:
-        grammar = compile_shape(req.options.shape)
+        grammar = compile_shape(req.options.shape, model)
     return ChatPlan(prompt, grammar, thinking, opens, fmt, req.tools)
 
 

@@ -58,6 +58,15 @@ def not_supported(what: str, param: str, later: str = "") -> APIError:
                     param=param)
 
 
+def engine_error(last) -> APIError:
+    """The error of a generation that ended with `last` (a Delta with finish_reason "error",
+    or None if the engine stopped without one): 503 when the request alone overran a budget
+    of its own (its grammar's masks; the server is fine), else 500."""
+    if last is None:
+        return APIError(500, "the engine stopped")
+    return APIError(503 if last.busy else 500, last.error or "the engine failed")
+
+
 def unavailable(message: str, close: bool = False) -> APIError:
     """503: the server cannot take the request now (loading, too many connections)."""
     return APIError(503, message, close=close)

@@ -28,7 +28,7 @@ from quart import Blueprint, Response
 from kinetic import __version__
 from kinetic.api.app import (ServerState, generation, json_body, json_response,
                              server_state, sse_event, sse_response)
-from kinetic.api.errors import APIError, bad_request
+from kinetic.api.errors import bad_request, engine_error
 from kinetic.api.metrics import Task, metric_values, prometheus_text
 from kinetic.api.openai import completion_prompt_ids, require_kind
 from kinetic.api.params import (MAX_STOP_CHARS, MAX_TOKENS_LIMIT, Shape, boolean,
@@ -135,7 +135,7 @@ async def completion():
     check_prompt_fits(len(ids), model.n_ctx, "prompt")
     grammar = None
     if req.shape is not None:
-        grammar = await asyncio.to_thread(compile_shape, req.shape)
+        grammar = await asyncio.to_thread(compile_shape, req.shape, model)
     gen = GenerationRequest(ids, req.params, req.n_predict, req.stop, grammar=grammar)
     # the prompt as run, as llama-server shows it: BOS and special tokens written out
     answer = _Answer(state, req, gen, model.tokenizer.decode_pieces(ids))
@@ -185,7 +185,7 @@ class _Answer:
                 tokens.extend(d.token_ids)
                 last = d
         if last is None or last.finish_reason == "error":
-            raise APIError(500, last.error if last and last.error else "the engine stopped")
+            raise engine_error(last)
         return self.final("".join(text), tokens, last)
 
     async def events(self) -> AsyncIterator[str]:
@@ -196,7 +196,7 @@ class _Answer:
                                        task=self.task)) as deltas:
             async for d in deltas:
                 if d.finish_reason == "error":
-                    yield sse_event(APIError(500, d.error or "the engine failed").body())
+                    yield sse_event(engine_error(d).body())
                     return
                 tokens.extend(d.token_ids)
                 if d.text:

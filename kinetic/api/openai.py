@@ -26,7 +26,7 @@ from quart import Blueprint
 from kinetic import __version__
 from kinetic.api.app import (ServerState, generation, json_body, json_response,
                              server_state, sse_event, sse_response)
-from kinetic.api.errors import APIError, bad_request
+from kinetic.api.errors import APIError, bad_request, engine_error
 from kinetic.api.chat_reply import ChatReader, plan_chat, tool_call_objects
 from kinetic.api.params import (Options, check_prompt_fits, compile_shape, parse_chat,
                                 parse_completion)
@@ -143,7 +143,7 @@ async def completions():
     check_prompt_fits(len(prompt), model.n_ctx, "prompt")
     grammar = None
     if req.options.shape is not None:
-        grammar = await asyncio.to_thread(compile_shape, req.options.shape)
+        grammar = await asyncio.to_thread(compile_shape, req.options.shape, model)
     job = _Job("cmpl", state, model.tokenizer, req.options)
     gen = _generation_request(prompt, req.options, "prompt", grammar)
     if req.options.stream:
@@ -211,7 +211,7 @@ class _Job:
                 lps.extend(d.logprobs)
                 last = d
         if last is None or last.finish_reason == "error":
-            raise APIError(500, last.error if last and last.error else "the engine stopped")
+            raise engine_error(last)
         return "".join(text), lps, last
 
     async def chat_answer(self, gen: GenerationRequest, reader: ChatReader) -> dict[str, Any]:
@@ -254,7 +254,7 @@ class _Job:
         async with aclosing(generation(self.state, gen, self.id, stream=True)) as deltas:
             async for d in deltas:
                 if d.finish_reason == "error":
-                    yield sse_event(APIError(500, d.error or "the engine failed").body())
+                    yield sse_event(engine_error(d).body())
                     return
                 for choice in pieces(d):
                     yield self._chunk(kind, choice)

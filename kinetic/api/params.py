@@ -2,10 +2,13 @@
 
 Every field of SPEC.md's chat completions table is read here, under its OpenAI name and,
 where llama-server has another, under that one too. A field with the wrong type or out of
-range is a 400 naming it (`APIError.param`). Fields that are null count as absent, and
-fields kinetic does not know are ignored, as OpenAI clients send many. Everything a client
-controls is bounded: the body size by the server, and here max_tokens, the stop strings,
-logit_bias entries and DRY breakers.
+range is a 400 naming it (`APIError.param`: a top-level field by its name, a value inside
+one by its path, `messages[0].content[1].text`, as body.py names a bad string). Fields that
+are null count as absent, and fields kinetic does not know are ignored, as OpenAI clients
+send many. Every value a route or the chat template reads is type-checked here, so a wrong
+type is a 400 and never a TypeError later. Everything a client controls is bounded: the body
+size and depth by the server (body.py), and here max_tokens, the stop strings, logit_bias
+entries and DRY breakers.
 
 The result is an `Options` (what the engine needs besides the prompt) inside a
 `ChatRequest` (messages, tools) or a `CompletionRequest` (prompt); the routes render and
@@ -22,10 +25,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from kinetic.api.errors import APIError, bad_request, not_supported
+from kinetic.api.schema_check import check_schema
 from kinetic.engine.request import MAX_LOGPROBS, MAX_STOP_STRINGS
 from kinetic.engine.sampling_params import SamplingParams
-from kinetic.grammar import (Grammar, GrammarError, UnsupportedSchema, compile_gbnf,
-                             compile_json_schema)
+from kinetic.grammar import (Grammar, GrammarError, GrammarTooCostly, UnsupportedSchema,
+                             compile_gbnf, compile_json_schema)
 
 MAX_TOKENS_LIMIT = 1 << 20      # generation also ends when the context is full
 MAX_LOGIT_BIAS = 1024           # entries
@@ -91,11 +95,12 @@ def number(body: dict, name: str, lo: float | None = None, hi: float | None = No
     value = _get(body, name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or isinstance(value, float) and not math.isfinite(value):
         raise bad_request(f"{name} must be a number, got {value!r}", name)
     if above is not None and value <= above:
         raise bad_request(f"{name} must be greater than {above:g}, got {value!r}", name)
-    _in_range(name, value, lo, hi)
+    _in_range(name, value, lo, hi)  # before float(): an integer past 1e308 cannot be one
     return float(value)
 
 
@@ -223,13 +228,14 @@ def logit_bias(body: dict) -> tuple[tuple[int, float], ...] | None:
     out = []
     for key, bias in items:
         token = key
-        if isinstance(key, str) and key.isdigit():
-            token = int(key)
-        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-            raise bad_request(f"logit_bias keys must be token ids (integers >= 0), got {key!r}",
-                              "logit_bias")
+        if isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 10:
+            token = int(key)  # not "²" or "１" (str.isdigit takes them), nor 5000 digits
+        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token <= INT32_MAX:
+            raise bad_request(f"logit_bias keys must be token ids (integers 0 to {INT32_MAX}), "
+                              f"got {key!r}", "logit_bias")
+        # compared, not math.isfinite()'d: an integer past 1e308 cannot become a float
         if isinstance(bias, bool) or not isinstance(bias, (int, float)) \
-                or not math.isfinite(bias) or not -100 <= bias <= 100:
+                or not -100 <= bias <= 100:
             raise bad_request(f"logit_bias for token {token} must be a number between -100 "
                               f"and 100, got {bias!r}", "logit_bias")
         out.append((token, float(bias)))
@@ -268,12 +274,15 @@ def shape(body: dict) -> Shape | None:
     if schema not in (None, {}):
         if not isinstance(schema, (dict, bool)):
             raise bad_request("json_schema must be a JSON Schema object", "json_schema")
+        check_schema(schema, "json_schema")
         given.append(Shape("json_schema", schema, "json_schema"))
     fmt = obj(body, "response_format")
     if fmt is not None:
         kind = fmt.get("type")
         if kind == "json_object":
             inner = fmt.get("schema")   # llama-server also takes a schema here
+            if inner is not None:
+                check_schema(inner, "response_format.schema")
             given.append(Shape("json_schema", inner if inner else True, "response_format"))
         elif kind == "json_schema":
             spec = fmt.get("json_schema")
@@ -284,6 +293,7 @@ def shape(body: dict) -> Shape | None:
             if not isinstance(inner, (dict, bool)):
                 raise bad_request("response_format.json_schema.schema must be a JSON Schema "
                                   "object", "response_format")
+            check_schema(inner, "response_format.json_schema.schema")
             given.append(Shape("json_schema", inner if inner != {} else True,
                                "response_format"))
         elif kind != "text":
@@ -295,20 +305,34 @@ def shape(body: dict) -> Shape | None:
     return given[0] if given else None
 
 
-def compile_shape(shape: Shape) -> Grammar:
+def compile_shape(shape: Shape, model=None) -> Grammar:
     """The Grammar of a shape; an invalid grammar or a schema feature kinetic cannot enforce
-    is a 400 that says what and where."""
+    is a 400 that says what and where. With `model`, its first token mask is computed too
+    (`ready_grammar`). Blocking: run it in a worker thread."""
     param = shape.param
     try:
         if shape.kind == "gbnf":
-            return compile_gbnf(shape.value)
-        return compile_json_schema(shape.value)
+            grammar = compile_gbnf(shape.value)
+        else:
+            grammar = compile_json_schema(shape.value)
+        return grammar if model is None else ready_grammar(model, grammar, param)
     except GrammarError as e:
         raise bad_request(f"invalid grammar: {e}", param) from None
     except UnsupportedSchema as e:
         raise bad_request(f"unsupported JSON Schema: {e}", param) from None
     except RecursionError:
         raise bad_request("the grammar or schema is nested too deeply", param) from None
+
+
+def ready_grammar(model, grammar: Grammar, param: str) -> Grammar:
+    """`grammar`, its start state and first token mask built for `model`'s vocabulary within
+    the engine's grammar budget (blocking: a worker thread, so that a costly grammar never
+    reaches the engine thread); 400 naming `param` when even that first mask overruns it."""
+    try:
+        model.engine.prepare_grammar(grammar)
+    except GrammarTooCostly as e:
+        raise bad_request(f"the grammar is too costly to follow: {e}", param) from None
+    return grammar
 
 
 def tools(body: dict) -> tuple[list[dict] | None, str | None, bool]:
@@ -321,17 +345,20 @@ def tools(body: dict) -> tuple[list[dict] | None, str | None, bool]:
     if len(offered) > MAX_TOOLS:
         raise bad_request(f"at most {MAX_TOOLS} tools", "tools")
     names = []
-    for t in offered:
+    for i, t in enumerate(offered):
         fn = t.get("function") if isinstance(t, dict) else None
         if not isinstance(t, dict) or t.get("type", "function") != "function" \
-                or not isinstance(fn, dict) or not isinstance(fn.get("name"), str) \
-                or not fn["name"]:
+                or not isinstance(fn, dict):
             raise bad_request('each tool must be {"type": "function", "function": {"name": '
-                              '..., "parameters": {...}}}', "tools")
-        params = fn.get("parameters")
-        if params is not None and not isinstance(params, (dict, bool)):
-            raise bad_request(f"tool {fn['name']!r}: parameters must be a JSON Schema object",
-                              "tools")
+                              '..., "parameters": {...}}}', f"tools[{i}]")
+        if not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise bad_request(f"tools[{i}].function.name must be a non-empty string",
+                              f"tools[{i}].function.name")
+        if not isinstance(fn.get("description", ""), str):
+            raise bad_request(f"tools[{i}].function.description must be a string",
+                              f"tools[{i}].function.description")
+        if fn.get("parameters") is not None:
+            check_schema(fn["parameters"], f"tools[{i}].function.parameters")
         names.append(fn["name"])
     choice = _get(body, "tool_choice")
     if isinstance(choice, dict):
@@ -363,7 +390,10 @@ def options(body: dict, defaults: SamplingParams, logprobs: int | None) -> Optio
         max_tokens = integer(body, "max_tokens", 1, MAX_TOKENS_LIMIT)
     stream = bool(boolean(body, "stream"))
     stream_options = obj(body, "stream_options") or {}
-    include_usage = boolean(stream_options, "include_usage")
+    include_usage = stream_options.get("include_usage")
+    if include_usage is not None and not isinstance(include_usage, bool):
+        raise bad_request("stream_options.include_usage must be true or false",
+                          "stream_options.include_usage")
     return Options(
         params=sampling_params(body, defaults),
         max_tokens=max_tokens,
@@ -375,22 +405,66 @@ def options(body: dict, defaults: SamplingParams, logprobs: int | None) -> Optio
     )
 
 
+# --- chat messages --------------------------------------------------------------------------
+
+MEDIA_PARTS = ("image_url", "input_image", "input_audio")
+MESSAGE_STRINGS = ("reasoning_content", "name", "tool_call_id")  # optional, strings if given
+
+
+def check_message(m: Any, at: str) -> None:
+    """The types of one message, as far as kinetic and chat templates read it: a 400 naming
+    the value at fault (`at` is the message's path). What is left to refuse (a missing
+    content, a role or an order the template rejects) is chat_messages.py's and the
+    template's, still a 400."""
+    if not isinstance(m, dict):
+        raise bad_request(f"{at} must be an object with a role", at)
+    if not isinstance(m.get("role"), str):
+        raise bad_request(f"{at}.role must be a string", f"{at}.role")
+    content = m.get("content")
+    if isinstance(content, list):
+        for j, part in enumerate(content):
+            _check_part(part, f"{at}.content[{j}]")
+    elif content is not None and not isinstance(content, str):
+        raise bad_request(f"{at}.content must be a string or a list of content parts",
+                          f"{at}.content")
+    for key in MESSAGE_STRINGS:
+        if m.get(key) is not None and not isinstance(m[key], str):
+            raise bad_request(f"{at}.{key} must be a string", f"{at}.{key}")
+    calls = m.get("tool_calls")
+    if calls is not None and not isinstance(calls, list):
+        raise bad_request(f"{at}.tool_calls must be a list of tool calls", f"{at}.tool_calls")
+    for j, call in enumerate(calls or []):
+        where = f"{at}.tool_calls[{j}]"
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise bad_request(f'{where} must be {{"type": "function", "function": {{"name": '
+                              f'..., "arguments": ...}}}}', where)
+        if call.get("id") is not None and not isinstance(call["id"], str):
+            raise bad_request(f"{where}.id must be a string", f"{where}.id")
+
+
+def _check_part(part: Any, at: str) -> None:
+    """One content part: {"type": "text", "text": "..."}; media parts are refused (text-only
+    models), as is a type kinetic does not know."""
+    kind = part.get("type") if isinstance(part, dict) else None
+    if not isinstance(kind, str):
+        raise bad_request(f'{at} must be a content part, {{"type": "text", "text": ...}}', at)
+    if kind in MEDIA_PARTS:
+        raise bad_request(f"{kind} parts need a vision or audio model: the loaded model reads "
+                          f"text only, and kinetic serve does not take --mmproj yet", at)
+    if kind != "text":
+        raise bad_request(f'{at}.type must be "text", got {kind[:40]!r}', f"{at}.type")
+    if not isinstance(part.get("text"), str):
+        raise bad_request(f"{at}.text must be a string", f"{at}.text")
+
+
 def parse_chat(body: dict, defaults: SamplingParams) -> ChatRequest:
     """A /v1/chat/completions body. Raises APIError (400) naming the field at fault."""
     messages = _get(body, "messages")
     if not isinstance(messages, list) or not messages:
         raise bad_request("messages must be a non-empty list of messages", "messages")
-    for m in messages:
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise bad_request("each message must be an object with a role", "messages")
-        content = m.get("content")
-        if isinstance(content, list):
-            for part in content:
-                kind = part.get("type") if isinstance(part, dict) else None
-                if kind in ("image_url", "input_image", "input_audio"):
-                    raise bad_request(f"{kind} parts need a vision or audio model: the loaded "
-                                      f"model reads text only, and kinetic serve does not "
-                                      f"take --mmproj yet", "messages")
+    for i, m in enumerate(messages):
+        check_message(m, f"messages[{i}]")
     kwargs = obj(body, "chat_template_kwargs") or {}
     for key in RESERVED_TEMPLATE_KWARGS:
         if key in kwargs:

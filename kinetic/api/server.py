@@ -4,16 +4,21 @@ The server listens at once, so that /v1/health can answer 503 while the model lo
 loader thread reads the GGUF file, builds the engine, compiles every step shape the engine
 will use and runs one short warm-up request (progress on stderr: a bar on a terminal, a few
 plain lines in a log), then the server prints one line with its address and serves.
-SIGINT or SIGTERM stop it: no new connections, open ones get a few seconds to finish, then
-the engine stops.
+
+Stopping always stops. SIGINT or SIGTERM: no new connections, idle ones close, requests
+still running get GRACEFUL_SECONDS to finish and are then cancelled, and the engine thread
+stops between two steps. A watchdog thread, started with the stop, ends the process (status
+1, with a message) if all that has not finished within STOP_SECONDS: an engine thread stuck
+in a long device call can never be joined. A second signal ends the process at once.
 
 Hypercorn's own accept loop has no connection limit, so `_serve` runs Hypercorn's connection
 handler (TCPServer) under an accept loop of ours that counts open connections: one past
-`max_connections` is still served, but marked, and the app answers its request 503 and
-closes it. A connection counts until the client closes it or it has been idle for
-`request_timeout`. Time limits: a client must send its request line and headers within
-`request_timeout` of connecting (or of the previous answer: Hypercorn's keep-alive timeout),
-and its body within `request_timeout` after that (Quart's BODY_TIMEOUT, answered 408).
+`max_connections` is answered at once on accept, whatever it has sent or not yet sent: a
+503 in the OpenAI error shape with `Retry-After`, then closed (`_refuse`). A connection
+counts until the client closes it or it has been idle for `request_timeout`. Time limits: a
+client must send its request line and headers within `request_timeout` of connecting (or of
+the previous answer: Hypercorn's keep-alive timeout), and its body within `request_timeout`
+after that (Quart's BODY_TIMEOUT, answered 408).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -33,10 +39,16 @@ from hypercorn.asyncio.worker_context import WorkerContext
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.utils import wrap_app
 
-from kinetic.api.app import OVER_LIMIT, ServerConfig, ServerState, create_app, log
+from kinetic.api.app import ServerConfig, ServerState, create_app, dumps, log
+from kinetic.api.errors import error_body
 from kinetic.engine.engine_config import EngineConfig
 
-GRACEFUL_SECONDS = 5.0
+GRACEFUL_SECONDS = 5.0     # a stop: running requests' time to finish before they are cancelled
+CANCELLED_SECONDS = 1.0    # then their time to end (a cancel reaches the engine at once)
+STOP_SECONDS = 10.0        # the watchdog: a stop not done by then ends the process
+RETRY_AFTER_SECONDS = 2    # told to a connection past the limit
+REFUSED_SECONDS = 1.0      # a refused connection: what it sends is read and dropped this long,
+REFUSED_BYTES = 64 << 10   # at most this much, so that closing it does not reset the answer
 
 
 @dataclass(frozen=True)
@@ -111,7 +123,6 @@ async def _main(config: ServerConfig, opts: ModelOptions) -> int:
     hconfig.bind = [f"{host}:{config.port}"]
     hconfig.keep_alive_timeout = config.request_timeout
     hconfig.read_timeout = None  # it would also cut clients quietly waiting for an answer
-    hconfig.graceful_timeout = GRACEFUL_SECONDS
     try:
         sockets = hconfig.create_sockets()
     except OSError as e:
@@ -121,8 +132,17 @@ async def _main(config: ServerConfig, opts: ModelOptions) -> int:
     port = sockets.insecure_sockets[0].getsockname()[1]
     stop = asyncio.Event()
     status = [0]
+    stop_began: list[float] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        if stop_began:
+            exit_now(f"{sig.name} again: stopped at once", 1)
+        stop_began.append(time.monotonic())
+        start_watchdog(STOP_SECONDS)
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig)
 
     def progress(label: str) -> Callable[[int, int], None]:
         show = _progress_printer(label)
@@ -157,9 +177,35 @@ async def _main(config: ServerConfig, opts: ModelOptions) -> int:
         sys.stdout.flush()
         os._exit(status[0])
     if state.model is not None:
-        state.model.close()
+        began = stop_began[0] if stop_began else time.monotonic()
+        left = STOP_SECONDS - 1.0 - (time.monotonic() - began)
+        if not state.model.engine.close(timeout=max(left, 0.0)):
+            exit_now("stopped, but the engine thread is stuck in a step; exiting without it", 1)
         print("kinetic: stopped", file=sys.stderr, flush=True)
     return status[0]
+
+
+def exit_now(message: str, status: int) -> None:
+    """End the process at once, whatever its threads are doing."""
+    print(f"kinetic: {message}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(status)
+
+
+def start_watchdog(seconds: float, exit: Callable[[str, int], None] = exit_now
+                   ) -> threading.Event:
+    """A daemon thread that ends the process with a message if it still runs `seconds` from
+    now (it is started when a stop begins, and the process normally ends long before). Setting
+    the returned event calls it off."""
+    done = threading.Event()
+
+    def watch() -> None:
+        if not done.wait(seconds):
+            exit(f"not stopped after {seconds:g} s (the engine thread may be stuck in a step); "
+                 f"exiting now", 1)
+
+    threading.Thread(target=watch, name="kinetic-watchdog", daemon=True).start()
+    return done
 
 
 class _Connection(TCPServer):
@@ -172,10 +218,35 @@ class _Connection(TCPServer):
         await self.idle_task.stop()
 
 
+async def _refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                  max_connections: int) -> None:
+    """Answer a connection past the limit 503 at once (before it has sent anything, or
+    whatever it has sent) and close it."""
+    body = dumps(error_body(f"the server already has {max_connections} open connections; "
+                            f"try again later", "unavailable_error")).encode()
+    head = ("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nRetry-After: {RETRY_AFTER_SECONDS}\r\n"
+            "Connection: close\r\n\r\n").encode()
+    try:
+        async with asyncio.timeout(REFUSED_SECONDS):
+            writer.write(head + body)
+            writer.write_eof()
+            await writer.drain()
+            # closing with unread bytes would send a reset, which can destroy the answer in
+            # the client's buffer before it reads it: read until it closes, or enough
+            left = REFUSED_BYTES
+            while left > 0 and (chunk := await reader.read(min(left, 1 << 16))):
+                left -= len(chunk)
+    except (OSError, TimeoutError):
+        pass
+    finally:
+        writer.close()
+
+
 async def _serve(app, hconfig: HypercornConfig, sockets, max_connections: int,
                  stop: asyncio.Event) -> None:
     """Hypercorn's worker loop (hypercorn.asyncio.run.worker_serve) with a count of open
-    connections: each one past `max_connections` carries OVER_LIMIT in its ASGI state."""
+    connections: each one past `max_connections` is refused at once (`_refuse`)."""
     loop = asyncio.get_running_loop()
     asgi = wrap_app(app, hconfig.wsgi_max_body_size, "asgi")
     lifespan_state: dict = {}
@@ -191,12 +262,13 @@ async def _serve(app, hconfig: HypercornConfig, sockets, max_connections: int,
         task = asyncio.current_task()
         tasks.add(task)
         task.add_done_callback(tasks.discard)
+        if open_connections >= max_connections:
+            await _refuse(reader, writer, max_connections)
+            return
         open_connections += 1
-        conn_state = dict(lifespan_state)
-        if open_connections > max_connections:
-            conn_state[OVER_LIMIT] = True
         try:
-            await _Connection(asgi, loop, hconfig, context, conn_state, reader, writer)
+            await _Connection(asgi, loop, hconfig, context, dict(lifespan_state), reader,
+                              writer)
         except asyncio.CancelledError:
             pass  # stopping: a connection still open after the grace period
         finally:
@@ -207,16 +279,19 @@ async def _serve(app, hconfig: HypercornConfig, sockets, max_connections: int,
     try:
         await stop.wait()
     finally:
-        log.info("stopping")
+        log.info("stopping: running requests get %g s to finish", GRACEFUL_SECONDS)
         await context.terminated.set()  # idle keep-alive connections close now
         for server in servers:
             server.close()
         if tasks:
-            _, pending = await asyncio.wait(set(tasks), timeout=hconfig.graceful_timeout)
-            for task in pending:  # streams still running: cancelling them cancels generation
-                task.cancel()
-            if pending:
-                await asyncio.wait(pending, timeout=hconfig.graceful_timeout)
+            await asyncio.wait(set(tasks), timeout=GRACEFUL_SECONDS)
+        # what still runs is cancelled, which cancels its generation: the connections, and
+        # the request tasks Quart starts beside them (cancelling a connection leaves those)
+        running = asyncio.all_tasks() - {asyncio.current_task(), lifespan_task}
+        for task in running:
+            task.cancel()
+        if running:
+            await asyncio.wait(running, timeout=CANCELLED_SECONDS)
         for server in servers:
             await server.wait_closed()
         await lifespan.wait_for_shutdown()

@@ -15,7 +15,12 @@ sequences and frees the pages of finished ones at once.
 Requests with a grammar: drafts are cut where the grammar rejects them; each sampled row gets
 its token bitmask from the request's matcher (advanced through the row's draft tokens, then
 rolled back), computed after the step is dispatched, so on the host while the device runs it;
-the tokens kept advance the matcher (Job.take).
+the tokens kept advance the matcher (Job.take). Every piece of that grammar work runs under
+MASK_BUDGET_SECONDS (kinetic.grammar.mask_budget): a request whose grammar overruns it fails
+alone, with a 503-class error, and the step goes on for the others, so whatever grammar a
+client sends, the engine thread's time per step stays bounded. `prepare_grammar` builds a
+grammar's start state and first mask under the same budget on the caller's thread, before the
+request reaches the engine (the server runs it in a worker thread, refusing with 400).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import os
 import queue
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable, Iterator
 
@@ -42,11 +48,16 @@ from kinetic.engine.runner import Runner, RunnerConfig
 from kinetic.engine.sampling_params import history_rows
 from kinetic.engine.scheduler import ContextOverflow, Scheduler, SchedulerConfig, Sequence
 from kinetic.engine.speculative import accept, ngram_draft
-from kinetic.grammar import Matcher, TokenVocab
+from kinetic.grammar import (Grammar, GrammarTooCostly, MaskBudgetExceeded, Matcher, TokenVocab,
+                             mask_budget)
 from kinetic.model.loader import LoadedModel
 from kinetic.text.tokenizer import Tokenizer
 
 HISTORY_WIDTHS = (64, 256, 1024, 4096)  # penalty windows are padded to one of these
+# The most one request's grammar work may take in one place of one step (its draft check, its
+# masks, its accepted tokens). Masks of real schemas take 0.2 ms typically and at most 0.2-0.4 s
+# on a busy 2-core machine (docs/performance.md); a grammar past this is a hostile one.
+MASK_BUDGET_SECONDS = 1.0
 COUNTERS = ("requests", "prompt_tokens", "prompt_tokens_cached", "prompt_seconds",
             "tokens_predicted", "tokens_predicted_seconds", "draft_tokens", "draft_accepted",
             "steps", "pages_to_host", "pages_from_host")
@@ -83,10 +94,13 @@ class Engine:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._jobs: dict[int, Job] = {}
+        self._over_budget: set[int] = set()   # this turn's requests whose grammar overran
+        self._grammar_spent: dict[int, float] = {}   # this turn's grammar seconds per request
         self._scored: dict[int, np.ndarray] = {}  # all-logits jobs: [len(prompt), V]
         self._ids = itertools.count(1)
         self._stop = False
         self._dead: str | None = None  # set if the engine thread failed
+        self._turn_started: float | None = None  # time.monotonic() of the running turn
         self._counters = dict.fromkeys(COUNTERS, 0.0)
         self._full_mask = jnp.asarray(sampler.full_mask(config.step_tokens, self.vocab_size))
         self._vocab: TokenVocab | None = None   # the token trie, built for the first grammar
@@ -108,6 +122,21 @@ class Engine:
             if self._vocab is None:
                 self._vocab = TokenVocab.from_tokenizer(self.tokenizer, special=True)
             return self._vocab
+
+    def prepare_grammar(self, grammar: Grammar) -> None:
+        """Build `grammar`'s start state and first token mask on the calling thread (never
+        the engine's: the server calls it from a worker thread), within MASK_BUDGET_SECONDS.
+        Raises GrammarTooCostly (a ValueError) past it. The engine then finds both cached."""
+        vocab = self.grammar_vocab()
+        row = np.zeros(vocab.n_words, np.int32)
+        try:
+            with mask_budget(MASK_BUDGET_SECONDS):
+                grammar.matcher(vocab).fill_mask(row)
+        except MaskBudgetExceeded:
+            raise GrammarTooCostly(
+                f"the grammar's first token mask takes more than {MASK_BUDGET_SECONDS:g} s "
+                f"to compute (its start has too many alternatives to follow at once); "
+                f"simplify it") from None
 
     def start(self, request: GenerationRequest, sink: Callable[[Delta], None],
               all_logits: bool = False) -> int:
@@ -190,10 +219,26 @@ class Engine:
         s = self.scheduler
         return EngineStats(s.slot_stats(), s.queue_length, len(s.running))
 
-    def close(self) -> None:
+    def stalled_for(self) -> float:
+        """Seconds the engine thread has spent in its current turn (one step: plan, run,
+        sample, hand out tokens); 0 while it waits for work. /health reads it: a turn that
+        never ends (a stuck device call) is what no other signal shows."""
+        started = self._turn_started
+        return 0.0 if started is None else time.monotonic() - started
+
+    @property
+    def failure(self) -> str | None:
+        """Why the engine thread died (every request since fails with it), or None."""
+        return self._dead
+
+    def close(self, timeout: float = 30.0) -> bool:
+        """Stop the engine thread between two turns; requests still running end
+        "cancelled". Returns whether the thread ended within `timeout` seconds (not if it
+        is stuck inside a turn: a device call cannot be interrupted)."""
         self._stop = True
         self._wake.set()
-        self._thread.join(timeout=30)
+        self._thread.join(timeout=timeout)
+        return not self._thread.is_alive()
 
     # --- the engine thread ----------------------------------------------------------------
 
@@ -205,7 +250,9 @@ class Engine:
                     self._wake.wait()
                     self._wake.clear()
                     continue
+                self._turn_started = time.monotonic()
                 self._turn()
+                self._turn_started = None
             self._drain_inbox()
             for job in list(self._jobs.values()):  # closed: end what is still running
                 job.finish("cancelled", self._usage(job.seq_id))
@@ -265,12 +312,21 @@ class Engine:
         ending: dict[int, str] = {}
         for seq_id, row_ids in rows.items():
             job, (tokens, lps) = self._jobs[seq_id], samples[seq_id]
+            if seq_id in self._over_budget:
+                continue
             draft = plan.tokens[row_ids[1:]].tolist() if len(row_ids) > 1 else []
             new = accept(draft, tokens)
-            keep, reason = job.take(new, lps[:len(new)] if lps else None)
+            with self._grammar_work(seq_id):
+                keep, reason = job.take(new, lps[:len(new)] if lps else None)
+            if seq_id in self._over_budget:
+                continue
             accepted[seq_id] = new[:keep] if reason is None else new[:max(keep, 1)]
             if reason is not None:
                 ending[seq_id] = reason
+        for seq_id in self._over_budget:   # before complete(), which then skips them
+            self._fail_over_budget(seq_id)
+        self._over_budget.clear()
+        self._grammar_spent.clear()
         if self.drafter is not None:
             self.drafter.follow(plan)
         self._count(plan, rows, accepted, time.perf_counter() - started)
@@ -282,6 +338,33 @@ class Engine:
             if job is not None:
                 job.finish(reason, self._usage(seq_id))
                 self._drop(seq_id)
+
+    @contextmanager
+    def _grammar_work(self, seq_id: int):
+        """A piece of one request's grammar work in this turn, within what is left of its
+        budget (MASK_BUDGET_SECONDS per request per turn, over its draft check, masks and
+        accepted tokens together). An overrun is swallowed here and marks the request, which
+        fails at the end of the turn; the caller checks `seq_id in self._over_budget`."""
+        if self._jobs[seq_id].matcher is None:
+            yield
+            return
+        spent = self._grammar_spent.get(seq_id, 0.0)
+        started = time.perf_counter()
+        try:
+            with mask_budget(MASK_BUDGET_SECONDS - spent):
+                yield
+        except MaskBudgetExceeded:
+            self._over_budget.add(seq_id)
+        finally:
+            self._grammar_spent[seq_id] = spent + time.perf_counter() - started
+
+    def _fail_over_budget(self, seq_id: int) -> None:
+        job = self._jobs.get(seq_id)
+        if job is not None:
+            job.fail(f"the request's grammar took more than {MASK_BUDGET_SECONDS:g} s of one "
+                     f"step to compute its token masks; it was stopped so that other requests "
+                     f"keep their pace (simplify the grammar)", busy=True)
+            self._drop(seq_id)
 
     def _sync_host_pages(self, plan) -> None:
         """Save pages evicted while planning (still intact on the device) to host memory,
@@ -338,7 +421,10 @@ class Engine:
         for seq_id, draft in drafts.items():
             matcher = self._jobs[seq_id].matcher
             if matcher is not None:
-                draft = _grammar_prefix(matcher, draft)
+                with self._grammar_work(seq_id):
+                    draft = _grammar_prefix(matcher, draft)
+                if seq_id in self._over_budget:
+                    draft = []
             if draft:
                 self.scheduler.set_draft(seq_id, draft)
 
@@ -353,18 +439,21 @@ class Engine:
         i = 0
         for sid, row_ids in rows.items():
             matcher = self._jobs[sid].matcher
-            if matcher is not None:
+            if matcher is not None and sid not in self._over_budget:
                 words = matcher.vocab.n_words
                 draft = plan.tokens[row_ids[1:]].tolist()
                 out[i:i + len(row_ids)] = 0
-                matcher.fill_mask(out[i, :words])
                 taken = 0
-                for t in draft:
-                    if not matcher.accept_token(t):
-                        break
-                    taken += 1
-                    matcher.fill_mask(out[i + taken, :words])
+                with self._grammar_work(sid):
+                    matcher.fill_mask(out[i, :words])
+                    for t in draft:
+                        if not matcher.accept_token(t):
+                            break
+                        taken += 1
+                        matcher.fill_mask(out[i + taken, :words])
                 matcher.rollback(taken)
+                if sid in self._over_budget:   # its rows are sampled unmasked, then dropped
+                    out[i:i + len(row_ids)] = -1
             i += len(row_ids)
         return jnp.asarray(out)
 

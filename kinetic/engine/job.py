@@ -78,8 +78,9 @@ class Job:
         tail += self.stops.flush()
         self.send(Delta(text=tail, finish_reason=reason, usage=usage))
 
-    def fail(self, message: str) -> None:
-        self.send(Delta(finish_reason="error", error=message))
+    def fail(self, message: str, busy: bool = False) -> None:
+        """End the request with an error (`busy`: it overran a budget of its own)."""
+        self.send(Delta(finish_reason="error", error=message, busy=busy))
 
     def send(self, delta: Delta) -> None:
         """Hand a delta to the sink. A sink that raises (its consumer's event loop has

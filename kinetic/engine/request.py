@@ -71,3 +71,5 @@ class Delta:
     finish_reason: str | None = None   # "stop", "length", "cancelled" or "error"
     usage: Usage | None = None
     error: str | None = None           # with finish_reason "error": what went wrong
+    busy: bool = False                 # with "error": this request alone overran a budget
+                                       # (its grammar's masks), not an engine failure: 503

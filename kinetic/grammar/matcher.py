@@ -11,9 +11,18 @@ up the transitions of all live (state, byte) pairs at once, computes only the mi
 Python (few: distinct pairs, not tokens), and prunes every subtree whose byte is rejected. The
 mask of a state is cached, so returning to a state (inside a string after each character, say)
 costs one copy.
+
+Grammar work has a time budget (`mask_budget`): a client's grammar can make one state a set of
+thousands of stacks, or a mask a walk of the whole trie from many states, so every loop here
+checks the calling thread's deadline and raises MaskBudgetExceeded when it has passed. Nothing
+is cached until it is complete, so the grammar's tables stay valid after an overrun.
 """
 
 from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -22,6 +31,34 @@ from kinetic.grammar.ir import END, NONTERM, TERM, Grammar
 DEAD = 0   # the empty state set
 LOCAL_FRAMES = 3   # how many top stack frames a cached local walk covers, at most
 SHARED_RULES = 64  # the most rules a signature may reach for its walk to be shared
+
+_budget = threading.local()   # .deadline: time.perf_counter() past which grammar work stops
+
+
+class MaskBudgetExceeded(RuntimeError):
+    """Grammar work (a state's transitions, a mask) ran past the budget `mask_budget` set."""
+
+
+class GrammarTooCostly(ValueError):
+    """A grammar whose token masks cost more than the engine's budget (the API answers 400)."""
+
+
+@contextmanager
+def mask_budget(seconds: float | None):
+    """Within the block, grammar work on this thread raises MaskBudgetExceeded once it has
+    taken `seconds` in all (None: no limit). Blocks nest; the inner deadline rules inside."""
+    previous = getattr(_budget, "deadline", None)
+    _budget.deadline = None if seconds is None else time.perf_counter() + seconds
+    try:
+        yield
+    finally:
+        _budget.deadline = previous
+
+
+def _check_budget() -> None:
+    deadline = getattr(_budget, "deadline", None)
+    if deadline is not None and time.perf_counter() > deadline:
+        raise MaskBudgetExceeded("the grammar's token mask took longer than its budget")
 
 
 class TokenVocab:
@@ -159,6 +196,7 @@ class _States:
         whose signature can be shared across grammars, else the top frame alone."""
         frames = self._frames.get(stack)
         if frames is None:
+            _check_budget()
             frames = stack[-1:]
             for k in range(min(LOCAL_FRAMES, len(stack)), 0, -1):
                 if self.signature(stack[-k:]) is not None:
@@ -178,11 +216,15 @@ class _States:
         g = self.g
         kind, arg, starts = g.kind, g.arg, g.starts
         work = [stack]
+        n = 0
         while work:
             st = work.pop()
             if st in seen:
                 continue
             seen.add(st)
+            n += 1
+            if not n & 1023:
+                _check_budget()
             if not st:
                 out.add(())
                 continue
@@ -216,6 +258,8 @@ class _States:
         succ = []
         bits = np.zeros((len(stacks), 256), dtype=bool)
         for i, st in enumerate(stacks):
+            if not i & 63:
+                _check_budget()
             out: set = set()
             self._expand(st[:-1] + (st[-1] + 1,), out, set())
             succ.append(out)
@@ -231,6 +275,7 @@ class _States:
             sigs, inverse = np.unique(bits, axis=1, return_inverse=True)
         targets = np.zeros(sigs.shape[1], dtype=np.int32)
         for j in range(sigs.shape[1]):
+            _check_budget()
             out: set = set()
             for i in np.flatnonzero(sigs[:, j]).tolist():
                 out |= succ[i]
@@ -348,6 +393,7 @@ class Matcher:
             allowed[v.eog_ids] = True
         fronts = []
         for frames in sorted({s.local_frames(st) for st in s.sets[sid] if st}):
+            _check_budget()
             local_allowed, front = self._local(frames)
             allowed[:v.size] |= local_allowed
             if front is not None:
@@ -371,6 +417,7 @@ class Matcher:
             # rows are sorted deepest first, so the rows still going are a leading slice)
             states = np.full(len(depth), sid, np.int64)
             for j, n in enumerate(going):
+                _check_budget()
                 states[:n] = s.fill(states[:n], prefix[:n, j])
             entries = {}
             for d in np.unique(depth).tolist():
@@ -443,6 +490,7 @@ class Matcher:
         depth = min(entries)
         nodes, states = entries.pop(depth)
         while depth < len(v.levels):
+            _check_budget()
             if len(nodes):
                 lo = v.child_lo[depth][nodes]
                 counts = v.child_hi[depth][nodes] - lo

@@ -50,7 +50,9 @@ def parse_message(m: Any, trim: bool) -> dict:
         for p in content:
             kind = p.get("type") if isinstance(p, dict) else None
             if kind == "text":
-                parts.append({"type": "text", "text": p.get("text", "")})
+                if not isinstance(p.get("text"), str):
+                    raise ChatTemplateError("a text part's text must be a string")
+                parts.append({"type": "text", "text": p["text"]})
             elif kind in ("image_url", "input_audio", "media_marker"):
                 parts.append({"type": "media_marker", "text": MEDIA_MARKER})
             else:
@@ -58,6 +60,9 @@ def parse_message(m: Any, trim: bool) -> dict:
         content = ""
     elif content is not None and not isinstance(content, str):
         raise ChatTemplateError("message content must be a string or a list of parts")
+    for key in ("reasoning_content", "name", "tool_call_id"):
+        if m.get(key) is not None and not isinstance(m[key], str):
+            raise ChatTemplateError(f"a message's {key} must be a string")
     strip = (lambda s: s.strip(" \t\n\r\v\f")) if trim else (lambda s: s)  # StepFun only
     content, reasoning = strip(content or ""), strip(m.get("reasoning_content") or "")
     out: dict[str, Any] = {"role": role}
@@ -74,9 +79,12 @@ def parse_message(m: Any, trim: bool) -> dict:
         if value:
             out[key] = value
     calls = []
+    if not isinstance(m.get("tool_calls") or [], list):
+        raise ChatTemplateError("a message's tool_calls must be a list")
     for tc in m.get("tool_calls") or []:
         fn = tc.get("function") if isinstance(tc, dict) else None
-        if tc.get("type") != "function" or not isinstance(fn, dict) or "name" not in fn:
+        if not isinstance(tc, dict) or tc.get("type") != "function" or not isinstance(fn, dict) \
+                or not isinstance(fn.get("name"), str):
             raise ChatTemplateError(f"unsupported tool call: {tc!r}")
         args = fn.get("arguments", "")
         if not isinstance(args, str):
@@ -96,7 +104,8 @@ def parse_tools(tools: list[dict] | None) -> list[dict]:
     out = []
     for tool in tools or []:
         fn = tool.get("function") if isinstance(tool, dict) else None
-        if tool.get("type") != "function" or not isinstance(fn, dict) or "name" not in fn:
+        if not isinstance(tool, dict) or tool.get("type") != "function" \
+                or not isinstance(fn, dict) or "name" not in fn:
             raise ChatTemplateError(f"unsupported tool: {tool!r}")
         out.append({"type": "function", "function": {
             "name": fn["name"], "description": fn.get("description", ""),

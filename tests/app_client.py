@@ -1,0 +1,94 @@
+"""kinetic's HTTP app in this process, for tests that send many requests fast: a tiny
+random-weight Qwen3 model (tests/tiny_models.py, with Qwen3's chat template, so tools and
+thinking are in play) behind `create_app`, driven through Quart's test client. No server
+process and no socket: the body goes to the route as sent, byte for byte.
+
+    with in_process_app(tmp_dir) as app:
+        status, body = app.post("/tokenize", b'{"content": "hi"}')
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from tests.tiny_models import DATA, write_tiny_model
+
+N_CTX = 256
+TIMEOUT = 60.0  # seconds per request; only reached when something hangs (the test fails)
+ERROR_FIELDS = {"message", "type", "param", "code"}
+
+
+class AppClient:
+    """The app and its test client, run on an event loop in a thread of its own, so that a
+    request that never answers fails the test after TIMEOUT instead of hanging it."""
+
+    def __init__(self, app):
+        self.app, self.client = app, app.test_client()
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def post(self, path: str, body: bytes, content_type: str = "application/json",
+             timeout: float = TIMEOUT) -> tuple[int, Any]:
+        """(status, the answer parsed as JSON, or its raw bytes when it is not JSON)."""
+        async def send():
+            resp = await self.client.post(path, data=body,
+                                          headers={"Content-Type": content_type})
+            return resp.status_code, await resp.get_data()
+        future = asyncio.run_coroutine_threadsafe(send(), self.loop)
+        status, data = future.result(timeout)
+        try:
+            return status, json.loads(data)
+        except ValueError:
+            return status, data
+
+    def post_routes(self) -> list[str]:
+        """Every POST route of the app, so that a new one is walked too."""
+        return sorted(r.rule for r in self.app.url_map.iter_rules() if "POST" in r.methods)
+
+    def endpoint(self, path: str) -> str:
+        return self.app.url_map.bind("localhost").match(path, method="POST")[0]
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()
+
+
+@contextmanager
+def in_process_app(tmp_dir: Path) -> Iterator[AppClient]:
+    """The app over a tiny Qwen3 model written to `tmp_dir`, ready (the model is loaded; its
+    steps compile on the first generation)."""
+    import kinetic
+    from kinetic.api.app import ServerConfig, ServerState, create_app
+
+    template = (DATA / "templates" / "Qwen-Qwen3-0.6B.jinja").read_text()
+    path = write_tiny_model(tmp_dir / "tiny-qwen3.gguf", "qwen3", context_length=N_CTX,
+                            chat_template=template)
+    model = kinetic.load(path, n_ctx=N_CTX, parallel=1)
+    state = ServerState(ServerConfig(), "tiny-qwen3")
+    state.set_ready(model)
+    client = AppClient(create_app(state))
+    try:
+        yield client
+    finally:
+        client.close()
+        model.close()
+
+
+def assert_error_shape(status: int, answer: Any, what: str = "") -> dict:
+    """A 4xx in the OpenAI error shape; returns its "error" object."""
+    assert 400 <= status < 500, f"{what}: {status} {answer!r:.600}"
+    assert isinstance(answer, dict) and set(answer) == {"error"}, f"{what}: {answer!r:.600}"
+    err = answer["error"]
+    assert isinstance(err, dict) and set(err) == ERROR_FIELDS, f"{what}: {err!r:.600}"
+    assert isinstance(err["message"], str) and err["message"], f"{what}: {err!r:.600}"
+    assert isinstance(err["type"], str) and err["type"], f"{what}: {err!r:.600}"
+    assert err["param"] is None or isinstance(err["param"], str), f"{what}: {err!r:.600}"
+    assert err["code"] is None or isinstance(err["code"], str), f"{what}: {err!r:.600}"
+    return err
