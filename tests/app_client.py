@@ -22,6 +22,17 @@ N_CTX = 256
 TIMEOUT = 60.0  # seconds per request; only reached when something hangs (the test fails)
 ERROR_FIELDS = {"message", "type", "param", "code"}
 
+# endpoint -> a body the route serves (200), generating at most one token: the base the
+# malformed-body table and the fuzz test vary
+SERVED_BODIES = {
+    "openai.chat_completions": {"messages": [{"role": "user", "content": "hi"}],
+                                "max_tokens": 1},
+    "openai.completions": {"prompt": "hi", "max_tokens": 1},
+    "llama_server.completion": {"prompt": "hi", "n_predict": 1},
+    "llama_server.tokenize": {"content": "hi"},
+    "llama_server.detokenize": {"tokens": [1, 2]},
+}
+
 
 class AppClient:
     """The app and its test client, run on an event loop in a thread of its own, so that a

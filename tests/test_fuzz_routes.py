@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from kinetic.api.app import ServerConfig, ServerState, create_app
 from kinetic.api.params import SAMPLING_FIELDS
-from tests.app_client import assert_error_shape, in_process_app
+from tests.app_client import SERVED_BODIES, assert_error_shape, in_process_app
 
 EXAMPLES = 300          # per route; the whole file runs in about 30 s on 2 cores
 REQUEST_TIMEOUT = 30.0  # seconds; a request still unanswered then is a hang, and fails
@@ -93,15 +93,7 @@ GENERATING = dict(SAMPLING, stop=maybe(st.one_of(texts, st.lists(texts, max_size
                       optional={"json_schema": maybe(st.fixed_dictionaries(
                           {}, optional={"schema": schema})), "schema": schema})))
 
-# endpoint -> a body it serves (200, at most a few tokens)
-SERVED = {
-    "openai.chat_completions": {"messages": [{"role": "user", "content": "hi"}],
-                                "max_tokens": 2},
-    "openai.completions": {"prompt": "hi", "max_tokens": 2},
-    "llama_server.completion": {"prompt": "hi", "n_predict": 2},
-    "llama_server.tokenize": {"content": "hi"},
-    "llama_server.detokenize": {"tokens": [1, 2]},
-}
+SERVED = SERVED_BODIES
 # endpoint -> {field: its values}
 FIELDS = {
     "openai.chat_completions": dict(

@@ -167,7 +167,7 @@ def test_schema_table(schema, valid, invalid):
     ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "oneOf (branches that may overlap)"),
     ({"type": "object", "dependencies": {"a": {"properties": {"b": {"type": "null"}}}}},
      "dependencies with a schema"),
-    ({"type": "tuple"}, "type 'tuple'"),
+    ({"type": "tuple"}, "type must be a type name"),
     (False, "false"),
 ])
 def test_unsupported_features_are_refused(schema, feature):
@@ -355,6 +355,67 @@ def test_annotations_are_ignored(keyword):
     check_table(compile_json_schema(schema), ['{"name": "a", "age": 1}'], ['{"name": "a"}'])
 
 
+# value type: (a value of it, values of other types), each list of the JSON types a value may be
+# in some draft's meta-schema, so that a keyword typed anything else is found by the test below
+_VALUES_OF = {
+    "schema": ({}, [5, "a", None, [{}]]),
+    "schemas": ([{}, True], [{}, [], [5], [{}, "a"], "a"]),
+    "schema_or_schemas": ({}, [5, "a", None, [5], [{}, 1]]),
+    "schema_map": ({"a": {}}, [[], "a", {"a": 5}, {"a": {}, "b": []}]),
+    "names": (["a"], ["a", 5, [5], {"a": 1}]),
+    "names_map": ({"a": ["b"]}, [[], {"a": "b"}, {"a": [5]}, {"a": {}}]),
+    "names_or_schema_map": ({"a": ["b"], "c": {}}, [[], {"a": "b"}, {"a": [5]}]),
+    "types": ("string", [5, "strin", [], ["string", "strin"], [["string"]], {}]),
+    "count": (3, [-1, 1.5, "3", True, None, [3]]),
+    "number": (1.5, ["1", True, None, 10**400, -10**400, float("nan"), float("inf")]),
+    "number_or_flag": (True, ["1", None, 10**400, [1]]),
+    "string": ("a", [5, None, ["a"], {}]),
+    "bool": (True, [1, "true", None]),
+    "list": ([1], ["a", {}, 5]),
+    "any": ({}, []),
+}
+
+
+@pytest.mark.parametrize("keyword", [k.name for k in K.TABLE if k.value != "any"])
+def test_keyword_values_of_the_wrong_type_are_refused(keyword):
+    """Every typed keyword of the table, given values of other types inside a subschema, is an
+    InvalidSchema naming it, what it must be and the JSON pointer of the value at fault, from
+    the compiler itself (not only from the API)."""
+    from kinetic.grammar.json_schema import InvalidSchema
+    kw = K.KEYWORDS[keyword]
+    good, bad = _VALUES_OF[kw.value]
+    assert kw.fault(good) is None
+    for value in bad:
+        with pytest.raises(InvalidSchema) as e:
+            compile_json_schema({"properties": {"x": {"anyOf": [{}, {keyword: value}]}}})
+        at = f"/properties/x/anyOf/1/{K.esc(keyword)}"
+        assert e.value.feature == keyword and e.value.path.startswith(at), (value, e.value)
+        assert e.value.path == at + kw.fault(value)
+        assert str(e.value) == f"{keyword} must be {kw.must}, at {e.value.path}"
+
+
+def test_value_types_are_checked_in_ref_targets_and_at_the_root():
+    from kinetic.grammar.json_schema import InvalidSchema
+    for schema, pointer in [
+            ({"$ref": "#/$defs/a", "$defs": {"a": {"maxItems": -1}}}, "/$defs/a/maxItems"),
+            ({"$ref": "#/x/y", "x": {"y": {"required": "a"}}}, "/x/y/required"),
+            ({"$ref": "#/x", "x": 5}, "/$ref"), (5, "/"), ([{}], "/"), (None, "/")]:
+        with pytest.raises(InvalidSchema) as e:
+            compile_json_schema(schema)
+        assert e.value.path == pointer, (schema, e.value)
+
+
+def test_jsonschemabench_values_have_their_types():
+    """The value types refuse no real schema: every one of tests/data/jsonschemabench passes
+    (the compile rate test above then holds their refusals to the same 8 features)."""
+    from kinetic.grammar.json_schema import check_types
+    files = sorted(glob.glob(os.path.join(BENCH, "*.json")))
+    assert len(files) == 178
+    for path in files:
+        with open(path) as f:
+            check_types(json.load(f))
+
+
 def test_keyword_table_is_consistent():
     from dataclasses import fields
 
@@ -368,6 +429,8 @@ def test_keyword_table_is_consistent():
         assert k.merge in ("same", "max", "min", "union", "types", "properties",
                            "false_wins", "branches"), k.name
         assert bool(k.refused) == (k.kind in (K.REFUSED, K.PARTIAL)), k.name
+        assert k.value in K.VALUES and k.value in _VALUES_OF, k.name
+        assert (k.value == "any") == (k.kind == K.ANNOTATION or k.name == "const"), k.name
     assert len(K.KEYWORDS) == len(K.TABLE)
 
 

@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from kinetic.api.errors import APIError, bad_request, not_supported
-from kinetic.api.schema_check import check_schema
 from kinetic.engine.request import MAX_LOGPROBS, MAX_STOP_STRINGS
 from kinetic.engine.sampling_params import SamplingParams
 from kinetic.grammar import (Grammar, GrammarError, GrammarTooCostly, UnsupportedSchema,
                              compile_gbnf, compile_json_schema)
+from kinetic.grammar.json_schema import InvalidSchema, check_types
 
 MAX_TOKENS_LIMIT = 1 << 20      # generation also ends when the context is full
 MAX_LOGIT_BIAS = 1024           # entries
@@ -274,7 +274,7 @@ def shape(body: dict) -> Shape | None:
     if schema not in (None, {}):
         if not isinstance(schema, (dict, bool)):
             raise bad_request("json_schema must be a JSON Schema object", "json_schema")
-        check_schema(schema, "json_schema")
+        check_json_schema(schema, "json_schema")
         given.append(Shape("json_schema", schema, "json_schema"))
     fmt = obj(body, "response_format")
     if fmt is not None:
@@ -282,7 +282,7 @@ def shape(body: dict) -> Shape | None:
         if kind == "json_object":
             inner = fmt.get("schema")   # llama-server also takes a schema here
             if inner is not None:
-                check_schema(inner, "response_format.schema")
+                check_json_schema(inner, "response_format.schema")
             given.append(Shape("json_schema", inner if inner else True, "response_format"))
         elif kind == "json_schema":
             spec = fmt.get("json_schema")
@@ -293,7 +293,7 @@ def shape(body: dict) -> Shape | None:
             if not isinstance(inner, (dict, bool)):
                 raise bad_request("response_format.json_schema.schema must be a JSON Schema "
                                   "object", "response_format")
-            check_schema(inner, "response_format.json_schema.schema")
+            check_json_schema(inner, "response_format.json_schema.schema")
             given.append(Shape("json_schema", inner if inner != {} else True,
                                "response_format"))
         elif kind != "text":
@@ -303,6 +303,30 @@ def shape(body: dict) -> Shape | None:
         raise bad_request(f"give one of grammar, json_schema and response_format, not "
                           f"{' and '.join(g.param for g in given)}", given[1].param)
     return given[0] if given else None
+
+
+def check_json_schema(schema: Any, at: str) -> None:
+    """400 naming the first keyword of `schema` (at body path `at`) whose value does not have
+    its JSON Schema type (the keyword table's), `param` its path in the body
+    (`json_schema.properties.name.minLength`). Linear in the schema's size, so done as the body
+    is parsed: a tool's parameters are read as typed even when no grammar is compiled."""
+    try:
+        check_types(schema)
+    except InvalidSchema as e:
+        raise bad_request(f"invalid JSON Schema: {e}", body_path(schema, e.path, at)) from None
+
+
+def body_path(doc: Any, pointer: str, at: str) -> str:
+    """The body path of a JSON pointer into `doc`, `doc` being at body path `at`:
+    `/anyOf/0/minLength` is `at.anyOf[0].minLength` (an index where `doc` has a list)."""
+    node = doc
+    for token in pointer.split("/")[1:] if pointer != "/" else ():
+        key = token.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, list) and key.isdigit() and int(key) < len(node):
+            at, node = f"{at}[{key}]", node[int(key)]
+        else:
+            at, node = f"{at}.{key}", node.get(key) if isinstance(node, dict) else None
+    return at
 
 
 def compile_shape(shape: Shape, model=None) -> Grammar:
@@ -358,7 +382,7 @@ def tools(body: dict) -> tuple[list[dict] | None, str | None, bool]:
             raise bad_request(f"tools[{i}].function.description must be a string",
                               f"tools[{i}].function.description")
         if fn.get("parameters") is not None:
-            check_schema(fn["parameters"], f"tools[{i}].function.parameters")
+            check_json_schema(fn["parameters"], f"tools[{i}].function.parameters")
         names.append(fn["name"])
     choice = _get(body, "tool_choice")
     if isinstance(choice, dict):

@@ -3,13 +3,14 @@
 `compile_json_schema(schema)` returns a Grammar whose sentences are JSON texts valid under the
 schema. The grammar may be narrower than the schema, never wider: every text it accepts
 validates. A keyword it cannot enforce raises UnsupportedSchema naming it and its JSON pointer
-(the API answers 400), rather than being ignored; so does a schema past a SchemaLimits bound
+(the API answers 400), rather than being ignored; so does a keyword whose value does not have
+its type (InvalidSchema, saying what it must be) and a schema past a SchemaLimits bound
 (SchemaTooLarge, naming the limit and its value). `{"type": "json_object"}` in the API is
 `compile_json_schema(True)`: any JSON value.
 
 One schema, in order:
-- limits.py: check_limits looks at every subschema and `$ref` target against the limits,
-  before anything is built;
+- check.py: check_schema looks at every subschema and `$ref` target before anything is built:
+  each keyword's value against its type in the table, and the limits of limits.py;
 - converter.py: Converter.gen walks the schema from the root: `$ref` becomes a rule per target
   (recursion is a recursive rule), refused keywords raise, and the rest goes to
 - combine.py (allOf merged, anyOf/oneOf as alternations), literals.py (enum/const as a trie of
@@ -17,10 +18,10 @@ One schema, in order:
   objects.py, arrays.py;
 - the builder lowers the rules to bytes (kinetic.grammar.ir).
 
-keywords.py is the one table of keywords: for each, its handler's type, what is enforced or why
-it is refused, how allOf joins it, the limits that bound it. docs.py renders it here and into
-docs/server.md (`python -m kinetic.grammar.json_schema.docs --write`); a test keeps both equal
-to the table:
+keywords.py is the one table of keywords: for each, the type of its value, its handler's type,
+what is enforced or why it is refused, how allOf joins it, the limits that bound it. docs.py
+renders it here and into docs/server.md (`python -m kinetic.grammar.json_schema.docs --write`);
+a test keeps both equal to the table:
 
 <!-- json-schema-keywords -->
 - Any value: `type` (one type or a list), `enum` (its values, filtered by the other keywords),
@@ -67,6 +68,21 @@ to the table:
   labels of up to 62 characters; `minimum`: fractional bounds rounded inward to integers, and no
   exponent in a bounded number; `maximum`: past the `number_digits` limit, narrowed to the
   largest number of that many digits.
+- Values, as the meta-schemas of drafts 4 to 2020-12 type them (else a 400 naming the keyword,
+  what it must be and the JSON pointer of the value): `if`, `then`, `else`,
+  `additionalProperties`, `propertyNames`, `not`, `unevaluatedProperties`, `additionalItems`,
+  `contains`, `unevaluatedItems`: a schema (an object or a boolean); `allOf`, `anyOf`, `oneOf`,
+  `prefixItems`: a non-empty list of schemas (objects or booleans); `items`: a schema or a list
+  of schemas (objects or booleans); `$defs`, `definitions`, `properties`, `patternProperties`,
+  `dependentSchemas`: an object of schemas (objects or booleans); `required`: a list of property
+  names (strings); `dependentRequired`: an object of lists of property names; `dependencies`: an
+  object of lists of property names or schemas; `type`: a type name (string, number, integer,
+  boolean, null, object, array) or a non-empty list of them; `minProperties`, `maxProperties`,
+  `minItems`, `maxItems`, `minContains`, `maxContains`, `minLength`, `maxLength`: an integer of
+  at least 0; `minimum`, `maximum`, `multipleOf`: a number within the float range;
+  `exclusiveMinimum`, `exclusiveMaximum`: a number within the float range, or draft 4's boolean;
+  `$ref`, `pattern`, `format`, `$dynamicRef`, `$recursiveRef`: a string; `nullable`,
+  `uniqueItems`: true or false; `enum`: a list; any value for the others.
 - Ignored, as JSON Schema ignores them: `contentEncoding`, `contentMediaType`, `contentSchema`,
   `title`, `description`, `default`, `examples`, `$comment`, `deprecated`, `readOnly`,
   `writeOnly`, `$schema`, `$id`, `$anchor`, `$vocabulary`, and every keyword not listed here.
@@ -74,15 +90,17 @@ to the table:
 """
 
 from kinetic.grammar.ir import Grammar, GrammarBuilder
+from kinetic.grammar.json_schema.check import check_schema, check_types
 from kinetic.grammar.json_schema.converter import WS_MAX, Converter
-from kinetic.grammar.json_schema.limits import (LIMITS, MAX_REPEAT, SchemaLimits, SchemaTooLarge,
-                                                UnsupportedSchema, check_limits)
+from kinetic.grammar.json_schema.limits import (LIMITS, MAX_REPEAT, InvalidSchema, SchemaLimits,
+                                                SchemaTooLarge, UnsupportedSchema)
 
 
 def compile_json_schema(schema, limits: SchemaLimits = LIMITS) -> Grammar:
     """The grammar of JSON texts valid under `schema` (a dict, or True for any JSON value).
-    Raises UnsupportedSchema (SchemaTooLarge past one of `limits`)."""
-    check_limits(schema, limits)
+    Raises UnsupportedSchema (InvalidSchema for a keyword value of the wrong type,
+    SchemaTooLarge past one of `limits`)."""
+    check_schema(schema, limits)
     return Converter(schema, limits).build()
 
 
@@ -91,9 +109,9 @@ def schema_expr(builder: GrammarBuilder, schema, prefix: str, limits: SchemaLimi
     such value (no surrounding whitespace), so several schemas can live in one grammar (tool
     calls). The schema's own rules are named with `prefix`; the shared JSON rules (ws, json-*)
     are the same for every schema. Raises UnsupportedSchema as compile_json_schema does."""
-    check_limits(schema, limits)
+    check_schema(schema, limits)
     return Converter(schema, limits, builder, prefix).gen(schema, "")
 
 
-__all__ = ["LIMITS", "MAX_REPEAT", "SchemaLimits", "SchemaTooLarge", "UnsupportedSchema",
-           "WS_MAX", "compile_json_schema", "schema_expr"]
+__all__ = ["LIMITS", "MAX_REPEAT", "InvalidSchema", "SchemaLimits", "SchemaTooLarge",
+           "UnsupportedSchema", "WS_MAX", "check_types", "compile_json_schema", "schema_expr"]

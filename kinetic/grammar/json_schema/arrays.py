@@ -21,8 +21,6 @@ def array_value(conv, s: dict, path: str):
         prefix, rest = items, s.get("additionalItems", True)
     elif prefix is None:
         prefix = []
-    if not isinstance(prefix, list):
-        raise UnsupportedSchema("prefixItems that is not a list", path + "/prefixItems")
     if rest is None:
         rest = True
     lo = s.get("minItems", 0)

@@ -26,8 +26,6 @@ from kinetic.grammar.regex import RegexUnsupported, parse_regex
 def merge_all(conv, s: dict, path: str) -> dict:
     """A schema with `allOf` as one schema holding all its parts."""
     parts = s["allOf"]
-    if not isinstance(parts, list):
-        raise UnsupportedSchema("allOf that is not a list", path + "/allOf")
     out = {k: v for k, v in s.items() if k != "allOf"}
     for i, p in enumerate(parts):
         p = conv.deref(p, f"{path}/allOf/{i}")

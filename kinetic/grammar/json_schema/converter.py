@@ -10,14 +10,13 @@ subschemas compiled are counted here against the SchemaLimits.
 
 from __future__ import annotations
 
-from urllib.parse import unquote
 
 from kinetic.grammar.ir import (Alt, Chars, Grammar, GrammarBuilder, Lit, Ref, Rep, alt, chars,
                                 lit, opt, seq, star)
 from kinetic.grammar.json_schema.arrays import array_value
 from kinetic.grammar.json_schema.combine import any_of, merge, merge_all
-from kinetic.grammar.json_schema.keywords import (VALIDATION, has_validation, infer_type,
-                                                  refusal)
+from kinetic.grammar.json_schema.keywords import (MISSING, VALIDATION, has_validation,
+                                                  infer_type, ref_target, refusal)
 from kinetic.grammar.json_schema.limits import (SchemaLimits, Unsatisfiable, UnsupportedSchema,
                                                 too_large)
 from kinetic.grammar.json_schema.literals import literal_bytes, literal_trie, of_types, same_json
@@ -133,10 +132,6 @@ class Converter:
         if t is None:
             t = infer_type(s)
         if isinstance(t, list):
-            if not t:
-                raise UnsupportedSchema("an empty type list", path + "/type")
-            if not all(isinstance(x, str) for x in t):
-                raise UnsupportedSchema(f"type {t!r}", path + "/type")
             return alt(*(self.typed(s, x, path, one_of) for x in dict.fromkeys(t)))
         if t is None:
             return Ref("json-value")
@@ -244,18 +239,11 @@ class Converter:
 
     def resolve(self, ref: str, path: str):
         self._check_ref(ref, path)
-        node = self.root
-        pointer = ref[1:]
-        if pointer and not pointer.startswith("/"):
+        if ref[1:] and not ref.startswith("#/"):
             raise UnsupportedSchema(f"$ref by anchor ({ref!r})", path)
-        for part in pointer.split("/")[1:] if pointer else []:
-            part = unquote(part.replace("~1", "/").replace("~0", "~"))
-            if isinstance(node, dict) and part in node:
-                node = node[part]
-            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-                node = node[int(part)]
-            else:
-                raise UnsupportedSchema(f"$ref to a missing target ({ref!r})", path)
+        node = ref_target(self.root, ref)
+        if node is MISSING:
+            raise UnsupportedSchema(f"$ref to a missing target ({ref!r})", path)
         return node
 
     def deref(self, s, path: str):

@@ -1,7 +1,7 @@
 """The keyword list and the limits as text, rendered from the keyword table and SchemaLimits.
 
 The package docstring and docs/server.md hold this text between markers, and
-tests/test_schema_limits.py checks that they still do, so neither can drift from the table.
+tests/test_json_schema.py checks that they still do, so neither can drift from the table.
 `python -m kinetic.grammar.json_schema.docs` prints it; with `--write` it rewrites the marked
 blocks of docs/server.md (and the package docstring).
 """
@@ -15,7 +15,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from kinetic.grammar.json_schema.keywords import (ANNOTATION, CONTAINER, ENFORCED, PARTIAL,
-                                                  REFUSED, TABLE)
+                                                  REFUSED, TABLE, VALUES)
 from kinetic.grammar.json_schema.limits import LIMITS
 
 WIDTH = 96
@@ -33,7 +33,8 @@ def _named(name: str, note: str) -> str:
 
 
 def keyword_list() -> str:
-    """What is enforced, refused, narrowed and ignored, one bullet each (Markdown)."""
+    """What is enforced, refused and narrowed, the values' types, and what is ignored, one
+    bullet each (Markdown)."""
     out = []
     for title, type_ in _GROUPS:
         kws = [k for k in TABLE if k.type == type_ and k.kind in (ENFORCED, PARTIAL, CONTAINER)]
@@ -48,6 +49,12 @@ def keyword_list() -> str:
     out.append(_bullet("Narrowed (the grammar may accept fewer texts than the schema, never "
                        "more; numbers are written canonically, \"0\" not \"-0\", integers "
                        "without \".0\"): " + "; ".join(narrowed) + "."))
+    types = [", ".join(f"`{k.name}`" for k in TABLE if k.value == name) + f": {v.must}"
+             for name, v in VALUES.items() if name != "any" and any(
+                 k.value == name for k in TABLE)]
+    out.append(_bullet("Values, as the meta-schemas of drafts 4 to 2020-12 type them (else a "
+                       "400 naming the keyword, what it must be and the JSON pointer of the "
+                       "value): " + "; ".join(types) + "; any value for the others."))
     ignored = [f"`{k.name}`" for k in TABLE if k.kind == ANNOTATION]
     out.append(_bullet("Ignored, as JSON Schema ignores them: " + ", ".join(ignored)
                        + ", and every keyword not listed here."))

@@ -1,14 +1,17 @@
-"""The keyword table: every JSON Schema keyword kinetic knows, what it does with it, and the
-limits that bound it. The converter reads it (which keywords validate, which imply a type, how
-allOf joins two values, which forms are refused), check_limits reads it (where subschemas are),
-and docs.py renders it into the package docstring and docs/server.md, so the three agree.
+"""The keyword table: every JSON Schema keyword kinetic knows, the type its value must have,
+what it does with it, and the limits that bound it. The converter reads it (which keywords
+validate, which imply a type, how allOf joins two values, which forms are refused), check.py
+reads it (each value's type, where subschemas are), and docs.py renders it into the package
+docstring and docs/server.md, so the three agree.
 
 A keyword not in the table is ignored, as JSON Schema ignores unknown keywords.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
+from urllib.parse import unquote
 from typing import Callable
 
 ENFORCED = "enforced"       # the grammar holds the answer to it
@@ -18,7 +21,92 @@ ANNOTATION = "annotation"   # ignored, as JSON Schema ignores it
 CONTAINER = "container"     # holds subschemas for `$ref`; no constraint by itself
 
 TYPES = ("string", "number", "integer", "boolean", "null", "object", "array")
+FLOAT_MAX = sys.float_info.max   # numbers.py works in floats, so a bound must fit in one
 
+
+# --- value types -------------------------------------------------------------------------
+
+def _schema(v) -> bool:
+    return isinstance(v, (dict, bool))
+
+
+def _count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _number(v) -> bool:   # (NaN and infinities fail the comparison)
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and -FLOAT_MAX <= v <= FLOAT_MAX
+
+
+def _names(v) -> bool:
+    return isinstance(v, list) and all(isinstance(n, str) for n in v)
+
+
+def _type_name(v) -> bool:
+    return isinstance(v, str) and v in TYPES
+
+
+def _whole(ok: Callable[[object], bool]):
+    return lambda v: None if ok(v) else ""
+
+
+def _items(ok: Callable[[object], bool], empty: bool = True):
+    """A list of values that pass `ok`: the fault is "" (not such a list) or "/i"."""
+    def fault(v):
+        if not isinstance(v, list) or not (v or empty):
+            return ""
+        return next((f"/{i}" for i, x in enumerate(v) if not ok(x)), None)
+    return fault
+
+
+def _entries(ok: Callable[[object], bool]):
+    """An object whose values pass `ok`: the fault is "" (not an object) or "/name"."""
+    def fault(v):
+        if not isinstance(v, dict):
+            return ""
+        return next((f"/{esc(k)}" for k, x in v.items() if not ok(x)), None)
+    return fault
+
+
+def _either(ok: Callable[[object], bool], then):
+    return lambda v: None if ok(v) else then(v)
+
+
+@dataclass(frozen=True)
+class Value:
+    """A keyword's value type, as the meta-schemas of drafts 4 to 2020-12 give it."""
+    must: str                                # what the value must be (messages, docs)
+    fault: Callable[[object], str | None]    # None if the value is one, else the JSON pointer
+                                             # of the fault below the keyword ("": the value)
+    holds: str = ""                          # subschemas in it: schema, list, map,
+                                             # schema_or_list (check.py walks them)
+
+
+VALUES = {
+    "schema": Value("a schema (an object or a boolean)", _whole(_schema), "schema"),
+    "schemas": Value("a non-empty list of schemas (objects or booleans)",
+                     _items(_schema, empty=False), "list"),
+    "schema_or_schemas": Value("a schema or a list of schemas (objects or booleans)",
+                               _either(_schema, _items(_schema)), "schema_or_list"),
+    "schema_map": Value("an object of schemas (objects or booleans)", _entries(_schema), "map"),
+    "names": Value("a list of property names (strings)", _whole(_names)),
+    "names_map": Value("an object of lists of property names", _entries(_names)),
+    "names_or_schema_map": Value("an object of lists of property names or schemas",
+                                 _entries(lambda x: _names(x) or _schema(x)), "map"),
+    "types": Value(f"a type name ({', '.join(TYPES)}) or a non-empty list of them",
+                   _either(_type_name, _items(_type_name, empty=False))),
+    "count": Value("an integer of at least 0", _whole(_count)),
+    "number": Value("a number within the float range", _whole(_number)),
+    "number_or_flag": Value("a number within the float range, or draft 4's boolean",
+                            _whole(lambda v: isinstance(v, bool) or _number(v))),
+    "string": Value("a string", _whole(lambda v: isinstance(v, str))),
+    "bool": Value("true or false", _whole(lambda v: isinstance(v, bool))),
+    "list": Value("a list", _whole(lambda v: isinstance(v, list))),
+    "any": Value("any JSON value", lambda v: None),
+}
+
+
+# --- keywords --------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Keyword:
@@ -26,19 +114,37 @@ class Keyword:
     kind: str
     type: str | None = None     # the type whose handler reads it; None: the converter core
     infers: bool = False        # whether it makes a schema without `type` of that type
+    value: str = field(kw_only=True)  # its value's type: a key of VALUES
     enforced: str = ""          # what is enforced (ENFORCED, PARTIAL)
     refused: str = ""           # what is refused, and why (REFUSED, PARTIAL)
     narrowed: str = ""          # how the grammar may be narrower (every answer still validates)
     merge: str = "same"         # how allOf joins two values: same (else refused), max, min,
                                 # union, types, properties, false_wins, branches
-    holds: str = ""             # subschemas in its value: schema, list, map, schema_or_list
     limits: tuple[str, ...] = ()  # SchemaLimits fields that bound it
     refuse: Callable[[dict], str | None] | None = None  # gen's check of a schema: the feature
                                 # to name if refused (else its handler refuses)
 
+    def __post_init__(self):
+        if self.value not in VALUES:
+            raise ValueError(f"keyword {self.name}: no value type {self.value!r}")
+
     @property
     def validates(self) -> bool:
         return self.kind in (ENFORCED, PARTIAL, REFUSED)
+
+    @property
+    def holds(self) -> str:
+        """The subschemas in its value: schema, list, map, schema_or_list or ""."""
+        return VALUES[self.value].holds
+
+    @property
+    def must(self) -> str:
+        return VALUES[self.value].must
+
+    def fault(self, v) -> str | None:
+        """None if `v` has this keyword's value type, else the JSON pointer of the fault below
+        the keyword ("": `v` itself, "/0": its first item...)."""
+        return VALUES[self.value].fault(v)
 
 
 def is_not_required(x) -> bool:
@@ -63,94 +169,103 @@ def _always(name: str):
 
 TABLE = [
     # any value
-    Keyword("type", ENFORCED, enforced="one type or a list", merge="types",
+    Keyword("type", ENFORCED, value="types", enforced="one type or a list", merge="types",
             limits=("alternatives",)),
-    Keyword("enum", ENFORCED, enforced="its values, filtered by the other keywords",
+    Keyword("enum", ENFORCED, value="list", enforced="its values, filtered by the other "
+                                                     "keywords",
             limits=("enum_values", "enum_bytes")),
-    Keyword("const", ENFORCED, enforced="filtered by the other keywords",
+    Keyword("const", ENFORCED, value="any", enforced="filtered by the other keywords",
             limits=("enum_bytes",)),
-    Keyword("nullable", ENFORCED, enforced="OpenAPI's: or null"),
-    Keyword("allOf", ENFORCED, enforced="merged into one schema", holds="list",
+    Keyword("nullable", ENFORCED, value="bool", enforced="OpenAPI's: or null"),
+    Keyword("allOf", ENFORCED, value="schemas", enforced="merged into one schema",
             limits=("alternatives", "steps")),
-    Keyword("anyOf", ENFORCED, merge="branches", holds="list",
+    Keyword("anyOf", ENFORCED, value="schemas", merge="branches",
             limits=("alternatives", "steps")),
-    Keyword("oneOf", PARTIAL, merge="branches", holds="list", limits=("alternatives",),
+    Keyword("oneOf", PARTIAL, value="schemas", merge="branches", limits=("alternatives",),
             enforced="when no two branches can hold at once, told apart by type, enum or a "
                      "required property, or when every branch only requires properties",
             refused="branches that may overlap: exactly one cannot be checked"),
-    Keyword("$ref", PARTIAL, enforced="into the same document: `#/$defs/...`, "
-                                      "`#/definitions/...` or any JSON pointer, recursion "
-                                      "included",
+    Keyword("$ref", PARTIAL, value="string",
+            enforced="into the same document: `#/$defs/...`, `#/definitions/...` or any JSON "
+                     "pointer, recursion included",
             refused="to another document or by anchor: the server fetches nothing",
             limits=("ref_depth", "depth")),
-    Keyword("$defs", CONTAINER, holds="map"),
-    Keyword("definitions", CONTAINER, holds="map"),
-    Keyword("if", REFUSED, holds="schema", refuse=_always("if"),
+    Keyword("$defs", CONTAINER, value="schema_map"),
+    Keyword("definitions", CONTAINER, value="schema_map"),
+    Keyword("if", REFUSED, value="schema", refuse=_always("if"),
             refused="a condition on the value being written"),
-    Keyword("then", REFUSED, holds="schema", refuse=_always("then"), refused="as `if`"),
-    Keyword("else", REFUSED, holds="schema", refuse=_always("else"), refused="as `if`"),
+    Keyword("then", REFUSED, value="schema", refuse=_always("then"), refused="as `if`"),
+    Keyword("else", REFUSED, value="schema", refuse=_always("else"), refused="as `if`"),
     # objects
-    Keyword("properties", ENFORCED, "object", True, merge="properties", holds="map",
+    Keyword("properties", ENFORCED, "object", True, value="schema_map", merge="properties",
             enforced="in the schema's key order", limits=("properties",),
             narrowed="key order fixed: declared order, then extra keys"),
-    Keyword("required", ENFORCED, "object", True, merge="union", limits=("properties",)),
-    Keyword("additionalProperties", ENFORCED, "object", True, merge="false_wins",
-            holds="schema",
+    Keyword("required", ENFORCED, "object", True, value="names", merge="union",
+            limits=("properties",)),
+    Keyword("additionalProperties", ENFORCED, "object", True, value="schema",
+            merge="false_wins",
             narrowed="extra keys written without escapes and never one of the named "
                      "properties"),
-    Keyword("patternProperties", ENFORCED, "object", True, holds="map",
+    Keyword("patternProperties", ENFORCED, "object", True, value="schema_map",
             limits=("properties",),
             narrowed="a pattern that matches a named property adds no keys"),
-    Keyword("propertyNames", PARTIAL, "object", True, holds="schema",
+    Keyword("propertyNames", PARTIAL, "object", True, value="schema",
             refuse=_refuse_property_names, enforced="a `pattern`",
             refused="other keywords in it"),
-    Keyword("minProperties", ENFORCED, "object", True, merge="max", limits=("combinations",),
-            narrowed="met by extra keys with at most one of them"),
-    Keyword("maxProperties", ENFORCED, "object", True, merge="min", limits=("combinations",)),
-    Keyword("dependentRequired", ENFORCED, "object", True, limits=("combinations",)),
-    Keyword("dependencies", PARTIAL, "object", True, enforced="lists of property names",
+    Keyword("minProperties", ENFORCED, "object", True, value="count", merge="max",
+            limits=("combinations",), narrowed="met by extra keys with at most one of them"),
+    Keyword("maxProperties", ENFORCED, "object", True, value="count", merge="min",
+            limits=("combinations",)),
+    Keyword("dependentRequired", ENFORCED, "object", True, value="names_map",
+            limits=("combinations",)),
+    Keyword("dependencies", PARTIAL, "object", True, value="names_or_schema_map",
+            enforced="lists of property names",
             refused="with a schema, as `dependentSchemas`", limits=("combinations",)),
-    Keyword("not", PARTIAL, type="object", holds="schema", refuse=_refuse_not,
+    Keyword("not", PARTIAL, type="object", value="schema", refuse=_refuse_not,
             enforced="`not: {required: [...]}` on an object",
             refused="any other form: the complement of a schema is not built"),
-    Keyword("dependentSchemas", REFUSED, "object", holds="map",
+    Keyword("dependentSchemas", REFUSED, "object", value="schema_map",
             refuse=_always("dependentSchemas"),
             refused="a schema that applies when a property is present"),
-    Keyword("unevaluatedProperties", REFUSED, "object", holds="schema",
+    Keyword("unevaluatedProperties", REFUSED, "object", value="schema",
             refuse=_always("unevaluatedProperties"),
             refused="depends on what the other keywords evaluated"),
     # arrays
-    Keyword("items", ENFORCED, "array", True, holds="schema_or_list",
+    Keyword("items", ENFORCED, "array", True, value="schema_or_schemas",
             enforced="a schema, or draft 4's list of schemas"),
-    Keyword("prefixItems", ENFORCED, "array", True, holds="list"),
-    Keyword("additionalItems", ENFORCED, "array", holds="schema",
+    Keyword("prefixItems", ENFORCED, "array", True, value="schemas"),
+    Keyword("additionalItems", ENFORCED, "array", value="schema",
             enforced="after draft 4's list of `items`"),
-    Keyword("minItems", ENFORCED, "array", True, merge="max", limits=("repeat",)),
-    Keyword("maxItems", ENFORCED, "array", True, merge="min", limits=("repeat",),
+    Keyword("minItems", ENFORCED, "array", True, value="count", merge="max",
+            limits=("repeat",)),
+    Keyword("maxItems", ENFORCED, "array", True, value="count", merge="min",
+            limits=("repeat",),
             narrowed="past `minItems` by more than the `repeat` limit, narrowed to that"),
-    Keyword("uniqueItems", PARTIAL, "array", enforced="on items that are an `enum` or "
-                                                       "`const`",
+    Keyword("uniqueItems", PARTIAL, "array", value="bool",
+            enforced="on items that are an `enum` or `const`",
             refused="on other items: distinct values cannot be checked by a grammar",
             narrowed="the distinct enum values in enum order", limits=("combinations",)),
-    Keyword("contains", REFUSED, "array", holds="schema", refuse=_always("contains"),
+    Keyword("contains", REFUSED, "array", value="schema", refuse=_always("contains"),
             refused="a count of matching items"),
-    Keyword("minContains", REFUSED, "array", refuse=_always("minContains"),
+    Keyword("minContains", REFUSED, "array", value="count", refuse=_always("minContains"),
             refused="as `contains`"),
-    Keyword("maxContains", REFUSED, "array", refuse=_always("maxContains"),
+    Keyword("maxContains", REFUSED, "array", value="count", refuse=_always("maxContains"),
             refused="as `contains`"),
-    Keyword("unevaluatedItems", REFUSED, "array", holds="schema",
+    Keyword("unevaluatedItems", REFUSED, "array", value="schema",
             refuse=_always("unevaluatedItems"),
             refused="depends on what the other keywords evaluated"),
     # strings
-    Keyword("minLength", ENFORCED, "string", True, merge="max", limits=("repeat",)),
-    Keyword("maxLength", ENFORCED, "string", True, merge="min", limits=("repeat",),
+    Keyword("minLength", ENFORCED, "string", True, value="count", merge="max",
+            limits=("repeat",)),
+    Keyword("maxLength", ENFORCED, "string", True, value="count", merge="min",
+            limits=("repeat",),
             narrowed="past `minLength` by more than the `repeat` limit, narrowed to that"),
-    Keyword("pattern", PARTIAL, "string", True, limits=("repeat",),
+    Keyword("pattern", PARTIAL, "string", True, value="string", limits=("repeat",),
             enforced="the ECMA-262 subset of character classes, groups, alternation and "
                      "counts",
             refused="lookaround, backreferences, word boundaries: not regular",
             narrowed="with `minLength`/`maxLength`, narrowed to fit them"),
-    Keyword("format", PARTIAL, "string",
+    Keyword("format", PARTIAL, "string", value="string",
             enforced="date, time, date-time, uuid, email, hostname, ipv4, ipv6, uri, "
                      "uri-reference; other values such as int64 or url are annotations",
             refused="duration, regex, json-pointer, relative-json-pointer, uri-template, "
@@ -158,32 +273,35 @@ TABLE = [
                     "together with `pattern`",
             narrowed="a subset of each format's syntax: ipv6 in full form, dates without 29 "
                      "February, hostnames of up to 4 labels of up to 62 characters"),
-    Keyword("contentEncoding", ANNOTATION),
-    Keyword("contentMediaType", ANNOTATION),
-    Keyword("contentSchema", ANNOTATION),
+    Keyword("contentEncoding", ANNOTATION, value="any"),
+    Keyword("contentMediaType", ANNOTATION, value="any"),
+    Keyword("contentSchema", ANNOTATION, value="any"),
     # numbers
-    Keyword("minimum", ENFORCED, "number", True, merge="max", limits=("number_digits",),
+    Keyword("minimum", ENFORCED, "number", True, value="number", merge="max",
+            limits=("number_digits",),
             narrowed="fractional bounds rounded inward to integers, and no exponent in a "
                      "bounded number"),
-    Keyword("maximum", ENFORCED, "number", True, merge="min", limits=("number_digits",),
+    Keyword("maximum", ENFORCED, "number", True, value="number", merge="min",
+            limits=("number_digits",),
             narrowed="past the `number_digits` limit, narrowed to the largest number of that "
                      "many digits"),
-    Keyword("exclusiveMinimum", ENFORCED, "number", True, merge="max",
-            enforced="a number, or draft 4's flag"),
-    Keyword("exclusiveMaximum", ENFORCED, "number", True, merge="min",
-            enforced="a number, or draft 4's flag"),
-    Keyword("multipleOf", PARTIAL, "number", enforced="1 on an integer or number",
+    Keyword("exclusiveMinimum", ENFORCED, "number", True, value="number_or_flag",
+            merge="max", enforced="a number, or draft 4's flag"),
+    Keyword("exclusiveMaximum", ENFORCED, "number", True, value="number_or_flag",
+            merge="min", enforced="a number, or draft 4's flag"),
+    Keyword("multipleOf", PARTIAL, "number", value="number",
+            enforced="1 on an integer or number",
             refuse=lambda s: None if s["multipleOf"] == 1 and s.get("type") in (
                 "integer", "number") else "multipleOf",
             refused="other values: multiples are not built"),
-    Keyword("$dynamicRef", REFUSED, refuse=_always("$dynamicRef"),
+    Keyword("$dynamicRef", REFUSED, value="string", refuse=_always("$dynamicRef"),
             refused="dynamic scopes are not followed"),
-    Keyword("$recursiveRef", REFUSED, refuse=_always("$recursiveRef"),
+    Keyword("$recursiveRef", REFUSED, value="string", refuse=_always("$recursiveRef"),
             refused="as `$dynamicRef`"),
-    # annotations
-    *(Keyword(k, ANNOTATION) for k in ("title", "description", "default", "examples",
-                                       "$comment", "deprecated", "readOnly", "writeOnly",
-                                       "$schema", "$id", "$anchor", "$vocabulary")),
+    # annotations: any value, as JSON Schema ignores them (a malformed title harms nothing)
+    *(Keyword(k, ANNOTATION, value="any") for k in (
+        "title", "description", "default", "examples", "$comment", "deprecated", "readOnly",
+        "writeOnly", "$schema", "$id", "$anchor", "$vocabulary")),
 ]
 
 KEYWORDS: dict[str, Keyword] = {k.name: k for k in TABLE}
@@ -227,3 +345,22 @@ def refusal(s: dict) -> tuple[str, str] | None:
 def esc(token: str) -> str:
     """A JSON pointer token."""
     return token.replace("~", "~0").replace("/", "~1")
+
+
+MISSING = object()   # what ref_target finds where a pointer leads nowhere
+
+
+def ref_target(root, ref: str):
+    """The node a same-document `$ref` ("#" or a JSON pointer "#/a/b") names in `root`, or
+    MISSING. The caller has checked that `ref` starts with "#" and is not an anchor."""
+    node = root
+    pointer = ref[1:]
+    for part in pointer.split("/")[1:] if pointer else []:
+        part = unquote(part.replace("~1", "/").replace("~0", "~"))
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return MISSING
+    return node

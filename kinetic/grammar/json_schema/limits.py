@@ -3,8 +3,8 @@
 A schema comes from the client, so everything that makes its grammar big or slow to build is
 bounded by a SchemaLimits field: how large and how deep it is, how many values an enum lists,
 how many branches or properties a subschema has, how many times a pattern or a length repeats.
-`check_limits` looks at every subschema (and every `$ref` target) before any grammar is built, so
-a hostile schema is refused in time linear in its size; the converter checks the limits that only
+check.py looks at every subschema (and every `$ref` target) before any grammar is built, so a
+hostile schema is refused in time linear in its size; the converter checks the limits that only
 show while it builds (nesting through `$ref`, compiling steps). Every refusal is a SchemaTooLarge
 naming the limit, its value and the JSON pointer.
 """
@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, fields
-from urllib.parse import unquote
-
-from kinetic.grammar.json_schema.keywords import KEYWORDS, esc
 
 MAX_REPEAT = 2000   # the default `repeat` limit: maxLength / maxItems more than this past the
                     # minimum are narrowed to it (sound: fewer values)
@@ -28,6 +25,18 @@ class UnsupportedSchema(ValueError):
         self.feature = feature
         self.path = path or "/"
         super().__init__(f"unsupported JSON Schema feature {feature} at {self.path}")
+
+
+class InvalidSchema(UnsupportedSchema):
+    """A keyword whose value does not have its type (the keyword table's `value`); `path` is
+    the JSON pointer of the value at fault (`/anyOf/0` for an item of anyOf that is no schema),
+    `must` what the value must be."""
+
+    def __init__(self, keyword: str, must: str, path: str):
+        self.feature = keyword
+        self.path = path or "/"
+        self.must = must
+        ValueError.__init__(self, f"{keyword} must be {must}, at {self.path}")
 
 
 class SchemaTooLarge(UnsupportedSchema):
@@ -96,83 +105,3 @@ def json_size(value) -> int:
             "utf-8", "surrogatepass"))
     except (TypeError, ValueError) as e:   # (from Python callers: a set, a NaN...)
         raise UnsupportedSchema(f"a schema that is not JSON ({e})", "") from None
-
-
-def check_limits(root, limits: SchemaLimits) -> None:
-    """Raises SchemaTooLarge for the first limit `root` passes, looking at every subschema the
-    keyword table says a keyword holds and at every `$ref` target, each once."""
-    # the document's subschemas first, with their depth; then the $ref targets no keyword
-    # holds (a pointer may name any node), each as a root of its own
-    work = [(root, "", 1)]
-    refs: list[str] = []
-    seen: set[int] = set()
-    while work or refs:
-        if not work:
-            ref = refs.pop()
-            work.append((_ref_target(root, ref), ref[1:], 1))
-        s, path, depth = work.pop()
-        if not isinstance(s, dict) or id(s) in seen:
-            continue
-        seen.add(id(s))
-        if depth > limits.depth:
-            raise too_large(limits, "depth", "a subschema", path, f"is nested {depth} deep")
-        _check_node(s, path, limits)
-        for k, v in s.items():
-            kw = KEYWORDS.get(k)
-            if kw is None or not kw.holds:
-                continue
-            at = f"{path}/{esc(k)}"
-            if isinstance(v, dict) and kw.holds in ("schema", "schema_or_list"):
-                work.append((v, at, depth + 1))
-            elif isinstance(v, list) and kw.holds in ("list", "schema_or_list"):
-                work.extend((x, f"{at}/{i}", depth + 1) for i, x in enumerate(v))
-            elif isinstance(v, dict) and kw.holds == "map":
-                work.extend((x, f"{at}/{esc(n)}", depth + 1) for n, x in v.items())
-        if isinstance(s.get("$ref"), str) and s["$ref"].startswith("#/"):
-            refs.append(s["$ref"])
-    size = json_size(root)   # (after the walk: a huge enum is named as such)
-    if size > limits.schema_bytes:
-        raise too_large(limits, "schema_bytes", "the schema", "", f"is {size} bytes of JSON")
-
-
-def _check_node(s: dict, path: str, limits: SchemaLimits) -> None:
-    values = s.get("enum")
-    if isinstance(values, list):
-        if len(values) > limits.enum_values:
-            raise too_large(limits, "enum_values", "enum", f"{path}/enum",
-                            f"has {len(values)} values")
-    for k in ("enum", "const"):
-        if k in s:
-            n = json_size(s[k])
-            if n > limits.enum_bytes:
-                raise too_large(limits, "enum_bytes", k, f"{path}/{k}", f"is {n} bytes of JSON")
-    for k in ("anyOf", "oneOf", "allOf", "type"):
-        if isinstance(s.get(k), list) and len(s[k]) > limits.alternatives:
-            raise too_large(limits, "alternatives", k, f"{path}/{k}",
-                            f"has {len(s[k])} branches")
-    for k in ("properties", "patternProperties", "required"):
-        if isinstance(s.get(k), (dict, list)) and len(s[k]) > limits.properties:
-            raise too_large(limits, "properties", k, f"{path}/{k}", f"has {len(s[k])} names")
-    for k in ("minLength", "minItems", "minProperties", "maxLength", "maxItems",
-              "maxProperties"):
-        v = s.get(k)
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
-            raise UnsupportedSchema(f"{k} that is not a count", f"{path}/{k}")
-        if k in ("minLength", "minItems") and v is not None and v > limits.repeat:
-            raise too_large(limits, "repeat", k, f"{path}/{k}", f"is {v}")
-
-
-def _ref_target(root, ref):
-    """The node a same-document JSON pointer `$ref` names, or None (the converter says why)."""
-    if not isinstance(ref, str) or not ref.startswith("#/"):
-        return None
-    node = root
-    for part in ref[2:].split("/"):
-        part = unquote(part.replace("~1", "/").replace("~0", "~"))
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return None
-    return node

@@ -11,8 +11,7 @@ from __future__ import annotations
 import math
 
 from kinetic.grammar.ir import EMPTY, Chars, Ref, Rep, alt, chars, lit, opt, seq, star
-from kinetic.grammar.json_schema.limits import SchemaLimits, Unsatisfiable, UnsupportedSchema, \
-    too_large
+from kinetic.grammar.json_schema.limits import SchemaLimits, Unsatisfiable, too_large
 
 
 def char_range(a: str, b: str | None = None):
@@ -132,12 +131,7 @@ def _real_range(lo, lo_excl, hi, hi_excl):
 
 def number(s: dict, path: str, integer: bool, limits: SchemaLimits):
     """The grammar of an integer or number schema's values: minimum, maximum and the exclusive
-    bounds (a number, or draft 4's flag on minimum/maximum)."""
-    for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
-        v = s.get(k)
-        if v is not None and (not isinstance(v, (int, float)) or v != v
-                              or isinstance(v, bool) and k.startswith("m")):
-            raise UnsupportedSchema(f"{k} that is not a number", path)
+    bounds (a number, or draft 4's flag on minimum/maximum; check.py saw their types)."""
     lo, lo_excl, lo_key = s.get("minimum"), False, "minimum"
     hi, hi_excl, hi_key = s.get("maximum"), False, "maximum"
     emin, emax = s.get("exclusiveMinimum"), s.get("exclusiveMaximum")

@@ -33,8 +33,6 @@ def _dependencies(s: dict, path: str) -> dict[str, list[str]]:
     deps: dict[str, list[str]] = {}
     for key in ("dependencies", "dependentRequired"):
         given = s.get(key) or {}
-        if not isinstance(given, dict):
-            raise UnsupportedSchema(f"{key} that is not an object", f"{path}/{key}")
         for name, dep in given.items():
             if isinstance(dep, dict) and set(dep) <= {"required"}:
                 dep = dep.get("required", [])
@@ -47,15 +45,9 @@ def _dependencies(s: dict, path: str) -> dict[str, list[str]]:
 def object_value(conv, s: dict, path: str, one_of: tuple[ExactlyOne, ...]):
     """The grammar of an object schema's values."""
     props = s.get("properties") or {}
-    if not isinstance(props, dict):
-        raise UnsupportedSchema("properties that is not an object", path + "/properties")
-    required = [k for k in s["required"] if isinstance(k, str)] if isinstance(
-        s.get("required"), list) else []
+    required = list(s.get("required") or [])
     addl = s.get("additionalProperties")
     pattern_props = s.get("patternProperties") or {}
-    if not isinstance(pattern_props, dict):
-        raise UnsupportedSchema("patternProperties that is not an object",
-                                path + "/patternProperties")
     if addl is None and not props and not pattern_props:
         addl = True
     min_props = s.get("minProperties", 0)
@@ -70,8 +62,6 @@ def object_value(conv, s: dict, path: str, one_of: tuple[ExactlyOne, ...]):
     conv.spend(len(names), path)
     excluded = set()
     name_pattern = (s.get("propertyNames") or {}).get("pattern")
-    if name_pattern is not None and not isinstance(name_pattern, str):
-        raise UnsupportedSchema("a pattern that is not a string", path + "/propertyNames")
     if name_pattern is not None:
         matches = conv.search(name_pattern, path + "/propertyNames")
         excluded |= {k for k in names if not matches(k)}

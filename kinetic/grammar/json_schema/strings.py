@@ -124,8 +124,6 @@ def string(s: dict, path: str, limits: SchemaLimits):
     if pattern is not None:
         if fmt in FORMATS:   # both cannot be enforced at once
             raise UnsupportedSchema(f"format {fmt!r} together with pattern", path + "/format")
-        if not isinstance(pattern, str):
-            raise UnsupportedSchema("a pattern that is not a string", path + "/pattern")
         body = pattern_expr(pattern, path + "/pattern", limits)
         if lo or hi is not None:
             body = _fit_length(body, lo, hi)
