@@ -19,7 +19,7 @@ from kinetic.grammar.matcher import accepts
 from tests import mock_model as mm
 from tests.mock_model import Collector, Paused, greedy, ids, run
 
-# 300 literals sharing prefixes: a start state with one stack per alternative
+# 300 literals sharing prefixes (a trie of rules: see test_literal_alternation_is_a_trie)
 MANY = "root ::= " + " | ".join(f'"k{i}x"' for i in range(300))
 
 
@@ -108,3 +108,19 @@ def test_a_request_over_its_grammar_budget_fails_alone(engine, monkeypatch):
     again = run(engine, GenerationRequest(ids("hi"), max_tokens=3,
                                           grammar=compile_gbnf('root ::= "k" [a-z]+')))
     assert again.finish_reason == "length" and again.text.startswith("k")
+
+
+def test_literal_alternation_is_a_trie():
+    """GBNF's alternation of many string literals is left-factored (ir.literal_trie), so its
+    parser states hold one stack per distinct next byte, not one per literal: 20,000 literals
+    would otherwise make every mask walk 20,000 stacks (and overrun the budget)."""
+    words = [f"v{i}" for i in range(20_000)]
+    g = compile_gbnf("root ::= " + " | ".join(f'"{w}"' for w in words) + ' | "x" [0-9]')
+    m = g.matcher(byte_vocab())
+    assert len(m._s.sets[m.state]) <= 2       # "v..." and "x"
+    assert m.accept_bytes(b"v1")
+    assert len(m._s.sets[m.state]) <= 11      # end, or one of ten next digits
+    for w in (b"v0", b"v19999", b"v123", b"x7"):
+        assert accepts(g, w), w
+    for w in (b"v", b"v20000", b"v01", b"x", b"v1x"):
+        assert not accepts(g, w), w

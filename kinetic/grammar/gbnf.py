@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import lark
 
-from kinetic.grammar.ir import (ANY_CHAR, Grammar, GrammarBuilder, GrammarError, Rep, Ref, alt,
-                                chars, lit, seq)
+from kinetic.grammar.ir import (ANY_CHAR, Grammar, GrammarBuilder, GrammarError, Lit, Rep, Ref,
+                                alt, chars, lit, literal_trie, seq)
 
 _GBNF = r"""
 start: rule*
@@ -79,7 +79,7 @@ def gbnf_builder(text: str) -> GrammarBuilder:
         name = head.value[:-3].rstrip(" \t")
         if name in b.exprs:
             raise GrammarError(f"rule {name!r} is defined twice", head.line, head.column)
-        b.define(name, _alternates(body, name), head.line, head.column)
+        b.define(name, _alternates(body, b), head.line, head.column)
     return b
 
 
@@ -88,16 +88,30 @@ def _end_position(text: str) -> tuple[int, int]:
     return len(lines), len(lines[-1]) + 1
 
 
-def _alternates(tree, ctx):
-    return alt(*(_sequence(s, ctx) for s in tree.children))
+FACTORED_LITERALS = 8   # an alternation with this many string literals has them as a trie
 
 
-def _sequence(tree, ctx):
-    return seq(*(_item(i, ctx) for i in tree.children))
+def _alternates(tree, b: GrammarBuilder):
+    items = [_sequence(s, b) for s in tree.children]
+    literals = [e.data for e in items if isinstance(e, Lit)]
+    if len(literals) >= FACTORED_LITERALS:   # ir.literal_trie: one stack per next byte
+        items = [e for e in items if not isinstance(e, Lit)]
+        items.append(literal_trie(literals, lambda expr: _rule(b, expr)))
+    return alt(*items)
 
 
-def _item(tree, ctx):
-    atom = _atom(tree.children[0], ctx)
+def _rule(b: GrammarBuilder, expr) -> Ref:
+    name = b.fresh("literals")
+    b.define(name, expr)
+    return Ref(name)
+
+
+def _sequence(tree, b: GrammarBuilder):
+    return seq(*(_item(i, b) for i in tree.children))
+
+
+def _item(tree, b: GrammarBuilder):
+    atom = _atom(tree.children[0], b)
     if len(tree.children) == 1:
         return atom
     q = tree.children[1]
@@ -119,7 +133,7 @@ def _item(tree, ctx):
     return Rep(atom, lo, hi)
 
 
-def _atom(tree, ctx):
+def _atom(tree, b: GrammarBuilder):
     kind = tree.data if isinstance(tree, lark.Tree) else None
     if kind == "literal":
         tok = tree.children[0]
@@ -148,7 +162,7 @@ def _atom(tree, ctx):
         tok = tree.children[0]
         return Ref(tok.value, tok.line, tok.column)
     if kind == "group":
-        return _alternates(tree.children[0], ctx)
+        return _alternates(tree.children[0], b)
     if kind == "any":
         return ANY_CHAR
     raise GrammarError(f"unexpected {tree!r}")  # pragma: no cover

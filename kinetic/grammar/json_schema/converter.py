@@ -12,14 +12,14 @@ from __future__ import annotations
 
 
 from kinetic.grammar.ir import (Alt, Chars, Grammar, GrammarBuilder, Lit, Ref, Rep, alt, chars,
-                                lit, opt, seq, star)
+                                lit, literal_trie, opt, seq, star)
 from kinetic.grammar.json_schema.arrays import array_value
 from kinetic.grammar.json_schema.combine import any_of, merge, merge_all
 from kinetic.grammar.json_schema.keywords import (MISSING, VALIDATION, has_validation,
                                                   infer_type, ref_target, refusal)
 from kinetic.grammar.json_schema.limits import (SchemaLimits, Unsatisfiable, UnsupportedSchema,
                                                 too_large)
-from kinetic.grammar.json_schema.literals import literal_bytes, literal_trie, of_types, same_json
+from kinetic.grammar.json_schema.literals import literal_bytes, of_types, same_json
 from kinetic.grammar.json_schema.numbers import DIGIT, FRAC_ANY, NZ_DIGIT, number
 from kinetic.grammar.json_schema.objects import ExactlyOne, object_value
 from kinetic.grammar.json_schema.strings import json_char, searcher, string_rule
