@@ -185,7 +185,7 @@ BAD_REQUESTS = [
     ("/completion", {"prompt": "hi", "stream": "yes"}, "stream", ""),
     ("/completion", {"prompt": "hi", "n_probs": -1}, "n_probs", ""),
     ("/completion", {"prompt": "hi", "grammar": 'root ::= "a" )'}, "grammar", "line 1"),
-    ("/completion", {"prompt": "hi", "json_schema": {"type": "strin"}}, "json_schema", ""),
+    ("/completion", {"prompt": "hi", "json_schema": {"type": "strin"}}, "json_schema.type", ""),
     ("/completion", {"prompt": "hi", "json_schema": {"type": "object"},
                      "grammar": 'root ::= "a"'}, "json_schema", "not grammar and json_schema"),
     ("/completions", {"prompt": " ".join(["word"] * (N_CTX + 10))}, "prompt", str(N_CTX)),
