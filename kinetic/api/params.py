@@ -30,6 +30,8 @@ from kinetic.engine.sampling_params import SamplingParams
 from kinetic.grammar import (Grammar, GrammarError, GrammarTooCostly, UnsupportedSchema,
                              compile_gbnf, compile_json_schema)
 from kinetic.grammar.json_schema import InvalidSchema, check_types
+from kinetic.grammar.json_schema.keywords import unesc
+from kinetic.text.chat_messages import MESSAGE_STRINGS
 
 MAX_TOKENS_LIMIT = 1 << 20      # generation also ends when the context is full
 MAX_LOGIT_BIAS = 1024           # entries
@@ -321,7 +323,7 @@ def body_path(doc: Any, pointer: str, at: str) -> str:
     `/anyOf/0/minLength` is `at.anyOf[0].minLength` (an index where `doc` has a list)."""
     node = doc
     for token in pointer.split("/")[1:] if pointer != "/" else ():
-        key = token.replace("~1", "/").replace("~0", "~")
+        key = unesc(token)
         if isinstance(node, list) and key.isdigit() and int(key) < len(node):
             at, node = f"{at}[{key}]", node[int(key)]
         else:
@@ -432,7 +434,6 @@ def options(body: dict, defaults: SamplingParams, logprobs: int | None) -> Optio
 # --- chat messages --------------------------------------------------------------------------
 
 MEDIA_PARTS = ("image_url", "input_image", "input_audio")
-MESSAGE_STRINGS = ("reasoning_content", "name", "tool_call_id")  # optional, strings if given
 
 
 def check_message(m: Any, at: str) -> None:

@@ -54,8 +54,8 @@ from kinetic.model.loader import LoadedModel
 from kinetic.text.tokenizer import Tokenizer
 
 HISTORY_WIDTHS = (64, 256, 1024, 4096)  # penalty windows are padded to one of these
-# The most one request's grammar work may take in one place of one step (its draft check, its
-# masks, its accepted tokens). Masks of real schemas take 0.2 ms typically and at most 0.2-0.4 s
+# The most one request's grammar work may take in one turn, its draft check, masks and accepted
+# tokens together (Engine._grammar_work). Masks of real schemas take 0.2 ms typically and at most 0.2-0.4 s
 # on a busy 2-core machine (docs/performance.md); a grammar past this is a hostile one.
 MASK_BUDGET_SECONDS = 1.0
 COUNTERS = ("requests", "prompt_tokens", "prompt_tokens_cached", "prompt_seconds",
@@ -292,6 +292,7 @@ class Engine:
             self.scheduler.cancel(seq_id)
 
     def _turn(self) -> None:
+        self._grammar_spent.clear()   # each turn's grammar budget starts afresh
         self._propose_drafts()
         plan = self.scheduler.schedule()
         self._sync_host_pages(plan)
@@ -326,7 +327,6 @@ class Engine:
         for seq_id in self._over_budget:   # before complete(), which then skips them
             self._fail_over_budget(seq_id)
         self._over_budget.clear()
-        self._grammar_spent.clear()
         if self.drafter is not None:
             self.drafter.follow(plan)
         self._count(plan, rows, accepted, time.perf_counter() - started)

@@ -16,6 +16,7 @@ from kinetic.text.template_caps import TemplateCaps
 from kinetic.text.template_families import reshape
 
 MEDIA_MARKER = "<__media__>"  # what llama-server puts where an image or audio part was
+MESSAGE_STRINGS = ("reasoning_content", "name", "tool_call_id")  # strings, if given
 
 
 def _dump_compact(value: Any) -> str:
@@ -60,7 +61,7 @@ def parse_message(m: Any, trim: bool) -> dict:
         content = ""
     elif content is not None and not isinstance(content, str):
         raise ChatTemplateError("message content must be a string or a list of parts")
-    for key in ("reasoning_content", "name", "tool_call_id"):
+    for key in MESSAGE_STRINGS:
         if m.get(key) is not None and not isinstance(m[key], str):
             raise ChatTemplateError(f"a message's {key} must be a string")
     strip = (lambda s: s.strip(" \t\n\r\v\f")) if trim else (lambda s: s)  # StepFun only

@@ -20,7 +20,6 @@ from kinetic.grammar.json_schema.limits import (InvalidSchema, SchemaLimits, jso
                                                 too_large)
 
 
-
 def check_schema(root, limits: SchemaLimits) -> None:
     """Raises InvalidSchema for the first keyword of `root` whose value does not have its type
     and SchemaTooLarge for the first limit it passes; returns None when neither is found."""

@@ -347,6 +347,11 @@ def esc(token: str) -> str:
     return token.replace("~", "~0").replace("/", "~1")
 
 
+def unesc(token: str) -> str:
+    """A JSON pointer token's text (the inverse of esc)."""
+    return token.replace("~1", "/").replace("~0", "~")
+
+
 MISSING = object()   # what ref_target finds where a pointer leads nowhere
 
 
@@ -356,7 +361,7 @@ def ref_target(root, ref: str):
     node = root
     pointer = ref[1:]
     for part in pointer.split("/")[1:] if pointer else []:
-        part = unquote(part.replace("~1", "/").replace("~0", "~"))
+        part = unquote(unesc(part))   # a $ref is a URI fragment: percent-escapes too
         if isinstance(node, dict) and part in node:
             node = node[part]
         elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
