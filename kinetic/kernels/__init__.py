@@ -1,0 +1,122 @@
+"""kinetic's native kernels: the quantized weight matmul (and the embedding row gather) in
+C++, called from jitted JAX through the XLA FFI on CPU.
+
+The library (`_kinetic_kernels*.so`, built by `pip install` from csrc/) is a plain shared
+library loaded with ctypes. Its C ABI (`kn_*`) is what tests and bench/kernel.py call
+directly; its FFI handlers are registered with XLA once, at import.
+
+    available()          whether the library is built and loaded here
+    isa()                the instruction-set path in use: "scalar", "avx2" or "avx512"
+    supported_isas()     every path this CPU can run (tests sweep them)
+    qmatmul_host(...)    y = x . W^T on numpy arrays, on a chosen path and thread count
+    dequant_rows_host()  rows of W as float32
+
+KINETIC_KERNEL_ISA=scalar|avx2|avx512 forces a path (every path gives the same bits); a name
+this CPU cannot run is an error at import, naming the paths it can.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+
+import numpy as np
+
+ISAS = ("scalar", "avx2", "avx512")
+_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+class KernelError(RuntimeError):
+    """The native library is missing, or it refused a call (the message says why)."""
+
+
+def _load() -> ctypes.CDLL | None:
+    found = sorted(glob.glob(os.path.join(_DIR, "_kinetic_kernels*.so")))
+    if not found:
+        return None
+    lib = ctypes.CDLL(found[0])
+    i64, i32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
+    lib.kn_qmatmul.argtypes = [i32, ptr, i64, i64, ptr, i64, ptr, i32, i32, ctypes.c_char_p, i32]
+    lib.kn_dequant_rows.argtypes = [i32, ptr, i64, i64, ptr, i64, ptr, ctypes.c_char_p, i32]
+    lib.kn_isa_supported.argtypes = [i32]
+    lib.kn_row_bytes.argtypes = [i32, i64]
+    return lib
+
+
+_lib = _load()
+
+
+def available() -> bool:
+    return _lib is not None
+
+
+def _need() -> ctypes.CDLL:
+    if _lib is None:
+        raise KernelError("kinetic's C++ kernel is not built here: run `pip install -e .` in "
+                          "the repository (it needs a C++ compiler)")
+    return _lib
+
+
+def supported_isas() -> list[str]:
+    lib = _need()
+    return [name for i, name in enumerate(ISAS) if lib.kn_isa_supported(i)]
+
+
+def _check_env() -> None:
+    want = os.environ.get("KINETIC_KERNEL_ISA", "")
+    if not want or _lib is None:
+        return
+    if want not in ISAS:
+        raise KernelError(f"KINETIC_KERNEL_ISA={want!r} is not a kernel path "
+                          f"(choose one of {', '.join(ISAS)})")
+    if want not in supported_isas():
+        raise KernelError(f"KINETIC_KERNEL_ISA={want!r}: this CPU cannot run it "
+                          f"(it can run {', '.join(supported_isas())})")
+
+
+_check_env()
+
+
+def isa() -> str:
+    """The path the FFI kernels take in this process."""
+    return ISAS[_need().kn_active_isa()]
+
+
+def row_bytes(fmt: int, k: int) -> int:
+    return int(_need().kn_row_bytes(int(fmt), int(k)))
+
+
+def _call(fn, *args) -> None:
+    err = ctypes.create_string_buffer(256)
+    if fn(*args, err, len(err)):
+        raise KernelError(err.value.decode())
+
+
+def qmatmul_host(fmt: int, w: np.ndarray, n: int, k: int, x: np.ndarray,
+                 isa: str | None = None, threads: int = 1) -> np.ndarray:
+    """x [M, K] float32 . W^T, W being n rows of k values in GGML type `fmt` (raw bytes w).
+    Returns float32 [M, n]. isa: a path from supported_isas() (default: the active one)."""
+    lib = _need()
+    w = np.ascontiguousarray(w).view(np.uint8).reshape(-1)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 2 or x.shape[1] != k:
+        raise ValueError(f"x must be [M, {k}], got {x.shape}")
+    if w.size < n * row_bytes(fmt, k):
+        raise ValueError(f"{w.size} bytes cannot hold {n} rows of {row_bytes(fmt, k)} bytes")
+    y = np.empty((x.shape[0], n), np.float32)
+    code = ISAS.index(isa) if isa is not None else lib.kn_active_isa()
+    _call(lib.kn_qmatmul, int(fmt), w.ctypes.data, n, k, x.ctypes.data, x.shape[0],
+          y.ctypes.data, code, int(threads))
+    return y
+
+
+def dequant_rows_host(fmt: int, w: np.ndarray, n: int, k: int, rows) -> np.ndarray:
+    """The rows `rows` of W (n x k, GGML type fmt) as float32 [len(rows), k]."""
+    lib = _need()
+    w = np.ascontiguousarray(w).view(np.uint8).reshape(-1)
+    rows = np.ascontiguousarray(rows, dtype=np.int32)
+    out = np.empty((rows.size, k), np.float32)
+    _call(lib.kn_dequant_rows, int(fmt), w.ctypes.data, n, k, rows.ctypes.data, rows.size,
+          out.ctypes.data)
+    return out

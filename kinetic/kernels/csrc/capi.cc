@@ -1,0 +1,38 @@
+// The C ABI that kinetic.kernels loads with ctypes: what tests and bench/kernel.py call
+// directly, and how Python finds the FFI handlers (ffi.cc). Every function returns 0, or
+// nonzero with a message in err; none aborts.
+#include <cstdio>
+#include <cstring>
+
+#include "qmatmul_api.h"
+
+#define KN_API extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+int fail(const char* msg, char* err, int errlen) {
+  if (err && errlen > 0) std::snprintf(err, size_t(errlen), "%s", msg);
+  return 1;
+}
+
+}  // namespace
+
+KN_API int kn_best_isa() { return kn::best_isa(); }
+KN_API int kn_active_isa() { return kn::active_isa(); }
+KN_API int kn_isa_supported(int isa) { return kn::isa_supported(kn::Isa(isa)); }
+KN_API int kn_row_bytes(int fmt, int64_t K) { return int(kn::row_bytes(fmt, K)); }
+
+KN_API int kn_qmatmul(int fmt, const uint8_t* w, int64_t N, int64_t K, const float* x,
+                      int64_t M, float* y, int isa, int threads, char* err, int errlen) {
+  if (isa < kn::ISA_SCALAR || isa > kn::ISA_AVX512) return fail("unknown ISA", err, errlen);
+  if (threads < 1) threads = 1;
+  const char* e = kn::qmatmul(fmt, w, N, K, x, M, y, kn::Isa(isa), threads,
+                              threads > 1 ? kn::thread_schedule() : kn::Schedule());
+  return e ? fail(e, err, errlen) : 0;
+}
+
+KN_API int kn_dequant_rows(int fmt, const uint8_t* w, int64_t N, int64_t K, const int32_t* rows,
+                           int64_t n_rows, float* out, char* err, int errlen) {
+  const char* e = kn::dequant_rows(fmt, w, N, K, rows, n_rows, out);
+  return e ? fail(e, err, errlen) : 0;
+}

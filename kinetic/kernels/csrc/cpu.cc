@@ -1,0 +1,52 @@
+#include "cpu.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <initializer_list>
+
+namespace kn {
+
+bool isa_supported(Isa isa) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  switch (isa) {
+    case ISA_SCALAR: return true;
+    case ISA_AVX2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case ISA_AVX512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+  }
+  return false;
+#else
+  return isa == ISA_SCALAR;
+#endif
+}
+
+Isa best_isa() {
+  static const Isa best = isa_supported(ISA_AVX512) ? ISA_AVX512
+                          : isa_supported(ISA_AVX2) ? ISA_AVX2 : ISA_SCALAR;
+  return best;
+}
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case ISA_SCALAR: return "scalar";
+    case ISA_AVX2: return "avx2";
+    case ISA_AVX512: return "avx512";
+  }
+  return "unknown";
+}
+
+Isa active_isa() {
+  const char* env = std::getenv("KINETIC_KERNEL_ISA");
+  if (env && *env) {
+    for (Isa isa : {ISA_SCALAR, ISA_AVX2, ISA_AVX512})
+      if (std::strcmp(env, isa_name(isa)) == 0 && isa_supported(isa)) return isa;
+    // An unknown or unsupported name is reported by the Python side (kinetic.kernels), which
+    // checks the variable before it loads anything; here the safe choice is the reference.
+    return ISA_SCALAR;
+  }
+  return best_isa();
+}
+
+}  // namespace kn

@@ -1,0 +1,17 @@
+// Which instruction-set path the kernels take: the best this CPU has, or the one that
+// KINETIC_KERNEL_ISA (scalar | avx2 | avx512) forces.
+#pragma once
+
+namespace kn {
+
+enum Isa : int { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
+
+// Best path this CPU supports (CPUID, once).
+Isa best_isa();
+// Whether this CPU can run `isa`.
+bool isa_supported(Isa isa);
+// The path in use: KINETIC_KERNEL_ISA if set (and supported), else best_isa().
+Isa active_isa();
+const char* isa_name(Isa isa);
+
+}  // namespace kn

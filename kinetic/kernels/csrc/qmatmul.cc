@@ -1,0 +1,66 @@
+// The driver: check shapes, round the activations once, split N into chunks, and run each
+// chunk on the chosen ISA path (the reference where that path lacks the format).
+#include "qmatmul_api.h"
+
+#include <algorithm>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "parallel.h"
+
+namespace kn {
+
+int64_t row_bytes(int fmt, int64_t K) {
+  const FormatInfo* f = format_info(fmt);
+  return f ? K / f->qk * f->bytes : 0;
+}
+
+const char* check_matmul(int fmt, int64_t N, int64_t K, int64_t M) {
+  const FormatInfo* f = format_info(fmt);
+  if (!f) return "the weight's GGML type is not one the kernel multiplies";
+  if (N <= 0 || K <= 0 || M < 0) return "empty or negative matrix dimensions";
+  if (f->qk > 1 && K % f->qk) return "K is not a multiple of the format's block size";
+  if (f->act == ACT_Q8_0 || f->act == ACT_Q8_1 ? K % 32 : false) return "K is not a multiple of 32";
+  return nullptr;
+}
+
+namespace {
+
+void run_cols(Isa isa, const MatmulArgs& a, int64_t n0, int64_t n1) {
+  if (isa == ISA_AVX512 && qmatmul_cols_avx512(a, n0, n1)) return;
+  if (isa >= ISA_AVX2 && qmatmul_cols_avx2(a, n0, n1)) return;
+  qmatmul_cols_ref(a, n0, n1);
+}
+
+// Columns per chunk: enough chunks to balance the threads, each a whole number of 16
+// columns. The choice changes no result (parallel.h).
+int64_t chunk_cols(int64_t N, int threads) {
+  int64_t want = std::max<int64_t>(1, int64_t(threads) * 4);
+  int64_t cols = (N + want - 1) / want;
+  return std::max<int64_t>(16, (cols + 15) / 16 * 16);
+}
+
+}  // namespace
+
+const char* qmatmul(int fmt, const uint8_t* w, int64_t N, int64_t K, const float* x, int64_t M,
+                    float* y, Isa isa, int threads, const Schedule& schedule) {
+  if (const char* e = check_matmul(fmt, N, K, M)) return e;
+  if (M == 0) return nullptr;
+  if (!isa_supported(isa)) return "this CPU lacks the instruction set asked for";
+  const FormatInfo* f = format_info(fmt);
+  QuantActs acts;
+  quantize_acts(f->act, x, M, K, acts);
+  MatmulArgs a{fmt, f, w, row_bytes(fmt, K), N, K, M, &acts, y};
+  const int64_t cols = chunk_cols(N, threads), chunks = (N + cols - 1) / cols;
+  run_chunks(chunks, threads, schedule, [&](int64_t c) {
+    run_cols(isa, a, c * cols, std::min(N, (c + 1) * cols));
+  });
+  return nullptr;
+}
+
+Schedule thread_schedule() {
+  return [](std::function<void()> task) { std::thread(std::move(task)).detach(); };
+}
+
+}  // namespace kn

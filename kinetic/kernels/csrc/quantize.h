@@ -1,0 +1,27 @@
+// Activation rounding before a weight dot, as llama.cpp's CPU backend does for each weight
+// type (formats.h ActKind). Scalar: it is O(M * K), small beside the weights' M * N * K.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "formats.h"
+
+namespace kn {
+
+struct QuantActs {
+  ActKind kind = ACT_F32;
+  int64_t M = 0, K = 0;
+  std::vector<int8_t> q;      // [M, K] int8 values (block kinds)
+  std::vector<float> d;       // [M, K / block] scales
+  std::vector<float> s;       // ACT_Q8_1: [M, K / 32] f16(d * sum of the block's values)
+  std::vector<int32_t> bsum;  // ACT_Q8_K: [M, K / 16] sums of each 16 values
+  std::vector<float> f;       // float kinds: [M, K] rounded values
+
+  int64_t blocks_per_row() const { return kind == ACT_Q8_K ? K / 256 : K / 32; }
+};
+
+// Round x [M, K] for `kind`. K must be a multiple of the kind's block (32 or 256).
+void quantize_acts(ActKind kind, const float* x, int64_t M, int64_t K, QuantActs& out);
+
+}  // namespace kn

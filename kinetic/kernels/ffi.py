@@ -1,0 +1,50 @@
+"""The FFI kernels as JAX functions, usable inside jit (CPU only).
+
+    qmatmul(x, data, fmt, offset, n, k)      x [..., k] f32 -> [..., n] f32
+    dequant_rows(rows, data, fmt, offset, n, k)  rows [T] int32 -> [T, k] f32
+
+`data` is a uint8 device array holding the weight at byte `offset` (kinetic passes the whole
+memory-mapped GGUF file, zero-copy); fmt, offset, n and k are static.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import jax
+import jax.numpy as jnp
+
+from kinetic import kernels
+
+_registered = False
+
+
+def register() -> None:
+    """Register the handlers with XLA (once per process)."""
+    global _registered
+    if _registered:
+        return
+    lib = kernels._need()
+    for name in ("kinetic_qmatmul", "kinetic_dequant_rows"):
+        fn = ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+        jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu")
+        assert fn
+    _registered = True
+
+
+def qmatmul(x: jax.Array, data: jax.Array, fmt: int, offset: int, n: int, k: int) -> jax.Array:
+    register()
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, k).astype(jnp.float32)
+    out = jax.ffi.ffi_call("kinetic_qmatmul", jax.ShapeDtypeStruct((x2.shape[0], n), jnp.float32))(
+        x2, data, fmt=int(fmt), offset=int(offset), n=int(n), k=int(k))
+    return out.reshape(*lead, n)
+
+
+def dequant_rows(rows: jax.Array, data: jax.Array, fmt: int, offset: int, n: int,
+                 k: int) -> jax.Array:
+    register()
+    rows = rows.astype(jnp.int32).reshape(-1)
+    return jax.ffi.ffi_call("kinetic_dequant_rows",
+                            jax.ShapeDtypeStruct((rows.shape[0], k), jnp.float32))(
+        rows, data, fmt=int(fmt), offset=int(offset), n=int(n), k=int(k))
