@@ -14,7 +14,7 @@ class EngineConfig:
     parallel: int = 0          # sequences at once (-np); 0: as many full contexts as half the
                                # free memory holds, up to 4
     n_ctx: int = 4096          # context per sequence (-c), capped by the model's own
-    step_tokens: int = 16      # rows per compiled step (never 1: DESIGN.md)
+    step_tokens: int = 16      # most rows per step (steps run at row buckets up to it)
     page_size: int = 16
     chunk_tokens: int = 512    # most prompt rows one sequence gets per step
     num_pages: int = 0         # 0: every slot can hold a full context, plus the reserved page
@@ -29,8 +29,8 @@ class EngineConfig:
         if self.n_ctx < self.page_size:
             raise ValueError(f"the context ({self.n_ctx}) must hold at least one page "
                              f"({self.page_size} tokens)")
-        if self.step_tokens < 2:
-            raise ValueError("step_tokens must be at least 2")
+        if self.step_tokens < 1:
+            raise ValueError("step_tokens must be at least 1")
         if self.max_draft < 0 or self.max_draft >= self.step_tokens:
             raise ValueError("max_draft must be between 0 and step_tokens - 1")
 

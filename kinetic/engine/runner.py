@@ -1,9 +1,13 @@
 """The runner: the one place that builds device arrays and calls the jitted model step.
 
-A step is always `step_tokens` rows (DESIGN.md: one compiled token-batch shape), whatever
-mix of prompt chunks and decode rows it carries; the rows a caller does not fill are padding
-that writes into the reserved page 0 and whose logits are dropped. The KV cache is one
-(k, v) pair of page arrays per layer, donated to each step so XLA updates it in place.
+A step carries up to `step_tokens` rows, whatever mix of prompt chunks and decode rows.
+With the C++ kernels (cfg.kernel == "ffi") a row's result does not depend on how many rows
+the step has (DESIGN.md), so each step runs at the smallest of a few compiled row buckets
+(1, 2, 4, ... step_tokens) that holds its rows: one stream decodes at M = 1. With XLA's
+dot (kernel "xla"), which is not batch-invariant, every step runs at step_tokens rows. The
+rows a caller does not fill are padding that writes into the reserved page 0 and whose
+logits are dropped. The KV cache is one (k, v) pair of page arrays per layer, donated to
+each step so XLA updates it in place.
 """
 
 from __future__ import annotations
@@ -22,11 +26,12 @@ from kinetic.model.loader import LoadedModel
 RESERVED_PAGE = 0  # padding rows write here; no sequence's valid positions ever map to it
 PAGE_COPY_BATCH = 8  # pages restored from host memory per compiled copy
 KEY_BUCKET_TOKENS = 128  # smallest key axis a step reads; the next ones are 4x larger
+ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # compiled step sizes (kernel "ffi")
 
 
 @dataclass(frozen=True)
 class RunnerConfig:
-    step_tokens: int = 16     # T: rows per step (never 1: see DESIGN.md on M = 1)
+    step_tokens: int = 16     # T: most rows per step
     num_slots: int = 1        # S: sequences whose pages a step can read
     page_size: int = 16
     num_pages: int = 129      # including the reserved page 0
@@ -34,8 +39,8 @@ class RunnerConfig:
     kv_dtype: str = "float32"
 
     def __post_init__(self) -> None:
-        if self.step_tokens < 2:
-            raise ValueError("step_tokens must be at least 2 (a 1-row step computes other bits)")
+        if self.step_tokens < 1:
+            raise ValueError("step_tokens must be at least 1")
         if self.num_pages < 2 or self.pages_per_slot < 1 or self.page_size < 1:
             raise ValueError("the KV cache needs at least one page besides the reserved one")
 
@@ -56,15 +61,23 @@ class Runner:
         self.cache = [(jnp.zeros(shape_k, dt), jnp.zeros(shape_v, dt))
                       for _ in range(cfg.n_layer)]
         self._step = _compiled_step(model.arch.forward, cfg)
+        self.exact_rows = cfg.kernel == "ffi"
+        T = config.step_tokens
+        self.row_buckets = ([b for b in ROW_BUCKETS if b < T] + [T]) if self.exact_rows else [T]
+
+    def row_bucket(self, n: int) -> int:
+        """Rows of the compiled step that holds n rows."""
+        return next(b for b in self.row_buckets if b >= n)
 
     def step_device(self, tokens: np.ndarray, positions: np.ndarray, slots: np.ndarray,
                     write_index: np.ndarray, page_table: np.ndarray) -> jax.Array:
         """Run one step over up to T rows (arrays of length n <= T) and update the cache.
-        Returns the device array of logits [T, V]; rows n.. are padding. page_table: [S, P]."""
+        Returns the device array of logits [B, V] for the step's row bucket B >= n; rows
+        n.. are padding. page_table: [S, P]."""
         T, n = self.config.step_tokens, len(tokens)
         if n > T:
             raise ValueError(f"{n} rows do not fit a {T}-row step")
-        pad = T - n
+        pad = self.row_bucket(n) - n
         page_size = self.config.page_size
         step = StepInput(
             tokens=jnp.asarray(np.concatenate([tokens, np.zeros(pad)]).astype(np.int32)),
@@ -116,14 +129,17 @@ class Runner:
         return np.asarray(logits[:len(tokens)])
 
     def compile(self, progress=None) -> None:
-        """Compile the step for every key bucket now (the first call of each would otherwise
-        pay for it). progress(done, total) is called after each."""
-        S, P = self.config.num_slots, self.config.pages_per_slot
-        for i, b in enumerate(self.buckets):
-            pos = np.array([b * self.config.page_size - 1])
-            self.step(np.zeros(1), pos, np.zeros(1), np.zeros(1), np.zeros((S, P), np.int32))
+        """Compile the step for every (row bucket, key bucket) now (the first call of each
+        would otherwise pay for it, stalling every stream). progress(done, total) is called
+        after each. The steps write only into the reserved page."""
+        S, P, ps = self.config.num_slots, self.config.pages_per_slot, self.config.page_size
+        shapes = [(r, b) for r in self.row_buckets for b in self.buckets]
+        for i, (rows, b) in enumerate(shapes):
+            pos = np.full(rows, b * ps - 1)
+            self.step(np.zeros(rows), pos, np.zeros(rows), np.arange(rows) % ps,
+                      np.zeros((S, P), np.int32))
             if progress:
-                progress(i + 1, len(self.buckets))
+                progress(i + 1, len(shapes))
 
 
 @functools.cache

@@ -42,6 +42,8 @@ class Config:
     embed_scale: float = 1.0              # token embeddings multiplied by this (gemma: sqrt(d))
     tied_output: bool = False             # output projection is token_embd
     final_softcap: float = 0.0            # 0 = none
+    kernel: str = "xla"                   # "ffi": weights in GGUF blocks through kinetic's
+                                          # C++ kernels; "xla": dense weights (weights.py)
 
     def __post_init__(self) -> None:
         if self.n_head % max(self.n_kv_head, 1):

@@ -46,6 +46,10 @@ class RawTensor:
     shape: tuple[int, ...]
     data: np.ndarray
 
+    def file_offset(self, whole: np.ndarray) -> int:
+        """Where the tensor's bytes start in `whole`, the file array they view."""
+        return int(self.data.__array_interface__["data"][0] - whole.__array_interface__["data"][0])
+
 
 _MAGIC = b"GGUF"
 _VERSIONS = (2, 3)
@@ -189,6 +193,8 @@ class GGUFFile:
             raise
         self._map = buf  # the tensors' views keep it alive too; this makes it explicit
         whole = np.frombuffer(buf, dtype=np.uint8) if infos else None
+        # The whole file as one read-only uint8 array (page-aligned: XLA can use it in place)
+        self.bytes: np.ndarray | None = whole
         self.tensors: dict[str, RawTensor] = {}
         for t in infos:
             start = self._data_offset + t.offset

@@ -18,6 +18,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
+from kinetic.kernels import ffi as native
 from kinetic.model.config import Config
 
 
@@ -45,16 +46,34 @@ def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
     return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
-@partial(jax.tree_util.register_dataclass, data_fields=["w"], meta_fields=["act_quant"])
+DENSE = -1  # Proj.fmt of a dense matrix (the pure-JAX path)
+
+
+@partial(jax.tree_util.register_dataclass, data_fields=["data"],
+         meta_fields=["fmt", "offset", "n", "k", "act_quant"])
 @dataclass(frozen=True)
 class Proj:
-    """A projection weight, stored [K, N] in its compute dtype (XLA's CPU dot converts a
-    weight stored [N, K] to a full f32 copy on every call), and how llama.cpp would round
-    the activations that meet it: "q8_0" (blocks of 32, f16 scale), "q8_K" (blocks of 256,
-    f32 scale), "f16", or "" for none (see weights.py)."""
+    """A projection W [N, K] (y = x . W^T, n outputs from k inputs), in one of two forms:
 
-    w: jax.Array
+    - packed (fmt = the GGML type id): W stays in its GGUF blocks; `data` is the whole
+      memory-mapped file as a uint8 array (one zero-copy buffer shared by every weight) and W
+      starts `offset` bytes into it. kinetic's C++ kernel multiplies it (kinetic/kernels),
+      rounding activations as llama.cpp does, exact by construction.
+    - dense (fmt = DENSE): `data` is W transposed, [K, N], in a compute dtype, multiplied by
+      XLA (GPU, non-x86, KINETIC_KERNEL=xla); `act_quant` emulates llama.cpp's activation
+      rounding there: "q8_0", "q8_K", "f16" or "" (see weights.py)."""
+
+    data: jax.Array
+    fmt: int = DENSE
+    offset: int = 0
+    n: int = 0
+    k: int = 0
     act_quant: str = ""
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(k, n): inputs, outputs."""
+        return tuple(self.data.shape) if self.fmt == DENSE else (self.k, self.n)
 
 
 def quantize_activations(x: jax.Array, kind: str) -> jax.Array:
@@ -81,9 +100,13 @@ def quantize_activations(x: jax.Array, kind: str) -> jax.Array:
 
 
 def linear(x: jax.Array, p: Proj, b: jax.Array | None = None) -> jax.Array:
-    """x [..., K] @ p.w [K, N] with float32 accumulation."""
-    x = quantize_activations(x, p.act_quant)
-    y = jnp.dot(x.astype(p.w.dtype), p.w, preferred_element_type=jnp.float32)
+    """x [..., K] . W^T -> [..., N] float32: the one swap point between the C++ kernel
+    (packed weights) and XLA's dot (dense ones)."""
+    if p.fmt == DENSE:
+        x = quantize_activations(x, p.act_quant)
+        y = jnp.dot(x.astype(p.data.dtype), p.data, preferred_element_type=jnp.float32)
+    else:
+        y = native.qmatmul(x, p.data, p.fmt, p.offset, p.n, p.k)
     return y if b is None else y + b
 
 
@@ -172,6 +195,11 @@ def geglu_ffn(x: jax.Array, w: dict) -> jax.Array:
     return linear(gelu_tanh(linear(x, w["ffn_gate"])) * linear(x, w["ffn_up"]), w["ffn_down"])
 
 
-def embed(tokens: jax.Array, table: jax.Array, scale: float = 1.0) -> jax.Array:
-    x = jnp.take(table, tokens, axis=0).astype(jnp.float32)  # [T, D]
+def embed(tokens: jax.Array, table: jax.Array | Proj, scale: float = 1.0) -> jax.Array:
+    """The rows of the token embedding: gathered from its GGUF blocks and dequantized (only
+    the step's rows) when packed, or taken from a float32 [V, D] table."""
+    if isinstance(table, Proj):
+        x = native.dequant_rows(tokens, table.data, table.fmt, table.offset, table.n, table.k)
+    else:
+        x = jnp.take(table, tokens, axis=0).astype(jnp.float32)  # [T, D]
     return x * scale if scale != 1.0 else x

@@ -16,7 +16,7 @@ from kinetic.model import gemma3, llama, qwen2, qwen3
 from kinetic.model.config import Config, ModelConfigError, base_config
 from kinetic.model.gguf_file import GGUFFile
 from kinetic.model.quants import UnsupportedTensorType
-from kinetic.model.weights import ProgressFn, load_weights
+from kinetic.model.weights import ProgressFn, kernel_choice, load_weights
 
 ARCHITECTURES: dict[str, ModuleType] = {
     "llama": llama, "mistral": llama, "qwen2": qwen2, "qwen3": qwen3, "gemma3": gemma3,
@@ -48,13 +48,17 @@ def read_config(f: GGUFFile) -> tuple[Config, ModuleType]:
 
 
 def load_model(path: str, dtype: str = "bfloat16", act_quant: bool = True,
-               progress: ProgressFn | None = None) -> LoadedModel:
-    """Open, check and convert a GGUF model. dtype is the projection weights' compute type;
+               progress: ProgressFn | None = None, kernel: str = "auto") -> LoadedModel:
+    """Open, check and convert a GGUF model. kernel: "ffi" (weights stay in their GGUF
+    blocks, multiplied by kinetic's C++ kernel), "xla" (dequantized, multiplied by XLA) or
+    "auto" (weights.kernel_choice). For "xla", dtype is the projections' compute type and
     act_quant rounds activations as llama.cpp does (see weights.load_weights)."""
     f = GGUFFile(path)
     try:
         cfg, arch = read_config(f)
-        weights = load_weights(f, cfg, arch, jnp.dtype(dtype), act_quant, progress)
+        kernel = kernel_choice(kernel)
+        cfg = cfg.replace(kernel=kernel)
+        weights = load_weights(f, cfg, arch, jnp.dtype(dtype), act_quant, progress, kernel)
     except (ModelConfigError, UnsupportedTensorType) as e:
         if f.path in str(e):
             raise

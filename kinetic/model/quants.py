@@ -206,6 +206,22 @@ def _type_name(qtype: object) -> str:
         return f"unknown type id {qtype!r}"
 
 
+def check_supported(qtype: T | int, name: str | None = None) -> None:
+    """UnsupportedTensorType (naming the tensor, its type and the supported ones) unless
+    kinetic can read this type."""
+    if _type_name(qtype) not in _SUPPORTED_NAMES:
+        what = f"tensor {name!r}" if name is not None else "tensor"
+        raise UnsupportedTensorType(
+            f"{what} has GGML type {_type_name(qtype)}, which kinetic cannot dequantize "
+            f"(supported: {', '.join(t.name for t in sorted(SUPPORTED))})")
+
+
+def block_size(qtype: T | int) -> int:
+    """Values per block of a supported type (1 for the float types)."""
+    qtype = T[_type_name(qtype)]
+    return _BLOCK_FORMATS[qtype][0] if qtype in _BLOCK_FORMATS else 1
+
+
 def dequantize(raw: RawTensor) -> np.ndarray:
     """The tensor's values as a new float32 array of shape `raw.shape`.
 
@@ -222,12 +238,8 @@ def dequantize_bytes(data: np.ndarray, qtype: T | int, shape: tuple[int, ...],
     `name` only serves error messages. Raises UnsupportedTensorType for a type outside
     SUPPORTED, ValueError when the bytes do not fit the shape."""
     what = f"tensor {name!r}" if name is not None else "tensor"
-    type_name = _type_name(qtype)
-    if type_name not in _SUPPORTED_NAMES:
-        raise UnsupportedTensorType(
-            f"{what} has GGML type {type_name}, which kinetic cannot dequantize "
-            f"(supported: {', '.join(t.name for t in sorted(SUPPORTED))})")
-    qtype = T[type_name]
+    check_supported(qtype, name)
+    qtype = T[_type_name(qtype)]
     shape = tuple(int(d) for d in shape)
     n_elements = int(np.prod(shape, dtype=np.int64))
     buf = np.ascontiguousarray(data).reshape(-1).view(_U8)

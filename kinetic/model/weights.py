@@ -1,28 +1,57 @@
 """GGUF tensors -> the weight pytree an architecture's forward function takes.
 
 Names follow the GGUF tensors with ".weight" dropped (`token_embd`, `blk[i]["attn_q"]`,
-`blk[i]["attn_q.bias"]`). The transforms are few and explicit:
-- every 2-D projection is stored transposed, [K, N], in the compute dtype: XLA's CPU dot
-  converts a weight stored [N, K] (or any M = 1 operand) to a full f32 copy on every call;
-- the embedding table stays float32 [V, D] for the row gather (exact dequantized values);
-- a tied output (no `output.weight`) is the embedding table transposed, [D, V].
-Every expected tensor must be present with the shape the config implies, and every tensor in
-the file must be used: a mismatch fails at load, naming the tensor.
+`blk[i]["attn_q.bias"]`). Two kernels (`kernel_choice`):
+
+- "ffi" (CPU, the default where the C++ kernel is built): every 2-D weight stays in its
+  GGUF blocks, read in place from the memory-mapped file: one zero-copy device buffer of the
+  whole file, each Proj an offset into it (layers.Proj). The token embedding is a Proj too
+  (a step dequantizes only its rows), and a tied output is the embedding's own Proj.
+- "xla" (anywhere else, or KINETIC_KERNEL=xla): weights dequantized at load. Every 2-D
+  projection is stored transposed, [K, N], in the compute dtype (XLA's CPU dot converts a
+  weight stored [N, K], or any M = 1 operand, to a full f32 copy on every call); the
+  embedding table is float32 [V, D]; a tied output is that table transposed, [D, V].
+
+Norms and biases are float32 in both. Every expected tensor must be present with the shape
+the config implies, and every tensor in the file must be used: a mismatch, or a type the
+kernel cannot multiply, fails at load, naming the tensor.
 """
 
 from __future__ import annotations
 
+import os
 from types import ModuleType
 from typing import Callable
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from gguf import GGMLQuantizationType
 
+from kinetic import kernels
 from kinetic.model import quants
 from kinetic.model.config import Config, ModelConfigError
 from kinetic.model.gguf_file import GGUFFile, RawTensor
 from kinetic.model.layers import Proj
+
+KERNELS = ("auto", "ffi", "xla")
+
+
+def kernel_choice(requested: str = "auto") -> str:
+    """"ffi" or "xla" for `requested` ("auto" reads KINETIC_KERNEL, else picks "ffi" where
+    the C++ kernel is built and JAX runs on CPU). Asking for "ffi" where it cannot run is a
+    ModelConfigError saying why."""
+    want = requested if requested != "auto" else (os.environ.get("KINETIC_KERNEL") or "auto")
+    if want not in KERNELS:
+        raise ModelConfigError(f"unknown kernel {want!r} (choose one of {', '.join(KERNELS)})")
+    if want == "xla":
+        return "xla"
+    on_cpu = jax.default_backend() == "cpu"
+    if want == "ffi" and not (kernels.available() and on_cpu):
+        why = "JAX does not run on the CPU here" if not on_cpu else (
+            "the C++ kernel is not built (pip install -e . builds it)")
+        raise ModelConfigError(f"the ffi kernel cannot run: {why}")
+    return "ffi" if kernels.available() and on_cpu else "xla"
 
 Q = GGMLQuantizationType
 
@@ -58,10 +87,14 @@ def _file_name(name: str) -> str:
 
 
 def load_weights(f: GGUFFile, cfg: Config, arch: ModuleType, dtype: jnp.dtype,
-                 act_quant: bool = True, progress: ProgressFn | None = None) -> dict:
+                 act_quant: bool = True, progress: ProgressFn | None = None,
+                 kernel: str = "xla") -> dict:
     """Read, check and convert every tensor; returns {"blk": [per-layer dicts], ...}.
-    act_quant: round activations as llama.cpp's CPU backend does before each projection
-    (closer agreement with llama.cpp; see docs/parity.md)."""
+    kernel: "ffi" or "xla" (kernel_choice). For "xla" only: dtype is the projections' compute
+    type, and act_quant rounds activations as llama.cpp's CPU backend does before each
+    projection (closer agreement with llama.cpp; see docs/parity.md); the ffi kernel always
+    rounds them so."""
+    packed = _Packer(f) if kernel == "ffi" else None
     shapes = expected_shapes(cfg)
     wanted: list[tuple[int | None, str, bool]] = (
         [(None, n, True) for n in arch.GLOBAL_TENSORS]
@@ -83,19 +116,23 @@ def load_weights(f: GGUFFile, cfg: Config, arch: ModuleType, dtype: jnp.dtype,
         if raw.shape != want:
             raise ModelConfigError(f"{f.path}: tensor {full!r} has shape {raw.shape}, "
                                    f"expected {want} from the metadata")
-        value = dequantize(raw)
         target = weights if layer is None else weights["blk"][layer]
-        target[name] = _convert(name, value, dtype, raw.qtype if act_quant else None)
+        if packed is not None and len(raw.shape) == 2:
+            target[name] = packed.proj(raw)
+        else:
+            target[name] = _convert(name, dequantize(raw), dtype, raw.qtype if act_quant else None)
         if progress:
             progress(done + 1, len(wanted))
     unused = sorted(set(f.tensors) - used)
     if unused:
         raise ModelConfigError(f"{f.path}: tensors this {cfg.arch} model does not use: "
                                f"{', '.join(unused[:5])}{' ...' if len(unused) > 5 else ''}")
-    if "output" not in weights:
+    if "output" not in weights and packed is not None:
+        weights["output"] = weights["token_embd"]  # the same blocks, read as a projection
+    elif "output" not in weights:
         embd = f.tensors["token_embd.weight"]
         weights["output"] = Proj(jnp.asarray(np.asarray(weights["token_embd"]).T, dtype=dtype),
-                                 _act_quant(embd.qtype) if act_quant else "")
+                                 act_quant=_act_quant(embd.qtype) if act_quant else "")
     return weights
 
 
@@ -114,5 +151,26 @@ def _convert(name: str, value: np.ndarray, dtype: jnp.dtype,
         return jnp.asarray(value, dtype=jnp.float32)  # [V, D], gathered by row
     if value.ndim == 2:
         w = jnp.asarray(np.ascontiguousarray(value.T), dtype=dtype)  # [K, N]
-        return Proj(w, _act_quant(qtype) if qtype is not None else "")
+        return Proj(w, act_quant=_act_quant(qtype) if qtype is not None else "")
     return jnp.asarray(value, dtype=jnp.float32)
+
+
+class _Packer:
+    """Packed Procs over one zero-copy device buffer of the whole file."""
+
+    def __init__(self, f: GGUFFile):
+        self.file = f
+        self.bytes = f.bytes
+        self.data = jax.device_put(f.bytes)  # in place: the map is page-aligned
+
+    def proj(self, raw: RawTensor) -> Proj:
+        quants.check_supported(raw.qtype, raw.name)
+        n, k = raw.shape
+        block = quants.block_size(raw.qtype)
+        if k % block:
+            raise ModelConfigError(f"{self.file.path}: tensor {raw.name!r} has rows of {k} "
+                                   f"values, not a multiple of {raw.qtype.name}'s block of {block}")
+        if raw.data.nbytes != n * kernels.row_bytes(int(raw.qtype), k):
+            raise ModelConfigError(f"{self.file.path}: tensor {raw.name!r} holds "
+                                   f"{raw.data.nbytes} bytes, not {n} rows of {raw.qtype.name}")
+        return Proj(self.data, int(raw.qtype), raw.file_offset(self.bytes), n, k)

@@ -62,6 +62,9 @@ ffi::Error DequantRows(ffi::Buffer<ffi::S32> rows, ffi::Buffer<ffi::U8> w,
 
 }  // namespace
 
+// The library is built with -fvisibility=hidden; the handlers are what Python looks up.
+#pragma GCC visibility push(default)
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kinetic_qmatmul, QMatmul,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
@@ -82,3 +85,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kinetic_dequant_rows, DequantRows,
                                   .Attr<int64_t>("offset")
                                   .Attr<int64_t>("n")
                                   .Attr<int64_t>("k"));
+
+#pragma GCC visibility pop
