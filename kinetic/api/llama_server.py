@@ -25,7 +25,7 @@ from typing import Any, AsyncIterator
 
 from quart import Blueprint, Response
 
-from kinetic import __version__
+from kinetic import __version__, kernels
 from kinetic.api.app import (ServerState, generation, json_body, json_response,
                              server_state, sse_event, sse_response)
 from kinetic.api.errors import bad_request, engine_error
@@ -277,6 +277,7 @@ async def props():
         "chat_template_caps": dataclasses.asdict(model.chat_template.caps),
         "bos_token": token_text(tok.bos_id), "eos_token": token_text(tok.eos_id),
         "build_info": f"kinetic-{__version__}",
+        "kernel": kernels.describe(model.loaded.config.kernel),
     })
 
 

@@ -39,6 +39,7 @@ from hypercorn.asyncio.worker_context import WorkerContext
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.utils import wrap_app
 
+from kinetic import kernels
 from kinetic.api.app import ServerConfig, ServerState, create_app, dumps, log
 from kinetic.api.errors import error_body
 from kinetic.engine.engine_config import EngineConfig
@@ -81,10 +82,10 @@ def build_model(opts: ModelOptions, progress: Callable[[str], Callable[[int, int
         opts.draft, dtype=opts.dtype, progress=progress("loading the draft model"))
     engine = Engine(loaded, tokenizer, opts.engine, draft=draft)
     model = Model(loaded, tokenizer, engine)
-    # every key-axis bucket now, then the sampler and log-probabilities by one short request,
-    # so that no client request waits for XLA (the engine thread is idle until then); the
+    # every step shape and the sampler at every row bucket now, then one short request, so
+    # that no client request waits for XLA (the engine thread is idle until then); the
     # request has a grammar, so the token trie for grammar masks is built now too
-    engine.runner.compile(progress=progress("compiling"))
+    engine.compile(progress=progress("compiling"))
     if engine.drafter is not None:
         engine.drafter.runner.compile(progress=progress("compiling the draft model"))
     first = tokenizer.bos_id if tokenizer.bos_id is not None else 0
@@ -154,6 +155,10 @@ async def _main(config: ServerConfig, opts: ModelOptions) -> int:
 
     def ready(model) -> None:  # on the event loop: no request runs between these two lines
         slots = _count(model.engine.config.parallel, "slot")
+        kernel = model.loaded.config.kernel
+        how = (f"kinetic's C++ kernel, {kernels.isa()} path" if kernel == "ffi"
+               else "XLA (dequantized weights)")
+        print(f"kinetic: weights multiplied by {how}", file=sys.stderr, flush=True)
         print(f"kinetic: serving {state.model_id} at http://{host}:{port}/v1 (context "
               f"{model.n_ctx}, {slots}); Ctrl+C stops it", file=sys.stderr, flush=True)
         state.set_ready(model)

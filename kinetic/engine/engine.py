@@ -35,6 +35,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable, Iterator
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -45,7 +46,7 @@ from kinetic.engine.host_cache import HostPageStore
 from kinetic.engine.job import Job
 from kinetic.engine.request import Delta, GenerationRequest, MAX_LOGPROBS
 from kinetic.engine.runner import Runner, RunnerConfig
-from kinetic.engine.sampling_params import history_rows
+from kinetic.engine.sampling_params import SamplingParams, history_rows
 from kinetic.engine.scheduler import ContextOverflow, Scheduler, SchedulerConfig, Sequence
 from kinetic.engine.speculative import accept, ngram_draft
 from kinetic.grammar import (Grammar, GrammarTooCostly, MaskBudgetExceeded, Matcher, TokenVocab,
@@ -102,10 +103,14 @@ class Engine:
         self._dead: str | None = None  # set if the engine thread failed
         self._turn_started: float | None = None  # time.monotonic() of the running turn
         self._counters = dict.fromkeys(COUNTERS, 0.0)
-        self._full_mask = jnp.asarray(sampler.full_mask(config.step_tokens, self.vocab_size))
+        # Sampling runs at the smallest row bucket that holds a step's sampled rows (the
+        # sampler gives a row the same bits at any batch size: tests/test_invariance.py).
+        # With XLA's dot, whose rows are not batch-invariant, everything stays at step_tokens.
+        self._sample_buckets = self.runner.row_buckets
+        self._full_masks: dict[int, jax.Array] = {}   # per bucket, made on first use
+        self._zero_biases: dict[int, jax.Array] = {}
         self._vocab: TokenVocab | None = None   # the token trie, built for the first grammar
         self._vocab_lock = threading.Lock()
-        self._zero_bias = jnp.zeros((config.step_tokens, self.vocab_size), jnp.float32)
         self._thread = threading.Thread(target=self._loop, name="kinetic-engine", daemon=True)
         self._thread.start()
 
@@ -218,6 +223,20 @@ class Engine:
     def stats(self) -> EngineStats:
         s = self.scheduler
         return EngineStats(s.slot_stats(), s.queue_length, len(s.running))
+
+    def compile(self, progress=None) -> None:
+        """Compile the step at every row and key bucket, and the sampler and log-probabilities
+        at every row bucket, now: the first request of each shape would otherwise stall every
+        stream while XLA compiles. progress(done, total) as Runner.compile."""
+        self.runner.compile(progress=progress)
+        for B in self._sample_buckets:
+            params = sampler.make_row_params([SamplingParams(temperature=0.8)] * B, [0] * B,
+                                             [1] * B, [None] * B, n_ctx=self.max_context)
+            logits = jnp.zeros((B, self.vocab_size), jnp.float32)
+            hist = jnp.asarray(history_rows([[]] * B, HISTORY_WIDTHS[0]))
+            mask = jnp.asarray(sampler.full_mask(B, self.vocab_size))
+            tokens, _ = sampler.sample(logits, params, hist, jnp.zeros_like(logits), mask)
+            sampler.logprobs(logits, tokens, MAX_LOGPROBS)[0].block_until_ready()
 
     def stalled_for(self) -> float:
         """Seconds the engine thread has spent in its current turn (one step: plan, run,
@@ -432,9 +451,11 @@ class Engine:
         """The [T, ceil(V/32)] bitmask of the sampled rows, in `_sample`'s row order: all ones
         for rows without a grammar; for a draft row, the grammar's mask after the drafted tokens
         before it (drafts were cut to what the grammar allows, see `_grammar_prefix`)."""
+        T = self._sample_rows(sum(len(r) for r in rows.values()))
         if not any(self._jobs[sid].matcher is not None for sid in rows):
-            return self._full_mask
-        T = self.config.step_tokens
+            if T not in self._full_masks:
+                self._full_masks[T] = jnp.asarray(sampler.full_mask(T, self.vocab_size))
+            return self._full_masks[T]
         out = np.full((T, (self.vocab_size + 31) // 32), -1, np.int32)
         i = 0
         for sid, row_ids in rows.items():
@@ -460,8 +481,8 @@ class Engine:
     def _sample(self, plan, logits, rows: dict[int, list[int]], masks) -> dict:
         """Sample every wanted row in one fixed-size call. Returns seq id -> (tokens drawn at
         its rows, per-row logprob entries or None)."""
-        T = self.config.step_tokens
         order = [(sid, r) for sid, rs in rows.items() for r in rs]
+        T = self._sample_rows(len(order))
         idx = np.zeros(T, np.int32)
         idx[:len(order)] = [r for _, r in order]
         params, seeds, positions, mus, histories = [], [], [], [], []
@@ -479,8 +500,8 @@ class Engine:
         row_params = sampler.make_row_params(params, seeds, positions, mus,
                                              n_ctx=self.max_context, pad_to=T)
         hist = history_rows(histories + [[]] * (T - len(order)), width)
-        bias = self._bias(order)
-        dry = self._dry(order, histories)
+        bias = self._bias(order, T)
+        dry = self._dry(order, histories, T)
         picked = logits[jnp.asarray(idx)]
         tokens, new_mu = sampler.sample(picked, row_params, jnp.asarray(hist), bias, masks, dry)
         want_lp = any(self._jobs[sid].request.logprobs is not None for sid, _ in order)
@@ -499,20 +520,26 @@ class Engine:
                 job.pending_mu = float(new_mu[i])
         return out
 
-    def _bias(self, order):
+    def _sample_rows(self, n: int) -> int:
+        """Rows of the sampling call that holds n sampled rows."""
+        return next(b for b in self._sample_buckets if b >= n)
+
+    def _bias(self, order, T: int):
         rows = [self._jobs[sid].bias_row(self.vocab_size) for sid, _ in order]
         if all(r is None for r in rows):
-            return self._zero_bias
-        out = np.zeros((self.config.step_tokens, self.vocab_size), np.float32)
+            if T not in self._zero_biases:
+                self._zero_biases[T] = jnp.zeros((T, self.vocab_size), jnp.float32)
+            return self._zero_biases[T]
+        out = np.zeros((T, self.vocab_size), np.float32)
         for i, r in enumerate(rows):
             if r is not None:
                 out[i] = r
         return jnp.asarray(out)
 
-    def _dry(self, order, histories):
+    def _dry(self, order, histories, T: int):
         if not any(self._jobs[sid].request.params.dry_multiplier > 0 for sid, _ in order):
             return None
-        out = np.zeros((self.config.step_tokens, self.vocab_size), np.float32)
+        out = np.zeros((T, self.vocab_size), np.float32)
         for i, (sid, _) in enumerate(order):
             out[i] = self._jobs[sid].dry_row(histories[i], self.vocab_size, self.max_context)
         return jnp.asarray(out)

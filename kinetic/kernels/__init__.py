@@ -83,6 +83,12 @@ def isa() -> str:
     return ISAS[_need().kn_active_isa()]
 
 
+def describe(kernel: str) -> dict:
+    """What multiplies the weights, for /props and the start-up line: {"name": "ffi" or
+    "xla", "isa": the path (ffi only)}."""
+    return {"name": kernel, "isa": isa()} if kernel == "ffi" else {"name": kernel}
+
+
 def row_bytes(fmt: int, k: int) -> int:
     return int(_need().kn_row_bytes(int(fmt), int(k)))
 
