@@ -30,16 +30,17 @@ GB/s, which counts the weight bytes it reads. The summary line takes M = 1 on th
 at least 4 MB (4e6 bytes) of weight and prints the median of "of copy" over them (the issue's
 target: >= 0.60).
 
-Repeated calls on one weight find it in the caches when it fits (the L3 size is printed at the
-top), so small matrices may read faster than the 1 GiB copy. The machine may be shared: the
-load average is printed at the top, before each model and at the end, and each JSON row has
-the 1-minute figure; distrust figures taken while it was high.
+Repeated calls on one weight find it in the caches when it fits (the last cache level is
+printed at the top), so small matrices may read faster than the 1 GiB copy. The machine may be
+shared: the load average is printed at the top, before each model and at the end, and each
+JSON row has the 1-minute figure; distrust figures taken while it was high.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import statistics
@@ -56,7 +57,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.throughput import cpu_name, load_note  # noqa: E402
+from bench.throughput import cpu_name, load_note
 
 MODELS = ("smollm2", "qwen25coder", "gemma3")
 ISAS = ("scalar", "avx2", "avx512")
@@ -76,11 +77,12 @@ def copy_bandwidth(size: int = 1 << 30, threads: int = 2, repeats: int = 5) -> d
         for _ in range(repeats):
             barrier = threading.Barrier(k + 1)
 
-            def copy(lo, hi):
+            def copy(barrier, lo, hi):
                 barrier.wait()
                 np.copyto(dst[lo:hi], src[lo:hi])
 
-            ts = [threading.Thread(target=copy, args=b) for b in zip(edges[:-1], edges[1:])]
+            ts = [threading.Thread(target=copy, args=(barrier, lo, hi))
+                  for lo, hi in itertools.pairwise(edges)]
             for t in ts:
                 t.start()
             barrier.wait()
@@ -128,6 +130,16 @@ def shape_groups(f) -> list[list[str]]:
 def short(name: str, tied: bool) -> str:
     base = name.removeprefix("blk.0.").removesuffix(".weight")
     return base + " (tied output)" if tied and name == "token_embd.weight" else base
+
+
+def last_cache() -> str:
+    """CPU 0's last cache level and its size as Linux states it, e.g. "L3 266240K"."""
+    found = sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"),
+                   key=lambda d: int((d / "level").read_text()))
+    if not found:
+        return "cache sizes unknown"
+    level, size = ((found[-1] / f).read_text().strip() for f in ("level", "size"))
+    return f"L{level} {size}"
 
 
 def model_paths(wanted: list[str] | None) -> list[tuple[str, str]]:
@@ -196,7 +208,8 @@ def summary(rows: list[dict], copy2: float) -> tuple[str, float | None]:
         return f"summary: no M = 1 row on a matrix of >= {LARGE / 1e6:.0f} MB of weight", None
     frac = statistics.median(r["kernel_of_copy"] for r in big)
     which = ", ".join(f"{r['model']} {r['tensor']} {r['kernel_of_copy']:.2f}" for r in big)
-    return (f"summary: M = 1 on the {len(big)} matrices of >= {LARGE / 1e6:.0f} MB of weight: "
+    what = f"{len(big)} matri{'ces' if len(big) > 1 else 'x'} of >= {LARGE / 1e6:.0f} MB"
+    return (f"summary: M = 1 on the {what} of weight: "
             f"median {frac:.2f} of the 2-thread copy bandwidth ({copy2 / 1e9:.2f} GB/s read), "
             f"target >= 0.60 {'ok' if frac >= 0.6 else 'NO'}  [{which}]"), frac
 
@@ -223,10 +236,9 @@ def main(argv=None) -> int:
     models = model_paths(args.model)
 
     started = datetime.datetime.now().astimezone()
-    l3 = os.sysconf("SC_LEVEL3_CACHE_SIZE") if "SC_LEVEL3_CACHE_SIZE" in os.sysconf_names else 0
     cpus = len(os.sched_getaffinity(0))
     print(f"kinetic kernel bench, {started:%Y-%m-%d %H:%M %Z}; {load_note()}")
-    print(f"machine: {cpu_name()}, L3 {l3 / 2**20:.0f} MiB")
+    print(f"machine: {cpu_name()}, {last_cache()}")
     print(f"kernel ISA {kernels.isa()} (this CPU: {', '.join(kernels.supported_isas())}; "
           f"KINETIC_KERNEL_ISA={os.environ.get('KINETIC_KERNEL_ISA') or '(unset)'})")
     print(f"XLA: jax {jax.__version__}, XLA_FLAGS={os.environ.get('XLA_FLAGS') or '(unset)'}, "
@@ -248,7 +260,8 @@ def main(argv=None) -> int:
     print(f"\n{line}\nafter: {load_note()}")
     if args.json:
         out = {"started": started.isoformat(), "machine": cpu_name(), "cpus": cpus,
-               "l3_bytes": l3, "isa": kernels.isa(), "xla_flags": os.environ.get("XLA_FLAGS"),
+               "last_cache": last_cache(), "isa": kernels.isa(),
+               "xla_flags": os.environ.get("XLA_FLAGS"),
                "jax": jax.__version__, "copy_read_Bps": {str(t): v for t, v in bw.items()},
                "jit_floor_s": floor, "m": ms, "min_time": args.min_time,
                "min_reps": args.min_reps, "rows": rows, "summary_of_copy": frac,

@@ -180,7 +180,9 @@ def _add_serve(sub) -> None:
                        help="accepted for llama-server compatibility: kinetic places the whole "
                        "model on JAX's default device (ignored on a CPU)")
     serve.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
-                       help="compute type of the weights (default bfloat16)")
+                       help="compute type of the weights when they are dequantized (KINETIC_KERNEL=xla, "
+                       "or no C++ kernel; default bfloat16); the C++ kernel reads the GGUF "
+                       "blocks themselves")
     serve.set_defaults(func=cmd_serve)
 
 
@@ -204,7 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-c", "--ctx-size", type=int, default=4096,
                      help="context length in tokens (default 4096, capped by the model's)")
     run.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
-                     help="compute type of the weights (default bfloat16)")
+                     help="compute type of the weights when they are dequantized (KINETIC_KERNEL=xla, "
+                       "or no C++ kernel; default bfloat16); the C++ kernel reads the GGUF "
+                       "blocks themselves")
     run.add_argument("-md", "--model-draft", default=None,
                      help="a smaller model of the same vocabulary that drafts tokens for "
                      "speculative decoding (never changes the output)")

@@ -124,23 +124,26 @@ def _is_ids(prompt: Any) -> bool:
 def load(path: str | os.PathLike[str], *, n_ctx: int = 4096, dtype: str = "bfloat16",
          parallel: int = 1, step_tokens: int = 16, page_size: int = 16,
          speculative: bool = True, draft: str | os.PathLike[str] | None = None,
-         llama_rounding: bool = True,
+         llama_rounding: bool = True, kernel: str = "auto",
          progress: Callable[[int, int], None] | None = None) -> Model:
     """Load a GGUF model for use from Python.
 
-    n_ctx: context length per sequence (capped by the model's own); dtype: the projection
-    weights' compute type ("bfloat16" or "float32"); parallel: sequences the engine runs at
-    once (0: as many as half the free memory holds, up to 4); step_tokens: rows per compiled
-    step; speculative: drafting in the step's spare rows (never changes the output); draft:
-    a smaller GGUF model of the same vocabulary to draft with (else n-gram lookup); llama_rounding: round
-    activations as llama.cpp's CPU backend does (docs/parity.md).
+    n_ctx: context length per sequence (capped by the model's own); kernel: "ffi" (the
+    weights stay in their GGUF blocks, multiplied by kinetic's C++ kernel: the default on
+    CPU), "xla" (dequantized at load, multiplied by XLA) or "auto"; dtype and
+    llama_rounding apply to the "xla" kernel only: the projections' compute type
+    ("bfloat16" or "float32") and whether activations are rounded as llama.cpp's CPU
+    backend does (docs/parity.md); parallel: sequences the engine runs at once (0: as many
+    as half the free memory holds, up to 4); step_tokens: most rows per step;
+    speculative: drafting in the step's spare rows (never changes the output); draft: a
+    smaller GGUF model of the same vocabulary to draft with (else n-gram lookup).
     Raises a ValueError subclass naming the problem for a file that cannot be used.
     """
     loaded = load_model(os.fspath(path), dtype=dtype, act_quant=llama_rounding,
-                        progress=progress)
+                        progress=progress, kernel=kernel)
     tokenizer = Tokenizer.from_metadata(loaded.file.metadata)
     draft_model = None if draft is None else load_model(
-        os.fspath(draft), dtype=dtype, act_quant=llama_rounding)
+        os.fspath(draft), dtype=dtype, act_quant=llama_rounding, kernel=kernel)
     engine = Engine(loaded, tokenizer, EngineConfig(
         parallel=parallel, n_ctx=n_ctx, step_tokens=step_tokens, page_size=page_size,
         speculative=speculative), draft=draft_model)

@@ -95,12 +95,12 @@ def isas() -> list[str | None]:
 
 
 def shapes():
-    for fmt in NAMES:
+    for fmt, name in NAMES.items():
         qk = R.FORMATS[fmt].qk
         ks = (256, 512) if qk == 256 else (64, 256, 512) if qk == 32 else (40, 64, 256, 512)
         for n in (16, 33):
             for k in ks:
-                yield pytest.param(fmt, n, k, id=f"{NAMES[fmt]}-n{n}-k{k}")
+                yield pytest.param(fmt, n, k, id=f"{name}-n{n}-k{k}")
 
 
 # --- 1. bit for bit on random blocks ----------------------------------------------------

@@ -41,6 +41,7 @@ def _load() -> ctypes.CDLL | None:
     lib.kn_dequant_rows.argtypes = [i32, ptr, i64, i64, ptr, i64, ptr, ctypes.c_char_p, i32]
     lib.kn_isa_supported.argtypes = [i32]
     lib.kn_row_bytes.argtypes = [i32, i64]
+    lib.kn_row_bytes.restype = i64
     return lib
 
 
@@ -121,6 +122,8 @@ def dequant_rows_host(fmt: int, w: np.ndarray, n: int, k: int, rows) -> np.ndarr
     """The rows `rows` of W (n x k, GGML type fmt) as float32 [len(rows), k]."""
     lib = _need()
     w = np.ascontiguousarray(w).view(np.uint8).reshape(-1)
+    if w.size < n * row_bytes(fmt, k):
+        raise ValueError(f"{w.size} bytes cannot hold {n} rows of {row_bytes(fmt, k)} bytes")
     rows = np.ascontiguousarray(rows, dtype=np.int32)
     out = np.empty((rows.size, k), np.float32)
     _call(lib.kn_dequant_rows, int(fmt), w.ctypes.data, n, k, rows.ctypes.data, rows.size,

@@ -135,7 +135,7 @@ def unpack(fmt: int, data, n: int, k: int):
         raise ValueError("float formats have no blocks to unpack")
     nb, groups = k // f.qk, f.qk // f.sub
     b = _rows(fmt, data, n, k).reshape(n * nb, f.bytes)
-    f16 = lambda off: f16_to_f32(b[:, off:off + 2].copy().view("<u2")[:, 0])  # noqa: E731
+    f16 = lambda off: f16_to_f32(b[:, off:off + 2].copy().view("<u2")[:, 0])
     m = np.zeros(n * nb, _f32)  # stays 0 where the format has no min
     sc, mn = np.zeros((2, n * nb, groups), np.int32)
     e = np.arange(256)

@@ -20,7 +20,7 @@ int fail(const char* msg, char* err, int errlen) {
 KN_API int kn_best_isa() { return kn::best_isa(); }
 KN_API int kn_active_isa() { return kn::active_isa(); }
 KN_API int kn_isa_supported(int isa) { return kn::isa_supported(kn::Isa(isa)); }
-KN_API int kn_row_bytes(int fmt, int64_t K) { return int(kn::row_bytes(fmt, K)); }
+KN_API int64_t kn_row_bytes(int fmt, int64_t K) { return kn::row_bytes(fmt, K); }
 
 KN_API int kn_qmatmul(int fmt, const uint8_t* w, int64_t N, int64_t K, const float* x,
                       int64_t M, float* y, int isa, int threads, char* err, int errlen) {

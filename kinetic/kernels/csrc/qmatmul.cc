@@ -21,7 +21,6 @@ const char* check_matmul(int fmt, int64_t N, int64_t K, int64_t M) {
   if (!f) return "the weight's GGML type is not one the kernel multiplies";
   if (N <= 0 || K <= 0 || M < 0) return "empty or negative matrix dimensions";
   if (f->qk > 1 && K % f->qk) return "K is not a multiple of the format's block size";
-  if (f->act == ACT_Q8_0 || f->act == ACT_Q8_1 ? K % 32 : false) return "K is not a multiple of 32";
   return nullptr;
 }
 
