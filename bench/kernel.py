@@ -70,17 +70,17 @@ def copy_bandwidth(size: int = 1 << 30, threads: int = 2, repeats: int = 5) -> d
     src = np.ones(size // 8, np.float64)
     dst = np.zeros_like(src)
     np.copyto(dst, src)   # fault every page in before anything is timed
+
+    def copy(barrier, lo, hi):
+        barrier.wait()
+        np.copyto(dst[lo:hi], src[lo:hi])
+
     out = {}
     for k in sorted({1, threads}):
         edges = [len(src) * i // k for i in range(k + 1)]
         best = float("inf")
         for _ in range(repeats):
             barrier = threading.Barrier(k + 1)
-
-            def copy(barrier, lo, hi):
-                barrier.wait()
-                np.copyto(dst[lo:hi], src[lo:hi])
-
             ts = [threading.Thread(target=copy, args=(barrier, lo, hi))
                   for lo, hi in itertools.pairwise(edges)]
             for t in ts:
@@ -194,7 +194,7 @@ def bench_model(label: str, path: str, ms: list[int], args, copy2: float) -> lis
                  "xla_s": tx, "xla_GBps": 2 * n * k / tx / 1e9, "speedup": tx / tk,
                  "load1": os.getloadavg()[0]}
             rows.append(r)
-            print(f"{label:12} {tensor:26.26} {r['type']:5} {n:6} {k:5} {m:3} | "
+            print(f"{label:12.12} {tensor:26.26} {r['type']:5} {n:6} {k:5} {m:3} | "
                   f"{tk * 1e3:9.3f} {r['kernel_GBps']:6.2f} {r['kernel_GFLOPps']:7.2f} "
                   f"{r['kernel_of_copy']:7.2f} | {tx * 1e3:9.3f} {r['xla_GBps']:6.2f} | "
                   f"{r['speedup']:7.2f}x", flush=True)
@@ -230,7 +230,10 @@ def main(argv=None) -> int:
     ms = [int(v) for v in args.m.split(",") if v.strip()]
     if args.isa:
         os.environ["KINETIC_KERNEL_ISA"] = args.isa   # read when kinetic.kernels is imported
-    from kinetic import kernels
+    try:
+        from kinetic import kernels
+    except RuntimeError as e:   # kernels.KernelError: a KINETIC_KERNEL_ISA it cannot run
+        sys.exit(f"kinetic.kernels: {e}")
     if not kernels.available():
         sys.exit("kinetic's C++ kernel is not built here: run `pip install -e .`")
     models = model_paths(args.model)
