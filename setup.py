@@ -45,6 +45,7 @@ class BuildKernels(build_ext):
 kernels = Extension(
     "kinetic.kernels._kinetic_kernels",
     sources=sorted(glob.glob(os.path.join(CSRC, "*.cc"))),
+    depends=sorted(glob.glob(os.path.join(CSRC, "*.h"))),  # a changed header rebuilds all
     include_dirs=[CSRC, _xla_ffi_include()],
     language="c++",
     extra_compile_args=["-std=c++17", "-O2", "-ffp-contract=off", "-fno-fast-math",

@@ -118,7 +118,11 @@ class Runner:
 
     @property
     def buckets(self) -> list[int]:
+        """Key buckets (pages of each slot's table a step passes). The ffi attention walks
+        only each row's visible keys, so it takes the whole table at one shape."""
         P, first = self.config.pages_per_slot, max(1, KEY_BUCKET_TOKENS // self.config.page_size)
+        if self.exact_rows:
+            return [P]
         sizes = [first * 4 ** k for k in range(16) if first * 4 ** k < P]
         return sizes + [P]
 

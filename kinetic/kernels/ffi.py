@@ -23,7 +23,7 @@ def register() -> None:
     if _registered:
         return
     lib = kernels._need()
-    for name in ("kinetic_qmatmul", "kinetic_dequant_rows"):
+    for name in ("kinetic_qmatmul", "kinetic_dequant_rows", "kinetic_attention"):
         jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu")
     _registered = True
 

@@ -58,7 +58,7 @@ def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
             k_cache = write_kv(k_cache, k, step.write_index)
             v_cache = write_kv(v_cache, v, step.write_index)
             a = paged_attention(q, k_cache, v_cache, step, cfg.q_scale,
-                                window=cfg.sliding_window if sliding else 0)
+                                window=cfg.sliding_window if sliding else 0, kernel=cfg.kernel)
             a = linear(a.reshape(T, -1), w["attn_output"])
             x = x + rms_norm(a, w["post_attention_norm"], eps)
         with jax.named_scope("ffn"):

@@ -18,6 +18,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
+from kinetic.kernels import attention as native_attention
 from kinetic.kernels import ffi as native
 from kinetic.model.config import Config
 
@@ -144,8 +145,14 @@ def write_kv(cache: jax.Array, new: jax.Array, write_index: jax.Array) -> jax.Ar
 
 
 def paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, step: StepInput,
-                    scale: float, window: int = 0, softcap: float = 0.0) -> jax.Array:
+                    scale: float, window: int = 0, softcap: float = 0.0,
+                    kernel: str = "xla") -> jax.Array:
     """Causal attention of each row's queries q [T, H, Q] over its own sequence's keys.
+
+    kernel "ffi": kinetic's C++ kernel (kinetic/kernels/attention.py), which walks only the
+    row's own visible keys in one fixed order: a row's bits depend neither on T nor on the
+    other rows nor on the page table's width (XLA's einsums below change a row's bits with
+    T). kernel "xla": as follows.
 
     Every row is scored against each slot's keys in turn, at one shape per slot ([T] rows x
     [L] keys, L = P * page_size), and keeps its own slot's result with an exact select. So
@@ -153,6 +160,8 @@ def paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, step: 
     joint (slot, key) reduction would change its order with both). Masked keys add exact
     zeros. Returns [T, H, Qv].
     """
+    if kernel == "ffi":
+        return native_attention.paged_attention(q, k_cache, v_cache, step, scale, window, softcap)
     T, H, Q = q.shape
     S, P = step.page_table.shape
     page_size, K, Qv = k_cache.shape[1], k_cache.shape[2], v_cache.shape[-1]

@@ -33,7 +33,7 @@ def attention_block(x: jax.Array, w: dict, kv: tuple[jax.Array, jax.Array], step
     q, k = apply_rope(q, cos, sin, neox), apply_rope(k, cos, sin, neox)
     k_cache = write_kv(kv[0], k, step.write_index)
     v_cache = write_kv(kv[1], v, step.write_index)
-    a = paged_attention(q, k_cache, v_cache, step, cfg.q_scale)  # [T, H, Qv]
+    a = paged_attention(q, k_cache, v_cache, step, cfg.q_scale, kernel=cfg.kernel)  # [T, H, Qv]
     out = linear(a.reshape(T, -1), w["attn_output"], w.get("attn_output.bias"))
     return out, (k_cache, v_cache)
 

@@ -35,7 +35,7 @@ def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
             k = apply_rope(rms_norm(k, w["attn_k_norm"], eps), cos, sin, True)
             k_cache = write_kv(k_cache, k, step.write_index)
             v_cache = write_kv(v_cache, v, step.write_index)
-            a = paged_attention(q, k_cache, v_cache, step, cfg.q_scale)
+            a = paged_attention(q, k_cache, v_cache, step, cfg.q_scale, kernel=cfg.kernel)
             x = x + linear(a.reshape(T, -1), w["attn_output"])
         with jax.named_scope("ffn"):
             x = x + swiglu_ffn(rms_norm(x, w["ffn_norm"], eps), w)

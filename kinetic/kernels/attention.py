@@ -1,0 +1,145 @@
+"""Paged attention in C++ (csrc/attention.h), batch-invariant by construction: a row's output
+bits depend only on its own query, its slot's keys and values and its position, never on the
+other rows of the step, on T, on the page table's width, on the thread count or on the ISA.
+
+    paged_attention(q, k_cache, v_cache, step, scale, window=0, softcap=0.0)
+        layers.paged_attention's signature and meaning, through the XLA FFI (jit, CPU)
+    attention_host(q, k_cache, v_cache, page_table, slots, positions, scale, ...)
+        the same kernel on numpy arrays through the C ABI, on a chosen ISA and thread count
+    reference_attention(...)
+        numpy, float32, the kernel's own order of operations (bitwise equal to it)
+
+The arithmetic per (row t, query head h), keys l = lo..pos of the row's slot in order:
+qs = round_to_cache_dtype(q) * scale; score_l = sum over j in order of qs[j] * k_l[j]
+(each product rounded, then added); optional softcap * tanhf(score / softcap);
+p_l = expf(score_l - max); out = (sum over l in order of p_l * v_l) / (sum over l of p_l).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kinetic import kernels
+from kinetic.kernels import ffi
+
+F32, F16, BF16 = 0, 1, 30  # GGML type ids, as the kernel takes them
+_host_ready = False
+
+
+def _fmt(dtype) -> int:
+    """The kernel's id for a cache dtype (float32, float16, bfloat16), or ValueError."""
+    name = np.dtype(dtype).name
+    if name not in ("float32", "float16", "bfloat16"):
+        raise ValueError(f"the KV cache must be float32, float16 or bfloat16, not {name}")
+    return {"float32": F32, "float16": F16, "bfloat16": BF16}[name]
+
+
+def paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, step, scale: float,
+                    window: int = 0, softcap: float = 0.0) -> jax.Array:
+    """Causal attention of each row's queries q [T, H, Q] over its own slot's keys
+    (step.page_table [S, P], step.slots [T], step.positions [T]); k_cache
+    [pages, page_size, K, Q], v_cache [pages, page_size, K, Qv]. Returns f32 [T, H, Qv]."""
+    ffi.register()
+    _fmt(k_cache.dtype), _fmt(v_cache.dtype)
+    T, H, _ = q.shape
+    out = jax.ShapeDtypeStruct((T, H, v_cache.shape[-1]), jnp.float32)
+    return jax.ffi.ffi_call("kinetic_attention", out)(
+        q.astype(jnp.float32), k_cache, v_cache, step.page_table.astype(jnp.int32),
+        step.slots.astype(jnp.int32), step.positions.astype(jnp.int32),
+        scale=np.float32(scale), window=np.int64(window), softcap=np.float32(softcap))
+
+
+def _host_lib() -> ctypes.CDLL:
+    global _host_ready
+    lib = kernels._need()
+    if not _host_ready:
+        i64, i32, ptr, f32 = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
+        lib.kn_attention.argtypes = [ptr, i64, i64, i64, ptr, i32, ptr, i32, i64, i64, i64, i64,
+                                     ptr, i64, i64, ptr, ptr, f32, i64, f32, ptr, i32, i32,
+                                     ctypes.c_char_p, i32]
+        _host_ready = True
+    return lib
+
+
+def attention_host(q, k_cache, v_cache, page_table, slots, positions, scale: float,
+                   window: int = 0, softcap: float = 0.0, isa: str | None = None,
+                   threads: int = 1) -> np.ndarray:
+    """The kernel on numpy arrays (C ABI). isa: a path from kernels.supported_isas()
+    (default: the active one). Raises kernels.KernelError with the kernel's message."""
+    lib = _host_lib()
+    q = np.ascontiguousarray(q, dtype=np.float32)
+    k_cache, v_cache = np.ascontiguousarray(k_cache), np.ascontiguousarray(v_cache)
+    page_table = np.ascontiguousarray(page_table, dtype=np.int32)
+    slots = np.ascontiguousarray(slots, dtype=np.int32)
+    positions = np.ascontiguousarray(positions, dtype=np.int32)
+    if q.ndim != 3 or k_cache.ndim != 4 or v_cache.ndim != 4 or page_table.ndim != 2:
+        raise ValueError("q [T, H, Q], caches [pages, page_size, K, *], page_table [S, P]")
+    T, H, Q = q.shape
+    pages, page_size, K, Qk = k_cache.shape
+    if Qk != Q or v_cache.shape[:3] != k_cache.shape[:3]:
+        raise ValueError(f"cache shapes {k_cache.shape}, {v_cache.shape} do not fit q {q.shape}")
+    if slots.shape != (T,) or positions.shape != (T,):
+        raise ValueError("slots and positions must be [T]")
+    Qv = v_cache.shape[3]
+    out = np.empty((T, H, Qv), np.float32)
+    code = kernels.ISAS.index(isa) if isa is not None else lib.kn_active_isa()
+    kernels._call(lib.kn_attention, q.ctypes.data, T, H, Q, k_cache.ctypes.data,
+                  _fmt(k_cache.dtype), v_cache.ctypes.data, _fmt(v_cache.dtype), pages,
+                  page_size, K, Qv, page_table.ctypes.data, page_table.shape[0],
+                  page_table.shape[1], slots.ctypes.data, positions.ctypes.data, float(scale),
+                  int(window), float(softcap), out.ctypes.data, code, int(threads))
+    return out
+
+
+def _libm():
+    """C's expf and tanhf, the functions the kernel calls (numpy's float32 exp is its own
+    SIMD code and need not give libm's bits)."""
+    libm = ctypes.CDLL("libm.so.6")
+    for name in ("expf", "tanhf"):
+        fn = getattr(libm, name)
+        fn.restype, fn.argtypes = ctypes.c_float, [ctypes.c_float]
+    return libm.expf, libm.tanhf
+
+
+def reference_attention(q, k_cache, v_cache, page_table, slots, positions, scale: float,
+                        window: int = 0, softcap: float = 0.0) -> np.ndarray:
+    """The kernel's arithmetic in numpy float32, in its order (module docstring): the
+    scores as a loop over j of vectors across keys (lane-per-key order), the values as a
+    loop over keys of vectors across j. Slow; for tests."""
+    expf, tanhf = _libm()
+    f32 = np.float32
+    k_cache, v_cache = np.asarray(k_cache), np.asarray(v_cache)
+    # q meets the cache in its storage type (round to nearest even, as the kernel does)
+    q = np.asarray(q, np.float32).astype(k_cache.dtype).astype(np.float32)
+    kc, vc = k_cache.astype(np.float32), v_cache.astype(np.float32)  # exact
+    T, H, Q = q.shape
+    page_size, K = kc.shape[1], kc.shape[2]
+    G = H // K
+    out = np.zeros((T, H, vc.shape[3]), np.float32)
+    for t in range(T):
+        pos, slot = int(positions[t]), int(slots[t])
+        lo = max(0, pos - window + 1) if window > 0 else 0
+        ls = np.arange(lo, pos + 1)
+        pages = np.asarray(page_table)[slot, ls // page_size]
+        keys, vals = kc[pages, ls % page_size], vc[pages, ls % page_size]  # [n, K, *]
+        for h in range(H):
+            kh = h // G
+            qs = q[t, h] * f32(scale)
+            s = np.zeros(len(ls), np.float32)
+            for j in range(Q):
+                s = s + qs[j] * keys[:, kh, j]
+            if softcap > 0:
+                c = f32(softcap)
+                s = np.array([c * f32(tanhf(float(x / c))) for x in s], np.float32)
+            m = s.max()
+            p = np.array([expf(float(x - m)) for x in s], np.float32)
+            den = np.add.accumulate(p)[-1]  # sequential, in order of l
+            o = np.zeros(vc.shape[3], np.float32)
+            for i in range(len(ls)):
+                o = o + p[i] * vals[i, kh]
+            out[t, h] = o / den
+    return out

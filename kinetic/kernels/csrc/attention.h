@@ -1,0 +1,90 @@
+// Paged attention with one fixed order of operations per (row, query head), so that a row's
+// output bits depend only on its own query, its own slot's keys and values, and its position:
+// never on the other rows of the step, on T, on S or P, on the thread count or on the ISA.
+//
+// For row t (slot s = slots[t], position pos = positions[t]) and query head h (kv head
+// kh = h / (H / K)), the visible keys are l = lo..pos (lo = 0, or max(0, pos - window + 1)
+// with a window), key l being row l % page_size of page page_table[s, l / page_size]:
+//
+//   qs[j]    = round_to_cache_dtype(q[t, h, j]) * scale                 (f32)
+//   score_l  = ((0 + qs[0]*k_l[0]) + qs[1]*k_l[1]) + ... + qs[Q-1]*k_l[Q-1]
+//              (every product rounded, then added: no FMA)
+//   score_l  = softcap * tanhf(score_l / softcap)                       (if softcap > 0)
+//   m        = max_l score_l
+//   p_l      = expf(score_l - m)
+//   den      = ((0 + p_lo) + p_lo+1) + ... + p_pos
+//   o[j]     = ((0 + p_lo*v_lo[j]) + p_lo+1*v_lo+1[j]) + ... + p_pos*v_pos[j]
+//   out[t, h, j] = o[j] / den
+//
+// q is rounded to the cache's storage type first, as layers.paged_attention does (llama.cpp
+// meets an f16 cache with f16 queries); for an f32 cache that is the identity.
+//
+// The SIMD paths vectorize the scores across keys (a lane per key, each lane summing over j
+// in order) and the weighted values across j (a lane per j, summing over l in order), so
+// every element sees exactly the scalar sequence above. expf and tanhf are the scalar libm
+// functions on every path.
+#pragma once
+
+#include <cstdint>
+
+#include "cpu.h"
+#include "parallel.h"
+
+namespace kn {
+
+struct AttnArgs {
+  const float* q;            // [T, H, Q]
+  const void* k;             // [num_pages, page_size, K, Q]  in k_fmt (F32, F16 or BF16)
+  const void* v;             // [num_pages, page_size, K, Qv] in v_fmt
+  int k_fmt, v_fmt;          // kn::Format ids: F32, F16, BF16
+  const int32_t* page_table; // [S, P]
+  const int32_t* slots;      // [T]
+  const int32_t* positions;  // [T]
+  float* out;                // [T, H, Qv]
+  int64_t T, H, K, Q, Qv;
+  int64_t num_pages, page_size, S, P;
+  float scale;
+  int64_t window;            // 0: none; else keys with key_pos > pos - window
+  float softcap;             // <= 0: none
+};
+
+// nullptr if every index the kernel would follow is in range, else what is wrong.
+const char* check_attention(const AttnArgs& a);
+
+// out = attention(a), checked first (returns check_attention's message, or nullptr).
+// Work is split over (row, kv head) pairs; each pair is computed whole by one thread.
+const char* attention(const AttnArgs& a, Isa isa, int threads, const Schedule& schedule);
+
+constexpr int64_t ATTN_KEY_BLOCK = 64;  // keys per block: lanes of the score pass
+
+// Row t's visible keys lo..lo+n-1 and the scores' length npad (whole key blocks); a
+// checked row has 0 <= pos, so n >= 1.
+struct AttnSpan { int64_t lo, n, npad; };
+inline AttnSpan attention_span(const AttnArgs& a, int64_t t) {
+  const int64_t pos = a.positions[t];
+  int64_t lo = a.window > 0 ? pos - a.window + 1 : 0;
+  if (lo < 0) lo = 0;
+  const int64_t n = pos - lo + 1;
+  return {lo, n, (n + ATTN_KEY_BLOCK - 1) / ATTN_KEY_BLOCK * ATTN_KEY_BLOCK};
+}
+
+// Floats of scratch one unit of row t needs (attention_impl.h lays them out); it also
+// takes attention_span(a, t).n int64 cache-row indices.
+inline int64_t attention_scratch(const AttnArgs& a, int64_t t) {
+  const AttnSpan sp = attention_span(a, t);
+  const int64_t G = a.H / a.K;
+  return G * a.Q + a.Q + 2 * a.Q * ATTN_KEY_BLOCK + G * sp.npad + ATTN_KEY_BLOCK * a.Qv +
+         G * a.Qv + G;
+}
+
+// One (row, kv head) pair: the H / K query heads of kv head kh for row t, written to
+// a.out (the per-ISA bodies of attention_impl.h; the caller has checked `a` and passes
+// attention_scratch(a, t) floats and n int64s of scratch).
+void attention_unit_scalar(const AttnArgs& a, int64_t t, int64_t kh, float* scratch,
+                           int64_t* rows);
+void attention_unit_avx2(const AttnArgs& a, int64_t t, int64_t kh, float* scratch,
+                           int64_t* rows);
+void attention_unit_avx512(const AttnArgs& a, int64_t t, int64_t kh, float* scratch,
+                           int64_t* rows);
+
+}  // namespace kn

@@ -1,0 +1,25 @@
+// AVX-512 path of the attention kernel: attention_impl.h with 16 lanes. The headers come
+// before the target pragma so that their inline functions stay baseline x86-64
+// (attention_impl.h).
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "attention.h"
+#include "common.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl")
+#define KN_ATTN_W 16
+#define KN_ATTN_UNIT attention_unit_avx512
+#include "attention_impl.h"
+#pragma GCC pop_options
+#else  // no such path off x86: isa_supported() never admits it; keep the symbol defined
+namespace kn {
+void attention_unit_avx512(const AttnArgs& a, int64_t t, int64_t kh, float* scratch,
+                           int64_t* rows) {
+  attention_unit_scalar(a, t, kh, scratch, rows);
+}
+}  // namespace kn
+#endif

@@ -1,0 +1,242 @@
+// The body of one (row, kv head) attention unit (attention.h gives the arithmetic), written
+// once over a lane count KN_ATTN_W and compiled by three files: attention_scalar.cc (W = 1),
+// attention_avx2.cc (W = 8) and attention_avx512.cc (W = 16), the last two under a
+// `#pragma GCC target`. Each includes this file's headers *before* its pragma, so that the
+// inline functions they define (common.h, the standard library) are emitted for baseline
+// x86-64 only; everything here has internal linkage, so no AVX copy can leak to another file.
+//
+// The lanes only ever hold independent elements (a key's score, a value column), each fed
+// the same rounded products and sums in the same order as W = 1, and -ffp-contract=off
+// keeps the multiply and the add apart: every path gives the same bits.
+//
+// No standard-library template is used below (an instantiation made under the pragma could
+// be the copy the linker keeps for every file); the scratch memory comes from the caller.
+//
+// Define before including: KN_ATTN_W (lanes) and KN_ATTN_UNIT (the function's name).
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "attention.h"
+#include "common.h"
+
+namespace kn {
+namespace {
+
+constexpr int W = KN_ATTN_W;
+constexpr int64_t KB = ATTN_KEY_BLOCK;
+
+#if KN_ATTN_W == 1
+typedef float V;
+#else
+typedef float V __attribute__((vector_size(KN_ATTN_W * sizeof(float))));
+#endif
+
+inline V load(const float* p) { V v; std::memcpy(&v, p, sizeof(V)); return v; }
+inline void store(float* p, V v) { std::memcpy(p, &v, sizeof(V)); }
+inline V zero() { V v; std::memset(&v, 0, sizeof(V)); return v; }
+inline int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
+inline float max32(float x, float y) { return y > x ? y : x; }
+
+// A cache row of n elements from element `start` of `base` (format fmt) as float: for F32
+// a pointer into the cache itself, else converted (exactly) into buf.
+const float* row_f32(int fmt, const void* base, int64_t start, int64_t n, float* buf) {
+  if (fmt == F32) return static_cast<const float*>(base) + start;
+  const uint8_t* b = static_cast<const uint8_t*>(base) + start * 2;
+  if (fmt == F16)
+    for (int64_t i = 0; i < n; ++i) buf[i] = f16_to_f32(load_u16(b + i * 2));
+  else  // BF16 (check_attention admits nothing else)
+    for (int64_t i = 0; i < n; ++i) buf[i] = bf16_to_f32(load_u16(b + i * 2));
+  return buf;
+}
+
+// x rounded to the cache's storage type (exact conversions, common.h).
+inline float round_to(int fmt, float x) {
+  return fmt == F16 ? round_f16(x) : fmt == BF16 ? round_bf16(x) : x;
+}
+
+// kt[j * KB + i] = kp[i][j] for the KB key rows kp of a block: the keys moved to a lane per
+// key. Only bits move. With W lanes, W x W tiles go through log2(W) rounds of interleaving
+// row i with row i + W/2 (a perfect shuffle; after log2(W) rounds the tile is transposed).
+#if KN_ATTN_W > 1
+typedef int32_t VI __attribute__((vector_size(KN_ATTN_W * sizeof(int32_t))));
+#if KN_ATTN_W == 8
+#define KN_ATTN_LO {0, 8, 1, 9, 2, 10, 3, 11}
+#define KN_ATTN_HI {4, 12, 5, 13, 6, 14, 7, 15}
+constexpr int LOG2W = 3;
+#elif KN_ATTN_W == 16
+#define KN_ATTN_LO {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23}
+#define KN_ATTN_HI {8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31}
+constexpr int LOG2W = 4;
+#endif
+
+// dst[c * ds + r] = src[r][c0 + c] for r, c < W.
+inline void transpose_tile(const float* const* src, int64_t c0, float* dst, int64_t ds) {
+  const VI lo = KN_ATTN_LO, hi = KN_ATTN_HI;
+  V r[W], x[W];
+#pragma GCC unroll 16
+  for (int i = 0; i < W; ++i) r[i] = load(src[i] + c0);
+#pragma GCC unroll 4
+  for (int round = 0; round < LOG2W; ++round) {
+#pragma GCC unroll 8
+    for (int i = 0; i < W / 2; ++i) {
+      x[2 * i] = __builtin_shuffle(r[i], r[i + W / 2], lo);
+      x[2 * i + 1] = __builtin_shuffle(r[i], r[i + W / 2], hi);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < W; ++i) r[i] = x[i];
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < W; ++i) store(dst + i * ds, r[i]);
+}
+#endif
+
+void transpose_keys(const float* const* kp, int64_t Q, float* kt) {
+  int64_t j0 = 0;
+#if KN_ATTN_W > 1
+  for (; j0 + W <= Q; j0 += W)
+    for (int64_t i0 = 0; i0 < KB; i0 += W) transpose_tile(kp + i0, j0, kt + j0 * KB + i0, KB);
+#endif
+  for (int64_t j = j0; j < Q; ++j)  // columns past the last whole tile
+    for (int64_t i = 0; i < KB; ++i) kt[j * KB + i] = kp[i][j];
+}
+
+// s[i] = sum over j in order of qs[j] * kt[j * KB + i], for the KB keys of a block. Four
+// vectors of keys at a time, in registers: four independent chains in flight.
+void score_block(const float* qs, const float* kt, int64_t Q, float* s) {
+  static_assert(KB % (4 * W) == 0, "a key block is a whole number of four vectors");
+  for (int64_t u = 0; u < KB; u += 4 * W) {
+    V a0 = zero(), a1 = zero(), a2 = zero(), a3 = zero();
+    for (int64_t j = 0; j < Q; ++j) {
+      const float qj = qs[j];
+      const float* r = kt + j * KB + u;
+      a0 = a0 + qj * load(r);
+      a1 = a1 + qj * load(r + W);
+      a2 = a2 + qj * load(r + 2 * W);
+      a3 = a3 + qj * load(r + 3 * W);
+    }
+    store(s + u, a0); store(s + u + W, a1); store(s + u + 2 * W, a2); store(s + u + 3 * W, a3);
+  }
+}
+
+// o[j] += p[i] * vp[i][j] for i = 0..nb-1 in order: a lane per j, four vectors at a time
+// (independent chains), then single vectors, then the last Qv % W columns one by one.
+void value_block(const float* p, const float* const* vp, int64_t nb, int64_t Qv, float* o) {
+  const int64_t NV = Qv / W;
+  int64_t u = 0;
+  for (; u + 4 <= NV; u += 4) {
+    const int64_t c = u * W;
+    V a0 = load(o + c), a1 = load(o + c + W), a2 = load(o + c + 2 * W), a3 = load(o + c + 3 * W);
+    for (int64_t i = 0; i < nb; ++i) {
+      const float pi = p[i];
+      const float* r = vp[i] + c;
+      a0 = a0 + pi * load(r);
+      a1 = a1 + pi * load(r + W);
+      a2 = a2 + pi * load(r + 2 * W);
+      a3 = a3 + pi * load(r + 3 * W);
+    }
+    store(o + c, a0); store(o + c + W, a1); store(o + c + 2 * W, a2); store(o + c + 3 * W, a3);
+  }
+  for (; u < NV; ++u) {
+    V acc = load(o + u * W);
+    for (int64_t i = 0; i < nb; ++i) acc = acc + p[i] * load(vp[i] + u * W);
+    store(o + u * W, acc);
+  }
+  for (int64_t j = NV * W; j < Qv; ++j) {
+    float acc = o[j];
+    for (int64_t i = 0; i < nb; ++i) acc = acc + p[i] * vp[i][j];
+    o[j] = acc;
+  }
+}
+
+// max of x[0..n): exact in any grouping (a NaN is skipped in every grouping alike), so
+// lanes and four chains may share the work.
+float max_of(const float* x, int64_t n) {
+  float m = -INFINITY;
+  int64_t l = 0;
+#if KN_ATTN_W > 1
+  V m0 = zero() - INFINITY, m1 = m0, m2 = m0, m3 = m0;
+  for (; l + 4 * W <= n; l += 4 * W) {
+    const V x0 = load(x + l), x1 = load(x + l + W), x2 = load(x + l + 2 * W),
+            x3 = load(x + l + 3 * W);
+    m0 = x0 > m0 ? x0 : m0;
+    m1 = x1 > m1 ? x1 : m1;
+    m2 = x2 > m2 ? x2 : m2;
+    m3 = x3 > m3 ? x3 : m3;
+  }
+  for (int i = 0; i < W; ++i) m = max32(max32(max32(max32(m, m0[i]), m1[i]), m2[i]), m3[i]);
+#endif
+  for (; l < n; ++l) m = max32(m, x[l]);
+  return m;
+}
+
+}  // namespace
+
+void KN_ATTN_UNIT(const AttnArgs& a, int64_t t, int64_t kh, float* scratch, int64_t* rows) {
+  const int64_t G = a.H / a.K, Q = a.Q, Qv = a.Qv, ps = a.page_size;
+  const AttnSpan sp = attention_span(a, t);       // lo, n >= 1 keys, npad
+  const int64_t lo = sp.lo, n = sp.n, npad = sp.npad;
+  const int32_t* pages = a.page_table + int64_t(a.slots[t]) * a.P;
+
+  // rows[i]: cache row (page * page_size + offset) * K + kh of key lo + i, walking the
+  // slot's pages in order
+  for (int64_t i = 0, pi = lo / ps, off = lo % ps; i < n; ++i) {
+    rows[i] = (int64_t(pages[pi]) * ps + off) * a.K + kh;
+    if (++off == ps) off = 0, ++pi;
+  }
+
+  // scratch (attention_scratch floats): qs [G, Q], zeros [Q], kbuf [KB, Q], kt [Q, KB],
+  // s [G, npad], vbuf [KB, Qv], o [G, Qv], den [G]
+  float* qs = scratch;
+  float* zeros = qs + G * Q;
+  float* kbuf = zeros + Q;
+  float* kt = kbuf + KB * Q;
+  float* s = kt + Q * KB;
+  float* vbuf = s + G * npad;
+  float* o = vbuf + KB * Qv;
+  float* den = o + G * Qv;
+  for (int64_t j = 0; j < Q; ++j) zeros[j] = 0.0f;
+  for (int64_t i = 0; i < G * Qv; ++i) o[i] = 0.0f;
+  const float* rp[KB];  // the block's key (then value) rows as float
+
+  // qs = round_to_cache_dtype(q) * scale, for the G query heads of kv head kh
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t j = 0; j < Q; ++j)
+      qs[g * Q + j] = round_to(a.k_fmt, a.q[(t * a.H + kh * G + g) * Q + j]) * a.scale;
+
+  // scores, block by block of KB keys (lanes past the last key score a zero key: unused)
+  for (int64_t b0 = 0; b0 < n; b0 += KB) {
+    const int64_t nb = min64(KB, n - b0);
+    for (int64_t i = 0; i < KB; ++i)
+      rp[i] = i < nb ? row_f32(a.k_fmt, a.k, rows[b0 + i] * Q, Q, kbuf + i * Q) : zeros;
+    transpose_keys(rp, Q, kt);
+    for (int64_t g = 0; g < G; ++g) score_block(&qs[g * Q], kt, Q, &s[g * npad + b0]);
+  }
+
+  // softcap; m = max; p_l = expf(score_l - m); den = sum of p_l in order of l
+  for (int64_t g = 0; g < G; ++g) {
+    float* sg = &s[g * npad];
+    if (a.softcap > 0)
+      for (int64_t l = 0; l < n; ++l) sg[l] = a.softcap * std::tanh(sg[l] / a.softcap);
+    const float m = max_of(sg, n);
+    for (int64_t l = 0; l < n; ++l) sg[l] = std::exp(sg[l] - m);
+    float d = 0.0f;
+    for (int64_t l = 0; l < n; ++l) d = d + sg[l];
+    den[g] = d;
+  }
+
+  // o = sum over l in order of p_l * v_l, block by block
+  for (int64_t b0 = 0; b0 < n; b0 += KB) {
+    const int64_t nb = min64(KB, n - b0);
+    for (int64_t i = 0; i < nb; ++i)
+      rp[i] = row_f32(a.v_fmt, a.v, rows[b0 + i] * Qv, Qv, vbuf + i * Qv);
+    for (int64_t g = 0; g < G; ++g) value_block(&s[g * npad + b0], rp, nb, Qv, &o[g * Qv]);
+  }
+
+  for (int64_t g = 0; g < G; ++g) {
+    float* dst = a.out + (t * a.H + kh * G + g) * Qv;
+    for (int64_t j = 0; j < Qv; ++j) dst[j] = o[g * Qv + j] / den[g];
+  }
+}
+
+}  // namespace kn

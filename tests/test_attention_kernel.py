@@ -1,0 +1,169 @@
+"""The C++ paged attention (kinetic/kernels/attention.py, csrc/attention.h).
+
+(a) batch invariance: a row's output bits are the same alone as inside steps of any T, with
+    other rows and slots around it, at any slot index and page-table width;
+(b) the same bits on every ISA path and thread count (C ABI) and through jit;
+(c) bitwise equal to the numpy reference, which does the same float32 operations in the same
+    order and calls the same libm expf / tanhf through ctypes (numpy's own float32 exp is a
+    different SIMD routine and disagrees with expf in the last bit on many inputs);
+(d) within 1e-5 relative of layers.paged_attention (XLA; a different order of sums);
+(e) bad indices are an error with a message, never a crash.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import kinetic.kernels as kk
+from kinetic.kernels import KernelError
+from kinetic.kernels import attention as A
+from kinetic.model import layers
+
+pytestmark = pytest.mark.skipif(not kk.available(), reason="the C++ kernel is not built")
+
+DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16}
+PAGES, PS = 24, 4  # cache pages, page size
+
+
+def cache(rng, K, Q, Qv, dtype, pages=PAGES):
+    k = rng.standard_normal((pages, PS, K, Q)).astype(np.float32)
+    v = rng.standard_normal((pages, PS, K, Qv)).astype(np.float32)
+    return k.astype(dtype), v.astype(dtype)
+
+
+def step_input(page_table, slots, positions) -> layers.StepInput:
+    T = len(slots)
+    return layers.StepInput(tokens=jnp.zeros(T, jnp.int32),
+                            positions=jnp.asarray(positions, jnp.int32),
+                            slots=jnp.asarray(slots, jnp.int32),
+                            write_index=jnp.zeros(T, jnp.int32),
+                            page_table=jnp.asarray(page_table, jnp.int32))
+
+
+_kernel_jit = jax.jit(A.paged_attention, static_argnums=(4, 5, 6))
+_layers_jit = jax.jit(layers.paged_attention, static_argnums=(4, 5, 6))
+
+
+def jitted(q, k, v, page_table, slots, positions, scale, window=0, softcap=0.0, fn=_kernel_jit):
+    """The kernel through jit and the XLA FFI (what the engine calls)."""
+    return np.asarray(fn(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v),
+                         step_input(page_table, slots, positions), scale, window, softcap))
+
+
+@pytest.mark.parametrize("dtype,window,softcap", [("f32", 0, 0.0), ("f16", 5, 0.0),
+                                                  ("bf16", 0, 3.0)])
+def test_row_is_batch_invariant(dtype, window, softcap):
+    rng = np.random.default_rng(1)
+    H, K, Q, Qv, scale = 6, 2, 16, 8, 0.25
+    k, v = cache(rng, K, Q, Qv, DTYPES[dtype])
+    pos = 13  # the row sees keys 0..13: pages 0..3 of its slot
+    own = rng.permutation(PAGES)[:4].astype(np.int32)
+    q_row = rng.standard_normal((1, H, Q)).astype(np.float32)
+    alone = jitted(q_row, k, v, own[None], [0], [pos], scale, window, softcap)[0]
+    for T in (2, 3, 4, 7, 16, 64):
+        for S in (1, 3):
+            for P in (4, 6, 9):  # just covering the row, and wider
+                table = rng.integers(0, PAGES, (S, P)).astype(np.int32)
+                mine = int(rng.integers(0, S))
+                table[mine, :4] = own
+                slots = rng.integers(0, S, T).astype(np.int32)
+                positions = rng.integers(0, P * PS, T).astype(np.int32)
+                at = int(rng.integers(0, T))
+                slots[at], positions[at] = mine, pos
+                q = rng.standard_normal((T, H, Q)).astype(np.float32)
+                q[at] = q_row[0]
+                got = jitted(q, k, v, table, slots, positions, scale, window, softcap)[at]
+                assert np.array_equal(got, alone), (T, S, P)
+
+
+def random_case(rng, T, H, K, Q, Qv, dtype, S=3, P=7):
+    k, v = cache(rng, K, Q, Qv, DTYPES[dtype])
+    table = rng.integers(0, PAGES, (S, P)).astype(np.int32)
+    slots = rng.integers(0, S, T).astype(np.int32)
+    positions = rng.integers(0, P * PS, T).astype(np.int32)
+    positions[0] = 0  # a row that sees one key
+    q = rng.standard_normal((T, H, Q)).astype(np.float32)
+    return q, k, v, table, slots, positions
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+def test_same_bits_on_every_isa_and_thread_count(dtype):
+    rng = np.random.default_rng(2)
+    # Q and Qv not multiples of the lane counts; P * PS = 84 keys spans two key blocks
+    case = random_case(rng, 9, 9, 3, 20, 13, dtype, P=21)
+    for window, softcap in [(0, 0.0), (7, 0.0), (0, 2.5)]:
+        args = (*case, 0.3, window, softcap)
+        base = A.attention_host(*args, isa="scalar", threads=1)
+        for isa in kk.supported_isas():
+            for threads in (1, 2):
+                got = A.attention_host(*args, isa=isa, threads=threads)
+                assert np.array_equal(got, base), (isa, threads, window, softcap)
+        assert np.array_equal(jitted(*args), base)
+
+
+@pytest.mark.parametrize("dtype,window,softcap", [("f32", 0, 0.0), ("f16", 0, 0.0),
+                                                  ("bf16", 6, 0.0), ("f32", 3, 4.0)])
+def test_matches_numpy_reference_bitwise(dtype, window, softcap):
+    rng = np.random.default_rng(3)
+    case = random_case(rng, 5, 4, 2, 24, 12, dtype)
+    args = (*case, 0.2, window, softcap)
+    assert np.array_equal(A.attention_host(*args), A.reference_attention(*args))
+
+
+@pytest.mark.parametrize("name,H,K,dtype,window,softcap",
+                         [("causal", 4, 2, "f32", 0, 0.0), ("window", 4, 2, "f32", 5, 0.0),
+                          ("softcap", 4, 2, "f32", 0, 2.0), ("gqa", 9, 3, "f32", 0, 0.0),
+                          ("f16 cache", 4, 2, "f16", 0, 0.0)])
+def test_close_to_layers_paged_attention(name, H, K, dtype, window, softcap):
+    rng = np.random.default_rng(4)
+    q, k, v, table, slots, positions = random_case(rng, 8, H, K, 32, 16, dtype)
+    scale = 32 ** -0.5
+    ours = jitted(q, k, v, table, slots, positions, scale, window, softcap)
+    xla = jitted(q, k, v, table, slots, positions, scale, window, softcap, fn=_layers_jit)
+    # relative to the output's scale (entries near zero have no relative meaning)
+    err = np.abs(ours - xla).max() / np.abs(xla).max()
+    assert err < 1e-5, (name, err)
+
+
+def test_bad_input_is_an_error_not_a_crash():
+    rng = np.random.default_rng(5)
+    q, k, v, table, slots, positions = random_case(rng, 4, 4, 2, 8, 8, "f32")
+    args = (q, k, v, table, slots, positions, 0.5)
+
+    def bad(i, x):
+        a = list(args)
+        a[i] = x
+        return a
+
+    slot_out = slots.copy()
+    slot_out[2] = 3
+    page_out = table.copy()
+    page_out[1, 3] = PAGES
+    page_neg = table.copy()
+    page_neg[0, 0] = -1
+    pos_out = positions.copy()
+    pos_out[1] = table.shape[1] * PS
+    pos_neg = positions.copy()
+    pos_neg[3] = -2
+    cases = [(bad(4, slot_out), "slot"), (bad(3, page_out), "page id"),
+             (bad(3, page_neg), "page id"), (bad(5, pos_out), "position"),
+             (bad(5, pos_neg), "position")]
+    for a, word in cases:
+        with pytest.raises(KernelError, match=word):
+            A.attention_host(*a)
+        with pytest.raises(Exception, match=word):
+            jitted(*a)
+    with pytest.raises(KernelError, match="window"):
+        A.attention_host(*args, window=-1)
+    with pytest.raises(KernelError, match="multiple"):
+        A.attention_host(q[:, :3], *args[1:])  # H = 3 query heads over K = 2
+    with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
+        A.attention_host(q, k.astype(np.int8), *args[2:])
+    with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
+        jitted(q, k.astype(np.int8), *args[2:])
+    # still fine afterwards
+    assert np.array_equal(A.attention_host(*args), jitted(*args))
