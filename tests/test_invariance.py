@@ -159,3 +159,39 @@ def test_constrained_answer_never_depends_on_load_or_drafts(setup, kind):
     assert run_with_others(engine("p4-busy", parallel=4), request, tok)[:2] == want
     assert run(engine("nospec", parallel=4, speculative=False), request)[:2] == want
     assert run(engine("draft-model", parallel=4, draft=model), request)[:2] == want
+
+
+def test_a_row_has_the_same_bits_in_every_row_bucket(setup):
+    """The runner steps at the smallest row bucket (1, 2, 4, ... 16) that holds its rows:
+    a prompt fed one row per step (M = 1) gives bitwise the logits it gets inside one
+    16-row step, and inside 16-row steps shared with another sequence's rows."""
+    import numpy as np
+
+    from kinetic.engine.runner import Runner, RunnerConfig
+    tok, _, model = setup
+    if model.config.kernel != "ffi":
+        pytest.skip("row buckets are the ffi kernel's: XLA's dot is not batch-invariant")
+    ids = tok.encode(PROMPT, add_special=True)[:16]
+    other = tok.encode(OTHERS[1])[:16]
+    cfg = RunnerConfig(step_tokens=16, num_slots=2, page_size=16, num_pages=9, pages_per_slot=4)
+    table = np.array([[1, 2, 3, 4], [5, 6, 7, 8]], np.int32)
+
+    def feed(rows_per_step: int, with_other: bool) -> np.ndarray:
+        runner, got = Runner(model, cfg), []
+        for start in range(0, len(ids), rows_per_step):
+            pos = np.arange(start, min(start + rows_per_step, len(ids)))
+            toks, slots = np.asarray(ids)[pos], np.zeros(len(pos), int)
+            if with_other:  # the other sequence's rows first, then ours
+                opos = pos[: 16 - len(pos)]
+                toks = np.concatenate([np.asarray(other)[opos], toks])
+                slots = np.concatenate([np.ones(len(opos), int), slots])
+                pos = np.concatenate([opos, pos])
+            write = table[slots, pos // 16] * 16 + pos % 16
+            logits = runner.step(toks, pos, slots, write, table)
+            got.append(logits[slots == 0])
+        return np.concatenate(got)
+
+    alone = feed(1, False)
+    assert feed(16, False).tobytes() == alone.tobytes()
+    assert feed(3, False).tobytes() == alone.tobytes()
+    assert feed(8, True).tobytes() == alone.tobytes()

@@ -1,0 +1,169 @@
+"""Every SIMD path of the quantized matmul kernel gives the scalar reference's bits.
+
+For each weight format the kernel multiplies, random but valid blocks (random bytes whose
+f16 scale fields are overwritten with finite small halves, Q8_0 values of -128 included)
+and awkward activations (a row of zeros, rows with large outliers) go through every path
+of kinetic.kernels.supported_isas(), on 1 and 2 threads, for several M; the float32
+outputs must equal the "scalar" path's bit for bit, and a row's output must not depend on
+the other rows. Real blocks from the cached GGUF files are checked too, when present.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import numpy as np
+import pytest
+
+from kinetic import kernels
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="the C++ kernel is not built")
+
+# GGML id -> (values per block, bytes per block, byte offsets of the block's f16 fields)
+FORMATS = {
+    2: ("Q4_0", 32, 18, (0,)),
+    3: ("Q4_1", 32, 20, (0, 2)),
+    6: ("Q5_0", 32, 22, (0,)),
+    7: ("Q5_1", 32, 24, (0, 2)),
+    8: ("Q8_0", 32, 34, (0,)),
+    10: ("Q2_K", 256, 84, (80, 82)),
+    11: ("Q3_K", 256, 110, (108,)),
+    12: ("Q4_K", 256, 144, (0, 2)),
+    13: ("Q5_K", 256, 176, (0, 2)),
+    14: ("Q6_K", 256, 210, (208,)),
+    0: ("F32", 1, 4, ()),
+    1: ("F16", 1, 2, ()),
+    30: ("BF16", 1, 2, ()),
+}
+MS = (1, 2, 3, 7, 16, 64)
+N = 37  # not a multiple of 8 or 16: partial column groups and a short last chunk
+SIMD_ISAS = ("avx2", "avx512")
+MODELS = os.path.expanduser("~/.cache/kinetic/models")
+
+
+def _need_isa(isa: str) -> None:
+    if isa not in kernels.supported_isas():
+        what = "AVX2 and FMA" if isa == "avx2" else "AVX-512 F/BW/VL/VNNI"
+        pytest.skip(f"this CPU lacks {what}, so the {isa} path cannot run here")
+
+
+def _halves(rng: np.random.Generator, size: int) -> np.ndarray:
+    """Finite small halves as raw uint16: mostly normal, some subnormal, zero, negative."""
+    v = (rng.standard_normal(size) * 0.02).astype(np.float16).view(np.uint16)
+    pick = rng.random(size)
+    v = np.where(pick < 0.05, rng.integers(0, 0x400, size, dtype=np.uint16), v)  # subnormals
+    v = np.where((pick >= 0.05) & (pick < 0.08), np.uint16(0), v)
+    return v.astype(np.uint16)
+
+
+def _weights(fmt: int, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    _, qk, nbytes, f16_at = FORMATS[fmt]
+    if fmt == 0:
+        return (rng.standard_normal((n, k)) * 0.1).astype(np.float32).view(np.uint8).reshape(-1)
+    if fmt == 1:
+        return (rng.standard_normal((n, k)) * 0.1).astype(np.float16).view(np.uint8).reshape(-1)
+    if fmt == 30:
+        f = (rng.standard_normal((n, k)) * 0.1).astype(np.float32).view(np.uint32)
+        return (f >> 16).astype(np.uint16).view(np.uint8).reshape(-1)
+    blocks = rng.integers(0, 256, (n * (k // qk), nbytes), dtype=np.uint8)
+    if fmt == 8:  # plenty of -128 values, and a whole block of them
+        blocks[:, 2:][rng.random((blocks.shape[0], 32)) < 0.1] = 0x80
+        blocks[0, 2:] = 0x80
+    for off in f16_at:
+        blocks[:, off:off + 2] = _halves(rng, blocks.shape[0]).view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(-1)
+
+
+def _acts(m: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    if m > 1:
+        x[1] = 0.0
+    if m > 2:
+        x[2, rng.integers(0, k, 4)] = np.float32(3e4)
+        x[2, rng.integers(0, k, 4)] = np.float32(-5e4)
+    if m > 5:
+        x[5] *= np.float32(1e-3)
+        x[5, 0] = np.float32(-1e3)
+    return x
+
+
+def _bits(y: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(y, dtype=np.float32).view(np.uint32)
+
+
+def _check(fmt: int, w: np.ndarray, n: int, k: int, x: np.ndarray, isa: str, what: str) -> None:
+    ref = kernels.qmatmul_host(fmt, w, n, k, x, isa="scalar", threads=1)
+    for threads in (1, 2):
+        got = kernels.qmatmul_host(fmt, w, n, k, x, isa=isa, threads=threads)
+        if not np.array_equal(_bits(got), _bits(ref)):
+            bad = np.argwhere(_bits(got) != _bits(ref))
+            r, c = bad[0]
+            raise AssertionError(
+                f"{what}: {isa} (threads={threads}) differs from scalar at {len(bad)} outputs, "
+                f"first [{r}, {c}]: {got[r, c]!r} vs {ref[r, c]!r}")
+
+
+@pytest.mark.parametrize("isa", SIMD_ISAS)
+@pytest.mark.parametrize("fmt", list(FORMATS), ids=[v[0] for v in FORMATS.values()])
+def test_random_blocks_bitwise(fmt: int, isa: str) -> None:
+    _need_isa(isa)
+    name, qk = FORMATS[fmt][:2]
+    rng = np.random.default_rng(1000 + fmt)
+    ks = (512,) if qk == 256 else (96, 512) if qk == 32 else (37, 200, 512)
+    for k in ks:
+        w = _weights(fmt, N, k, rng)
+        x64 = _acts(64, k, rng)
+        for m in MS:
+            _check(fmt, w, N, k, x64[:m], isa, f"{name} K={k} M={m}")
+        # Row independence: each row alone gives the bits it has inside M = 64.
+        full = kernels.qmatmul_host(fmt, w, N, k, x64, isa=isa, threads=2)
+        for r in (0, 1, 2, 5, 63):
+            alone = kernels.qmatmul_host(fmt, w, N, k, x64[r:r + 1], isa=isa, threads=1)
+            assert np.array_equal(_bits(alone[0]), _bits(full[r])), f"{name} K={k} row {r}"
+
+
+@pytest.mark.parametrize("isa", SIMD_ISAS)
+def test_wide_n_all_threads(isa: str) -> None:
+    """Many column groups and chunks, every format, M = 1 and 5."""
+    _need_isa(isa)
+    rng = np.random.default_rng(7)
+    for fmt, (name, qk, _, _) in FORMATS.items():
+        k = 256 if qk > 1 else 40
+        w = _weights(fmt, 301, k, rng)
+        for m in (1, 5):
+            _check(fmt, w, 301, k, _acts(m, k, rng), isa, f"{name} N=301 M={m}")
+
+
+def _real_tensors():
+    """(label, tensor) for a few tensors of each quantized type in the cached GGUF files."""
+    paths = sorted(glob.glob(os.path.join(MODELS, "*.gguf")))
+    if not paths:
+        return []
+    from kinetic.model.gguf_file import GGUFFile
+
+    out, seen = [], {}
+    for path in paths:
+        g = GGUFFile(path)
+        for name, t in g.tensors.items():
+            q = int(t.qtype)
+            if q not in FORMATS or len(t.shape) != 2 or seen.get(q, 0) >= 2:
+                continue
+            seen[q] = seen.get(q, 0) + 1
+            out.append((f"{os.path.basename(path)}:{name}", t))
+    return out
+
+
+@pytest.mark.parametrize("isa", SIMD_ISAS)
+def test_real_blocks_bitwise(isa: str) -> None:
+    _need_isa(isa)
+    tensors = _real_tensors()
+    if not tensors:
+        pytest.skip(f"no GGUF files in {MODELS}")
+    rng = np.random.default_rng(3)
+    for label, t in tensors:
+        n, k = t.shape
+        rows = min(n, 67)
+        w = np.asarray(t.data[:rows * kernels.row_bytes(int(t.qtype), k)])
+        for m in (1, 3, 16):
+            _check(int(t.qtype), w, rows, k, _acts(m, k, rng), isa, f"{label} ({rows}x{k}) M={m}")
