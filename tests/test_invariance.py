@@ -172,7 +172,7 @@ def test_a_row_has_the_same_bits_in_every_row_bucket(setup):
     if model.config.kernel != "ffi":
         pytest.skip("row buckets are the ffi kernel's: XLA's dot is not batch-invariant")
     ids = tok.encode(PROMPT, add_special=True)[:16]
-    other = tok.encode(OTHERS[1])[:16]
+    other = (tok.encode(OTHERS[1]) * 2)[:16]
     cfg = RunnerConfig(step_tokens=16, num_slots=2, page_size=16, num_pages=9, pages_per_slot=4)
     table = np.array([[1, 2, 3, 4], [5, 6, 7, 8]], np.int32)
 

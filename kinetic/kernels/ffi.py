@@ -2,6 +2,8 @@
 
     qmatmul(x, data, fmt, offset, n, k)      x [..., k] f32 -> [..., n] f32
     dequant_rows(rows, data, fmt, offset, n, k)  rows [T] int32 -> [T, k] f32
+    rms_norm(x, w, eps)                      x [..., D] f32 -> [..., D] f32
+    cos_sin(theta)                           theta f32 -> (cos, sin)
 
 `data` is a uint8 device array holding the weight at byte `offset` (kinetic passes the whole
 memory-mapped GGUF file, zero-copy); fmt, offset, n and k are static.
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from kinetic import kernels
 
@@ -23,7 +26,8 @@ def register() -> None:
     if _registered:
         return
     lib = kernels._need()
-    for name in ("kinetic_qmatmul", "kinetic_dequant_rows", "kinetic_attention"):
+    for name in ("kinetic_qmatmul", "kinetic_dequant_rows", "kinetic_attention",
+                 "kinetic_rms_norm", "kinetic_cos_sin"):
         jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu")
     _registered = True
 
@@ -44,3 +48,17 @@ def dequant_rows(rows: jax.Array, data: jax.Array, fmt: int, offset: int, n: int
     return jax.ffi.ffi_call("kinetic_dequant_rows",
                             jax.ShapeDtypeStruct((rows.shape[0], k), jnp.float32))(
         rows, data, fmt=int(fmt), offset=int(offset), n=int(n), k=int(k))
+
+
+def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
+    register()
+    x = x.astype(jnp.float32)
+    return jax.ffi.ffi_call("kinetic_rms_norm", jax.ShapeDtypeStruct(x.shape, jnp.float32))(
+        x, w.astype(jnp.float32), eps=np.float32(eps))
+
+
+def cos_sin(theta: jax.Array) -> tuple[jax.Array, jax.Array]:
+    register()
+    theta = theta.astype(jnp.float32)
+    out = jax.ShapeDtypeStruct(theta.shape, jnp.float32)
+    return tuple(jax.ffi.ffi_call("kinetic_cos_sin", (out, out))(theta))

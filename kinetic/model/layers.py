@@ -12,12 +12,15 @@ padded key axis where masked keys add exact zeros. See tests/test_invariance.py.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from functools import partial
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from kinetic import kernels
 from kinetic.kernels import attention as native_attention
 from kinetic.kernels import ffi as native
 from kinetic.model.config import Config
@@ -42,7 +45,19 @@ class StepInput:
     page_table: jax.Array
 
 
+@functools.cache
+def _native_rows() -> bool:
+    """Whether the row-wise pieces XLA computes differently per row count (norms, rotary
+    cos/sin) run in kinetic's C++ instead: wherever the library is built and JAX is on CPU,
+    whichever kernel multiplies the weights. Decided at trace time."""
+    return kernels.available() and jax.default_backend() == "cpu"
+
+
 def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
+    """x / sqrt(mean(x^2) + eps) * w over the last axis. On CPU in C++ (_native_rows):
+    XLA's reduction here gave a row other bits at 8 rows than at 1."""
+    if _native_rows():
+        return native.rms_norm(x, w, eps)
     x = x.astype(jnp.float32)
     return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
@@ -115,10 +130,15 @@ def rope_angles(positions: jax.Array, cfg: Config, base: float,
                 freq_factors: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """cos and sin, [T, rope_dim / 2], for the rows' positions."""
     half = cfg.rope_dim // 2
-    inv_freq = base ** (-jnp.arange(half, dtype=jnp.float32) * 2.0 / cfg.rope_dim)
+    # a constant, computed once in float64 (XLA's pow, fused into the loop below, gave a row
+    # other bits at 2 rows than at 1)
+    inv_freq = jnp.asarray((float(base) ** (-np.arange(half, dtype=np.float64) * 2.0
+                                            / cfg.rope_dim)).astype(np.float32))
     if freq_factors is not None:
         inv_freq = inv_freq / freq_factors
     theta = (positions.astype(jnp.float32) * cfg.rope_freq_scale)[:, None] * inv_freq[None, :]
+    if _native_rows():  # XLA's cos and sin gave a row other bits at 2 rows than at 1
+        return native.cos_sin(theta)
     return jnp.cos(theta), jnp.sin(theta)
 
 

@@ -1,0 +1,51 @@
+// XLA FFI handlers of rownorm.h:
+//   kinetic_rms_norm(x f32[..., D], w f32[D]; eps) -> y f32[..., D]
+//   kinetic_cos_sin(theta f32[...]) -> (cos f32[...], sin f32[...])
+#include <string>
+
+#include "rownorm.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+ffi::Error RmsNorm(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
+                   ffi::ResultBuffer<ffi::F32> y, float eps) {
+  auto xd = x.dimensions();
+  if (xd.size() < 1 || w.dimensions().size() != 1 || w.dimensions()[0] != xd.back())
+    return ffi::Error::InvalidArgument("kinetic_rms_norm: w must be [D] for x [..., D]");
+  const int64_t d = xd.back(), rows = d ? int64_t(x.element_count()) / d : 0;
+  if (int64_t(y->element_count()) != rows * d)
+    return ffi::Error::InvalidArgument("kinetic_rms_norm: y must have x's shape");
+  kn::rms_norm_rows(x.typed_data(), w.typed_data(), rows, d, eps, y->typed_data());
+  return ffi::Error::Success();
+}
+
+ffi::Error CosSin(ffi::Buffer<ffi::F32> theta, ffi::ResultBuffer<ffi::F32> c,
+                  ffi::ResultBuffer<ffi::F32> s) {
+  const int64_t n = int64_t(theta.element_count());
+  if (int64_t(c->element_count()) != n || int64_t(s->element_count()) != n)
+    return ffi::Error::InvalidArgument("kinetic_cos_sin: outputs must have theta's shape");
+  kn::cos_sin(theta.typed_data(), n, c->typed_data(), s->typed_data());
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+#pragma GCC visibility push(default)
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kinetic_rms_norm, RmsNorm,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<float>("eps"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kinetic_cos_sin, CosSin,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+#pragma GCC visibility pop
