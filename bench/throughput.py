@@ -234,9 +234,7 @@ def worker_main(args) -> None:
     model = load_model(args.kinetic_worker, dtype=args.dtype)
     tok = Tokenizer.from_metadata(model.file.metadata)
     t_load = time.perf_counter() - t0
-    embd = {id(x) for x in jax.tree.leaves(model.weights.get("token_embd"))}
-    leaves = jax.tree.leaves(model.weights)
-    step_bytes = sum(getattr(x, "nbytes", 0) for x in leaves if id(x) not in embd)
+    step_bytes = weight_bytes_per_step(model)
     extra = ({"step_tokens": args.step_tokens, "max_draft": min(4, args.step_tokens - 1)}
              if args.step_tokens else {})
     engine = Engine(model, tok, EngineConfig(parallel=args.parallel, n_ctx=args.n_ctx,
@@ -276,7 +274,8 @@ def worker_main(args) -> None:
     reply.write(json.dumps({"ready": {
         "load_s": t_load, "compile_s": t_compile, "step_bytes": step_bytes,
         "step_tokens": cfg.step_tokens, "chunk_tokens": cfg.chunk_tokens,
-        "parallel": cfg.parallel, "n_ctx": cfg.n_ctx, "dtype": args.dtype,
+        "parallel": cfg.parallel, "n_ctx": cfg.n_ctx,
+        "dtype": ("GGUF-block" if model.config.kernel == "ffi" else args.dtype),
         "vocab": model.config.vocab_size, "backend": jax.default_backend()}}) + "\n")
     for line in sys.stdin:
         cmd = json.loads(line)
@@ -361,6 +360,26 @@ class KineticWorker:
 
 
 # --- llama-server: a subprocess over HTTP --------------------------------------------------
+
+def weight_bytes_per_step(model) -> int:
+    """Bytes of weights a decode step reads: every projection once (in its GGUF blocks with
+    the ffi kernel, in its compute dtype with xla), the embedding table excluded (a step
+    reads only its rows) unless it is also the tied output."""
+    import jax
+    from kinetic import kernels
+    from kinetic.model.layers import Proj
+    seen, total = set(), 0
+    for name, p in [("", x) for x in jax.tree.leaves(
+            {k: v for k, v in model.weights.items() if k != "token_embd"},
+            is_leaf=lambda x: isinstance(x, Proj))]:
+        if isinstance(p, Proj) and p.fmt >= 0:
+            if (p.offset, p.fmt) not in seen:
+                seen.add((p.offset, p.fmt))
+                total += p.n * kernels.row_bytes(p.fmt, p.k)
+        else:
+            total += getattr(p.data if isinstance(p, Proj) else p, "nbytes", 0)
+    return total
+
 
 def find_llama_server(given: str | None) -> str | None:
     if given:
@@ -701,7 +720,7 @@ def main(argv=None) -> int:
             print("llama-server: " + " ".join(server.cmd))
         info = worker.ready()
         print(f"kinetic: loaded in {info['load_s']:.1f} s, compiled in {info['compile_s']:.1f} s"
-              f" ({info['backend']}, {info['dtype']} weights, {info['step_tokens']}-row steps,"
+              f" ({info['backend']}, {info['dtype']} weights, {info['step_tokens']}-row steps at most,"
               f" parallel {info['parallel']}, n_ctx {info['n_ctx']})", flush=True)
         engines["kinetic"] = worker
         if server:
@@ -743,7 +762,7 @@ def main(argv=None) -> int:
     print()
     n_tok = args.parallel * args.decode_tokens
     wall_n = n_tok / k["decode_n"]
-    print(f"kinetic steps ({info['step_tokens']} rows each): {args.prompt_tokens}-token prompt "
+    print(f"kinetic steps (up to {info['step_tokens']} rows): {args.prompt_tokens}-token prompt "
           f"in {k['prompt_steps']} steps, {1000 * k['ttft'] / max(k['prompt_steps'], 1):.0f} ms "
           f"each; 1 stream: {decode_1_ms:.0f} ms per token = "
           f"{info['step_bytes'] / (decode_1_ms / 1000) / 1e9:.1f} GB/s of weights; "

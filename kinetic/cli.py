@@ -97,8 +97,8 @@ def serve_options(args: argparse.Namespace):
                          "serve the text model without it")
     if args.sign_key and not os.path.isfile(args.sign_key):
         raise SystemExit(f"kinetic serve: --sign-key {args.sign_key}: no such file")
-    if args.ubatch_size < 2:
-        raise SystemExit("kinetic serve: -ub must be at least 2 (a step is never one row)")
+    if args.ubatch_size < 1:
+        raise SystemExit("kinetic serve: -ub must be at least 1")
     if args.batch_size < 1:
         raise SystemExit("kinetic serve: -b must be at least 1")
     port = args.port if args.port is not None else (11434 if args.ollama else 8080)
@@ -140,9 +140,10 @@ def _add_serve(sub) -> None:
                        help="requests run at once, one slot each (default 0: as many "
                        "full contexts as half the free memory holds, up to 4)")
     serve.add_argument("-ub", "--ubatch-size", type=int, default=16,
-                       help="token rows in each compiled step, shared by every running "
-                       "request (default 16; llama.cpp's physical batch, but here every step "
-                       "costs this many rows, so keep it small on a CPU)")
+                       help="most token rows of a step, shared by every running request "
+                       "(default 16; llama.cpp's physical batch). With the C++ kernel a step "
+                       "runs at the smallest compiled bucket 1, 2, 4 ... N that holds its rows; "
+                       "with KINETIC_KERNEL=xla every step costs N rows")
     serve.add_argument("-b", "--batch-size", type=int, default=512,
                        help="most prompt tokens of one request run per step (default 512; "
                        "capped by -ub)")

@@ -51,7 +51,7 @@ def test_context_zero_means_the_models_own():
 
 @pytest.mark.parametrize("argv,words", [
     (["--mmproj", "p.gguf"], "vision"),
-    (["-ub", "1"], "-ub"),
+    (["-ub", "0"], "-ub"),
     (["-b", "0"], "-b"),
     (["--sign-key", "/no/such/key.pem"], "no such file"),
 ])

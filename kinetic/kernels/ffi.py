@@ -33,12 +33,22 @@ def register() -> None:
 
 
 def qmatmul(x: jax.Array, data: jax.Array, fmt: int, offset: int, n: int, k: int) -> jax.Array:
+    return qmatmul_many(x, data, [(fmt, offset, n)], k)[0]
+
+
+def qmatmul_many(x: jax.Array, data: jax.Array, weights: list[tuple[int, int, int]],
+                 k: int) -> list[jax.Array]:
+    """x [..., k] times several weights (fmt, offset, n) of the same buffer, in one call:
+    [..., n] per weight, each what qmatmul gives for it alone."""
     register()
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k).astype(jnp.float32)
-    out = jax.ffi.ffi_call("kinetic_qmatmul", jax.ShapeDtypeStruct((x2.shape[0], n), jnp.float32))(
-        x2, data, fmt=int(fmt), offset=int(offset), n=int(n), k=int(k))
-    return out.reshape(*lead, n)
+    shapes = [jax.ShapeDtypeStruct((x2.shape[0], n), jnp.float32) for _, _, n in weights]
+    outs = jax.ffi.ffi_call("kinetic_qmatmul", shapes)(
+        x2, data, fmts=np.array([w[0] for w in weights], np.int64),
+        offsets=np.array([w[1] for w in weights], np.int64),
+        ns=np.array([w[2] for w in weights], np.int64), k=int(k))
+    return [o.reshape(*lead, n) for o, (_, _, n) in zip(outs, weights)]
 
 
 def dequant_rows(rows: jax.Array, data: jax.Array, fmt: int, offset: int, n: int,

@@ -126,6 +126,19 @@ def linear(x: jax.Array, p: Proj, b: jax.Array | None = None) -> jax.Array:
     return y if b is None else y + b
 
 
+def linear_many(x: jax.Array, projs: list[Proj], biases=None) -> list[jax.Array]:
+    """[linear(x, p, b) for each p]: packed weights of one buffer go through one kernel call
+    (the activations rounded once, every part's columns split over the threads together),
+    which costs less than a call each; the results are the same bits."""
+    biases = biases or [None] * len(projs)
+    packed = all(p.fmt != DENSE for p in projs) and len({id(p.data) for p in projs}) == 1
+    if not packed:
+        return [linear(x, p, b) for p, b in zip(projs, biases)]
+    ys = native.qmatmul_many(x, projs[0].data, [(p.fmt, p.offset, p.n) for p in projs],
+                             projs[0].k)
+    return [y if b is None else y + b for y, b in zip(ys, biases)]
+
+
 def rope_angles(positions: jax.Array, cfg: Config, base: float,
                 freq_factors: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """cos and sin, [T, rope_dim / 2], for the rows' positions."""
@@ -217,11 +230,23 @@ def gelu_tanh(x: jax.Array) -> jax.Array:
 
 
 def swiglu_ffn(x: jax.Array, w: dict) -> jax.Array:
-    return linear(jax.nn.silu(linear(x, w["ffn_gate"])) * linear(x, w["ffn_up"]), w["ffn_down"])
+    gate, up = linear_many(x, [w["ffn_gate"], w["ffn_up"]])
+    return linear(jax.nn.silu(gate) * up, w["ffn_down"])
 
 
 def geglu_ffn(x: jax.Array, w: dict) -> jax.Array:
-    return linear(gelu_tanh(linear(x, w["ffn_gate"])) * linear(x, w["ffn_up"]), w["ffn_down"])
+    gate, up = linear_many(x, [w["ffn_gate"], w["ffn_up"]])
+    return linear(gelu_tanh(gate) * up, w["ffn_down"])
+
+
+def qkv(x: jax.Array, w: dict, cfg: Config) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The layer's q [T, H, Q], k [T, K, Q] and v [T, K, Qv] projections (biases where the
+    file has them), through one kernel call."""
+    T = x.shape[0]
+    q, k, v = linear_many(x, [w["attn_q"], w["attn_k"], w["attn_v"]],
+                          [w.get("attn_q.bias"), w.get("attn_k.bias"), w.get("attn_v.bias")])
+    return (q.reshape(T, cfg.n_head, cfg.head_dim), k.reshape(T, cfg.n_kv_head, cfg.head_dim),
+            v.reshape(T, cfg.n_kv_head, cfg.v_head_dim))
 
 
 def embed(tokens: jax.Array, table: jax.Array | Proj, scale: float = 1.0) -> jax.Array:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax
 
 from kinetic.model.config import Config
-from kinetic.model.layers import (StepInput, apply_rope, embed, linear, paged_attention,
+from kinetic.model.layers import (StepInput, apply_rope, embed, linear, paged_attention, qkv,
                                   rms_norm, rope_angles, swiglu_ffn, write_kv)
 
 GLOBAL_TENSORS = ("token_embd", "output_norm")
@@ -27,9 +27,7 @@ def attention_block(x: jax.Array, w: dict, kv: tuple[jax.Array, jax.Array], step
                     cfg: Config, cos: jax.Array, sin: jax.Array, neox: bool):
     """Self-attention of one layer: returns (output [T, D], updated (k_cache, v_cache))."""
     T = x.shape[0]
-    q = linear(x, w["attn_q"], w.get("attn_q.bias")).reshape(T, cfg.n_head, cfg.head_dim)
-    k = linear(x, w["attn_k"], w.get("attn_k.bias")).reshape(T, cfg.n_kv_head, cfg.head_dim)
-    v = linear(x, w["attn_v"], w.get("attn_v.bias")).reshape(T, cfg.n_kv_head, cfg.v_head_dim)
+    q, k, v = qkv(x, w, cfg)
     q, k = apply_rope(q, cos, sin, neox), apply_rope(k, cos, sin, neox)
     k_cache = write_kv(kv[0], k, step.write_index)
     v_cache = write_kv(kv[1], v, step.write_index)

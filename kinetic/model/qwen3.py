@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 
 from kinetic.model.config import Config
-from kinetic.model.layers import (StepInput, apply_rope, embed, linear, paged_attention,
+from kinetic.model.layers import (StepInput, apply_rope, embed, linear, paged_attention, qkv,
                                   rms_norm, rope_angles, swiglu_ffn, write_kv)
 
 GLOBAL_TENSORS = ("token_embd", "output_norm")
@@ -28,9 +28,7 @@ def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
     for w, (k_cache, v_cache) in zip(weights["blk"], cache):
         with jax.named_scope("attention"):
             h = rms_norm(x, w["attn_norm"], eps)
-            q = linear(h, w["attn_q"]).reshape(T, cfg.n_head, cfg.head_dim)
-            k = linear(h, w["attn_k"]).reshape(T, cfg.n_kv_head, cfg.head_dim)
-            v = linear(h, w["attn_v"]).reshape(T, cfg.n_kv_head, cfg.v_head_dim)
+            q, k, v = qkv(h, w, cfg)
             q = apply_rope(rms_norm(q, w["attn_q_norm"], eps), cos, sin, True)
             k = apply_rope(rms_norm(k, w["attn_k_norm"], eps), cos, sin, True)
             k_cache = write_kv(k_cache, k, step.write_index)

@@ -1,11 +1,13 @@
 // XLA FFI handlers: check what XLA hands over, then call the plain functions of
 // qmatmul_api.h. A bad shape is an ffi::Error with a message, never an abort.
 //
-//   kinetic_qmatmul(x f32[M, K], w u8[bytes]; fmt, offset, n, k) -> y f32[M, n]
-//     the weight is n rows of k values in GGUF block format `fmt`, starting `offset` bytes
-//     into w (w is the whole memory-mapped GGUF file: one buffer, never a copy per tensor)
+//   kinetic_qmatmul(x f32[M, K], w u8[bytes]; fmts, offsets, ns, k) -> y_p f32[M, n_p], ...
+//     weight p is n_p rows of k values in GGUF block format fmts[p], starting offsets[p]
+//     bytes into w (w is the whole memory-mapped GGUF file: one buffer, never a copy per
+//     tensor); several weights that read the same x go through one call
 //   kinetic_dequant_rows(rows s32[T], w u8[bytes]; fmt, offset, n, k) -> out f32[T, k]
 #include <string>
+#include <vector>
 
 #include "qmatmul_api.h"
 #include "xla/ffi/api/ffi.h"
@@ -27,21 +29,37 @@ ffi::Error check_weight(const ffi::Buffer<ffi::U8>& w, int64_t fmt, int64_t offs
   return ffi::Error::Success();
 }
 
-ffi::Error QMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
-                   ffi::ResultBuffer<ffi::F32> y, int64_t fmt, int64_t offset, int64_t n,
-                   int64_t k) {
+// Products this small (weight bytes x rows / 4) run on the calling thread alone: waking
+// another costs more than it saves. Which thread computes a column never changes its bits.
+constexpr int64_t kMinSplitWork = int64_t(1) << 16;
+
+ffi::Error QMatmul(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
+                   ffi::RemainingRets ys, ffi::Span<const int64_t> fmts,
+                   ffi::Span<const int64_t> offsets, ffi::Span<const int64_t> ns, int64_t k) {
   auto xd = x.dimensions();
   if (xd.size() != 2 || xd[1] != k)
     return ffi::Error::InvalidArgument("kinetic_qmatmul: x must be [M, K] with K = " +
                                        std::to_string(k));
-  if (ffi::Error e = check_weight(w, fmt, offset, n, k); e.failure()) return e;
-  auto yd = y->dimensions();
-  if (yd.size() != 2 || yd[0] != xd[0] || yd[1] != n)
-    return ffi::Error::InvalidArgument("kinetic_qmatmul: y must be [M, N]");
-  const int threads = int(std::max<int64_t>(1, pool.num_threads()));
-  kn::Schedule schedule = [&pool](std::function<void()> task) { pool.Schedule(std::move(task)); };
-  const char* err = kn::qmatmul(int(fmt), w.typed_data() + offset, n, k, x.typed_data(), xd[0],
-                                y->typed_data(), kn::active_isa(), threads, schedule);
+  const size_t parts = fmts.size();
+  if (offsets.size() != parts || ns.size() != parts || ys.size() != parts || parts == 0)
+    return ffi::Error::InvalidArgument("kinetic_qmatmul: one format, offset, n and result per "
+                                       "weight");
+  std::vector<kn::MatmulPart> list;
+  int64_t work = 0;
+  for (size_t p = 0; p < parts; ++p) {
+    if (ffi::Error e = check_weight(w, fmts[p], offsets[p], ns[p], k); e.failure()) return e;
+    auto y = ys.get<ffi::Buffer<ffi::F32>>(p);
+    if (y.has_error()) return y.error();
+    auto yd = (*y)->dimensions();
+    if (yd.size() != 2 || yd[0] != xd[0] || yd[1] != ns[p])
+      return ffi::Error::InvalidArgument("kinetic_qmatmul: each result must be [M, N]");
+    list.push_back({int(fmts[p]), w.typed_data() + offsets[p], ns[p], (*y)->typed_data()});
+    work += ns[p] * kn::row_bytes(int(fmts[p]), k);
+  }
+  work *= std::max<int64_t>(1, xd[0] / 4);
+  const int threads = work < kMinSplitWork ? 1 : kn::pool_threads();
+  const char* err = kn::qmatmul_parts(list.data(), int(parts), k, x.typed_data(), xd[0],
+                                      kn::active_isa(), threads, kn::Schedule());
   if (err) return ffi::Error::InvalidArgument(std::string("kinetic_qmatmul: ") + err);
   return ffi::Error::Success();
 }
@@ -67,13 +85,12 @@ ffi::Error DequantRows(ffi::Buffer<ffi::S32> rows, ffi::Buffer<ffi::U8> w,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kinetic_qmatmul, QMatmul,
                               ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::U8>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int64_t>("fmt")
-                                  .Attr<int64_t>("offset")
-                                  .Attr<int64_t>("n")
+                                  .RemainingRets()
+                                  .Attr<ffi::Span<const int64_t>>("fmts")
+                                  .Attr<ffi::Span<const int64_t>>("offsets")
+                                  .Attr<ffi::Span<const int64_t>>("ns")
                                   .Attr<int64_t>("k"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kinetic_dequant_rows, DequantRows,

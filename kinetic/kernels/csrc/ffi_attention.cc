@@ -30,7 +30,7 @@ int cache_fmt(ffi::DataType t) {
   }
 }
 
-ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k_cache,
+ffi::Error Attention(ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k_cache,
                      ffi::AnyBuffer v_cache, ffi::Buffer<ffi::S32> page_table,
                      ffi::Buffer<ffi::S32> slots, ffi::Buffer<ffi::S32> positions,
                      ffi::ResultBuffer<ffi::F32> out, float scale, int64_t window,
@@ -67,9 +67,8 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuff
   a.num_pages = kd[0]; a.page_size = kd[1]; a.S = pd[0]; a.P = pd[1];
   a.scale = scale; a.window = window; a.softcap = softcap;
 
-  const int threads = int(std::max<int64_t>(1, pool.num_threads()));
-  kn::Schedule schedule = [&pool](std::function<void()> task) { pool.Schedule(std::move(task)); };
-  if (const char* e = kn::attention(a, kn::active_isa(), threads, schedule)) return bad(e);
+  if (const char* e = kn::attention(a, kn::active_isa(), kn::pool_threads(), kn::Schedule()))
+    return bad(e);
   return ffi::Error::Success();
 }
 
@@ -80,7 +79,6 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuff
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kinetic_attention, Attention,
                               ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()

@@ -13,15 +13,23 @@
 #include <memory>
 #include <mutex>
 
+#include "pool.h"
+
 namespace kn {
 
-// schedule(task) runs task on some thread, now or later; threads: how many may work.
+// schedule(task) runs task on some thread, now or later; threads: how many may work. An
+// empty schedule with threads > 1 means kinetic's own spinning pool (pool.h), which is what
+// the FFI handlers use.
 using Schedule = std::function<void(std::function<void()>)>;
 
 template <class Body>
 void run_chunks(int64_t n_chunks, int threads, const Schedule& schedule, const Body& body) {
-  if (threads <= 1 || n_chunks <= 1 || !schedule) {
+  if (threads <= 1 || n_chunks <= 1) {
     for (int64_t c = 0; c < n_chunks; ++c) body(c);
+    return;
+  }
+  if (!schedule) {
+    pool_run(n_chunks, [&body](int64_t c) { body(c); });
     return;
   }
   struct State {

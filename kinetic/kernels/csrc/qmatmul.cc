@@ -42,20 +42,40 @@ int64_t chunk_cols(int64_t N, int threads) {
 
 }  // namespace
 
-const char* qmatmul(int fmt, const uint8_t* w, int64_t N, int64_t K, const float* x, int64_t M,
-                    float* y, Isa isa, int threads, const Schedule& schedule) {
-  if (const char* e = check_matmul(fmt, N, K, M)) return e;
-  if (M == 0) return nullptr;
+const char* qmatmul_parts(const MatmulPart* parts, int n_parts, int64_t K, const float* x,
+                          int64_t M, Isa isa, int threads, const Schedule& schedule) {
+  for (int p = 0; p < n_parts; ++p)
+    if (const char* e = check_matmul(parts[p].fmt, parts[p].n, K, M)) return e;
+  if (M == 0 || n_parts == 0) return nullptr;
   if (!isa_supported(isa)) return "this CPU lacks the instruction set asked for";
-  const FormatInfo* f = format_info(fmt);
-  QuantActs acts;
-  quantize_acts(f->act, x, M, K, acts);
-  MatmulArgs a{fmt, f, w, row_bytes(fmt, K), N, K, M, &acts, y};
-  const int64_t cols = chunk_cols(N, threads), chunks = (N + cols - 1) / cols;
-  run_chunks(chunks, threads, schedule, [&](int64_t c) {
-    run_cols(isa, a, c * cols, std::min(N, (c + 1) * cols));
+  // Each activation rounding once, shared by the parts whose weights take it.
+  QuantActs acts[6];
+  bool done[6] = {};
+  std::vector<MatmulArgs> args;
+  std::vector<int64_t> first_chunk{0};  // part p's chunks are [first_chunk[p], first_chunk[p+1])
+  std::vector<int64_t> cols;
+  for (int p = 0; p < n_parts; ++p) {
+    const FormatInfo* f = format_info(parts[p].fmt);
+    if (!done[f->act]) quantize_acts(f->act, x, M, K, acts[f->act]);
+    done[f->act] = true;
+    args.push_back({parts[p].fmt, f, parts[p].w, row_bytes(parts[p].fmt, K), parts[p].n, K, M,
+                    &acts[f->act], parts[p].y});
+    cols.push_back(chunk_cols(parts[p].n, threads));
+    first_chunk.push_back(first_chunk.back() + (parts[p].n + cols[p] - 1) / cols[p]);
+  }
+  run_chunks(first_chunk.back(), threads, schedule, [&](int64_t c) {
+    int p = 0;
+    while (c >= first_chunk[p + 1]) ++p;
+    const int64_t i = c - first_chunk[p];
+    run_cols(isa, args[p], i * cols[p], std::min(args[p].N, (i + 1) * cols[p]));
   });
   return nullptr;
+}
+
+const char* qmatmul(int fmt, const uint8_t* w, int64_t N, int64_t K, const float* x, int64_t M,
+                    float* y, Isa isa, int threads, const Schedule& schedule) {
+  const MatmulPart part{fmt, w, N, y};
+  return qmatmul_parts(&part, 1, K, x, M, isa, threads, schedule);
 }
 
 Schedule thread_schedule() {

@@ -12,6 +12,18 @@ namespace kn {
 const char* qmatmul(int fmt, const uint8_t* w, int64_t N, int64_t K, const float* x, int64_t M,
                     float* y, Isa isa, int threads, const Schedule& schedule);
 
+// Several weights that read the same activations (q, k, v; gate, up) in one call: the
+// activations are rounded once per kind, and the columns of every part are split over the
+// threads together. parts[p].y is [M, parts[p].n]. Each output is what qmatmul gives.
+struct MatmulPart {
+  int fmt;
+  const uint8_t* w;
+  int64_t n;
+  float* y;
+};
+const char* qmatmul_parts(const MatmulPart* parts, int n_parts, int64_t K, const float* x,
+                          int64_t M, Isa isa, int threads, const Schedule& schedule);
+
 // out[t, :] = the dequantized row rows[t] of W[N, K] (the values quants.py gives).
 const char* dequant_rows(int fmt, const uint8_t* w, int64_t N, int64_t K, const int32_t* rows,
                          int64_t n_rows, float* out);

@@ -1,0 +1,81 @@
+"""The kernels through the XLA FFI, inside jit: the same bits as the C ABI, several weights
+in one call the same as one call each, the row-wise pieces (RMS norm, cos / sin) giving a
+row the same bits at any row count, and a bad call an error with a message, not a crash."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kinetic import kernels
+from kinetic.kernels import ffi
+
+Q4_K, Q8_0, Q5_0, Q6_K = 12, 8, 6, 14
+
+
+def random_blocks(fmt: int, n: int, k: int, rng) -> np.ndarray:
+    """n rows of k values of `fmt` with random quants and small finite f16 scales."""
+    qk, nbytes = {Q4_K: (256, 144), Q8_0: (32, 34), Q5_0: (32, 22), Q6_K: (256, 210)}[fmt]
+    b = rng.integers(0, 256, (n * k // qk, nbytes), dtype=np.uint8)
+    scale_at = {Q4_K: (0, 2), Q8_0: (0,), Q5_0: (0,), Q6_K: (208,)}[fmt]
+    for at in scale_at:
+        b[:, at:at + 2] = rng.uniform(1e-3, 3e-2, (len(b), 1)).astype(np.float16).view(np.uint8)
+    return b.reshape(-1)
+
+
+@pytest.fixture(scope="module")
+def weights():
+    rng = np.random.default_rng(0)
+    k = 512
+    parts = [(Q4_K, 48), (Q8_0, 16), (Q6_K, 32)]
+    blobs = [random_blocks(f, n, k, rng) for f, n in parts]
+    offsets = np.cumsum([0] + [b.size for b in blobs])[:-1]
+    data = np.concatenate(blobs)
+    return data, [(f, int(o), n) for (f, n), o in zip(parts, offsets)], k
+
+
+def test_jit_equals_the_c_abi_and_many_equals_one_each(weights):
+    data, parts, k = weights
+    x = np.random.default_rng(1).standard_normal((5, k)).astype(np.float32)
+    dev = jax.device_put(data)
+    many = jax.jit(lambda x: ffi.qmatmul_many(x, dev, parts, k))(x)
+    for (fmt, off, n), got in zip(parts, many):
+        one = jax.jit(lambda x: ffi.qmatmul(x, dev, fmt, off, n, k))(x)
+        host = kernels.qmatmul_host(fmt, data[off:], n, k, x)
+        assert np.asarray(got).tobytes() == np.asarray(one).tobytes() == host.tobytes()
+
+
+def test_row_pieces_give_a_row_the_same_bits_at_any_row_count():
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((64, 576)).astype(np.float32)
+    w = rng.standard_normal(576).astype(np.float32)
+    theta = rng.uniform(0, 4000, (64, 32)).astype(np.float32)
+    norm = jax.jit(lambda x: ffi.rms_norm(x, jnp.asarray(w), 1e-5))
+    cs = jax.jit(ffi.cos_sin)
+    alone, (c1, s1) = np.asarray(norm(x[:1])), cs(theta[:1])
+    for rows in (2, 3, 8, 16, 64):
+        assert np.asarray(norm(x[:rows]))[0].tobytes() == alone[0].tobytes()
+        c, s = cs(theta[:rows])
+        assert np.asarray(c)[0].tobytes() == np.asarray(c1)[0].tobytes()
+        assert np.asarray(s)[0].tobytes() == np.asarray(s1)[0].tobytes()
+    want = x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-5) * w
+    np.testing.assert_allclose(np.asarray(norm(x)), want, rtol=2e-6, atol=1e-6)
+    c, s = cs(theta)
+    np.testing.assert_allclose(np.asarray(c), np.cos(theta.astype(np.float64)), atol=1e-6)
+    np.testing.assert_allclose(np.asarray(s), np.sin(theta.astype(np.float64)), atol=1e-6)
+
+
+def test_a_weight_outside_its_buffer_is_an_error_not_a_crash(weights):
+    data, parts, k = weights
+    dev = jax.device_put(data)
+    x = np.zeros((1, k), np.float32)
+    with pytest.raises(Exception, match="the weight lies outside its buffer"):
+        jax.jit(lambda x: ffi.qmatmul(x, dev, Q8_0, data.size - 10, 16, k))(x).block_until_ready()
+    with pytest.raises(Exception, match="K is not a multiple"):
+        jax.jit(lambda x: ffi.qmatmul(x, dev, Q4_K, 0, 1, 100))(
+            np.zeros((1, 100), np.float32)).block_until_ready()
+    with pytest.raises(Exception, match="a row index is outside the matrix"):
+        jax.jit(lambda r: ffi.dequant_rows(r, dev, Q8_0, parts[1][1], 16, k))(
+            np.array([16], np.int32)).block_until_ready()
