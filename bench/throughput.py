@@ -240,7 +240,7 @@ def worker_main(args) -> None:
     engine = Engine(model, tok, EngineConfig(parallel=args.parallel, n_ctx=args.n_ctx,
                                              speculative=False, **extra))
     t0 = time.perf_counter()
-    engine.runner.compile()
+    engine.compile()   # every step and sampler shape, as kinetic serve does before serving
     t_compile = time.perf_counter() - t0
     params = SamplingParams(temperature=0.0, ignore_eos=True)
 

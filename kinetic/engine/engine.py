@@ -26,6 +26,7 @@ request reaches the engine (the server runs it in a worker thread, refusing with
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import itertools
 import os
 import queue
@@ -225,10 +226,13 @@ class Engine:
         return EngineStats(s.slot_stats(), s.queue_length, len(s.running))
 
     def compile(self, progress=None) -> None:
-        """Compile the step at every row and key bucket, and the sampler and log-probabilities
-        at every row bucket, now: the first request of each shape would otherwise stall every
-        stream while XLA compiles. progress(done, total) as Runner.compile."""
-        self.runner.compile(progress=progress)
+        """Compile the sampler and log-probabilities at every row bucket, then the step at
+        every row and key bucket, now: the first request of each shape would otherwise stall
+        every stream while XLA compiles. progress(done, total) as Runner.compile.
+
+        Compiling takes hundreds of MB that the C library keeps after XLA frees them; they are
+        handed back after each compile (release_memory), and the sampler compiles before the
+        first step maps the weights in, so that the peak is one compile's, not their sum."""
         for B in self._sample_buckets:
             params = sampler.make_row_params([SamplingParams(temperature=0.8)] * B, [0] * B,
                                              [1] * B, [None] * B, n_ctx=self.max_context)
@@ -237,6 +241,9 @@ class Engine:
             mask = jnp.asarray(sampler.full_mask(B, self.vocab_size))
             tokens, _ = sampler.sample(logits, params, hist, jnp.zeros_like(logits), mask)
             sampler.logprobs(logits, tokens, MAX_LOGPROBS)[0].block_until_ready()
+            del logits, hist, mask, tokens
+            release_memory()
+        self.runner.compile(progress=_releasing(progress))
 
     def stalled_for(self) -> float:
         """Seconds the engine thread has spent in its current turn (one step: plan, run,
@@ -543,6 +550,23 @@ class Engine:
         for i, (sid, _) in enumerate(order):
             out[i] = self._jobs[sid].dry_row(histories[i], self.vocab_size, self.max_context)
         return jnp.asarray(out)
+
+
+def release_memory() -> None:
+    """Hand the memory the C library keeps after frees back to the system (glibc's
+    malloc_trim; nothing elsewhere)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _releasing(progress):
+    def step(done: int, total: int) -> None:
+        release_memory()
+        if progress:
+            progress(done, total)
+    return step
 
 
 def _grammar_prefix(matcher: Matcher, draft: list[int]) -> list[int]:
