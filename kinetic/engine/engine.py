@@ -325,16 +325,23 @@ class Engine:
         if not len(plan):
             return
         started = time.perf_counter()
+        rows = plan.sample_rows
+        # Only the sampled rows go through the output projection (ffi kernel), unless a job
+        # scores every row; at_row maps a plan row to its row of the logits.
+        scoring = any(c.seq_id in self._scored for c in plan.chunks)
+        wanted = (sorted(r for rs in rows.values() for r in rs)
+                  if self.runner.exact_rows and not scoring else None)
         logits = self.runner.step_device(plan.tokens, plan.positions, plan.slots,
-                                         plan.write_index, plan.page_table)
+                                         plan.write_index, plan.page_table,
+                                         None if wanted is None else np.asarray(wanted))
+        at_row = None if wanted is None else {r: i for i, r in enumerate(wanted)}
         for c in plan.chunks:
             self._jobs[c.seq_id].cached = self.scheduler.sequences[c.seq_id].num_cached
             if c.seq_id in self._scored:  # by position: a preempted sequence recomputes rows
                 self._scored[c.seq_id][c.start:c.start + c.num_rows] = np.asarray(
                     logits[c.first_row:c.first_row + c.num_rows])
-        rows = plan.sample_rows
         masks = self._masks(plan, rows)   # host work while the device runs the step
-        samples = self._sample(plan, logits, rows, masks) if rows else {}
+        samples = self._sample(plan, logits, rows, masks, at_row) if rows else {}
         accepted: dict[int, list[int]] = {}
         ending: dict[int, str] = {}
         for seq_id, row_ids in rows.items():
@@ -485,13 +492,14 @@ class Engine:
             i += len(row_ids)
         return jnp.asarray(out)
 
-    def _sample(self, plan, logits, rows: dict[int, list[int]], masks) -> dict:
-        """Sample every wanted row in one fixed-size call. Returns seq id -> (tokens drawn at
+    def _sample(self, plan, logits, rows: dict[int, list[int]], masks, at_row=None) -> dict:
+        """Sample every wanted row in one call at the bucket of their count. at_row maps a
+        plan row to its row of logits (None: the same). Returns seq id -> (tokens drawn at
         its rows, per-row logprob entries or None)."""
         order = [(sid, r) for sid, rs in rows.items() for r in rs]
         T = self._sample_rows(len(order))
         idx = np.zeros(T, np.int32)
-        idx[:len(order)] = [r for _, r in order]
+        idx[:len(order)] = [r if at_row is None else at_row[r] for _, r in order]
         params, seeds, positions, mus, histories = [], [], [], [], []
         for sid, r in order:
             job, seq = self._jobs[sid], self.scheduler.sequences[sid]

@@ -18,7 +18,7 @@ class EngineConfig:
     page_size: int = 16
     chunk_tokens: int = 512    # most prompt rows one sequence gets per step
     num_pages: int = 0         # 0: every slot can hold a full context, plus the reserved page
-    kv_dtype: str = "float16"   # the KV cache's storage type (llama.cpp's default f16)
+    kv_dtype: str = "float32"   # the KV cache's storage type (float16 halves it; see docs)
     speculative: bool = True   # n-gram prompt-lookup drafts in the step's spare rows
     max_draft: int = 4
     host_cache_mb: int = 1024  # evicted prefix pages kept in host memory (0: none)

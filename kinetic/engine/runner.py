@@ -70,15 +70,25 @@ class Runner:
         return next(b for b in self.row_buckets if b >= n)
 
     def step_device(self, tokens: np.ndarray, positions: np.ndarray, slots: np.ndarray,
-                    write_index: np.ndarray, page_table: np.ndarray) -> jax.Array:
+                    write_index: np.ndarray, page_table: np.ndarray,
+                    logit_rows: np.ndarray | None = None) -> jax.Array:
         """Run one step over up to T rows (arrays of length n <= T) and update the cache.
-        Returns the device array of logits [B, V] for the step's row bucket B >= n; rows
-        n.. are padding. page_table: [S, P]."""
+        page_table: [S, P]. Returns the device array of logits: with logit_rows (row indices,
+        kernel "ffi" only), [R, V] for those rows in order, R >= len(logit_rows) their bucket;
+        else [B, V] for every row of the step's bucket B >= n. Rows past the ones asked are
+        padding."""
         T, n = self.config.step_tokens, len(tokens)
         if n > T:
             raise ValueError(f"{n} rows do not fit a {T}-row step")
-        pad = self.row_bucket(n) - n
+        bucket = self.row_bucket(n)
+        pad = bucket - n
         page_size = self.config.page_size
+        wanted = None
+        if logit_rows is not None and self.exact_rows:
+            r = self.row_bucket(max(1, len(logit_rows)))
+            wanted = np.zeros(r, np.int32)
+            wanted[:len(logit_rows)] = logit_rows
+            wanted = None if r == bucket and (wanted == np.arange(r)).all() else jnp.asarray(wanted)
         step = StepInput(
             tokens=jnp.asarray(np.concatenate([tokens, np.zeros(pad)]).astype(np.int32)),
             positions=jnp.asarray(np.concatenate([positions, np.zeros(pad)]).astype(np.int32)),
@@ -87,6 +97,7 @@ class Runner:
                 [write_index, RESERVED_PAGE * page_size + np.arange(pad) % page_size]
             ).astype(np.int32)),
             page_table=jnp.asarray(page_table[:, :self.key_bucket(positions)].astype(np.int32)),
+            logit_rows=wanted,
         )
         logits, self.cache = self._step(self.model.weights, self.cache, step)
         return logits
@@ -137,11 +148,16 @@ class Runner:
         would otherwise pay for it, stalling every stream). progress(done, total) is called
         after each. The steps write only into the reserved page."""
         S, P, ps = self.config.num_slots, self.config.pages_per_slot, self.config.page_size
-        shapes = [(r, b) for r in self.row_buckets for b in self.buckets]
-        for i, (rows, b) in enumerate(shapes):
+        # (rows, key bucket, logit rows): with the ffi kernel every bucket of logit rows up
+        # to the step's (a prompt chunk samples one row; a decode step every row)
+        logit_buckets = (lambda rows: [r for r in self.row_buckets if r <= rows]) \
+            if self.exact_rows else (lambda rows: [rows])
+        shapes = [(r, b, lr) for r in self.row_buckets for b in self.buckets
+                  for lr in logit_buckets(r)]
+        for i, (rows, b, lr) in enumerate(shapes):
             pos = np.full(rows, b * ps - 1)
-            self.step(np.zeros(rows), pos, np.zeros(rows), np.arange(rows) % ps,
-                      np.zeros((S, P), np.int32))
+            self.step_device(np.zeros(rows), pos, np.zeros(rows), np.arange(rows) % ps,
+                             np.zeros((S, P), np.int32), np.arange(lr)).block_until_ready()
             if progress:
                 progress(i + 1, len(shapes))
 

@@ -13,7 +13,8 @@ import jax
 
 from kinetic.model.config import Config
 from kinetic.model.layers import (StepInput, apply_rope, embed, geglu_ffn, linear,
-                                  paged_attention, qkv, rms_norm, rope_angles, write_kv)
+                                  logit_rows, paged_attention, qkv, rms_norm, rope_angles,
+                                  write_kv)
 
 GLOBAL_TENSORS = ("token_embd", "output_norm")
 OPTIONAL_GLOBAL = ("output",)
@@ -63,5 +64,5 @@ def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
             f = geglu_ffn(rms_norm(x, w["ffn_norm"], eps), w)
             x = x + rms_norm(f, w["post_ffw_norm"], eps)
         new_cache.append((k_cache, v_cache))
-    x = rms_norm(x, weights["output_norm"], eps)
+    x = rms_norm(logit_rows(x, step), weights["output_norm"], eps)
     return linear(x, weights["output"]), new_cache

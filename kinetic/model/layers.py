@@ -36,6 +36,7 @@ class StepInput:
     write_index: flat cache row (page * page_size + offset) where the row's K/V are stored;
       padding rows point into the reserved page 0, which no sequence ever reads as valid.
     page_table: [S, P] page ids of each slot's sequence, in order.
+    logit_rows: [R] the rows whose logits are returned, in order (None: all T).
     """
 
     tokens: jax.Array
@@ -43,6 +44,14 @@ class StepInput:
     slots: jax.Array
     write_index: jax.Array
     page_table: jax.Array
+    logit_rows: jax.Array | None = None
+
+
+def logit_rows(x: jax.Array, step: StepInput) -> jax.Array:
+    """The rows of x [T, D] whose logits the step returns: step.logit_rows ([R] row indices,
+    the rows that are sampled) or all of them. A prompt chunk samples only its last row, and
+    the output projection is the largest matrix of a small model."""
+    return x if step.logit_rows is None else jnp.take(x, step.logit_rows, axis=0)
 
 
 @functools.cache

@@ -9,8 +9,9 @@ from __future__ import annotations
 import jax
 
 from kinetic.model.config import Config
-from kinetic.model.layers import (StepInput, apply_rope, embed, linear, paged_attention, qkv,
-                                  rms_norm, rope_angles, swiglu_ffn, write_kv)
+from kinetic.model.layers import (StepInput, apply_rope, embed, linear, logit_rows,
+                                  paged_attention, qkv, rms_norm, rope_angles, swiglu_ffn,
+                                  write_kv)
 
 GLOBAL_TENSORS = ("token_embd", "output_norm")
 OPTIONAL_GLOBAL = ("output", "rope_freqs")
@@ -49,5 +50,5 @@ def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
         with jax.named_scope("ffn"):
             x = x + swiglu_ffn(rms_norm(x, w["ffn_norm"], cfg.norm_eps), w)
         new_cache.append(kv)
-    x = rms_norm(x, weights["output_norm"], cfg.norm_eps)
+    x = rms_norm(logit_rows(x, step), weights["output_norm"], cfg.norm_eps)
     return linear(x, weights["output"]), new_cache

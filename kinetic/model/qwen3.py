@@ -5,8 +5,9 @@ from __future__ import annotations
 import jax
 
 from kinetic.model.config import Config
-from kinetic.model.layers import (StepInput, apply_rope, embed, linear, paged_attention, qkv,
-                                  rms_norm, rope_angles, swiglu_ffn, write_kv)
+from kinetic.model.layers import (StepInput, apply_rope, embed, linear, logit_rows,
+                                  paged_attention, qkv, rms_norm, rope_angles, swiglu_ffn,
+                                  write_kv)
 
 GLOBAL_TENSORS = ("token_embd", "output_norm")
 OPTIONAL_GLOBAL = ("output",)
@@ -38,5 +39,5 @@ def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
         with jax.named_scope("ffn"):
             x = x + swiglu_ffn(rms_norm(x, w["ffn_norm"], eps), w)
         new_cache.append((k_cache, v_cache))
-    x = rms_norm(x, weights["output_norm"], eps)
+    x = rms_norm(logit_rows(x, step), weights["output_norm"], eps)
     return linear(x, weights["output"]), new_cache

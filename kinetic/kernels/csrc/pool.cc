@@ -16,6 +16,7 @@ namespace kn {
 namespace {
 
 constexpr auto kSpin = std::chrono::microseconds(300);  // awake this long after a job
+constexpr int kSpinsBeforeYield = 256;  // pause instructions between yields of the core
 
 inline void relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -58,7 +59,11 @@ class Pool {
     }
     sleep_cv_.notify_all();
     take_chunks();
-    while (done_.load(std::memory_order_acquire) < n_chunks) relax();
+    // A worker holding a chunk may have lost its core to another thread (on 2 cores the
+    // engine's Python thread, XLA's own): spin briefly, then yield so that it can finish.
+    for (int spins = 0; done_.load(std::memory_order_acquire) < n_chunks; ++spins) {
+      if (spins < kSpinsBeforeYield) relax(); else std::this_thread::yield();
+    }
   }
 
  private:
@@ -78,8 +83,9 @@ class Pool {
     uint64_t seen = generation();
     for (;;) {
       const auto until = std::chrono::steady_clock::now() + kSpin;
-      while (generation() == seen) {
-        relax();
+      for (int spins = 0; generation() == seen; ++spins) {
+        if (spins % kSpinsBeforeYield == kSpinsBeforeYield - 1) std::this_thread::yield();
+        else relax();
         if (std::chrono::steady_clock::now() > until) {
           std::unique_lock<std::mutex> lock(sleep_mu_);
           sleep_cv_.wait(lock, [&] { return generation() != seen; });
