@@ -334,7 +334,10 @@ class Engine:
         logits = self.runner.step_device(plan.tokens, plan.positions, plan.slots,
                                          plan.write_index, plan.page_table,
                                          None if wanted is None else np.asarray(wanted))
-        at_row = None if wanted is None else {r: i for i, r in enumerate(wanted)}
+        if logits.shape[0] != self.runner.row_bucket(len(plan)):  # only the wanted rows
+            at_row = {r: i for i, r in enumerate(wanted)}
+        else:
+            at_row = None
         for c in plan.chunks:
             self._jobs[c.seq_id].cached = self.scheduler.sequences[c.seq_id].num_cached
             if c.seq_id in self._scored:  # by position: a preempted sequence recomputes rows

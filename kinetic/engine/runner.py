@@ -83,12 +83,9 @@ class Runner:
         bucket = self.row_bucket(n)
         pad = bucket - n
         page_size = self.config.page_size
-        wanted = None
-        if logit_rows is not None and self.exact_rows:
-            r = self.row_bucket(max(1, len(logit_rows)))
-            wanted = np.zeros(r, np.int32)
-            wanted[:len(logit_rows)] = logit_rows
-            wanted = None if r == bucket and (wanted == np.arange(r)).all() else jnp.asarray(wanted)
+        wanted = None  # one logit row, or every row: two compiled shapes per row bucket
+        if logit_rows is not None and self.exact_rows and len(logit_rows) <= 1 < bucket:
+            wanted = jnp.asarray(np.asarray(list(logit_rows) or [0], np.int32))
         step = StepInput(
             tokens=jnp.asarray(np.concatenate([tokens, np.zeros(pad)]).astype(np.int32)),
             positions=jnp.asarray(np.concatenate([positions, np.zeros(pad)]).astype(np.int32)),
@@ -148,12 +145,9 @@ class Runner:
         would otherwise pay for it, stalling every stream). progress(done, total) is called
         after each. The steps write only into the reserved page."""
         S, P, ps = self.config.num_slots, self.config.pages_per_slot, self.config.page_size
-        # (rows, key bucket, logit rows): with the ffi kernel every bucket of logit rows up
-        # to the step's (a prompt chunk samples one row; a decode step every row)
-        logit_buckets = (lambda rows: [r for r in self.row_buckets if r <= rows]) \
-            if self.exact_rows else (lambda rows: [rows])
+        # (rows, key bucket, logit rows): with the ffi kernel, one logit row or all of them
         shapes = [(r, b, lr) for r in self.row_buckets for b in self.buckets
-                  for lr in logit_buckets(r)]
+                  for lr in sorted({1, r} if self.exact_rows else {r})]
         for i, (rows, b, lr) in enumerate(shapes):
             pos = np.full(rows, b * ps - 1)
             self.step_device(np.zeros(rows), pos, np.zeros(rows), np.arange(rows) % ps,
