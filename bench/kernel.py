@@ -40,12 +40,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import itertools
 import json
 import os
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -57,7 +55,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.throughput import cpu_name, load_note
+from bench.throughput import cpu_name, load_note, memory_bandwidth
 
 MODELS = ("smollm2", "qwen25coder", "gemma3")
 ISAS = ("scalar", "avx2", "avx512")
@@ -65,33 +63,9 @@ LARGE = 4e6   # weight bytes from which a matrix counts as large in the summary
 
 
 def copy_bandwidth(size: int = 1 << 30, threads: int = 2, repeats: int = 5) -> dict[int, float]:
-    """Bytes READ per second (size / time) by np.copyto of `size` bytes, best of `repeats`,
-    with 1 and with `threads` threads each copying its share."""
-    src = np.ones(size // 8, np.float64)
-    dst = np.zeros_like(src)
-    np.copyto(dst, src)   # fault every page in before anything is timed
-
-    def copy(barrier, lo, hi):
-        barrier.wait()
-        np.copyto(dst[lo:hi], src[lo:hi])
-
-    out = {}
-    for k in sorted({1, threads}):
-        edges = [len(src) * i // k for i in range(k + 1)]
-        best = float("inf")
-        for _ in range(repeats):
-            barrier = threading.Barrier(k + 1)
-            ts = [threading.Thread(target=copy, args=(barrier, lo, hi))
-                  for lo, hi in itertools.pairwise(edges)]
-            for t in ts:
-                t.start()
-            barrier.wait()
-            t0 = time.perf_counter()
-            for t in ts:
-                t.join()
-            best = min(best, time.perf_counter() - t0)
-        out[k] = size / best
-    return out
+    """Bytes READ per second by np.copyto of `size` bytes, best of `repeats`, with 1 and with
+    `threads` threads: half of bench/throughput.py's read + written figure."""
+    return {k: v / 2 for k, v in memory_bandwidth(size, threads, repeats).items()}
 
 
 def median_call(fn, args: tuple, min_time: float, min_reps: int) -> float:
