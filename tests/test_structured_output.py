@@ -62,7 +62,10 @@ def test_json_schema_answer_validates_streamed_or_not(server):
 
 
 def test_json_object_is_any_json(server):
-    choice = chat(server, "What is 2+2? Answer in JSON.", response_format={"type": "json_object"})
+    # a prompt SmolLM2 answers with a short JSON value (others make it nest objects until
+    # max_tokens, greedy; which ones depends on the last bits of the arithmetic)
+    choice = chat(server, "What is 2+2? Reply with a JSON object with one key, answer.",
+                  response_format={"type": "json_object"})
     assert choice["finish_reason"] == "stop"
     json.loads(choice["message"]["content"])
 
