@@ -5,9 +5,9 @@
 
 One turn of the loop: take new requests and cancellations from the inbox; propose n-gram
 drafts for sequences that are caught up; `Scheduler.schedule` packs decode rows, draft rows
-and prompt chunks of any sequences into one fixed-shape step; the runner computes the
-step's logits; the rows whose next token is wanted are sampled together (one fixed-size,
-jitted sampler call, every row keyed by its own (seed, position)); drafts are accepted
+and prompt chunks of any sequences into one step; the runner computes the step's logits at
+its row bucket; the rows whose next token is wanted are sampled together (one jitted sampler
+call at the bucket of their count, every row keyed by its own (seed, position)); drafts are accepted
 while they equal the samples; each request's new tokens go through end-of-generation,
 stop-string and UTF-8 handling and out to its sink; `Scheduler.complete` advances the
 sequences and frees the pages of finished ones at once.
@@ -107,7 +107,6 @@ class Engine:
         # Sampling runs at the smallest row bucket that holds a step's sampled rows (the
         # sampler gives a row the same bits at any batch size: tests/test_invariance.py).
         # With XLA's dot, whose rows are not batch-invariant, everything stays at step_tokens.
-        self._sample_buckets = self.runner.row_buckets
         self._full_masks: dict[int, jax.Array] = {}   # per bucket, made on first use
         self._zero_biases: dict[int, jax.Array] = {}
         self._vocab: TokenVocab | None = None   # the token trie, built for the first grammar
@@ -233,7 +232,7 @@ class Engine:
         Compiling takes hundreds of MB that the C library keeps after XLA frees them; they are
         handed back after each compile (release_memory), and the sampler compiles before the
         first step maps the weights in, so that the peak is one compile's, not their sum."""
-        for B in self._sample_buckets:
+        for B in self.runner.row_buckets:
             params = sampler.make_row_params([SamplingParams(temperature=0.8)] * B, [0] * B,
                                              [1] * B, [None] * B, n_ctx=self.max_context)
             logits = jnp.zeros((B, self.vocab_size), jnp.float32)
@@ -326,18 +325,16 @@ class Engine:
             return
         started = time.perf_counter()
         rows = plan.sample_rows
-        # Only the sampled rows go through the output projection (ffi kernel), unless a job
-        # scores every row; at_row maps a plan row to its row of the logits.
-        scoring = any(c.seq_id in self._scored for c in plan.chunks)
-        wanted = (sorted(r for rs in rows.values() for r in rs)
-                  if self.runner.exact_rows and not scoring else None)
+        # A step that samples at most one row (a prompt chunk's last) computes only that row's
+        # logits (ffi kernel), unless a job scores every row; at_row maps a plan row to its
+        # row of the logits.
+        sampled = [r for rs in rows.values() for r in rs]
+        one_row = (self.runner.exact_rows and len(sampled) <= 1
+                   and not any(c.seq_id in self._scored for c in plan.chunks))
         logits = self.runner.step_device(plan.tokens, plan.positions, plan.slots,
                                          plan.write_index, plan.page_table,
-                                         None if wanted is None else np.asarray(wanted))
-        if logits.shape[0] != self.runner.row_bucket(len(plan)):  # only the wanted rows
-            at_row = {r: i for i, r in enumerate(wanted)}
-        else:
-            at_row = None
+                                         (sampled or [0])[0] if one_row else None)
+        at_row = {r: 0 for r in sampled} if one_row else None
         for c in plan.chunks:
             self._jobs[c.seq_id].cached = self.scheduler.sequences[c.seq_id].num_cached
             if c.seq_id in self._scored:  # by position: a preempted sequence recomputes rows
@@ -468,7 +465,7 @@ class Engine:
         """The [T, ceil(V/32)] bitmask of the sampled rows, in `_sample`'s row order: all ones
         for rows without a grammar; for a draft row, the grammar's mask after the drafted tokens
         before it (drafts were cut to what the grammar allows, see `_grammar_prefix`)."""
-        T = self._sample_rows(sum(len(r) for r in rows.values()))
+        T = self.runner.row_bucket(sum(len(r) for r in rows.values()))
         if not any(self._jobs[sid].matcher is not None for sid in rows):
             if T not in self._full_masks:
                 self._full_masks[T] = jnp.asarray(sampler.full_mask(T, self.vocab_size))
@@ -500,7 +497,7 @@ class Engine:
         plan row to its row of logits (None: the same). Returns seq id -> (tokens drawn at
         its rows, per-row logprob entries or None)."""
         order = [(sid, r) for sid, rs in rows.items() for r in rs]
-        T = self._sample_rows(len(order))
+        T = self.runner.row_bucket(len(order))
         idx = np.zeros(T, np.int32)
         idx[:len(order)] = [r if at_row is None else at_row[r] for _, r in order]
         params, seeds, positions, mus, histories = [], [], [], [], []
@@ -537,10 +534,6 @@ class Engine:
             if len(toks) == 1:
                 job.pending_mu = float(new_mu[i])
         return out
-
-    def _sample_rows(self, n: int) -> int:
-        """Rows of the sampling call that holds n sampled rows."""
-        return next(b for b in self._sample_buckets if b >= n)
 
     def _bias(self, order, T: int):
         rows = [self._jobs[sid].bias_row(self.vocab_size) for sid, _ in order]

@@ -71,21 +71,21 @@ class Runner:
 
     def step_device(self, tokens: np.ndarray, positions: np.ndarray, slots: np.ndarray,
                     write_index: np.ndarray, page_table: np.ndarray,
-                    logit_rows: np.ndarray | None = None) -> jax.Array:
+                    logit_row: int | None = None) -> jax.Array:
         """Run one step over up to T rows (arrays of length n <= T) and update the cache.
-        page_table: [S, P]. Returns the device array of logits: with logit_rows (row indices,
-        kernel "ffi" only), [R, V] for those rows in order, R >= len(logit_rows) their bucket;
-        else [B, V] for every row of the step's bucket B >= n. Rows past the ones asked are
-        padding."""
+        page_table: [S, P]. Returns the device array of logits [B, V] for every row of the
+        step's bucket B >= n (rows n.. are padding); with logit_row (kernel "ffi" only: a
+        prompt chunk samples only its last row), [1, V] for that row alone."""
         T, n = self.config.step_tokens, len(tokens)
         if n > T:
             raise ValueError(f"{n} rows do not fit a {T}-row step")
+        if logit_row is not None and not self.exact_rows:
+            raise ValueError("logit_row needs the ffi kernel (XLA's dot is not batch-invariant)")
         bucket = self.row_bucket(n)
         pad = bucket - n
         page_size = self.config.page_size
-        wanted = None  # one logit row, or every row: two compiled shapes per row bucket
-        if logit_rows is not None and self.exact_rows and len(logit_rows) <= 1 < bucket:
-            wanted = jnp.asarray(np.asarray(list(logit_rows) or [0], np.int32))
+        # one logit row, or every row: two compiled shapes per row bucket
+        one = logit_row is not None and bucket > 1
         step = StepInput(
             tokens=jnp.asarray(np.concatenate([tokens, np.zeros(pad)]).astype(np.int32)),
             positions=jnp.asarray(np.concatenate([positions, np.zeros(pad)]).astype(np.int32)),
@@ -94,7 +94,7 @@ class Runner:
                 [write_index, RESERVED_PAGE * page_size + np.arange(pad) % page_size]
             ).astype(np.int32)),
             page_table=jnp.asarray(page_table[:, :self.key_bucket(positions)].astype(np.int32)),
-            logit_rows=wanted,
+            logit_rows=jnp.asarray(np.array([logit_row], np.int32)) if one else None,
         )
         logits, self.cache = self._step(self.model.weights, self.cache, step)
         return logits
@@ -141,17 +141,18 @@ class Runner:
         return np.asarray(logits[:len(tokens)])
 
     def compile(self, progress=None) -> None:
-        """Compile the step for every (row bucket, key bucket) now (the first call of each
+        """Compile the step for every row bucket, key bucket and logit shape now (the first call of each
         would otherwise pay for it, stalling every stream). progress(done, total) is called
         after each. The steps write only into the reserved page."""
         S, P, ps = self.config.num_slots, self.config.pages_per_slot, self.config.page_size
-        # (rows, key bucket, logit rows): with the ffi kernel, one logit row or all of them
-        shapes = [(r, b, lr) for r in self.row_buckets for b in self.buckets
-                  for lr in sorted({1, r} if self.exact_rows else {r})]
-        for i, (rows, b, lr) in enumerate(shapes):
+        # (rows, key bucket, one logit row or all): with the ffi kernel, both
+        shapes = [(r, b, one) for r in self.row_buckets for b in self.buckets
+                  for one in ((False, True) if self.exact_rows and r > 1 else (False,))]
+        for i, (rows, b, one) in enumerate(shapes):
             pos = np.full(rows, b * ps - 1)
             self.step_device(np.zeros(rows), pos, np.zeros(rows), np.arange(rows) % ps,
-                             np.zeros((S, P), np.int32), np.arange(lr)).block_until_ready()
+                             np.zeros((S, P), np.int32), 0 if one else None
+                             ).block_until_ready()
             if progress:
                 progress(i + 1, len(shapes))
 

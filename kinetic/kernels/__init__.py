@@ -100,17 +100,24 @@ def _call(fn, *args) -> None:
         raise KernelError(err.value.decode())
 
 
+def _weight_bytes(w: np.ndarray, fmt: int, n: int, k: int) -> np.ndarray:
+    """w as contiguous uint8 bytes, checked to hold n rows of k values of `fmt` (the C side
+    takes no length: a short buffer must not reach it)."""
+    w = np.ascontiguousarray(w).view(np.uint8).reshape(-1)
+    if w.size < n * row_bytes(fmt, k):
+        raise ValueError(f"{w.size} bytes cannot hold {n} rows of {row_bytes(fmt, k)} bytes")
+    return w
+
+
 def qmatmul_host(fmt: int, w: np.ndarray, n: int, k: int, x: np.ndarray,
                  isa: str | None = None, threads: int = 1) -> np.ndarray:
     """x [M, K] float32 . W^T, W being n rows of k values in GGML type `fmt` (raw bytes w).
     Returns float32 [M, n]. isa: a path from supported_isas() (default: the active one)."""
     lib = _need()
-    w = np.ascontiguousarray(w).view(np.uint8).reshape(-1)
+    w = _weight_bytes(w, fmt, n, k)
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim != 2 or x.shape[1] != k:
         raise ValueError(f"x must be [M, {k}], got {x.shape}")
-    if w.size < n * row_bytes(fmt, k):
-        raise ValueError(f"{w.size} bytes cannot hold {n} rows of {row_bytes(fmt, k)} bytes")
     y = np.empty((x.shape[0], n), np.float32)
     code = ISAS.index(isa) if isa is not None else lib.kn_active_isa()
     _call(lib.kn_qmatmul, int(fmt), w.ctypes.data, n, k, x.ctypes.data, x.shape[0],
@@ -121,9 +128,7 @@ def qmatmul_host(fmt: int, w: np.ndarray, n: int, k: int, x: np.ndarray,
 def dequant_rows_host(fmt: int, w: np.ndarray, n: int, k: int, rows) -> np.ndarray:
     """The rows `rows` of W (n x k, GGML type fmt) as float32 [len(rows), k]."""
     lib = _need()
-    w = np.ascontiguousarray(w).view(np.uint8).reshape(-1)
-    if w.size < n * row_bytes(fmt, k):
-        raise ValueError(f"{w.size} bytes cannot hold {n} rows of {row_bytes(fmt, k)} bytes")
+    w = _weight_bytes(w, fmt, n, k)
     rows = np.ascontiguousarray(rows, dtype=np.int32)
     out = np.empty((rows.size, k), np.float32)
     _call(lib.kn_dequant_rows, int(fmt), w.ctypes.data, n, k, rows.ctypes.data, rows.size,

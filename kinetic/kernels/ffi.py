@@ -20,6 +20,12 @@ from kinetic import kernels
 _registered = False
 
 
+def usable() -> bool:
+    """Whether the FFI kernels can run in this process: the library is built and JAX runs
+    on the CPU."""
+    return kernels.available() and jax.default_backend() == "cpu"
+
+
 def register() -> None:
     """Register the handlers with XLA (once per process)."""
     global _registered

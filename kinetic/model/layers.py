@@ -20,7 +20,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kinetic import kernels
 from kinetic.kernels import attention as native_attention
 from kinetic.kernels import ffi as native
 from kinetic.model.config import Config
@@ -59,7 +58,7 @@ def _native_rows() -> bool:
     """Whether the row-wise pieces XLA computes differently per row count (norms, rotary
     cos/sin) run in kinetic's C++ instead: wherever the library is built and JAX is on CPU,
     whichever kernel multiplies the weights. Decided at trace time."""
-    return kernels.available() and jax.default_backend() == "cpu"
+    return native.usable()
 
 
 def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:

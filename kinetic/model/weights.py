@@ -29,6 +29,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from kinetic import kernels
+from kinetic.kernels import ffi as native
 from kinetic.model import quants
 from kinetic.model.config import Config, ModelConfigError
 from kinetic.model.gguf_file import GGUFFile, RawTensor
@@ -46,12 +47,13 @@ def kernel_choice(requested: str = "auto") -> str:
         raise ModelConfigError(f"unknown kernel {want!r} (choose one of {', '.join(KERNELS)})")
     if want == "xla":
         return "xla"
-    on_cpu = jax.default_backend() == "cpu"
-    if want == "ffi" and not (kernels.available() and on_cpu):
-        why = "JAX does not run on the CPU here" if not on_cpu else (
-            "the C++ kernel is not built (pip install -e . builds it)")
+    if native.usable():
+        return "ffi"
+    if want == "ffi":
+        why = ("the C++ kernel is not built (pip install -e . builds it)"
+               if not kernels.available() else "JAX does not run on the CPU here")
         raise ModelConfigError(f"the ffi kernel cannot run: {why}")
-    return "ffi" if kernels.available() and on_cpu else "xla"
+    return "xla"
 
 Q = GGMLQuantizationType
 
@@ -156,11 +158,10 @@ def _convert(name: str, value: np.ndarray, dtype: jnp.dtype,
 
 
 class _Packer:
-    """Packed Procs over one zero-copy device buffer of the whole file."""
+    """Packed Projs over one zero-copy device buffer of the whole file."""
 
     def __init__(self, f: GGUFFile):
         self.file = f
-        self.bytes = f.bytes
         self.data = jax.device_put(f.bytes)  # in place: the map is page-aligned
 
     def proj(self, raw: RawTensor) -> Proj:
@@ -173,4 +174,4 @@ class _Packer:
         if raw.data.nbytes != n * kernels.row_bytes(int(raw.qtype), k):
             raise ModelConfigError(f"{self.file.path}: tensor {raw.name!r} holds "
                                    f"{raw.data.nbytes} bytes, not {n} rows of {raw.qtype.name}")
-        return Proj(self.data, int(raw.qtype), raw.file_offset(self.bytes), n, k)
+        return Proj(self.data, int(raw.qtype), raw.file_offset(self.file.bytes), n, k)

@@ -18,9 +18,6 @@ namespace {
 
 ffi::Error check_weight(const ffi::Buffer<ffi::U8>& w, int64_t fmt, int64_t offset, int64_t n,
                         int64_t k) {
-  if (!kn::format_info(int(fmt)))
-    return ffi::Error::InvalidArgument("kinetic_qmatmul: unsupported weight format " +
-                                       std::to_string(fmt));
   if (const char* e = kn::check_matmul(int(fmt), n, k, 1))
     return ffi::Error::InvalidArgument(std::string("kinetic_qmatmul: ") + e);
   const int64_t need = offset + n * kn::row_bytes(int(fmt), k);

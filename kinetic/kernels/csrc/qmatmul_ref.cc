@@ -50,7 +50,8 @@ void qmatmul_cols_ref(const MatmulArgs& a, int64_t n0, int64_t n1) {
   const FormatInfo& f = *a.info;
   if (f.qk == 1) return float_cols(a, n0, n1);
   const QuantActs& x = *a.acts;
-  const int64_t nb = a.K / f.qk, xb = x.blocks_per_row(), per_x = f.qk / (x.K / xb);
+  // an activation block is as long as a weight block (q8_0 / q8_1: 32; q8_K: 256)
+  const int64_t nb = a.K / f.qk;
   std::vector<float> acc(size_t(a.M));
   Unpacked u;
   for (int64_t n = n0; n < n1; ++n) {
@@ -61,7 +62,7 @@ void qmatmul_cols_ref(const MatmulArgs& a, int64_t n0, int64_t n1) {
       for (int64_t m = 0; m < a.M; ++m) {
         const int8_t* xq = &x.q[m * a.K + b * f.qk];
         const int32_t* bs = x.kind == ACT_Q8_K ? &x.bsum[(m * a.K + b * f.qk) / 16] : nullptr;
-        const int64_t ib = m * xb + b * per_x;  // this weight block's activation block
+        const int64_t ib = m * nb + b;  // this weight block's activation block
         float sx = x.kind == ACT_Q8_1 ? x.s[ib] : 0.f;
         acc[m] = combine(f, acc[m], block_sums(f, u, xq, bs), u.d, u.m, x.d[ib], sx);
       }
