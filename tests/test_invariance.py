@@ -195,3 +195,36 @@ def test_a_row_has_the_same_bits_in_every_row_bucket(setup):
     assert feed(16, False).tobytes() == alone.tobytes()
     assert feed(3, False).tobytes() == alone.tobytes()
     assert feed(8, True).tobytes() == alone.tobytes()
+
+
+def test_a_step_computes_only_the_logit_rows_asked_for(setup):
+    """A prompt chunk samples only its last row, a chunk before it none (Runner.step_device
+    logit_rows): one row's logits are that row's bits from the all-rows step, and a step
+    without logits at the T-row bucket skips the output projection yet fills the cache as
+    the all-rows step does (the next step's logits are the same bits)."""
+    import numpy as np
+
+    from kinetic.engine.runner import Runner, RunnerConfig
+    tok, _, model = setup
+    if model.config.kernel != "ffi":
+        pytest.skip("logit rows are the ffi kernel's: XLA's dot is not batch-invariant")
+    ids = np.asarray((tok.encode(PROMPT, add_special=True) * 3)[:20])
+    cfg = RunnerConfig(step_tokens=16, num_slots=1, page_size=16, num_pages=3, pages_per_slot=2)
+    table = np.array([[1, 2]], np.int32)
+
+    def chunk(runner, lo, hi, want):
+        pos = np.arange(lo, hi)
+        write = table[0, pos // 16] * 16 + pos % 16
+        return np.asarray(runner.step_device(ids[pos], pos, np.zeros(len(pos)), write, table,
+                                             want))
+
+    full, some = Runner(model, cfg), Runner(model, cfg)
+    all_rows = chunk(full, 0, 16, None)
+    assert all_rows.shape == (16, model.config.vocab_size)
+    assert chunk(some, 0, 16, []).shape == (0, model.config.vocab_size)
+    last = chunk(full, 16, 20, None)[:4]
+    one = chunk(some, 16, 20, [3])
+    assert one.shape == (1, model.config.vocab_size)
+    assert one.tobytes() == last[3:4].tobytes()
+    small = Runner(model, cfg)   # below the T-row bucket, [] gives row 0's logits instead
+    assert chunk(small, 0, 4, []).tobytes() == all_rows[:1].tobytes()

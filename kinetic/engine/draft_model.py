@@ -33,7 +33,7 @@ class DraftModel:
     def follow(self, plan) -> None:
         """Run the target step's rows, so the draft cache holds what the target's holds."""
         self.runner.step_device(plan.tokens, plan.positions, plan.slots, plan.write_index,
-                                plan.page_table)
+                                plan.page_table, [] if self.runner.exact_rows else None)
 
     def propose(self, sequences: list, page_table: np.ndarray, max_draft: int) -> dict[int, list[int]]:
         """Greedy drafts for caught-up sequences (scheduler Sequences with a slot and pages):

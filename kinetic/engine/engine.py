@@ -325,16 +325,16 @@ class Engine:
             return
         started = time.perf_counter()
         rows = plan.sample_rows
-        # A step that samples at most one row (a prompt chunk's last) computes only that row's
-        # logits (ffi kernel), unless a job scores every row; at_row maps a plan row to its
-        # row of the logits.
+        # A step that samples at most one row (a prompt chunk's last, or none before it)
+        # computes only the logits it samples (ffi kernel), unless a job scores every row;
+        # at_row maps a plan row to its row of the logits.
         sampled = [r for rs in rows.values() for r in rs]
-        one_row = (self.runner.exact_rows and len(sampled) <= 1
-                   and not any(c.seq_id in self._scored for c in plan.chunks))
+        few = (self.runner.exact_rows and len(sampled) <= 1
+               and not any(c.seq_id in self._scored for c in plan.chunks))
         logits = self.runner.step_device(plan.tokens, plan.positions, plan.slots,
                                          plan.write_index, plan.page_table,
-                                         (sampled or [0])[0] if one_row else None)
-        at_row = {r: 0 for r in sampled} if one_row else None
+                                         sampled if few else None)
+        at_row = {r: 0 for r in sampled} if few else None
         for c in plan.chunks:
             self._jobs[c.seq_id].cached = self.scheduler.sequences[c.seq_id].num_cached
             if c.seq_id in self._scored:  # by position: a preempted sequence recomputes rows

@@ -71,21 +71,25 @@ class Runner:
 
     def step_device(self, tokens: np.ndarray, positions: np.ndarray, slots: np.ndarray,
                     write_index: np.ndarray, page_table: np.ndarray,
-                    logit_row: int | None = None) -> jax.Array:
+                    logit_rows: list[int] | None = None) -> jax.Array:
         """Run one step over up to T rows (arrays of length n <= T) and update the cache.
         page_table: [S, P]. Returns the device array of logits [B, V] for every row of the
-        step's bucket B >= n (rows n.. are padding); with logit_row (kernel "ffi" only: a
-        prompt chunk samples only its last row), [1, V] for that row alone."""
+        step's bucket B >= n (rows n.. are padding). With logit_rows (kernel "ffi" only),
+        the caller needs only those rows: [r] (a prompt chunk samples only its last row)
+        gives [1, V] for row r alone; [] (a prompt chunk before its last, the draft model
+        following the target) skips the output projection at the T-row bucket ([0, V]) and
+        gives row 0's logits at the smaller ones (fewer compiled shapes)."""
         T, n = self.config.step_tokens, len(tokens)
         if n > T:
             raise ValueError(f"{n} rows do not fit a {T}-row step")
-        if logit_row is not None and not self.exact_rows:
-            raise ValueError("logit_row needs the ffi kernel (XLA's dot is not batch-invariant)")
+        if logit_rows is not None and not self.exact_rows:
+            raise ValueError("logit_rows needs the ffi kernel (XLA's dot is not batch-invariant)")
+        if logit_rows is not None and len(logit_rows) > 1:
+            raise ValueError("a step returns every row's logits, one row's or none")
         bucket = self.row_bucket(n)
         pad = bucket - n
         page_size = self.config.page_size
-        # one logit row, or every row: two compiled shapes per row bucket
-        one = logit_row is not None and bucket > 1
+        rows = self._logit_shape(bucket, logit_rows)
         step = StepInput(
             tokens=jnp.asarray(np.concatenate([tokens, np.zeros(pad)]).astype(np.int32)),
             positions=jnp.asarray(np.concatenate([positions, np.zeros(pad)]).astype(np.int32)),
@@ -94,7 +98,7 @@ class Runner:
                 [write_index, RESERVED_PAGE * page_size + np.arange(pad) % page_size]
             ).astype(np.int32)),
             page_table=jnp.asarray(page_table[:, :self.key_bucket(positions)].astype(np.int32)),
-            logit_rows=jnp.asarray(np.array([logit_row], np.int32)) if one else None,
+            logit_rows=None if rows is None else jnp.asarray(np.asarray(rows, np.int32)),
         )
         logits, self.cache = self._step(self.model.weights, self.cache, step)
         return logits
@@ -124,6 +128,16 @@ class Runner:
                       for j in range(len(rows[0]))]
             self.cache = _write_pages(self.cache, jnp.asarray(idx), arrays)
 
+    def _logit_shape(self, bucket: int, want: list[int] | None) -> list[int] | None:
+        """The logit rows a step at `bucket` rows computes for a caller who wants `want`
+        (step_device): all (None), one ([r]), or none ([], at the T-row bucket only: the
+        prompt chunks that need none are full ones). At one row, all and one are the same."""
+        if want is None or (bucket == 1 and want):
+            return None
+        if not want and bucket != self.config.step_tokens:
+            return None if bucket == 1 else [0]
+        return want
+
     @property
     def buckets(self) -> list[int]:
         """Key buckets (pages of each slot's table a step passes). The ffi attention walks
@@ -145,14 +159,14 @@ class Runner:
         would otherwise pay for it, stalling every stream). progress(done, total) is called
         after each. The steps write only into the reserved page."""
         S, P, ps = self.config.num_slots, self.config.pages_per_slot, self.config.page_size
-        # (rows, key bucket, one logit row or all): with the ffi kernel, both
-        shapes = [(r, b, one) for r in self.row_buckets for b in self.buckets
-                  for one in ((False, True) if self.exact_rows and r > 1 else (False,))]
-        for i, (rows, b, one) in enumerate(shapes):
+        # (rows, key bucket, logit rows): every shape _logit_shape can give
+        shapes = [(r, b, want) for r in self.row_buckets for b in self.buckets
+                  for want in ((None, [0], []) if self.exact_rows else (None,))
+                  if want is None or self._logit_shape(r, want) == want]
+        for i, (rows, b, want) in enumerate(shapes):
             pos = np.full(rows, b * ps - 1)
             self.step_device(np.zeros(rows), pos, np.zeros(rows), np.arange(rows) % ps,
-                             np.zeros((S, P), np.int32), 0 if one else None
-                             ).block_until_ready()
+                             np.zeros((S, P), np.int32), want).block_until_ready()
             if progress:
                 progress(i + 1, len(shapes))
 

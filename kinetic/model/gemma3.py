@@ -13,7 +13,7 @@ import jax
 
 from kinetic.model.config import Config
 from kinetic.model.layers import (StepInput, apply_rope, embed, geglu_ffn, linear,
-                                  logit_rows, paged_attention, qkv, rms_norm, rope_angles,
+                                  output_logits, paged_attention, qkv, rms_norm, rope_angles,
                                   write_kv)
 
 GLOBAL_TENSORS = ("token_embd", "output_norm")
@@ -64,5 +64,4 @@ def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
             f = geglu_ffn(rms_norm(x, w["ffn_norm"], eps), w)
             x = x + rms_norm(f, w["post_ffw_norm"], eps)
         new_cache.append((k_cache, v_cache))
-    x = rms_norm(logit_rows(x, step), weights["output_norm"], eps)
-    return linear(x, weights["output"]), new_cache
+    return output_logits(x, step, weights["output_norm"], weights["output"], eps), new_cache

@@ -46,11 +46,17 @@ class StepInput:
     logit_rows: jax.Array | None = None
 
 
-def logit_rows(x: jax.Array, step: StepInput) -> jax.Array:
-    """The rows of x [T, D] whose logits the step returns: step.logit_rows ([R] row indices,
-    the rows that are sampled) or all of them. A prompt chunk samples only its last row, and
-    the output projection is the largest matrix of a small model."""
-    return x if step.logit_rows is None else jnp.take(x, step.logit_rows, axis=0)
+def output_logits(x: jax.Array, step: StepInput, norm: jax.Array, output: Proj,
+                  eps: float) -> jax.Array:
+    """The logits [R, V] of the step's rows step.logit_rows ([R] row indices, the rows that
+    are sampled; None: all T rows of x [T, D]) after the final norm. A prompt chunk samples
+    only its last row, one before it none, and the output projection is the largest matrix
+    of a small model: R = 0 skips it."""
+    if step.logit_rows is not None:
+        if step.logit_rows.shape[0] == 0:
+            return jnp.zeros((0, output.shape[1]), jnp.float32)
+        x = jnp.take(x, step.logit_rows, axis=0)
+    return linear(rms_norm(x, norm, eps), output)
 
 
 @functools.cache

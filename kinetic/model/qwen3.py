@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 
 from kinetic.model.config import Config
-from kinetic.model.layers import (StepInput, apply_rope, embed, linear, logit_rows,
+from kinetic.model.layers import (StepInput, apply_rope, embed, linear, output_logits,
                                   paged_attention, qkv, rms_norm, rope_angles, swiglu_ffn,
                                   write_kv)
 
@@ -39,5 +39,4 @@ def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
         with jax.named_scope("ffn"):
             x = x + swiglu_ffn(rms_norm(x, w["ffn_norm"], eps), w)
         new_cache.append((k_cache, v_cache))
-    x = rms_norm(logit_rows(x, step), weights["output_norm"], eps)
-    return linear(x, weights["output"]), new_cache
+    return output_logits(x, step, weights["output_norm"], weights["output"], eps), new_cache
