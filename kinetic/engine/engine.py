@@ -232,7 +232,7 @@ class Engine:
         Compiling takes hundreds of MB that the C library keeps after XLA frees them; they are
         handed back after each compile (release_memory), and the sampler compiles before the
         first step maps the weights in, so that the peak is one compile's, not their sum."""
-        for B in self.runner.row_buckets:
+        for B in self.sample_buckets:
             params = sampler.make_row_params([SamplingParams(temperature=0.8)] * B, [0] * B,
                                              [1] * B, [None] * B, n_ctx=self.max_context)
             logits = jnp.zeros((B, self.vocab_size), jnp.float32)
@@ -243,6 +243,19 @@ class Engine:
             del logits, hist, mask, tokens
             release_memory()
         self.runner.compile(progress=_releasing(progress))
+
+    @property
+    def sample_buckets(self) -> list[int]:
+        """Rows of the compiled sampler: every other row bucket of the step (1, 4, 16, 64,
+        ...) and the largest. Each compiled size holds tens of MB of code (about 50 MB at a
+        262,144-token vocabulary), and sampling a few padding rows costs less than that."""
+        buckets = self.runner.row_buckets
+        keep = [b for b in buckets if (b.bit_length() - 1) % 2 == 0]   # 1, 4, 16, ...
+        return keep if keep[-1:] == buckets[-1:] else keep + buckets[-1:]
+
+    def sample_bucket(self, n: int) -> int:
+        """Rows of the compiled sampler that holds n rows."""
+        return next(b for b in self.sample_buckets if b >= n)
 
     def stalled_for(self) -> float:
         """Seconds the engine thread has spent in its current turn (one step: plan, run,
@@ -465,7 +478,7 @@ class Engine:
         """The [T, ceil(V/32)] bitmask of the sampled rows, in `_sample`'s row order: all ones
         for rows without a grammar; for a draft row, the grammar's mask after the drafted tokens
         before it (drafts were cut to what the grammar allows, see `_grammar_prefix`)."""
-        T = self.runner.row_bucket(sum(len(r) for r in rows.values()))
+        T = self.sample_bucket(sum(len(r) for r in rows.values()))
         if not any(self._jobs[sid].matcher is not None for sid in rows):
             if T not in self._full_masks:
                 self._full_masks[T] = jnp.asarray(sampler.full_mask(T, self.vocab_size))
@@ -497,7 +510,7 @@ class Engine:
         plan row to its row of logits (None: the same). Returns seq id -> (tokens drawn at
         its rows, per-row logprob entries or None)."""
         order = [(sid, r) for sid, rs in rows.items() for r in rs]
-        T = self.runner.row_bucket(len(order))
+        T = self.sample_bucket(len(order))
         idx = np.zeros(T, np.int32)
         idx[:len(order)] = [r if at_row is None else at_row[r] for _, r in order]
         params, seeds, positions, mus, histories = [], [], [], [], []

@@ -55,15 +55,30 @@ class Runner:
     def __init__(self, model: LoadedModel, config: RunnerConfig):
         self.model, self.config = model, config
         cfg = model.config
-        shape_k = (config.num_pages, config.page_size, cfg.n_kv_head, cfg.head_dim)
-        shape_v = (config.num_pages, config.page_size, cfg.n_kv_head, cfg.v_head_dim)
-        dt = jnp.dtype(config.kv_dtype)
-        self.cache = [(jnp.zeros(shape_k, dt), jnp.zeros(shape_v, dt))
-                      for _ in range(cfg.n_layer)]
+        self._cache: list | None = None   # allocated on first use: see `cache`
         self._step = _compiled_step(model.arch.forward, cfg)
         self.exact_rows = cfg.kernel == "ffi"
         T = config.step_tokens
         self.row_buckets = ([b for b in ROW_BUCKETS if b < T] + [T]) if self.exact_rows else [T]
+
+    @property
+    def cache(self) -> list:
+        """The KV cache: per layer a (k, v) pair of page arrays [num_pages, page_size,
+        n_kv_head, head_dim]. Allocated (zeroed) on first use rather than with the runner, so
+        that what runs before the first step (the engine compiles its sampler) does not hold
+        its peak memory on top of the cache's."""
+        if self._cache is None:
+            cfg, config = self.model.config, self.config
+            shape_k = (config.num_pages, config.page_size, cfg.n_kv_head, cfg.head_dim)
+            shape_v = (config.num_pages, config.page_size, cfg.n_kv_head, cfg.v_head_dim)
+            dt = jnp.dtype(config.kv_dtype)
+            self._cache = [(jnp.zeros(shape_k, dt), jnp.zeros(shape_v, dt))
+                           for _ in range(cfg.n_layer)]
+        return self._cache
+
+    @cache.setter
+    def cache(self, value: list) -> None:
+        self._cache = value
 
     def row_bucket(self, n: int) -> int:
         """Rows of the compiled step that holds n rows."""
