@@ -109,6 +109,7 @@ class Engine:
         # With XLA's dot, whose rows are not batch-invariant, everything stays at step_tokens.
         self._full_masks: dict[int, jax.Array] = {}   # per bucket, made on first use
         self._zero_biases: dict[int, jax.Array] = {}
+        self._last_bias: tuple | None = None   # (T, the jobs' bias rows, their device array)
         self._vocab: TokenVocab | None = None   # the token trie, built for the first grammar
         self._vocab_lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="kinetic-engine", daemon=True)
@@ -237,10 +238,14 @@ class Engine:
                                              [1] * B, [None] * B, n_ctx=self.max_context)
             logits = jnp.zeros((B, self.vocab_size), jnp.float32)
             hist = jnp.asarray(history_rows([[]] * B, HISTORY_WIDTHS[0]))
-            mask = jnp.asarray(sampler.full_mask(B, self.vocab_size))
-            tokens, _ = sampler.sample(logits, params, hist, jnp.zeros_like(logits), mask)
+            # the arguments exactly as _sample passes them (None too): one cache entry
+            tokens, _ = sampler.sample(logits, params, hist, self._zero_bias(B),
+                                       self._full_mask(B), None)
             sampler.logprobs(logits, tokens, MAX_LOGPROBS)[0].block_until_ready()
-            del logits, hist, mask, tokens
+            for rows in {1, *self.runner.row_buckets}:   # the logits a step can return
+                sampler.pick_rows(jnp.zeros((rows, self.vocab_size), jnp.float32),
+                                  jnp.zeros(B, jnp.int32)).block_until_ready()
+            del logits, hist, tokens
             release_memory()
         self.runner.compile(progress=_releasing(progress))
 
@@ -480,9 +485,7 @@ class Engine:
         before it (drafts were cut to what the grammar allows, see `_grammar_prefix`)."""
         T = self.sample_bucket(sum(len(r) for r in rows.values()))
         if not any(self._jobs[sid].matcher is not None for sid in rows):
-            if T not in self._full_masks:
-                self._full_masks[T] = jnp.asarray(sampler.full_mask(T, self.vocab_size))
-            return self._full_masks[T]
+            return self._full_mask(T)
         out = np.full((T, (self.vocab_size + 31) // 32), -1, np.int32)
         i = 0
         for sid, row_ids in rows.items():
@@ -530,7 +533,9 @@ class Engine:
         hist = history_rows(histories + [[]] * (T - len(order)), width)
         bias = self._bias(order, T)
         dry = self._dry(order, histories, T)
-        picked = logits[jnp.asarray(idx)]
+        # the sampled rows of the logits: often all of them, in order (no copy then)
+        same = logits.shape[0] == T and (idx == np.arange(T)).all()
+        picked = logits if same else sampler.pick_rows(logits, jnp.asarray(idx))
         tokens, new_mu = sampler.sample(picked, row_params, jnp.asarray(hist), bias, masks, dry)
         want_lp = any(self._jobs[sid].request.logprobs is not None for sid, _ in order)
         if want_lp:
@@ -551,14 +556,30 @@ class Engine:
     def _bias(self, order, T: int):
         rows = [self._jobs[sid].bias_row(self.vocab_size) for sid, _ in order]
         if all(r is None for r in rows):
-            if T not in self._zero_biases:
-                self._zero_biases[T] = jnp.zeros((T, self.vocab_size), jnp.float32)
-            return self._zero_biases[T]
+            return self._zero_bias(T)
+        last = self._last_bias   # the same rows as the step before (a stream decoding): reuse
+        if last and last[0] == T and len(last[1]) == len(rows) and all(
+                a is b for a, b in zip(last[1], rows)):
+            return last[2]
         out = np.zeros((T, self.vocab_size), np.float32)
         for i, r in enumerate(rows):
             if r is not None:
                 out[i] = r
-        return jnp.asarray(out)
+        bias = jnp.asarray(out)
+        self._last_bias = (T, rows, bias)
+        return bias
+
+    def _zero_bias(self, T: int) -> jax.Array:
+        """[T, V] zeros: the bias of rows without logit_bias (kept per sampler bucket)."""
+        if T not in self._zero_biases:
+            self._zero_biases[T] = jnp.zeros((T, self.vocab_size), jnp.float32)
+        return self._zero_biases[T]
+
+    def _full_mask(self, T: int) -> jax.Array:
+        """The token mask of rows without a grammar: every token allowed."""
+        if T not in self._full_masks:
+            self._full_masks[T] = jnp.asarray(sampler.full_mask(T, self.vocab_size))
+        return self._full_masks[T]
 
     def _dry(self, order, histories, T: int):
         if not any(self._jobs[sid].request.params.dry_multiplier > 0 for sid, _ in order):

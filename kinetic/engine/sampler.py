@@ -131,6 +131,13 @@ def full_mask(batch: int, vocab_size: int) -> np.ndarray:
 
 # --- the jitted chain ------------------------------------------------------------------
 
+@jax.jit
+def pick_rows(logits: jax.Array, rows: jax.Array) -> jax.Array:
+    """logits[rows] for rows [B] of in-range row indices, as one compiled call (eager
+    indexing would dispatch and compile a handful of small programs per shape)."""
+    return jnp.take(logits, rows, axis=0, mode="clip")
+
+
 @functools.partial(jax.jit, static_argnames=("max_candidates",))
 def sample(logits: jax.Array, params: RowParams, history: jax.Array, bias: jax.Array,
            mask: jax.Array, dry: jax.Array | None = None, *,
