@@ -396,3 +396,29 @@ def test_dry_matches_its_definition_on_random_sequences():
         np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=f"trial {trial}: {seq}")
         penalised += bool(got.any())
     assert penalised > 50
+
+
+def test_the_greedy_path_draws_what_sample_draws():
+    """Engine._sample takes sampler.greedy for steps whose rows are all plain_greedy: the
+    same tokens as `sample`, with a mask, a bias, NaN logits and rows that allow nothing."""
+    from kinetic.engine.sampler import greedy, plain_greedy
+    logits = LOGITS.copy()
+    logits[1, 4] = np.nan
+    logits[2, :] = np.float32(7.0)                 # ties: the lowest id wins
+    mask = full_mask(B, V)
+    mask[3] = 0                                     # allows nothing: -1
+    mask[4, 0] = 0b1010                             # tokens 1 and 3 only
+    bias = np.zeros((B, V), np.float32)
+    bias[5, int(np.argmax(LOGITS[5]))] = -np.inf    # the favourite banned
+    bias[6, 9] = 100.0
+    params = [SamplingParams(temperature=0.0)] * (B - 1) + [SamplingParams(temperature=-1.0)]
+    assert all(plain_greedy(p) for p in params)
+    want, _, _ = run(params, logits=logits, bias=bias, mask=mask, histories=[[]] * B)
+    got = np.asarray(greedy(logits, bias, mask))
+    assert list(got) == list(want) and got[3] == -1 and got[4] in (1, 3) and got[6] == 9
+    for p in (SamplingParams(temperature=0.5), SamplingParams(temperature=0, mirostat=2),
+              SamplingParams(temperature=0, repeat_penalty=1.1),
+              SamplingParams(temperature=0, presence_penalty=0.5),
+              SamplingParams(temperature=0, dry_multiplier=0.8)):
+        assert not plain_greedy(p)
+    assert plain_greedy(SamplingParams(temperature=0, repeat_penalty=1.5, repeat_last_n=0))

@@ -242,6 +242,7 @@ class Engine:
             tokens, _ = sampler.sample(logits, params, hist, self._zero_bias(B),
                                        self._full_mask(B), None)
             sampler.logprobs(logits, tokens, MAX_LOGPROBS)[0].block_until_ready()
+            sampler.greedy(logits, self._zero_bias(B), self._full_mask(B)).block_until_ready()
             for rows in {1, *self.runner.row_buckets}:   # the logits a step can return
                 sampler.pick_rows(jnp.zeros((rows, self.vocab_size), jnp.float32),
                                   jnp.zeros(B, jnp.int32)).block_until_ready()
@@ -536,7 +537,11 @@ class Engine:
         # the sampled rows of the logits: often all of them, in order (no copy then)
         same = logits.shape[0] == T and (idx == np.arange(T)).all()
         picked = logits if same else sampler.pick_rows(logits, jnp.asarray(idx))
-        tokens, new_mu = sampler.sample(picked, row_params, jnp.asarray(hist), bias, masks, dry)
+        if dry is None and all(sampler.plain_greedy(p) for p in params):
+            tokens, new_mu = sampler.greedy(picked, bias, masks), row_params.mu
+        else:
+            tokens, new_mu = sampler.sample(picked, row_params, jnp.asarray(hist), bias, masks,
+                                            dry)
         want_lp = any(self._jobs[sid].request.logprobs is not None for sid, _ in order)
         if want_lp:
             chosen, top_ids, top_lp = sampler.logprobs(picked, tokens, MAX_LOGPROBS)
