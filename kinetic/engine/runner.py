@@ -105,17 +105,16 @@ class Runner:
         pad = bucket - n
         page_size = self.config.page_size
         rows = self._logit_shape(bucket, logit_rows)
-        step = StepInput(
-            tokens=jnp.asarray(np.concatenate([tokens, np.zeros(pad)]).astype(np.int32)),
-            positions=jnp.asarray(np.concatenate([positions, np.zeros(pad)]).astype(np.int32)),
-            slots=jnp.asarray(np.concatenate([slots, np.zeros(pad)]).astype(np.int32)),
-            write_index=jnp.asarray(np.concatenate(
-                [write_index, RESERVED_PAGE * page_size + np.arange(pad) % page_size]
-            ).astype(np.int32)),
-            page_table=jnp.asarray(page_table[:, :self.key_bucket(positions)].astype(np.int32)),
-            logit_rows=None if rows is None else jnp.asarray(np.asarray(rows, np.int32)),
-        )
-        logits, self.cache = self._step(self.model.weights, self.cache, step)
+        table = page_table[:, :self.key_bucket(positions)]
+        # one host-to-device copy of every row input (each copy costs tens of microseconds,
+        # a sizeable part of a one-row step on a small model); _forward splits it again
+        packed = np.concatenate([
+            tokens, np.zeros(pad), positions, np.zeros(pad), slots, np.zeros(pad),
+            write_index, RESERVED_PAGE * page_size + np.arange(pad) % page_size,
+            table.ravel(), [] if rows is None else rows]).astype(np.int32)
+        layout = (bucket, table.shape, None if rows is None else len(rows))
+        logits, self.cache = self._step(self.model.weights, self.cache, jnp.asarray(packed),
+                                        layout)
         return logits
 
     def key_bucket(self, positions: np.ndarray) -> int:
@@ -190,7 +189,7 @@ class Runner:
 def _compiled_step(forward, cfg):
     """One jitted step per (architecture, config): runners of the same model share its
     compiled shapes instead of compiling again."""
-    return jax.jit(partial(_forward, forward, cfg), donate_argnums=(1,))
+    return jax.jit(partial(_forward, forward, cfg), donate_argnums=(1,), static_argnums=(3,))
 
 
 @partial(jax.jit, donate_argnums=(0,))
@@ -200,5 +199,12 @@ def _write_pages(cache, idx, arrays):
             for k, v in cache]
 
 
-def _forward(forward, cfg, weights, cache, step):
-    return forward(weights, cfg, cache, step)
+def _forward(forward, cfg, weights, cache, packed, layout):
+    """The model's forward over the StepInput that `packed` holds: rows tokens, positions,
+    slots and write_index (each B long), the page table [S, P'] and the logit rows (R long,
+    or none for all), laid out as Runner.step_device packs them; layout = (B, (S, P'), R)."""
+    B, (S, P), R = layout
+    fields = [packed[i * B:(i + 1) * B] for i in range(4)]
+    table = packed[4 * B:4 * B + S * P].reshape(S, P)
+    rows = None if R is None else packed[4 * B + S * P:4 * B + S * P + R]
+    return forward(weights, cfg, cache, StepInput(*fields, table, rows))
