@@ -109,7 +109,7 @@ def shapes():
 def test_kernel_equals_reference_bitwise(fmt, n, k):
     w = random_weights(fmt, n, k, seed=fmt * 1000 + n + k)
     x = activations(k, seed=k + n)
-    for M in (1, 3, 16):
+    for M in (1, 3, 4, 16):
         want = R.qmatmul(fmt, w, n, k, x[:M])
         for isa in isas():
             got = kk.qmatmul_host(fmt, w, n, k, x[:M], isa=isa)

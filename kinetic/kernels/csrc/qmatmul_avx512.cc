@@ -1,6 +1,7 @@
 // AVX-512 (F, BW, VL, VNNI) path (chosen at run time; target attributes, never -march=native).
 // The same loops as the AVX2 path (simd_formats.h, simd_driver.h) on 256-bit vectors (plus,
-// for several rows of 32-value blocks, simd_driver.h's 16-column quant_cols16), with
+// for several rows of 32-value blocks, simd_driver.h's 16-column quant_cols16, and for the
+// 256-value K-quants at any M, simd_kquant16.h's kquant_cols16), with
 // VNNI's dpbusd for the unscaled block dots (no int16 saturation, so Q8_0 can be offset by
 // 128 instead of the sign trick) and mask registers for the 5th bits of Q5_0 / Q5_1.
 #include <immintrin.h>

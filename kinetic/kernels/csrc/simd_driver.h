@@ -1,8 +1,10 @@
 // The SIMD driver shared by the AVX2 and AVX-512 paths: loops over output columns 8 at a
-// time (16 for the AVX-512 path's several-row legacy blocks, KN_HAVE_COLS16), integer block sums from simd_formats.h, and the float part done exactly as the
-// reference does it (qmatmul.h), vectorized ACROSS the 8 columns: lane c of every float
-// vector performs, in the same order, the scalar operations the reference performs for
-// column c. Included like simd_formats.h (inside an ISA's anonymous namespace, after it).
+// time (16 with KN_HAVE_COLS16, the AVX-512 path: several rows of legacy blocks below, and
+// K-quant blocks at any M in simd_kquant16.h), integer block sums from simd_formats.h, and
+// the float part done exactly as the reference does it (qmatmul.h), vectorized ACROSS the
+// columns: lane c of every float vector performs, in the same order, the scalar operations
+// the reference performs for column c. Included like simd_formats.h (inside an ISA's
+// anonymous namespace, after it).
 
 // ---- exact helpers ------------------------------------------------------------------
 
@@ -227,6 +229,8 @@ KN_SIMD void quant_cols16(const MatmulArgs& a, int64_t n0, int64_t n1) {
       for (int c = 0; c < valid; ++c) a.y[m * a.N + n + c] = acc[size_t(m * 16 + c)];
   }
 }
+
+#include "simd_kquant16.h"
 #endif
 
 // Output columns [n0, n1) of every row for format F; ONE: M is 1 (lets the compiler keep
@@ -294,6 +298,9 @@ KN_SIMD void quant_cols(const MatmulArgs& a, int64_t n0, int64_t n1) {
 
 template <class F>
 KN_SIMD void quant_run(const MatmulArgs& a, int64_t n0, int64_t n1) {
+#ifdef KN_HAVE_COLS16
+  if constexpr (K16<F>::HAVE) return kquant_cols16<F>(a, n0, n1);  // any M: faster at 1 too
+#endif
   if (a.M == 1) return quant_cols<F, true>(a, n0, n1);
 #ifdef KN_HAVE_COLS16
   if constexpr (F::QK == 32) return quant_cols16<F>(a, n0, n1);
