@@ -7,7 +7,11 @@
     order and calls the same libm expf / tanhf through ctypes (numpy's own float32 exp is a
     different SIMD routine and disagrees with expf in the last bit on many inputs);
 (d) within 1e-5 relative of layers.paged_attention (XLA; a different order of sums);
-(e) bad indices are an error with a message, never a crash.
+(e) bad indices are an error with a message, never a crash;
+(f) a prompt chunk's rows (one slot, consecutive positions), which share one unit's key work,
+    give the bits each row gets on its own (max_group=1), on every ISA and thread count;
+(g) a float16 cache holding every finite half reads the same on every path (the SIMD paths
+    convert with F16C, the scalar one in software).
 """
 
 from __future__ import annotations
@@ -167,3 +171,55 @@ def test_bad_input_is_an_error_not_a_crash():
         jitted(q, k.astype(np.int8), *args[2:])
     # still fine afterwards
     assert np.array_equal(A.attention_host(*args), jitted(*args))
+
+
+def chunk_case(rng, dtype, H=4, K=2, Q=20, Qv=13, pages=48, S=3, P=40):
+    """A step of prompt chunks and single rows over three slots (P * PS = 160 keys, three
+    key blocks): runs of 20 (across a block edge, longer than a group), 1, 5, 3, 1, 18, 2
+    and 19 rows, each run one slot at consecutive positions, next to others of the same
+    slot that do not continue it."""
+    k, v = cache(rng, K, Q, Qv, DTYPES[dtype], pages)
+    table = np.stack([rng.permutation(pages)[:P] for _ in range(S)]).astype(np.int32)
+    runs = [(0, 50, 20), (1, 100, 1), (1, 0, 5), (2, 120, 3), (0, 7, 1), (2, 123, 18),
+            (1, 5, 2), (0, 141, 19)]
+    slots = np.concatenate([np.full(n, s) for s, _, n in runs]).astype(np.int32)
+    positions = np.concatenate([np.arange(p, p + n) for _, p, n in runs]).astype(np.int32)
+    q = rng.standard_normal((len(slots), H, Q)).astype(np.float32)
+    return q, k, v, table, slots, positions
+
+
+@pytest.mark.parametrize("dtype,window,softcap", [("f32", 0, 0.0), ("f16", 7, 0.0),
+                                                  ("bf16", 64, 2.5), ("f16", 0, 3.0),
+                                                  ("f32", 20, 0.0)])
+def test_prompt_chunk_rows_get_their_own_bits(dtype, window, softcap):
+    rng = np.random.default_rng(6)
+    args = (*chunk_case(rng, dtype), 0.3, window, softcap)
+    alone = A.attention_host(*args, isa="scalar", threads=1, max_group=1)
+    for isa in kk.supported_isas():
+        for threads in (1, 2):
+            for max_group in (1, 3, 16, None):
+                got = A.attention_host(*args, isa=isa, threads=threads, max_group=max_group)
+                assert np.array_equal(got, alone), (isa, threads, max_group)
+    assert np.array_equal(jitted(*args), alone)
+    assert np.array_equal(alone, A.reference_attention(*args))
+
+
+def test_f16_cache_of_every_finite_half():
+    rng = np.random.default_rng(7)
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    finite = bits[(bits & 0x7C00) != 0x7C00].view(np.float16)  # no inf, no NaN of any kind
+    H, K, Q, ps = 2, 1, 32, 4
+    pages = finite.size // (ps * K * Q)  # 496 pages, 1984 keys: each half once in k, in v
+    k = rng.permutation(finite).reshape(pages, ps, K, Q)
+    v = rng.permutation(finite).reshape(pages, ps, K, Q)
+    table = np.arange(pages, dtype=np.int32)[None]
+    positions = np.concatenate([np.arange(1970, 1984), np.arange(4)]).astype(np.int32)
+    slots = np.zeros(positions.size, np.int32)
+    q = rng.standard_normal((positions.size, H, Q)).astype(np.float32)
+    args = (q, k, v, table, slots, positions, 0.2)
+    base = A.attention_host(*args, isa="scalar", threads=1, max_group=1)
+    assert np.isfinite(base).all()
+    for isa in kk.supported_isas():
+        for threads in (1, 2):
+            assert np.array_equal(A.attention_host(*args, isa=isa, threads=threads), base), isa
+    assert np.array_equal(base, A.reference_attention(*args))

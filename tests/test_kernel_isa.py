@@ -36,7 +36,7 @@ FORMATS = {
     1: ("F16", 1, 2, ()),
     30: ("BF16", 1, 2, ()),
 }
-MS = (1, 2, 3, 7, 16, 64)
+MS = (1, 2, 3, 4, 7, 16, 64)  # the multi-row paths take rows 4, 2 and 1 at a time
 N = 37  # not a multiple of 8 or 16: partial column groups and a short last chunk
 SIMD_ISAS = ("avx2", "avx512")
 MODELS = os.path.expanduser("~/.cache/kinetic/models")
@@ -44,7 +44,7 @@ MODELS = os.path.expanduser("~/.cache/kinetic/models")
 
 def _need_isa(isa: str) -> None:
     if isa not in kernels.supported_isas():
-        what = "AVX2 and FMA" if isa == "avx2" else "AVX-512 F/BW/VL/VNNI"
+        what = "AVX2, FMA and F16C" if isa == "avx2" else "AVX-512 F/BW/VL/VNNI"
         pytest.skip(f"this CPU lacks {what}, so the {isa} path cannot run here")
 
 
@@ -110,7 +110,7 @@ def test_random_blocks_bitwise(fmt: int, isa: str) -> None:
     _need_isa(isa)
     name, qk = FORMATS[fmt][:2]
     rng = np.random.default_rng(1000 + fmt)
-    ks = (512,) if qk == 256 else (96, 512) if qk == 32 else (37, 200, 512)
+    ks = (512, 768) if qk == 256 else (96, 512) if qk == 32 else (37, 200, 512)
     for k in ks:
         w = _weights(fmt, N, k, rng)
         x64 = _acts(64, k, rng)
@@ -165,5 +165,5 @@ def test_real_blocks_bitwise(isa: str) -> None:
         n, k = t.shape
         rows = min(n, 67)
         w = np.asarray(t.data[:rows * kernels.row_bytes(int(t.qtype), k)])
-        for m in (1, 3, 16):
+        for m in (1, 3, 4, 16):
             _check(int(t.qtype), w, rows, k, _acts(m, k, rng), isa, f"{label} ({rows}x{k}) M={m}")

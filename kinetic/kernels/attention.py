@@ -60,16 +60,18 @@ def _host_lib() -> ctypes.CDLL:
         i64, i32, ptr, f32 = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
         lib.kn_attention.argtypes = [ptr, i64, i64, i64, ptr, i32, ptr, i32, i64, i64, i64, i64,
                                      ptr, i64, i64, ptr, ptr, f32, i64, f32, ptr, i32, i32,
-                                     ctypes.c_char_p, i32]
+                                     i32, ctypes.c_char_p, i32]
         _host_ready = True
     return lib
 
 
 def attention_host(q, k_cache, v_cache, page_table, slots, positions, scale: float,
                    window: int = 0, softcap: float = 0.0, isa: str | None = None,
-                   threads: int = 1) -> np.ndarray:
+                   threads: int = 1, max_group: int | None = None) -> np.ndarray:
     """The kernel on numpy arrays (C ABI). isa: a path from kernels.supported_isas()
-    (default: the active one). Raises kernels.KernelError with the kernel's message."""
+    (default: the active one); max_group: most rows of a prompt chunk (one slot,
+    consecutive positions) that share a unit's key work, 1 for every row on its own
+    (default: the kernel's). Raises kernels.KernelError with the kernel's message."""
     lib = _host_lib()
     q = np.ascontiguousarray(q, dtype=np.float32)
     k_cache, v_cache = np.ascontiguousarray(k_cache), np.ascontiguousarray(v_cache)
@@ -91,7 +93,8 @@ def attention_host(q, k_cache, v_cache, page_table, slots, positions, scale: flo
                   _fmt(k_cache.dtype), v_cache.ctypes.data, _fmt(v_cache.dtype), pages,
                   page_size, K, Qv, page_table.ctypes.data, page_table.shape[0],
                   page_table.shape[1], slots.ctypes.data, positions.ctypes.data, float(scale),
-                  int(window), float(softcap), out.ctypes.data, code, int(threads))
+                  int(window), float(softcap), out.ctypes.data, code, int(threads),
+                  int(max_group or 0))
     return out
 
 

@@ -1,6 +1,7 @@
-// The attention driver: check every index the kernel will follow, then run the (row, kv
-// head) units on the chosen ISA path, split over threads (each unit whole on one thread,
-// so neither the split nor the thread count changes a bit).
+// The attention driver: check every index the kernel will follow, cut the rows into groups
+// (attention.h), then run the (group, kv head) units on the chosen ISA path, split over
+// threads (each unit whole on one thread, so neither the groups nor the split nor the
+// thread count changes a bit).
 #include "attention.h"
 
 #include <vector>
@@ -13,11 +14,48 @@ namespace {
 
 bool cache_format(int fmt) { return fmt == F32 || fmt == F16 || fmt == BF16; }
 
-void run_unit(Isa isa, const AttnArgs& a, int64_t t, int64_t kh, float* scratch,
+void run_unit(Isa isa, const AttnArgs& a, int64_t t0, int64_t R, int64_t kh, float* scratch,
               int64_t* rows) {
-  if (isa == ISA_AVX512) return attention_unit_avx512(a, t, kh, scratch, rows);
-  if (isa == ISA_AVX2) return attention_unit_avx2(a, t, kh, scratch, rows);
-  attention_unit_scalar(a, t, kh, scratch, rows);
+  if (isa == ISA_AVX512) return attention_unit_avx512(a, t0, R, kh, scratch, rows);
+  if (isa == ISA_AVX2) return attention_unit_avx2(a, t0, R, kh, scratch, rows);
+  attention_unit_scalar(a, t0, R, kh, scratch, rows);
+}
+
+struct Group { int64_t t0, R; };  // rows t0..t0+R-1
+
+// The step's groups: each run of rows of one slot at consecutive positions (a prompt
+// chunk: the scheduler puts its rows together) cut into as few near-equal pieces of at
+// most cap rows as there can be; any other row is a group of one.
+std::vector<Group> make_groups(const AttnArgs& a, int64_t cap) {
+  std::vector<Group> groups;
+  for (int64_t t = 0; t < a.T;) {
+    int64_t end = t + 1;
+    while (end < a.T && a.slots[end] == a.slots[t] &&
+           a.positions[end] == int64_t(a.positions[end - 1]) + 1)
+      ++end;
+    const int64_t run = end - t, pieces = (run + cap - 1) / cap;
+    for (int64_t p = 0; p < pieces; ++p) {
+      const int64_t R = run / pieces + (p < run % pieces ? 1 : 0);
+      groups.push_back({t, R});
+      t += R;
+    }
+  }
+  return groups;
+}
+
+// The groups of at most max_group rows, made smaller (cap halved) while their units would
+// leave some of the threads idle or unevenly loaded: fewer than 4 units a thread and not a
+// whole number of them. Which rows share a unit never changes a result.
+std::vector<Group> balanced_groups(const AttnArgs& a, int64_t max_group, int threads) {
+  int64_t cap = max_group < 1 ? 1 : max_group > ATTN_MAX_GROUP ? ATTN_MAX_GROUP : max_group;
+  for (;;) {
+    std::vector<Group> groups = make_groups(a, cap);
+    const int64_t units = int64_t(groups.size()) * a.K;
+    if (cap == 1 || threads <= 1 || units >= 4 * threads ||
+        (units >= threads && units % threads == 0))
+      return groups;
+    cap = (cap + 1) / 2;
+  }
 }
 
 }  // namespace
@@ -45,15 +83,17 @@ const char* check_attention(const AttnArgs& a) {
   return nullptr;
 }
 
-const char* attention(const AttnArgs& a, Isa isa, int threads, const Schedule& schedule) {
+const char* attention(const AttnArgs& a, Isa isa, int threads, const Schedule& schedule,
+                      int64_t max_group) {
   if (const char* e = check_attention(a)) return e;
   if (!isa_supported(isa)) return "this CPU lacks the instruction set asked for";
-  const int64_t units = a.T * a.K;  // unit c: row c / K, kv head c % K
+  const std::vector<Group> groups = balanced_groups(a, max_group, threads);
+  const int64_t units = int64_t(groups.size()) * a.K;  // unit c: group c / K, kv head c % K
   run_chunks(units, threads, schedule, [&](int64_t c) {
-    const int64_t t = c / a.K, kh = c % a.K;
-    std::vector<float> scratch(size_t(attention_scratch(a, t)));
-    std::vector<int64_t> rows(size_t(attention_span(a, t).n));
-    run_unit(isa, a, t, kh, scratch.data(), rows.data());
+    const Group& g = groups[size_t(c / a.K)];
+    std::vector<float> scratch(size_t(attention_scratch(a, g.t0, g.R)));
+    std::vector<int64_t> rows(size_t(attention_group_span(a, g.t0, g.R).n));
+    run_unit(isa, a, g.t0, g.R, c % a.K, scratch.data(), rows.data());
   });
   return nullptr;
 }

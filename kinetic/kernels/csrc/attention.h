@@ -22,7 +22,17 @@
 // The SIMD paths vectorize the scores across keys (a lane per key, each lane summing over j
 // in order) and the weighted values across j (a lane per j, summing over l in order), so
 // every element sees exactly the scalar sequence above. expf and tanhf are the scalar libm
-// functions on every path.
+// functions on every path. Cache elements are read as float exactly (half and bfloat16 ->
+// float lose nothing); the one exception is a signalling-NaN half, which the SIMD paths'
+// hardware conversion reads quieted, and which no KV cache holds (attention_impl.h).
+//
+// A prompt chunk's rows (one slot, consecutive positions) run as one unit, a group: their
+// keys together are gathered, converted and moved to a lane per key once, block by block,
+// each block is scored for every row of the group that sees some of its keys, and each
+// value row is converted once for all the rows that weigh it. A key's score is the same sum
+// whichever rows share its block, a row reads only the scores of its own keys lo..pos, and
+// its softmax and value sums run over them in the order above; so a group, like the thread
+// split, changes no bit of any row.
 #pragma once
 
 #include <cstdint>
@@ -51,11 +61,15 @@ struct AttnArgs {
 // nullptr if every index the kernel would follow is in range, else what is wrong.
 const char* check_attention(const AttnArgs& a);
 
-// out = attention(a), checked first (returns check_attention's message, or nullptr).
-// Work is split over (row, kv head) pairs; each pair is computed whole by one thread.
-const char* attention(const AttnArgs& a, Isa isa, int threads, const Schedule& schedule);
-
 constexpr int64_t ATTN_KEY_BLOCK = 64;  // keys per block: lanes of the score pass
+constexpr int64_t ATTN_MAX_GROUP = 16;  // most rows of a prompt chunk in one unit
+
+// out = attention(a), checked first (returns check_attention's message, or nullptr).
+// Work is split over (group of rows, kv head) units; each unit is computed whole by one
+// thread. A group is at most max_group rows (fewer when that keeps the threads evenly
+// busy; 1: every row on its own). Neither changes a bit of the result.
+const char* attention(const AttnArgs& a, Isa isa, int threads, const Schedule& schedule,
+                      int64_t max_group = ATTN_MAX_GROUP);
 
 // Row t's visible keys lo..lo+n-1 and the scores' length npad (whole key blocks); a
 // checked row has 0 <= pos, so n >= 1.
@@ -68,23 +82,32 @@ inline AttnSpan attention_span(const AttnArgs& a, int64_t t) {
   return {lo, n, (n + ATTN_KEY_BLOCK - 1) / ATTN_KEY_BLOCK * ATTN_KEY_BLOCK};
 }
 
-// Floats of scratch one unit of row t needs (attention_impl.h lays them out); it also
-// takes attention_span(a, t).n int64 cache-row indices.
-inline int64_t attention_scratch(const AttnArgs& a, int64_t t) {
-  const AttnSpan sp = attention_span(a, t);
-  const int64_t G = a.H / a.K;
-  return G * a.Q + a.Q + 2 * a.Q * ATTN_KEY_BLOCK + G * sp.npad + ATTN_KEY_BLOCK * a.Qv +
-         G * a.Qv + G;
+// The keys of a group, rows t0..t0+R-1 of one slot at consecutive positions (R = 1: any
+// row): from the first row's lo to the last row's position, scored in whole key blocks
+// from there (npad). Row t0 + r's own keys are a part of them, from attention_span's lo.
+inline AttnSpan attention_group_span(const AttnArgs& a, int64_t t0, int64_t R) {
+  const int64_t lo = attention_span(a, t0).lo, n = a.positions[t0 + R - 1] - lo + 1;
+  return {lo, n, (n + ATTN_KEY_BLOCK - 1) / ATTN_KEY_BLOCK * ATTN_KEY_BLOCK};
 }
 
-// One (row, kv head) pair: the H / K query heads of kv head kh for row t, written to
-// a.out (the per-ISA bodies of attention_impl.h; the caller has checked `a` and passes
-// attention_scratch(a, t) floats and n int64s of scratch).
-void attention_unit_scalar(const AttnArgs& a, int64_t t, int64_t kh, float* scratch,
-                           int64_t* rows);
-void attention_unit_avx2(const AttnArgs& a, int64_t t, int64_t kh, float* scratch,
-                           int64_t* rows);
-void attention_unit_avx512(const AttnArgs& a, int64_t t, int64_t kh, float* scratch,
-                           int64_t* rows);
+// Floats of scratch one unit of group (t0, R) needs (attention_impl.h lays them out); it
+// also takes attention_group_span(a, t0, R).n int64 cache-row indices.
+inline int64_t attention_scratch(const AttnArgs& a, int64_t t0, int64_t R) {
+  const AttnSpan sp = attention_group_span(a, t0, R);
+  const int64_t G = a.H / a.K;
+  return R * G * a.Q + a.Q + 2 * a.Q * ATTN_KEY_BLOCK + R * G * sp.npad +
+         ATTN_KEY_BLOCK * a.Qv + R * G * a.Qv + R * G;
+}
+
+// One (group, kv head) unit: the H / K query heads of kv head kh for rows t0..t0+R-1
+// (1 <= R <= ATTN_MAX_GROUP), written to a.out (the per-ISA bodies of attention_impl.h; the
+// caller has checked `a`, made the group as attention_group_span describes and passes
+// attention_scratch(a, t0, R) floats and n int64s of scratch).
+void attention_unit_scalar(const AttnArgs& a, int64_t t0, int64_t R, int64_t kh,
+                           float* scratch, int64_t* rows);
+void attention_unit_avx2(const AttnArgs& a, int64_t t0, int64_t R, int64_t kh,
+                         float* scratch, int64_t* rows);
+void attention_unit_avx512(const AttnArgs& a, int64_t t0, int64_t R, int64_t kh,
+                           float* scratch, int64_t* rows);
 
 }  // namespace kn

@@ -1,7 +1,8 @@
-// The body of one (row, kv head) attention unit (attention.h gives the arithmetic), written
-// once over a lane count KN_ATTN_W and compiled by three files: attention_scalar.cc (W = 1),
-// attention_avx2.cc (W = 8) and attention_avx512.cc (W = 16), the last two under a
-// `#pragma GCC target`. Each includes this file's headers *before* its pragma, so that the
+// The body of one (group of rows, kv head) attention unit (attention.h gives the arithmetic
+// and says what a group is), written once over a lane count KN_ATTN_W and compiled by three
+// files: attention_scalar.cc (W = 1), attention_avx2.cc (W = 8) and attention_avx512.cc
+// (W = 16), the last two under a `#pragma GCC target`. Each includes this file's headers
+// (and <immintrin.h>, for the half -> float instructions) *before* its pragma, so that the
 // inline functions they define (common.h, the standard library) are emitted for baseline
 // x86-64 only; everything here has internal linkage, so no AVX copy can leak to another file.
 //
@@ -38,15 +39,52 @@ inline V zero() { V v; std::memset(&v, 0, sizeof(V)); return v; }
 inline int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
 inline float max32(float x, float y) { return y > x ? y : x; }
 
+// n halves (f16) or bfloat16s from b as float into buf, exactly. BF16 is a shift, W lanes
+// at a time. F16 takes the hardware's half -> float on the SIMD paths (F16C's vcvtph2ps on
+// AVX2, its 16-lane AVX-512F form), and common.h's software conversion on the scalar path
+// and for the last n % W elements. Both are exact and give the same bits for every half
+// but one kind: a signalling NaN, which vcvtph2ps returns quieted (mantissa bit 22 set)
+// where the software keeps it signalling. A KV cache never holds one (what XLA's float ->
+// half conversion writes is never a signalling NaN), so every path reads a cache alike.
+void f16_to_f32_row(const uint8_t* b, int64_t n, float* buf) {
+  int64_t i = 0;
+#if KN_ATTN_W == 8
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(buf + i, _mm256_cvtph_ps(_mm_loadu_si128(
+                                  reinterpret_cast<const __m128i_u*>(b + 2 * i))));
+#elif KN_ATTN_W == 16
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(buf + i, _mm512_maskz_cvtph_ps(  // all lanes (maskz: no undefined)
+                                  __mmask16(0xFFFF), _mm256_loadu_si256(
+                                  reinterpret_cast<const __m256i_u*>(b + 2 * i))));
+#endif
+  for (; i < n; ++i) buf[i] = f16_to_f32(load_u16(b + i * 2));
+}
+
+void bf16_to_f32_row(const uint8_t* b, int64_t n, float* buf) {
+  int64_t i = 0;
+#if KN_ATTN_W > 1
+  typedef uint16_t VH __attribute__((vector_size(KN_ATTN_W * sizeof(uint16_t))));
+  typedef uint32_t VU __attribute__((vector_size(KN_ATTN_W * sizeof(uint32_t))));
+  for (; i + W <= n; i += W) {
+    VH h;
+    std::memcpy(&h, b + 2 * i, sizeof(VH));
+    const VU u = __builtin_convertvector(h, VU) << 16;
+    std::memcpy(buf + i, &u, sizeof(VU));
+  }
+#endif
+  for (; i < n; ++i) buf[i] = bf16_to_f32(load_u16(b + i * 2));
+}
+
 // A cache row of n elements from element `start` of `base` (format fmt) as float: for F32
 // a pointer into the cache itself, else converted (exactly) into buf.
 const float* row_f32(int fmt, const void* base, int64_t start, int64_t n, float* buf) {
   if (fmt == F32) return static_cast<const float*>(base) + start;
   const uint8_t* b = static_cast<const uint8_t*>(base) + start * 2;
   if (fmt == F16)
-    for (int64_t i = 0; i < n; ++i) buf[i] = f16_to_f32(load_u16(b + i * 2));
+    f16_to_f32_row(b, n, buf);
   else  // BF16 (check_attention admits nothing else)
-    for (int64_t i = 0; i < n; ++i) buf[i] = bf16_to_f32(load_u16(b + i * 2));
+    bf16_to_f32_row(b, n, buf);
   return buf;
 }
 
@@ -119,6 +157,25 @@ void score_block(const float* qs, const float* kt, int64_t Q, float* s) {
   }
 }
 
+// score_block for two queries at once (two heads, or a head of two rows): each lane's sum
+// is score_block's chain; the two share the loads of kt and keep eight chains in flight.
+void score_pair(const float* qa, const float* qb, const float* kt, int64_t Q, float* sa,
+                float* sb) {
+  for (int64_t u = 0; u < KB; u += 4 * W) {
+    V a0 = zero(), a1 = zero(), a2 = zero(), a3 = zero();
+    V b0 = zero(), b1 = zero(), b2 = zero(), b3 = zero();
+    for (int64_t j = 0; j < Q; ++j) {
+      const float qaj = qa[j], qbj = qb[j];
+      const float* r = kt + j * KB + u;
+      const V k0 = load(r), k1 = load(r + W), k2 = load(r + 2 * W), k3 = load(r + 3 * W);
+      a0 = a0 + qaj * k0; a1 = a1 + qaj * k1; a2 = a2 + qaj * k2; a3 = a3 + qaj * k3;
+      b0 = b0 + qbj * k0; b1 = b1 + qbj * k1; b2 = b2 + qbj * k2; b3 = b3 + qbj * k3;
+    }
+    store(sa + u, a0); store(sa + u + W, a1); store(sa + u + 2 * W, a2); store(sa + u + 3 * W, a3);
+    store(sb + u, b0); store(sb + u + W, b1); store(sb + u + 2 * W, b2); store(sb + u + 3 * W, b3);
+  }
+}
+
 // o[j] += p[i] * vp[i][j] for i = 0..nb-1 in order: a lane per j, four vectors at a time
 // (independent chains), then single vectors, then the last Qv % W columns one by one.
 void value_block(const float* p, const float* const* vp, int64_t nb, int64_t Qv, float* o) {
@@ -149,6 +206,49 @@ void value_block(const float* p, const float* const* vp, int64_t nb, int64_t Qv,
   }
 }
 
+// value_block for two weightings of the same value rows (two heads of a row): each column's
+// sum is value_block's chain; the two share the loads of the rows.
+void value_pair(const float* pa, const float* pb, const float* const* vp, int64_t nb,
+                int64_t Qv, float* oa, float* ob) {
+  const int64_t NV = Qv / W;
+  int64_t u = 0;
+  for (; u + 4 <= NV; u += 4) {
+    const int64_t c = u * W;
+    V a0 = load(oa + c), a1 = load(oa + c + W), a2 = load(oa + c + 2 * W);
+    V a3 = load(oa + c + 3 * W);
+    V b0 = load(ob + c), b1 = load(ob + c + W), b2 = load(ob + c + 2 * W);
+    V b3 = load(ob + c + 3 * W);
+    for (int64_t i = 0; i < nb; ++i) {
+      const float pai = pa[i], pbi = pb[i];
+      const float* r = vp[i] + c;
+      const V v0 = load(r), v1 = load(r + W), v2 = load(r + 2 * W), v3 = load(r + 3 * W);
+      a0 = a0 + pai * v0; a1 = a1 + pai * v1; a2 = a2 + pai * v2; a3 = a3 + pai * v3;
+      b0 = b0 + pbi * v0; b1 = b1 + pbi * v1; b2 = b2 + pbi * v2; b3 = b3 + pbi * v3;
+    }
+    store(oa + c, a0); store(oa + c + W, a1); store(oa + c + 2 * W, a2); store(oa + c + 3 * W, a3);
+    store(ob + c, b0); store(ob + c + W, b1); store(ob + c + 2 * W, b2); store(ob + c + 3 * W, b3);
+  }
+  for (; u < NV; ++u) {
+    V acc_a = load(oa + u * W), acc_b = load(ob + u * W);
+    for (int64_t i = 0; i < nb; ++i) {
+      const V v = load(vp[i] + u * W);
+      acc_a = acc_a + pa[i] * v;
+      acc_b = acc_b + pb[i] * v;
+    }
+    store(oa + u * W, acc_a);
+    store(ob + u * W, acc_b);
+  }
+  for (int64_t j = NV * W; j < Qv; ++j) {
+    float acc_a = oa[j], acc_b = ob[j];
+    for (int64_t i = 0; i < nb; ++i) {
+      acc_a = acc_a + pa[i] * vp[i][j];
+      acc_b = acc_b + pb[i] * vp[i][j];
+    }
+    oa[j] = acc_a;
+    ob[j] = acc_b;
+  }
+}
+
 // max of x[0..n): exact in any grouping (a NaN is skipped in every grouping alike), so
 // lanes and four chains may share the work.
 float max_of(const float* x, int64_t n) {
@@ -172,71 +272,112 @@ float max_of(const float* x, int64_t n) {
 
 }  // namespace
 
-void KN_ATTN_UNIT(const AttnArgs& a, int64_t t, int64_t kh, float* scratch, int64_t* rows) {
-  const int64_t G = a.H / a.K, Q = a.Q, Qv = a.Qv, ps = a.page_size;
-  const AttnSpan sp = attention_span(a, t);       // lo, n >= 1 keys, npad
-  const int64_t lo = sp.lo, n = sp.n, npad = sp.npad;
-  const int32_t* pages = a.page_table + int64_t(a.slots[t]) * a.P;
+void KN_ATTN_UNIT(const AttnArgs& a, int64_t t0, int64_t R, int64_t kh, float* scratch,
+                  int64_t* rows) {
+  const int64_t G = a.H / a.K, RG = R * G, Q = a.Q, Qv = a.Qv, ps = a.page_size;
+  const AttnSpan sp = attention_group_span(a, t0, R);  // the group's keys L0..L0+N-1
+  const int64_t L0 = sp.lo, N = sp.n, npad = sp.npad;
+  const int32_t* pages = a.page_table + int64_t(a.slots[t0]) * a.P;
 
-  // rows[i]: cache row (page * page_size + offset) * K + kh of key lo + i, walking the
+  // rows[i]: cache row (page * page_size + offset) * K + kh of key L0 + i, walking the
   // slot's pages in order
-  for (int64_t i = 0, pi = lo / ps, off = lo % ps; i < n; ++i) {
+  for (int64_t i = 0, pi = L0 / ps, off = L0 % ps; i < N; ++i) {
     rows[i] = (int64_t(pages[pi]) * ps + off) * a.K + kh;
     if (++off == ps) off = 0, ++pi;
   }
 
-  // scratch (attention_scratch floats): qs [G, Q], zeros [Q], kbuf [KB, Q], kt [Q, KB],
-  // s [G, npad], vbuf [KB, Qv], o [G, Qv], den [G]
+  // scratch (attention_scratch floats): qs [R, G, Q], zeros [Q], kbuf [KB, Q], kt [Q, KB],
+  // s [R, G, npad], vbuf [KB, Qv], o [R, G, Qv], den [R, G]. Row r, head g is rg = r * G + g;
+  // its score of key L0 + i is s[rg * npad + i].
   float* qs = scratch;
-  float* zeros = qs + G * Q;
+  float* zeros = qs + RG * Q;
   float* kbuf = zeros + Q;
   float* kt = kbuf + KB * Q;
   float* s = kt + Q * KB;
-  float* vbuf = s + G * npad;
+  float* vbuf = s + RG * npad;
   float* o = vbuf + KB * Qv;
-  float* den = o + G * Qv;
+  float* den = o + RG * Qv;
   for (int64_t j = 0; j < Q; ++j) zeros[j] = 0.0f;
-  for (int64_t i = 0; i < G * Qv; ++i) o[i] = 0.0f;
+  for (int64_t i = 0; i < RG * Qv; ++i) o[i] = 0.0f;
   const float* rp[KB];  // the block's key (then value) rows as float
 
-  // qs = round_to_cache_dtype(q) * scale, for the G query heads of kv head kh
-  for (int64_t g = 0; g < G; ++g)
-    for (int64_t j = 0; j < Q; ++j)
-      qs[g * Q + j] = round_to(a.k_fmt, a.q[(t * a.H + kh * G + g) * Q + j]) * a.scale;
+  // row r's own keys, as indices into the group's: first[r] .. last[r]
+  int64_t first[ATTN_MAX_GROUP], last[ATTN_MAX_GROUP];
+  for (int64_t r = 0; r < R; ++r) {
+    first[r] = attention_span(a, t0 + r).lo - L0;
+    last[r] = a.positions[t0 + r] - L0;
+  }
 
-  // scores, block by block of KB keys (lanes past the last key score a zero key: unused)
-  for (int64_t b0 = 0; b0 < n; b0 += KB) {
-    const int64_t nb = min64(KB, n - b0);
+  // qs = round_to_cache_dtype(q) * scale, for the G query heads of kv head kh of each row
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t j = 0; j < Q; ++j)
+        qs[(r * G + g) * Q + j] =
+            round_to(a.k_fmt, a.q[((t0 + r) * a.H + kh * G + g) * Q + j]) * a.scale;
+
+  // scores, block by block of KB keys (lanes past the last key score a zero key: unused),
+  // for the rows that see some key of the block (a row's lanes outside its own keys are
+  // scores no step below reads)
+  for (int64_t b0 = 0; b0 < N; b0 += KB) {
+    const int64_t nb = min64(KB, N - b0);
     for (int64_t i = 0; i < KB; ++i)
       rp[i] = i < nb ? row_f32(a.k_fmt, a.k, rows[b0 + i] * Q, Q, kbuf + i * Q) : zeros;
     transpose_keys(rp, Q, kt);
-    for (int64_t g = 0; g < G; ++g) score_block(&qs[g * Q], kt, Q, &s[g * npad + b0]);
+    // the rows that see a key of the block, r0..r1-1: first[] and last[] grow with r, so
+    // they are the rows before the first that starts past the block, from the first that
+    // ends in it or later; their (row, head)s rg are r0 * G .. r1 * G - 1, scored in pairs
+    int64_t r0 = 0, r1 = R;
+    while (r0 < R && last[r0] < b0) ++r0;
+    while (r1 > r0 && first[r1 - 1] >= b0 + nb) --r1;
+    int64_t rg = r0 * G;
+    for (; rg + 1 < r1 * G; rg += 2)
+      score_pair(&qs[rg * Q], &qs[(rg + 1) * Q], kt, Q, &s[rg * npad + b0],
+                 &s[(rg + 1) * npad + b0]);
+    if (rg < r1 * G) score_block(&qs[rg * Q], kt, Q, &s[rg * npad + b0]);
   }
 
-  // softcap; m = max; p_l = expf(score_l - m); den = sum of p_l in order of l
-  for (int64_t g = 0; g < G; ++g) {
-    float* sg = &s[g * npad];
-    if (a.softcap > 0)
-      for (int64_t l = 0; l < n; ++l) sg[l] = a.softcap * std::tanh(sg[l] / a.softcap);
-    const float m = max_of(sg, n);
-    for (int64_t l = 0; l < n; ++l) sg[l] = std::exp(sg[l] - m);
-    float d = 0.0f;
-    for (int64_t l = 0; l < n; ++l) d = d + sg[l];
-    den[g] = d;
+  // per row and head, over its own n keys: softcap; m = max; p_l = expf(score_l - m);
+  // den = sum of p_l in order of l
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t n = last[r] - first[r] + 1;
+    for (int64_t g = 0; g < G; ++g) {
+      float* sg = &s[(r * G + g) * npad + first[r]];
+      if (a.softcap > 0)
+        for (int64_t l = 0; l < n; ++l) sg[l] = a.softcap * std::tanh(sg[l] / a.softcap);
+      const float m = max_of(sg, n);
+      for (int64_t l = 0; l < n; ++l) sg[l] = std::exp(sg[l] - m);
+      float d = 0.0f;
+      for (int64_t l = 0; l < n; ++l) d = d + sg[l];
+      den[r * G + g] = d;
+    }
   }
 
-  // o = sum over l in order of p_l * v_l, block by block
-  for (int64_t b0 = 0; b0 < n; b0 += KB) {
-    const int64_t nb = min64(KB, n - b0);
+  // o = sum over l in order of p_l * v_l, block by block (each row's own keys of the block:
+  // i0..i1-1; the blocks only cut the sum, never reorder it)
+  for (int64_t b0 = 0; b0 < N; b0 += KB) {
+    const int64_t nb = min64(KB, N - b0);
     for (int64_t i = 0; i < nb; ++i)
       rp[i] = row_f32(a.v_fmt, a.v, rows[b0 + i] * Qv, Qv, vbuf + i * Qv);
-    for (int64_t g = 0; g < G; ++g) value_block(&s[g * npad + b0], rp, nb, Qv, &o[g * Qv]);
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t i0 = first[r] > b0 ? first[r] - b0 : 0;
+      const int64_t i1 = min64(nb, last[r] + 1 - b0);
+      if (i0 >= i1) continue;
+      const float* pr = &s[r * G * npad + b0 + i0];  // head g's weights: pr + g * npad
+      float* orow = &o[r * G * Qv];
+      for (int64_t g = 0; g < G; g += 2)  // heads in pairs, sharing the value loads
+        if (g + 1 < G)
+          value_pair(pr + g * npad, pr + (g + 1) * npad, rp + i0, i1 - i0, Qv, orow + g * Qv,
+                     orow + (g + 1) * Qv);
+        else
+          value_block(pr + g * npad, rp + i0, i1 - i0, Qv, orow + g * Qv);
+    }
   }
 
-  for (int64_t g = 0; g < G; ++g) {
-    float* dst = a.out + (t * a.H + kh * G + g) * Qv;
-    for (int64_t j = 0; j < Qv; ++j) dst[j] = o[g * Qv + j] / den[g];
-  }
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t g = 0; g < G; ++g) {
+      float* dst = a.out + ((t0 + r) * a.H + kh * G + g) * Qv;
+      for (int64_t j = 0; j < Qv; ++j) dst[j] = o[(r * G + g) * Qv + j] / den[r * G + g];
+    }
 }
 
 }  // namespace kn

@@ -1,17 +1,31 @@
 #include "cpu.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 
 namespace kn {
 
+#if defined(__x86_64__) || defined(__i386__)
+namespace {
+// CPUID leaf 1, ECX bit 29 (cpuid.h's bit_F16C).
+bool has_f16c() {
+  unsigned eax, ebx, ecx, edx;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
+}
+}  // namespace
+#endif
+
 bool isa_supported(Isa isa) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
   switch (isa) {
     case ISA_SCALAR: return true;
-    case ISA_AVX2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case ISA_AVX2:  // and F16C, for the attention kernel's half caches (every AVX2 CPU has it)
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
     case ISA_AVX512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");

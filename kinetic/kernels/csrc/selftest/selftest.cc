@@ -1,11 +1,14 @@
 // A standalone check of the kernels for sanitizer builds (scripts/sanitize_kernels.sh): every
 // format, every ISA path this CPU has, 1 and 2 threads, several M; attention over random
-// caches; the row pieces. Each path must give the reference path's bits. Exit status 0 when
-// every case matches; the sanitizers abort on any undefined behaviour or bad access.
+// float32, float16 and bfloat16 caches, single rows and prompt chunks; the row pieces. Each
+// path must give the reference path's bits. Exit status 0 when every case matches; the
+// sanitizers abort on any undefined behaviour or bad access.
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "attention.h"
@@ -93,36 +96,75 @@ void check_matmul_format(int fmt, std::mt19937& rng) {
   }
 }
 
+// A cache of n floats in fmt (F32, F16 or BF16), as the kernel reads it.
+std::vector<uint8_t> cache_bytes(int fmt, const std::vector<float>& x) {
+  std::vector<uint8_t> b(x.size() * (fmt == F32 ? 4 : 2));
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (fmt == F32) std::memcpy(&b[4 * i], &x[i], 4);
+    uint16_t h = fmt == F16 ? f32_to_f16(x[i]) : f32_to_bf16(x[i]);
+    if (fmt != F32) std::memcpy(&b[2 * i], &h, 2);
+  }
+  return b;
+}
+
+// Two steps over float32, float16 and bfloat16 caches: single rows of two slots, and
+// prompt chunks (runs of rows of one slot at consecutive positions, one across a key block
+// edge and longer than a group) beside single rows. Every path, thread count and group
+// size must give the bits of the scalar path with every row on its own.
 void check_attention(std::mt19937& rng) {
   std::normal_distribution<float> normal;
-  const int64_t T = 7, H = 6, K = 2, Q = 40, Qv = 24, pages = 9, ps = 4, S = 2, P = 4;
-  std::vector<float> q(size_t(T * H * Q)), kc(size_t(pages * ps * K * Q)),
-      vc(size_t(pages * ps * K * Qv));
-  for (auto* v : {&q, &kc, &vc})
+  const int64_t H = 6, K = 2, Q = 40, Qv = 24, pages = 41, ps = 4, S = 2, P = 20;
+  std::vector<float> kf(size_t(pages * ps * K * Q)), vf(size_t(pages * ps * K * Qv));
+  for (auto* v : {&kf, &vf})
     for (auto& x : *v) x = normal(rng);
-  std::vector<int32_t> table = {1, 2, 3, 4, 5, 6, 7, 8}, slots = {0, 1, 0, 1, 1, 0, 0},
-                       positions = {0, 15, 3, 7, 9, 12, 1};
-  for (int64_t window : {0, 5}) {
-    AttnArgs a{q.data(), kc.data(), vc.data(), F32, F32, table.data(), slots.data(),
-               positions.data(), nullptr, T, H, K, Q, Qv, pages, ps, S, P, 0.125f, window, 0.f};
-    std::vector<float> ref(size_t(T * H * Qv));
-    a.out = ref.data();
-    if (const char* e = attention(a, ISA_SCALAR, 1, Schedule())) {
-      std::printf("attention error: %s\n", e);
-      ++failures;
-      return;
-    }
-    for (Isa isa : {ISA_AVX2, ISA_AVX512}) {
-      if (!isa_supported(isa)) continue;
-      std::vector<float> y(ref.size());
-      a.out = y.data();
-      attention(a, isa, 2, thread_schedule());
-      expect_same(ref, y, isa == ISA_AVX2 ? "attention avx2" : "attention avx512");
+  std::vector<int32_t> table(size_t(S * P));
+  for (size_t i = 0; i < table.size(); ++i) table[i] = int32_t(1 + (i * 7) % (pages - 1));
+  std::vector<int32_t> rows_slots = {0, 1, 0, 1, 1, 0, 0},
+                       rows_positions = {0, 15, 3, 7, 9, 12, 1}, chunk_slots, chunk_positions;
+  for (auto [slot, pos, n] : {std::array<int, 3>{0, 55, 20}, {1, 0, 5}, {1, 70, 1},
+                              {0, 3, 1}, {1, 5, 3}})
+    for (int i = 0; i < n; ++i) chunk_slots.push_back(slot), chunk_positions.push_back(pos + i);
+  for (int fmt : {F32, F16, BF16}) {
+    const std::vector<uint8_t> kc = cache_bytes(fmt, kf), vc = cache_bytes(fmt, vf);
+    for (int chunks : {0, 1}) {
+      const std::vector<int32_t>& slots = chunks ? chunk_slots : rows_slots;
+      const std::vector<int32_t>& positions = chunks ? chunk_positions : rows_positions;
+      const int64_t T = int64_t(slots.size());
+      std::vector<float> q(size_t(T * H * Q));
+      for (auto& x : q) x = normal(rng);
+      for (auto [window, softcap] : {std::pair<int64_t, float>{0, 0.f}, {5, 0.f}, {0, 2.f}}) {
+        AttnArgs a{q.data(), kc.data(), vc.data(), fmt, fmt, table.data(), slots.data(),
+                   positions.data(), nullptr, T, H, K, Q, Qv, pages, ps, S, P, 0.125f,
+                   window, softcap};
+        std::vector<float> ref(size_t(T * H * Qv));
+        a.out = ref.data();
+        if (const char* e = attention(a, ISA_SCALAR, 1, Schedule(), 1)) {
+          std::printf("attention error: %s\n", e);
+          ++failures;
+          return;
+        }
+        for (Isa isa : {ISA_SCALAR, ISA_AVX2, ISA_AVX512}) {
+          if (!isa_supported(isa)) continue;
+          for (int threads : {1, 2})
+            for (int64_t group : {int64_t(1), int64_t(3), ATTN_MAX_GROUP}) {
+              std::vector<float> y(ref.size());
+              a.out = y.data();
+              attention(a, isa, threads, threads > 1 ? thread_schedule() : Schedule(), group);
+              char what[128];
+              std::snprintf(what, sizeof(what),
+                            "attention fmt %d %s %s threads %d group %lld window %lld", fmt,
+                            chunks ? "chunks" : "rows", isa_name(isa), threads,
+                            (long long)group, (long long)window);
+              expect_same(ref, y, what);
+            }
+        }
+      }
     }
   }
-  std::vector<float> w(Q), y(q.size()), c(q.size()), s(q.size());
+  std::vector<float> q(size_t(7 * H * Q)), w(Q), y(q.size()), c(q.size()), s(q.size());
+  for (auto& v : q) v = normal(rng);
   for (auto& v : w) v = normal(rng);
-  rms_norm_rows(q.data(), w.data(), T * H, Q, 1e-6f, y.data());
+  rms_norm_rows(q.data(), w.data(), 7 * H, Q, 1e-6f, y.data());
   cos_sin(q.data(), int64_t(q.size()), c.data(), s.data());
 }
 
