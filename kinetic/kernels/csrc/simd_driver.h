@@ -301,10 +301,10 @@ KN_SIMD void quant_run(const MatmulArgs& a, int64_t n0, int64_t n1) {
 #ifdef KN_HAVE_COLS16
   if constexpr (K16<F>::HAVE) return kquant_cols16<F>(a, n0, n1);  // any M: faster at 1 too
 #endif
-  if (a.M == 1) return quant_cols<F, true>(a, n0, n1);
 #ifdef KN_HAVE_COLS16
-  if constexpr (F::QK == 32) return quant_cols16<F>(a, n0, n1);
+  if constexpr (F::QK == 32) return quant_cols16<F>(a, n0, n1);  // any M: faster at 1 too
 #endif
+  if (a.M == 1) return quant_cols<F, true>(a, n0, n1);
   quant_cols<F, false>(a, n0, n1);
 }
 
