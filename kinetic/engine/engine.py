@@ -517,29 +517,30 @@ class Engine:
         T = self.sample_bucket(len(order))
         idx = np.zeros(T, np.int32)
         idx[:len(order)] = [r if at_row is None else at_row[r] for _, r in order]
-        params, seeds, positions, mus, histories = [], [], [], [], []
-        for sid, r in order:
-            job, seq = self._jobs[sid], self.scheduler.sequences[sid]
-            pos = int(plan.positions[r]) + 1  # the index the drawn token will take
-            params.append(job.request.params)
-            seeds.append(job.seed)
-            positions.append(pos)
-            mus.append(job.mu)
-            histories.append((seq.tokens + seq.draft)[:pos])
-        width = max(p.repeat_last_n if p.repeat_last_n >= 0 else self.max_context
-                    for p in params)
-        width = next((w for w in HISTORY_WIDTHS if w >= width), HISTORY_WIDTHS[-1])
-        row_params = sampler.make_row_params(params, seeds, positions, mus,
-                                             n_ctx=self.max_context, pad_to=T)
-        hist = history_rows(histories + [[]] * (T - len(order)), width)
+        params = [self._jobs[sid].request.params for sid, _ in order]
+        mus = [self._jobs[sid].mu for sid, _ in order]
         bias = self._bias(order, T)
-        dry = self._dry(order, histories, T)
         # the sampled rows of the logits: often all of them, in order (no copy then)
         same = logits.shape[0] == T and (idx == np.arange(T)).all()
         picked = logits if same else sampler.pick_rows(logits, jnp.asarray(idx))
-        if dry is None and all(sampler.plain_greedy(p) for p in params):
-            tokens, new_mu = sampler.greedy(picked, bias, masks), row_params.mu
+        if all(sampler.plain_greedy(p) for p in params):   # no row parameters, history or DRY
+            tokens = sampler.greedy(picked, bias, masks)
+            new_mu = [sampler.initial_mu(p) if m is None else m for p, m in zip(params, mus)]
         else:
+            seeds, positions, histories = [], [], []
+            for sid, r in order:
+                job, seq = self._jobs[sid], self.scheduler.sequences[sid]
+                pos = int(plan.positions[r]) + 1  # the index the drawn token will take
+                seeds.append(job.seed)
+                positions.append(pos)
+                histories.append((seq.tokens + seq.draft)[:pos])
+            width = max(p.repeat_last_n if p.repeat_last_n >= 0 else self.max_context
+                        for p in params)
+            width = next((w for w in HISTORY_WIDTHS if w >= width), HISTORY_WIDTHS[-1])
+            row_params = sampler.make_row_params(params, seeds, positions, mus,
+                                                 n_ctx=self.max_context, pad_to=T)
+            hist = history_rows(histories + [[]] * (T - len(order)), width)
+            dry = self._dry(order, histories, T)
             tokens, new_mu = sampler.sample(picked, row_params, jnp.asarray(hist), bias, masks,
                                             dry)
         want_lp = any(self._jobs[sid].request.logprobs is not None for sid, _ in order)
