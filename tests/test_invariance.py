@@ -76,6 +76,29 @@ def run_with_others(engine: Engine, request: GenerationRequest, tok):
     return result
 
 
+def test_answer_alone_and_among_fifteen_others_at_parallel_16(setup):
+    """At --parallel 16 a request gives the same tokens and log-probabilities among 15
+    others of mixed lengths, that fill every step, as alone on a 4-slot engine: greedy with
+    its prompt cold, then seeded with the same prompt cached."""
+    tok, engine, _ = setup
+    wide = engine("p16", parallel=16)
+    texts = [OTHERS[i % 3][:10 + 25 * i] + f" {i}" for i in range(15)]   # up to ~100 tokens
+    others = [GenerationRequest(tok.encode(t), SamplingParams(temperature=0.3 * (i % 3),
+                                                              seed=100 + i),
+                                max_tokens=4 + 3 * (i % 6)) for i, t in enumerate(texts)]
+    for kind, request in requests(tok).items():
+        want = run(engine("p4-alone-" + kind, parallel=4), request)[:2]
+        done: list = []
+        threads = [threading.Thread(target=lambda r=r: done.append(len(list(wide.generate(r)))))
+                   for r in others]
+        for t in threads:
+            t.start()
+        got = run(wide, request)[:2]
+        for t in threads:
+            t.join()
+        assert len(done) == len(others) and got == want, kind
+
+
 @pytest.mark.parametrize("kind", ["greedy", "seeded"])
 def test_answer_never_depends_on_load(setup, kind):
     tok, engine, model = setup
