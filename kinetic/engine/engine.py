@@ -55,7 +55,7 @@ from kinetic.grammar import (Grammar, GrammarTooCostly, MaskBudgetExceeded, Matc
 from kinetic.model.loader import LoadedModel
 from kinetic.text.tokenizer import Tokenizer
 
-HISTORY_WIDTHS = (64, 256, 1024, 4096)  # penalty windows are padded to one of these
+HISTORY_WIDTH = 4096  # the penalties' window holds at most the last this many tokens
 # The most one request's grammar work may take in one turn, its draft check, masks and accepted
 # tokens together (Engine._grammar_work). Masks of real schemas take 0.2 ms typically and at most 0.2-0.4 s
 # on a busy 2-core machine (docs/performance.md); a grammar past this is a hostile one.
@@ -109,6 +109,7 @@ class Engine:
         # With XLA's dot, whose rows are not batch-invariant, everything stays at step_tokens.
         self._full_masks: dict[int, jax.Array] = {}   # per bucket, made on first use
         self._zero_biases: dict[int, jax.Array] = {}
+        self._no_histories: dict[int, jax.Array] = {}
         self._last_bias: tuple | None = None   # (T, the jobs' bias rows, their device array)
         self._vocab: TokenVocab | None = None   # the token trie, built for the first grammar
         self._vocab_lock = threading.Lock()
@@ -237,16 +238,15 @@ class Engine:
             params = sampler.make_row_params([SamplingParams(temperature=0.8)] * B, [0] * B,
                                              [1] * B, [None] * B, n_ctx=self.max_context)
             logits = jnp.zeros((B, self.vocab_size), jnp.float32)
-            hist = jnp.asarray(history_rows([[]] * B, HISTORY_WIDTHS[0]))
-            # the arguments exactly as _sample passes them (None too): one cache entry
-            tokens, _ = sampler.sample(logits, params, hist, self._zero_bias(B),
-                                       self._full_mask(B), None)
+            # the arguments exactly as _sample passes them: its one compiled variant
+            tokens, _ = sampler.sample(logits, params, self._no_history(B), self._zero_bias(B),
+                                       self._full_mask(B), self._zero_bias(B))
             sampler.logprobs(logits, tokens, MAX_LOGPROBS)[0].block_until_ready()
             sampler.greedy(logits, self._zero_bias(B), self._full_mask(B)).block_until_ready()
             for rows in {1, *self.runner.row_buckets}:   # the logits a step can return
                 sampler.pick_rows(jnp.zeros((rows, self.vocab_size), jnp.float32),
                                   jnp.zeros(B, jnp.int32)).block_until_ready()
-            del logits, hist, tokens
+            del logits, tokens
             release_memory()
         self.runner.compile(progress=_releasing(progress))
 
@@ -534,15 +534,16 @@ class Engine:
                 seeds.append(job.seed)
                 positions.append(pos)
                 histories.append((seq.tokens + seq.draft)[:pos])
-            width = max(p.repeat_last_n if p.repeat_last_n >= 0 else self.max_context
-                        for p in params)
-            width = next((w for w in HISTORY_WIDTHS if w >= width), HISTORY_WIDTHS[-1])
             row_params = sampler.make_row_params(params, seeds, positions, mus,
                                                  n_ctx=self.max_context, pad_to=T)
-            hist = history_rows(histories + [[]] * (T - len(order)), width)
+            # one shape whatever the request asks (no compile on a request): the history at
+            # its full width, or none when no row has penalties; DRY zeros when no row has it
+            hist = (jnp.asarray(history_rows(histories + [[]] * (T - len(order)),
+                                             self._history_width))
+                    if any(sampler.penalties_on(p) for p in params) else self._no_history(T))
             dry = self._dry(order, histories, T)
-            tokens, new_mu = sampler.sample(picked, row_params, jnp.asarray(hist), bias, masks,
-                                            dry)
+            tokens, new_mu = sampler.sample(picked, row_params, hist, bias, masks,
+                                            self._zero_bias(T) if dry is None else dry)
         want_lp = any(self._jobs[sid].request.logprobs is not None for sid, _ in order)
         if want_lp:
             chosen, top_ids, top_lp = sampler.logprobs(picked, tokens, MAX_LOGPROBS)
@@ -580,6 +581,16 @@ class Engine:
         if T not in self._zero_biases:
             self._zero_biases[T] = jnp.zeros((T, self.vocab_size), jnp.float32)
         return self._zero_biases[T]
+
+    @property
+    def _history_width(self) -> int:
+        return min(HISTORY_WIDTH, self.max_context)
+
+    def _no_history(self, T: int) -> jax.Array:
+        """[T, width] of -1: the history of rows without penalties (kept per bucket)."""
+        if T not in self._no_histories:
+            self._no_histories[T] = jnp.asarray(history_rows([[]] * T, self._history_width))
+        return self._no_histories[T]
 
     def _full_mask(self, T: int) -> jax.Array:
         """The token mask of rows without a grammar: every token allowed."""

@@ -138,12 +138,17 @@ def pick_rows(logits: jax.Array, rows: jax.Array) -> jax.Array:
     return jnp.take(logits, rows, axis=0, mode="clip")
 
 
+def penalties_on(p: SamplingParams) -> bool:
+    """Whether the repeat, frequency or presence penalty changes this request's logits (the
+    history `sample` reads is then needed)."""
+    return p.repeat_last_n != 0 and (p.repeat_penalty != 1 or p.frequency_penalty != 0
+                                     or p.presence_penalty != 0)
+
+
 def plain_greedy(p: SamplingParams) -> bool:
     """Whether `greedy` draws this request's token: greedy, no penalties, no DRY, no
-    Mirostat (whose greedy rows still update mu). Takes the row's resolved parameters."""
-    penalties = p.repeat_last_n != 0 and (p.repeat_penalty != 1 or p.frequency_penalty != 0
-                                          or p.presence_penalty != 0)
-    return p.temperature <= 0 and p.mirostat == 0 and p.dry_multiplier <= 0 and not penalties
+    Mirostat (whose greedy rows still update mu)."""
+    return p.temperature <= 0 and p.mirostat == 0 and p.dry_multiplier <= 0 and not penalties_on(p)
 
 
 @jax.jit
@@ -167,7 +172,7 @@ def sample(logits: jax.Array, params: RowParams, history: jax.Array, bias: jax.A
     marks a row where no token was allowed; new_mu is mu updated for Mirostat rows and
     unchanged for the others."""
     f = _front(logits, params, history, bias, mask, dry, max_candidates)
-    p, B = params, logits.shape[0]
+    p = params
     idx = _draw(f.cand_xt, f.cand_keep, f.u_draw)
     tok = jnp.where(idx >= 0, jnp.take_along_axis(f.cand_ids, jnp.maximum(idx, 0)[:, None], 1)[:, 0], -1)
     tok_full = _per_row(f.full, lambda fr, pr: (_draw(*_full_set(fr, pr), fr.u_draw),),
