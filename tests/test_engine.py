@@ -533,3 +533,20 @@ def test_close_ends_requests_still_running(make_engine):
     e.close()
     rest = list(gen)
     assert rest and rest[-1].finish_reason == "cancelled"
+
+
+def test_no_request_compiles_after_engine_compile(make_engine):
+    """Engine.compile compiles every sampler variant a request can select: greedy, seeded,
+    penalties over the whole context, DRY, Mirostat and logprobs then add no compiled
+    entry (a compile on a request would stall every stream)."""
+    from kinetic.engine import sampler
+    engine = make_engine()
+    engine.compile()
+    jitted = (sampler.sample, sampler.logprobs, sampler.greedy, sampler.pick_rows)
+    before = [f._cache_size() for f in jitted]
+    asks = [SamplingParams(temperature=0.0), sampled(1), sampled(2, repeat_penalty=1.3,
+            repeat_last_n=-1, presence_penalty=0.2), sampled(3, dry_multiplier=0.8),
+            sampled(4, mirostat=2), SamplingParams(temperature=0.0, frequency_penalty=0.5)]
+    for i, params in enumerate(asks):
+        run(engine, GenerationRequest(HELLO, params, max_tokens=4, logprobs=2 if i % 2 else None))
+    assert [f._cache_size() for f in jitted] == before
