@@ -1,9 +1,10 @@
 // AVX-512 (F, BW, VL, VNNI) path (chosen at run time; target attributes, never -march=native).
-// The same loops as the AVX2 path (simd_formats.h, simd_driver.h) on 256-bit vectors (plus,
-// for several rows of 32-value blocks, simd_driver.h's 16-column quant_cols16, and for the
-// 256-value K-quants at any M, simd_kquant16.h's kquant_cols16), with
-// VNNI's dpbusd for the unscaled block dots (no int16 saturation, so Q8_0 can be offset by
-// 128 instead of the sign trick) and mask registers for the 5th bits of Q5_0 / Q5_1.
+// The AVX2 path's block formats (simd_formats.h) under simd_driver.h's 16-column loops, one
+// output column per lane of a 512-bit vector, for every quantized format at any M
+// (quant_cols16 for the 32-value blocks, simd_kquant16.h's kquant_cols16 for the K-quants;
+// the float formats keep the shared float loop), with VNNI's dpbusd for the unscaled block
+// dots (no int16 saturation, so Q8_0 can be offset by 128 instead of the sign trick) and
+// mask registers for the 5th bits of Q5_0 / Q5_1.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -25,19 +26,9 @@ KN_INL __m256i dotu(__m256i acc, __m256i u, __m256i x) { return _mm256_dpbusd_ep
 // Byte i = 0x10 where bit i of bits is set.
 KN_INL __m256i bit4_of(uint32_t bits) { return _mm256_maskz_mov_epi8(__mmask32(bits), _mm256_set1_epi8(0x10)); }
 
-// The 8 scaled chunk dots of a K-quant block, two chunks per 512-bit vector (u[2i], u[2i+1]
-// are adjacent in memory), the scale multiply-add fused by VNNI's dpwssd, folded back to 8
-// int32 partials.
-KN_INL __m256i dot256_wide(const __m256i* u, const __m256i* s, const int8_t* xq) {
-  __m512i acc = _mm512_setzero_si512();
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; ++i) {
-    const __m512i p = _mm512_maddubs_epi16(_mm512_loadu_si512(u + 2 * i), _mm512_loadu_si512(xq + 64 * i));
-    // dpwssd: acc + the pair sums p * s in int32 (no saturation; |p| <= 2 * 63 * 128, |s| <= 128)
-    acc = _mm512_dpwssd_epi32(acc, p, _mm512_loadu_si512(s + 2 * i));
-  }
-  return _mm256_add_epi32(_mm512_maskz_extracti64x4_epi64(0xFF, acc, 0), _mm512_maskz_extracti64x4_epi64(0xFF, acc, 1));
-}
+// The formats' 8-column dots (dot256_wide) serve only simd_driver.h's 8-column loops, which
+// this path never runs (KN_HAVE_COLS16): keep simd_formats.h's own loop for them.
+#define KN_NO_WIDE 1
 
 #include "simd_formats.h"
 

@@ -296,16 +296,22 @@ KN_SIMD void quant_cols(const MatmulArgs& a, int64_t n0, int64_t n1) {
   }
 }
 
+// With KN_HAVE_COLS16 (AVX-512) every quantized format takes a 16-column path at any M (it
+// beats the 8-column loops at M = 1 too), and the 8-column loops are not instantiated.
 template <class F>
 KN_SIMD void quant_run(const MatmulArgs& a, int64_t n0, int64_t n1) {
 #ifdef KN_HAVE_COLS16
-  if constexpr (K16<F>::HAVE) return kquant_cols16<F>(a, n0, n1);  // any M: faster at 1 too
+  static_assert(K16<F>::HAVE || F::QK == 32, "a quantized format without a 16-column path");
+  if constexpr (K16<F>::HAVE)
+    kquant_cols16<F>(a, n0, n1);
+  else
+    quant_cols16<F>(a, n0, n1);
+#else
+  if (a.M == 1)
+    quant_cols<F, true>(a, n0, n1);
+  else
+    quant_cols<F, false>(a, n0, n1);
 #endif
-#ifdef KN_HAVE_COLS16
-  if constexpr (F::QK == 32) return quant_cols16<F>(a, n0, n1);  // any M: faster at 1 too
-#endif
-  if (a.M == 1) return quant_cols<F, true>(a, n0, n1);
-  quant_cols<F, false>(a, n0, n1);
 }
 
 // ---- float formats ------------------------------------------------------------------
