@@ -104,10 +104,11 @@ class Engine:
         self._dead: str | None = None  # set if the engine thread failed
         self._turn_started: float | None = None  # time.monotonic() of the running turn
         self._counters = dict.fromkeys(COUNTERS, 0.0)
-        # Sampling runs at the smallest row bucket that holds a step's sampled rows (the
-        # sampler gives a row the same bits at any batch size: tests/test_invariance.py).
-        # With XLA's dot, whose rows are not batch-invariant, everything stays at step_tokens.
-        self._full_masks: dict[int, jax.Array] = {}   # per bucket, made on first use
+        # Sampling runs at the smallest sampler bucket (sample_buckets) that holds a step's
+        # sampled rows (the sampler gives a row the same bits at any batch size:
+        # tests/test_invariance.py); the inputs shared by rows without a mask, a bias or
+        # penalties are made once per bucket (by compile, or on first use)
+        self._full_masks: dict[int, jax.Array] = {}
         self._zero_biases: dict[int, jax.Array] = {}
         self._no_histories: dict[int, jax.Array] = {}
         self._last_bias: tuple | None = None   # (T, the jobs' bias rows, their device array)
