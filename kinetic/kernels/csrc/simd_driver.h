@@ -1,5 +1,5 @@
 // The SIMD driver shared by the AVX2 and AVX-512 paths: loops over output columns 8 at a
-// time (16 with KN_HAVE_COLS16, the AVX-512 path: several rows of legacy blocks below, and
+// time (16 with KN_HAVE_COLS16, the AVX-512 path: legacy blocks below and
 // K-quant blocks at any M in simd_kquant16.h), integer block sums from simd_formats.h, and
 // the float part done exactly as the reference does it (qmatmul.h), vectorized ACROSS the
 // columns: lane c of every float vector performs, in the same order, the scalar operations
@@ -94,7 +94,7 @@ KN_SIMD void act_extras(const QuantActs& x, int64_t M, std::vector<int16_t>& bs,
 
 #ifdef KN_HAVE_COLS16
 #define KN_INL_LAMBDA KN_SIMD __attribute__((always_inline))
-// AVX-512, several rows, 32-value legacy blocks: 16 output columns per group, one per lane
+// AVX-512, 32-value legacy blocks at any M: 16 output columns per group, one per lane
 // of a 512-bit vector. Each weight block is unpacked once for the 16 columns and transposed
 // (t[j] lane c = int32 j of column c's unpacked bytes), then dotted with every row's
 // activation block by dpbusd against broadcast activation words (integer: exact in any

@@ -1,5 +1,5 @@
 // AVX-512, 256-value K-quant blocks, any M: 16 output columns per group, one per lane of a
-// 512-bit vector, as quant_cols16 does for several rows of legacy blocks. Each column's block
+// 512-bit vector, as quant_cols16 does for legacy blocks. Each column's block
 // is unpacked ONCE per call into a Tile16 (lane c of every vector = column c): the packed
 // bytes are transposed 32 at a time (transpose16) and the values unpacked in that layout,
 // the header bytes likewise 16 at a time. Then every row's block sums come out per lane:
