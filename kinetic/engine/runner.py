@@ -22,6 +22,7 @@ import numpy as np
 
 from kinetic.model.layers import StepInput
 from kinetic.model.loader import LoadedModel
+from kinetic.model.weights import join_buffer, split_buffer
 
 RESERVED_PAGE = 0  # padding rows write here; no sequence's valid positions ever map to it
 PAGE_COPY_BATCH = 8  # pages restored from host memory per compiled copy
@@ -57,6 +58,7 @@ class Runner:
         cfg = model.config
         self._cache: list | None = None   # allocated on first use: see `cache`
         self._step = _compiled_step(model.arch.forward, cfg)
+        self._buffer, self._skeleton = split_buffer(model.weights)   # see split_buffer
         self.exact_rows = cfg.kernel == "ffi"
         T = config.step_tokens
         self.row_buckets = ([b for b in ROW_BUCKETS if b < T] + [T]) if self.exact_rows else [T]
@@ -113,8 +115,8 @@ class Runner:
             write_index, RESERVED_PAGE * page_size + np.arange(pad) % page_size,
             table.ravel(), [] if rows is None else rows]).astype(np.int32)
         layout = (bucket, table.shape, None if rows is None else len(rows))
-        logits, self.cache = self._step(self.model.weights, self.cache, jnp.asarray(packed),
-                                        layout)
+        logits, self.cache = self._step(self._buffer, self._skeleton, self.cache,
+                                        jax.device_put(packed), layout)
         return logits
 
     def key_bucket(self, positions: np.ndarray) -> int:
@@ -189,7 +191,7 @@ class Runner:
 def _compiled_step(forward, cfg):
     """One jitted step per (architecture, config): runners of the same model share its
     compiled shapes instead of compiling again."""
-    return jax.jit(partial(_forward, forward, cfg), donate_argnums=(1,), static_argnums=(3,))
+    return jax.jit(partial(_forward, forward, cfg), donate_argnums=(2,), static_argnums=(4,))
 
 
 @partial(jax.jit, donate_argnums=(0,))
@@ -199,12 +201,13 @@ def _write_pages(cache, idx, arrays):
             for k, v in cache]
 
 
-def _forward(forward, cfg, weights, cache, packed, layout):
-    """The model's forward over the StepInput that `packed` holds: rows tokens, positions,
+def _forward(forward, cfg, buffer, skeleton, cache, packed, layout):
+    """The model's forward (over the weights split_buffer took apart) and the StepInput
+    that `packed` holds: rows tokens, positions,
     slots and write_index (each B long), the page table [S, P'] and the logit rows (R long,
     or none for all), laid out as Runner.step_device packs them; layout = (B, (S, P'), R)."""
     B, (S, P), R = layout
     fields = [packed[i * B:(i + 1) * B] for i in range(4)]
     table = packed[4 * B:4 * B + S * P].reshape(S, P)
     rows = None if R is None else packed[4 * B + S * P:4 * B + S * P + R]
-    return forward(weights, cfg, cache, StepInput(*fields, table, rows))
+    return forward(join_buffer(buffer, skeleton), cfg, cache, StepInput(*fields, table, rows))

@@ -19,6 +19,7 @@ kernel cannot multiply, fails at load, naming the tensor.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from types import ModuleType
 from typing import Callable
@@ -33,7 +34,7 @@ from kinetic.kernels import ffi as native
 from kinetic.model import quants
 from kinetic.model.config import Config, ModelConfigError
 from kinetic.model.gguf_file import GGUFFile, RawTensor
-from kinetic.model.layers import Proj
+from kinetic.model.layers import DENSE, Proj
 
 KERNELS = ("auto", "ffi", "xla")
 
@@ -175,3 +176,34 @@ class _Packer:
             raise ModelConfigError(f"{self.file.path}: tensor {raw.name!r} holds "
                                    f"{raw.data.nbytes} bytes, not {n} rows of {raw.qtype.name}")
         return Proj(self.data, int(raw.qtype), raw.file_offset(self.file.bytes), n, k)
+
+
+def split_buffer(weights: dict) -> tuple[jax.Array | None, dict]:
+    """(the file buffer every packed Proj reads, the weights with that buffer taken out of
+    them). A jitted step takes the two apart: passed whole, each Proj's `data` would be an
+    argument of its own (hundreds of the same buffer to parse per call), and projections
+    that read one input could not share one kernel call (layers.linear_many needs one
+    buffer). join_buffer puts it back inside the step."""
+    buffers = {id(p.data): p.data for p in _projs(weights) if p.fmt != DENSE}
+    if len(buffers) > 1:
+        raise ValueError("packed weights over more than one buffer")
+    if not buffers:
+        return None, weights
+    skeleton = jax.tree.map(lambda p: dataclasses.replace(p, data=None)
+                            if isinstance(p, Proj) and p.fmt != DENSE else p,
+                            weights, is_leaf=lambda x: isinstance(x, Proj))
+    return next(iter(buffers.values())), skeleton
+
+
+def join_buffer(buffer: jax.Array | None, skeleton: dict) -> dict:
+    """split_buffer undone: every packed Proj reads `buffer` again."""
+    if buffer is None:
+        return skeleton
+    return jax.tree.map(lambda p: dataclasses.replace(p, data=buffer)
+                        if isinstance(p, Proj) and p.fmt != DENSE else p,
+                        skeleton, is_leaf=lambda x: isinstance(x, Proj))
+
+
+def _projs(weights) -> list[Proj]:
+    return [p for p in jax.tree.leaves(weights, is_leaf=lambda x: isinstance(x, Proj))
+            if isinstance(p, Proj)]
