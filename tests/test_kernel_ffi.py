@@ -79,3 +79,50 @@ def test_a_weight_outside_its_buffer_is_an_error_not_a_crash(weights):
     with pytest.raises(Exception, match="a row index is outside the matrix"):
         jax.jit(lambda r: ffi.dequant_rows(r, dev, Q8_0, parts[1][1], 16, k))(
             np.array([16], np.int32)).block_until_ready()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_kv_write_in_place_equals_numpy_rounding_and_xla_scatter(dtype):
+    """The C++ KV write gives the cache numpy's round-to-nearest-even values (XLA's scatter
+    too), leaves every other row as it was, and inside a jit that donates the caches writes
+    them in place (the result is the donated buffer)."""
+    from kinetic.model.layers import write_kv
+    rng = np.random.default_rng(1)
+    pages, page_size, K, Q, Qv, T = 6, 4, 2, 8, 16, 5
+    dt = jnp.dtype(dtype)
+    k0 = rng.standard_normal((pages, page_size, K, Q)).astype(np.float32)
+    v0 = rng.standard_normal((pages, page_size, K, Qv)).astype(np.float32)
+    # values that round differently to half / bfloat16, and subnormals of half
+    k = (rng.standard_normal((T, K, Q)) * np.float32(10.0) ** rng.integers(-9, 4, (T, K, Q))
+         ).astype(np.float32)
+    v = rng.standard_normal((T, K, Qv)).astype(np.float32)
+    index = np.array([5, 23, 0, 12, 7], np.int32)
+
+    def c_write(kc, vc):
+        return ffi.kv_write(kc, vc, jnp.asarray(k), jnp.asarray(v), jnp.asarray(index))
+
+    def xla_write(kc, vc):
+        return write_kv(kc, jnp.asarray(k), jnp.asarray(index)), write_kv(vc, jnp.asarray(v), jnp.asarray(index))
+
+    kc, vc = jnp.asarray(k0, dt), jnp.asarray(v0, dt)
+    want_k = np.asarray(kc).reshape(-1, K, Q).copy()
+    want_v = np.asarray(vc).reshape(-1, K, Qv).copy()
+    want_k[index], want_v[index] = k.astype(want_k.dtype), v.astype(want_v.dtype)
+    ref_k, ref_v = jax.jit(xla_write)(kc, vc)
+    pointer = kc.unsafe_buffer_pointer()
+    got_k, got_v = jax.jit(c_write, donate_argnums=(0, 1))(kc, vc)
+    assert got_k.unsafe_buffer_pointer() == pointer   # in place
+    for got, want, ref in ((got_k, want_k, ref_k), (got_v, want_v, ref_v)):
+        got = np.asarray(got).reshape(want.shape)
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+        np.testing.assert_array_equal(got.view(np.uint8), np.asarray(ref).reshape(want.shape).view(np.uint8))
+
+
+def test_kv_write_outside_the_cache_is_an_error_not_a_write():
+    kc, vc = jnp.zeros((2, 4, 1, 8)), jnp.zeros((2, 4, 1, 8))
+    rows = jnp.ones((1, 1, 8))
+    for bad in (8, -1):
+        with pytest.raises(Exception, match="a write index lies outside the cache"):
+            jax.jit(lambda kc, vc: ffi.kv_write(kc, vc, rows, rows, jnp.array([bad])))(
+                kc, vc)[0].block_until_ready()

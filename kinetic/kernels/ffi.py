@@ -4,6 +4,7 @@
     dequant_rows(rows, data, fmt, offset, n, k)  rows [T] int32 -> [T, k] f32
     rms_norm(x, w, eps)                      x [..., D] f32 -> [..., D] f32
     cos_sin(theta)                           theta f32 -> (cos, sin)
+    kv_write(k_cache, v_cache, k, v, index)  the caches with the rows written, in place
 
 `data` is a uint8 device array holding the weight at byte `offset` (kinetic passes the whole
 memory-mapped GGUF file, zero-copy); fmt, offset, n and k are static.
@@ -33,7 +34,7 @@ def register() -> None:
         return
     lib = kernels._need()
     for name in ("kinetic_qmatmul", "kinetic_dequant_rows", "kinetic_attention",
-                 "kinetic_rms_norm", "kinetic_cos_sin"):
+                 "kinetic_rms_norm", "kinetic_cos_sin", "kinetic_kv_write"):
         jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu")
     _registered = True
 
@@ -64,6 +65,21 @@ def dequant_rows(rows: jax.Array, data: jax.Array, fmt: int, offset: int, n: int
     return jax.ffi.ffi_call("kinetic_dequant_rows",
                             jax.ShapeDtypeStruct((rows.shape[0], k), jnp.float32))(
         rows, data, fmt=int(fmt), offset=int(offset), n=int(n), k=int(k))
+
+
+def kv_write(k_cache: jax.Array, v_cache: jax.Array, k: jax.Array, v: jax.Array,
+             index: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The caches [pages, page_size, K, *] with rows k [T, K, Q] and v [T, K, Qv] written at
+    flat rows index [T] (rounded to the cache's type), in place: each result aliases its
+    cache (donated by the caller's jit, so nothing is copied)."""
+    register()
+    return tuple(jax.ffi.ffi_call(
+        "kinetic_kv_write",
+        (jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype),
+         jax.ShapeDtypeStruct(v_cache.shape, v_cache.dtype)),
+        input_output_aliases={0: 0, 1: 1})(
+            k_cache, v_cache, k.astype(jnp.float32), v.astype(jnp.float32),
+            index.astype(jnp.int32).reshape(-1)))
 
 
 def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:

@@ -183,6 +183,18 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array, neox: bool) -> jax.
     return jnp.concatenate([out, rest], axis=-1) if rest.shape[-1] else out
 
 
+def write_kv_pair(kv: tuple[jax.Array, jax.Array], k: jax.Array, v: jax.Array,
+                  write_index: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The layer's (k_cache, v_cache) with the step's new rows k [T, K, Q] and v [T, K, Qv]
+    written at write_index. On CPU one C++ call writes both in place (XLA's scatter cost
+    about 15 us per array and layer there); elsewhere write_kv. The same values either way
+    (rounded to the cache's type to nearest even); of two rows with one index (padding
+    rows, in the reserved page) the later stays in C++, either in XLA."""
+    if _native_rows():
+        return native.kv_write(kv[0], kv[1], k, v, write_index)
+    return write_kv(kv[0], k, write_index), write_kv(kv[1], v, write_index)
+
+
 def write_kv(cache: jax.Array, new: jax.Array, write_index: jax.Array) -> jax.Array:
     """Scatter new [T, K, Q] rows into cache [pages, page_size, K, Q] (donated: no copy)."""
     pages, page_size = cache.shape[:2]

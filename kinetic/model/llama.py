@@ -11,7 +11,7 @@ import jax
 from kinetic.model.config import Config
 from kinetic.model.layers import (StepInput, apply_rope, embed, linear, output_logits,
                                   paged_attention, qkv, rms_norm, rope_angles, swiglu_ffn,
-                                  write_kv)
+                                  write_kv_pair)
 
 GLOBAL_TENSORS = ("token_embd", "output_norm")
 OPTIONAL_GLOBAL = ("output", "rope_freqs")
@@ -30,8 +30,7 @@ def attention_block(x: jax.Array, w: dict, kv: tuple[jax.Array, jax.Array], step
     T = x.shape[0]
     q, k, v = qkv(x, w, cfg)
     q, k = apply_rope(q, cos, sin, neox), apply_rope(k, cos, sin, neox)
-    k_cache = write_kv(kv[0], k, step.write_index)
-    v_cache = write_kv(kv[1], v, step.write_index)
+    k_cache, v_cache = write_kv_pair(kv, k, v, step.write_index)
     a = paged_attention(q, k_cache, v_cache, step, cfg.q_scale, kernel=cfg.kernel)  # [T, H, Qv]
     out = linear(a.reshape(T, -1), w["attn_output"], w.get("attn_output.bias"))
     return out, (k_cache, v_cache)

@@ -7,7 +7,7 @@ import jax
 from kinetic.model.config import Config
 from kinetic.model.layers import (StepInput, apply_rope, embed, linear, output_logits,
                                   paged_attention, qkv, rms_norm, rope_angles, swiglu_ffn,
-                                  write_kv)
+                                  write_kv_pair)
 
 GLOBAL_TENSORS = ("token_embd", "output_norm")
 OPTIONAL_GLOBAL = ("output",)
@@ -32,8 +32,7 @@ def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
             q, k, v = qkv(h, w, cfg)
             q = apply_rope(rms_norm(q, w["attn_q_norm"], eps), cos, sin, True)
             k = apply_rope(rms_norm(k, w["attn_k_norm"], eps), cos, sin, True)
-            k_cache = write_kv(k_cache, k, step.write_index)
-            v_cache = write_kv(v_cache, v, step.write_index)
+            k_cache, v_cache = write_kv_pair((k_cache, v_cache), k, v, step.write_index)
             a = paged_attention(q, k_cache, v_cache, step, cfg.q_scale, kernel=cfg.kernel)
             x = x + linear(a.reshape(T, -1), w["attn_output"])
         with jax.named_scope("ffn"):
