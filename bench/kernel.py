@@ -55,7 +55,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.throughput import cpu_name, load_note, memory_bandwidth
+from bench.probes import cpu_name, load_note, memory_bandwidth
 
 MODELS = ("smollm2", "qwen25coder", "gemma3")
 ISAS = ("scalar", "avx2", "avx512")
@@ -64,7 +64,7 @@ LARGE = 4e6   # weight bytes from which a matrix counts as large in the summary
 
 def copy_bandwidth(size: int = 1 << 30, threads: int = 2, repeats: int = 5) -> dict[int, float]:
     """Bytes READ per second by np.copyto of `size` bytes, best of `repeats`, with 1 and with
-    `threads` threads: half of bench/throughput.py's read + written figure."""
+    `threads` threads: half of bench/probes.py's read + written figure."""
     return {k: v / 2 for k, v in memory_bandwidth(size, threads, repeats).items()}
 
 

@@ -101,14 +101,31 @@ def serve_options(args: argparse.Namespace):
         raise SystemExit("kinetic serve: -ub must be at least 1")
     if args.batch_size < 1:
         raise SystemExit("kinetic serve: -b must be at least 1")
+    if args.draft_max is not None and not 0 <= args.draft_max < args.ubatch_size:
+        raise SystemExit(f"kinetic serve: --draft-max must be between 0 and -ub - 1 "
+                         f"({args.ubatch_size - 1}), got {args.draft_max}")
+    if args.cache_ram is not None and args.cache_ram < 0:
+        raise SystemExit(f"kinetic serve: --cache-ram must be 0 (none) or more MiB, "
+                         f"got {args.cache_ram}")
     port = args.port if args.port is not None else (11434 if args.ollama else 8080)
     config = ServerConfig(host=args.host, port=port, api_keys=_api_keys(args),
                           max_connections=args.max_connections, request_timeout=args.timeout,
                           stall_timeout=args.stall_timeout, sign_key=args.sign_key,
                           ollama=args.ollama)
     # -ub: rows per compiled step; -b: prompt rows one request may take in a step
+    # --draft-max 0: no drafting at all; --cache-ram: evicted prefix pages kept in host memory
+    given = ({"max_draft": min(EngineConfig.max_draft, args.ubatch_size - 1)}
+             if args.draft_max is None else
+             {"max_draft": args.draft_max, "speculative": args.draft_max > 0})
+    if args.decode_steps is not None:
+        if args.decode_steps < 1:
+            raise SystemExit(f"kinetic serve: --decode-steps must be at least 1, got "
+                             f"{args.decode_steps}")
+        given["decode_steps"] = args.decode_steps
+    if args.cache_ram is not None:
+        given["host_cache_mb"] = args.cache_ram
     engine = EngineConfig(parallel=args.parallel, n_ctx=args.ctx_size or (1 << 30),
-                          step_tokens=args.ubatch_size, chunk_tokens=args.batch_size)
+                          step_tokens=args.ubatch_size, chunk_tokens=args.batch_size, **given)
     model = resolve_model(args.model)
     draft = resolve_model(args.model_draft) if args.model_draft else None
     return config, ModelOptions(model, engine, args.dtype, draft)
@@ -165,6 +182,16 @@ def _add_serve(sub) -> None:
                        help="a smaller model of the same vocabulary that drafts tokens for "
                        "speculative decoding (never changes an answer; without it, drafts "
                        "come from n-gram lookup)")
+    serve.add_argument("--draft-max", "--spec-draft-n-max", type=int, default=None, metavar="N",
+                       help="most tokens drafted per step for each request (default 4; less "
+                       "than -ub); 0 turns speculative decoding off, n-gram lookup and -md alike")
+    serve.add_argument("--decode-steps", type=int, default=None, metavar="N",
+                       help="greedy decode steps per device call when nothing can come between "
+                       "them (no request waiting, no grammar, penalties or logprobs; default 4; "
+                       "1: one step per call). Never changes an answer")
+    serve.add_argument("-cram", "--cache-ram", type=int, default=None, metavar="MiB",
+                       help="host memory for prompt-cache pages evicted from the KV cache, "
+                       "reused by a later prompt that starts the same (default 1024; 0: none)")
     serve.add_argument("--sign-key", metavar="FILE",
                        help="Ed25519 private key for signing receipts (kept for receipts, "
                        "which come in a later version)")

@@ -433,7 +433,7 @@ def test_stats_while_requests_run(engine):
         a = engine.start(GenerationRequest(HELLO, max_tokens=3), gate)
         b_out, c_out = Collector(), Collector()
         b = engine.start(GenerationRequest(ids("abcd"), max_tokens=3), b_out)
-        c = engine.start(GenerationRequest(ids("xyz"), max_tokens=3), c_out)
+        engine.start(GenerationRequest(ids("xyz"), max_tokens=3), c_out)
     gate.wait_reached()  # a's first token: a and b were admitted into the 2 slots, c waits
     st = engine.stats()
     assert (st.queue_length, st.requests_processing) == (1, 2)

@@ -129,6 +129,47 @@ def test_answer_never_depends_on_load(setup, kind):
     assert run(engine("chunk5", parallel=4, chunk_tokens=5), request)[:2] == want
 
 
+def test_answers_are_the_same_with_several_decode_steps_per_call_and_one(setup):
+    """Greedy requests without logprobs run several decode steps per device call (the
+    engine's default decode_steps) when nothing else waits: the same tokens and finish as
+    one step per call, alone, with a stop string and ignore_eos, and among 15 others at
+    --parallel 16 (whose seeded and logprob rows make some turns ordinary steps)."""
+    tok, engine, _ = setup
+    ids = tok.encode(PROMPT, add_special=True, parse_special=True)
+    plain = GenerationRequest(ids, SamplingParams(temperature=0.0), max_tokens=23)
+    stop = GenerationRequest(ids, SamplingParams(temperature=0.0, ignore_eos=True),
+                             max_tokens=30, stop=[" Friday"])
+
+    def answer(e, request):
+        out, reason = [], None
+        for d in e.generate(request):
+            out += d.token_ids
+            reason = d.finish_reason or reason
+        return out, reason
+
+    one = engine("one-step", parallel=4, decode_steps=1, speculative=False)
+    several = engine("four-steps", parallel=4, decode_steps=4, speculative=False)
+    for request in (plain, stop):
+        before = several.counters()["decode_step_calls"]
+        want = answer(one, request)
+        assert answer(several, request) == want
+        assert several.counters()["decode_step_calls"] > before   # the path ran
+    assert answer(one, stop)[1] == "stop"
+    wide = engine("p16-steps", parallel=16, speculative=False)
+    texts = [OTHERS[i % 3][:10 + 25 * i] + f" {i}" for i in range(15)]
+    others = [GenerationRequest(tok.encode(t), SamplingParams(temperature=0.3 * (i % 2),
+                                                              seed=i),
+                                max_tokens=4 + 5 * (i % 4), logprobs=2 if i % 5 == 0 else None)
+              for i, t in enumerate(texts)]
+    threads = [threading.Thread(target=lambda r=r: list(wide.generate(r))) for r in others]
+    for t in threads:
+        t.start()
+    got = answer(wide, plain)
+    for t in threads:
+        t.join()
+    assert got == answer(one, plain)
+
+
 def test_drafts_are_proposed_and_accepted(setup):
     tok, engine, model = setup
     e = engine("p4-greedy", parallel=4)

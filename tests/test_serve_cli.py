@@ -54,6 +54,9 @@ def test_context_zero_means_the_models_own():
     (["-ub", "0"], "-ub"),
     (["-b", "0"], "-b"),
     (["--sign-key", "/no/such/key.pem"], "no such file"),
+    (["--draft-max", "16"], "--draft-max"),
+    (["-ub", "4", "--draft-max", "4"], "--draft-max"),
+    (["--cache-ram", "-1"], "--cache-ram"),
 ])
 def test_refused_flags_say_why(argv, words):
     with pytest.raises(SystemExit) as e:
@@ -75,9 +78,18 @@ def test_help_documents_every_flag(capsys):
     for flag in ("--host", "--port", "--ctx-size", "--parallel", "--batch-size",
                  "--ubatch-size", "--api-key", "--api-key-file", "--model-draft", "--sign-key",
                  "--mmproj", "--ollama", "--metrics", "--slots", "--gpu-layers", "--timeout",
-                 "--max-connections", "--stall-timeout"):
+                 "--max-connections", "--stall-timeout", "--draft-max", "--cache-ram"):
         assert flag in text
 
 
 def test_model_draft_is_taken():
     assert options("-md", "d.gguf")[1].draft == "d.gguf"
+
+
+def test_drafting_and_the_host_cache_can_be_turned_off():
+    e = options()[1].engine
+    assert e.speculative and e.max_draft == 4 and e.host_cache_mb == 1024
+    e = options("--draft-max", "0", "--cache-ram", "0")[1].engine
+    assert not e.speculative and e.max_draft == 0 and e.host_cache_mb == 0
+    e = options("--spec-draft-n-max", "2", "-cram", "64")[1].engine
+    assert e.speculative and e.max_draft == 2 and e.host_cache_mb == 64

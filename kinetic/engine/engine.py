@@ -62,7 +62,7 @@ HISTORY_WIDTH = 4096  # the penalties' window holds at most the last this many t
 MASK_BUDGET_SECONDS = 1.0
 COUNTERS = ("requests", "prompt_tokens", "prompt_tokens_cached", "prompt_seconds",
             "tokens_predicted", "tokens_predicted_seconds", "draft_tokens", "draft_accepted",
-            "steps", "pages_to_host", "pages_from_host")
+            "steps", "pages_to_host", "pages_from_host", "decode_step_calls")
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,8 @@ class Engine:
         runner_config = RunnerConfig(
             step_tokens=config.step_tokens, num_slots=config.parallel,
             page_size=config.page_size, num_pages=config.num_pages,
-            pages_per_slot=config.pages_per_slot, kv_dtype=config.kv_dtype)
+            pages_per_slot=config.pages_per_slot, kv_dtype=config.kv_dtype,
+            decode_steps=config.decode_steps if draft is None else 1)
         self.runner = Runner(model, runner_config)
         self.drafter = DraftModel(draft, model, runner_config) if draft is not None else None
         self.host_pages = HostPageStore(config.host_cache_mb << 20)
@@ -339,12 +340,17 @@ class Engine:
     def _turn(self) -> None:
         self._grammar_spent.clear()   # each turn's grammar budget starts afresh
         self._propose_drafts()
+        n_steps = self._plan_decode_steps()
         plan = self.scheduler.schedule()
         self._sync_host_pages(plan)
         if not len(plan):
             return
         started = time.perf_counter()
         rows = plan.sample_rows
+        if n_steps and self._decode_steps_plan(plan, n_steps):
+            self._finish_turn(plan, rows, self._run_decode_steps(plan, rows, n_steps), started,
+                              multi=True)
+            return
         # A step that samples at most one row (a prompt chunk's last, or none before it)
         # computes only the logits it samples (ffi kernel), unless a job scores every row;
         # at_row maps a plan row to its row of the logits.
@@ -362,6 +368,13 @@ class Engine:
                     logits[c.first_row:c.first_row + c.num_rows])
         masks = self._masks(plan, rows)   # host work while the device runs the step
         samples = self._sample(plan, logits, rows, masks, at_row) if rows else {}
+        self._finish_turn(plan, rows, samples, started)
+
+    def _finish_turn(self, plan, rows: dict[int, list[int]], samples: dict, started: float,
+                     multi: bool = False) -> None:
+        """Hand out a step's tokens (samples: seq id -> (tokens drawn at its rows, logprob
+        entries or None)), advance the scheduler, end the requests that ended. multi: the
+        step ran as decode steps (_run_decode_steps), whose later rows took the drawn tokens."""
         accepted: dict[int, list[int]] = {}
         ending: dict[int, str] = {}
         for seq_id, row_ids in rows.items():
@@ -369,7 +382,7 @@ class Engine:
             if seq_id in self._over_budget:
                 continue
             draft = plan.tokens[row_ids[1:]].tolist() if len(row_ids) > 1 else []
-            new = accept(draft, tokens)
+            new = tokens if multi else accept(draft, tokens)
             with self._grammar_work(seq_id):
                 keep, reason = job.take(new, lps[:len(new)] if lps else None)
             if seq_id in self._over_budget:
@@ -382,7 +395,7 @@ class Engine:
         self._over_budget.clear()
         if self.drafter is not None:
             self.drafter.follow(plan)
-        self._count(plan, rows, accepted, time.perf_counter() - started)
+        self._count(plan, rows, accepted, time.perf_counter() - started, multi)
         finished = self.scheduler.complete(plan, accepted)
         for seq in finished:
             ending.setdefault(seq.seq_id, seq.finish_reason or "length")
@@ -439,18 +452,82 @@ class Engine:
                 start += n
             self._counters["pages_from_host"] += len(pages)
 
-    def _count(self, plan, rows, accepted, seconds: float) -> None:
+    def _count(self, plan, rows, accepted, seconds: float, multi: bool = False) -> None:
         c = self._counters
         decode_rows = sum(len(r) for r in rows.values())
         prompt_rows = len(plan) - decode_rows
         for seq_id, r in rows.items():
-            c["draft_tokens"] += len(r) - 1
-            c["draft_accepted"] += max(0, len(accepted.get(seq_id, [])) - 1)
+            if not multi:   # decode steps' later rows are not drafts
+                c["draft_tokens"] += len(r) - 1
+                c["draft_accepted"] += max(0, len(accepted.get(seq_id, [])) - 1)
         c["prompt_tokens"] += prompt_rows
         c["tokens_predicted"] += sum(len(a) for a in accepted.values())
         c["prompt_seconds"] += seconds * prompt_rows / max(len(plan), 1)
         c["tokens_predicted_seconds"] += seconds * decode_rows / max(len(plan), 1)
-        c["steps"] += 1
+        c["steps"] += max(1, len(next(iter(rows.values())))) if multi else 1
+        c["decode_step_calls"] += multi   # device calls that ran several decode steps
+
+    # --- several decode steps per device call ---------------------------------------------
+
+    def _plan_decode_steps(self) -> int:
+        """How many decode steps the next device call runs (0: one ordinary step), and if
+        more than one, the scheduler is handed placeholder drafts that make it reserve the
+        rows and pages of those steps. Only where nothing could happen between them: no
+        request waiting, every running sequence caught up without a draft, and every
+        request plain greedy (no penalties, DRY or Mirostat), without a grammar, logprobs or
+        scored logits, with room for every step's token (max_tokens and the context).
+        Stop strings and end-of-generation tokens may still come: the tokens after them are
+        dropped (Job.take), never sent."""
+        running = self.scheduler.running
+        if (not running or self.drafter is not None or self.scheduler.waiting
+                or not self._inbox.empty()):
+            return 0
+        n = self.runner.decode_steps_at(len(running))
+        if n < 2:
+            return 0
+        for seq in running:
+            job = self._jobs.get(seq.seq_id)
+            if (job is None or seq.draft or seq.num_computed != len(seq.tokens) - 1
+                    or job.matcher is not None or job.request.logprobs is not None
+                    or job.all_logits or not sampler.plain_greedy(job.request.params)):
+                return 0
+            room = self.max_context - len(seq.tokens)
+            if seq.max_tokens is not None:
+                room = min(room, seq.max_tokens - seq.n_decoded - 1)
+            if room < n - 1:
+                return 0
+        for seq in running:
+            self.scheduler.set_draft(seq.seq_id, [seq.tokens[-1]] * (n - 1))
+        return n
+
+    @staticmethod
+    def _decode_steps_plan(plan, n: int) -> bool:
+        """Whether the scheduler gave every sequence of `plan` its decode row and the n - 1
+        placeholder rows (it may not: pages ran short). If not, the plan runs as an ordinary
+        step that verifies the placeholders as drafts, which is correct, only slower."""
+        return all(c.sampled and c.num_rows == n and c.num_draft == n - 1 for c in plan.chunks)
+
+    def _run_decode_steps(self, plan, rows: dict[int, list[int]], n: int) -> dict:
+        """Run `plan` (every sequence: its newest token's row and n - 1 placeholder rows) as n
+        decode steps in one device call, each step's token fed to the next. The plan's
+        placeholder tokens become the tokens the steps drew, so that Scheduler.complete
+        sees them as accepted drafts. Returns _sample's shape of result."""
+        order = list(rows.items())
+        grid = np.array([r for _, r in order], np.int64).T   # [n, B]: step i's row per seq
+        first = grid[0]
+        bias = self._bias([(sid, r[0]) for sid, r in order], self.runner.row_bucket(len(order)))
+        drawn = np.asarray(self.runner.decode_steps(
+            plan.tokens[first], plan.positions[grid], plan.slots[first], plan.write_index[grid],
+            plan.page_table, bias))[:, :len(order)]
+        out = {}
+        for j, (sid, row_ids) in enumerate(order):
+            tokens = drawn[:, j].tolist()
+            plan.tokens[row_ids[1:]] = tokens[:-1]
+            job = self._jobs[sid]
+            job.pending_mu = (sampler.initial_mu(job.request.params) if job.mu is None
+                              else job.mu)
+            out[sid] = (tokens, None)
+        return out
 
     def _usage(self, seq_id: int):
         usage = self._jobs[seq_id].usage()

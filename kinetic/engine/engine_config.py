@@ -22,6 +22,8 @@ class EngineConfig:
     speculative: bool = True   # n-gram prompt-lookup drafts in the step's spare rows
     max_draft: int = 4
     host_cache_mb: int = 1024  # evicted prefix pages kept in host memory (0: none)
+    decode_steps: int = 4      # greedy decode steps per device call when nothing can come
+                               # between them (1: one step per call; see docs/performance.md)
 
     def __post_init__(self) -> None:
         if self.parallel < 0:
@@ -31,6 +33,8 @@ class EngineConfig:
                              f"({self.page_size} tokens)")
         if self.step_tokens < 1:
             raise ValueError("step_tokens must be at least 1")
+        if self.decode_steps < 1:
+            raise ValueError("decode_steps must be at least 1")
         if self.max_draft < 0 or self.max_draft >= self.step_tokens:
             raise ValueError("max_draft must be between 0 and step_tokens - 1")
 

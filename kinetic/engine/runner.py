@@ -38,6 +38,7 @@ class RunnerConfig:
     num_pages: int = 129      # including the reserved page 0
     pages_per_slot: int = 128  # P: a slot's page table length; context = P * page_size
     kv_dtype: str = "float32"
+    decode_steps: int = 1     # most greedy decode steps one device call runs (decode_steps)
 
     def __post_init__(self) -> None:
         if self.step_tokens < 1:
@@ -58,6 +59,7 @@ class Runner:
         cfg = model.config
         self._cache: list | None = None   # allocated on first use: see `cache`
         self._step = _compiled_step(model.arch.forward, cfg)
+        self._decode = _compiled_decode(model.arch.forward, cfg)
         self._buffer, self._skeleton = split_buffer(model.weights)   # see split_buffer
         self.exact_rows = cfg.kernel == "ffi"
         T = config.step_tokens
@@ -119,6 +121,42 @@ class Runner:
                                         jax.device_put(packed), layout)
         return logits
 
+    def decode_steps_at(self, n: int) -> int:
+        """Decode steps one call runs for n sequences (0 or 1: no such call): the config's
+        decode_steps, fewer where n's row bucket times it would not fit a step's rows (the
+        scheduler plans the call's rows as one step)."""
+        if not self.exact_rows or self.config.decode_steps < 2:
+            return 0
+        steps = min(self.config.decode_steps, self.config.step_tokens // self.row_bucket(n))
+        return steps if steps >= 2 else 0
+
+    def decode_steps(self, tokens: np.ndarray, positions: np.ndarray, slots: np.ndarray,
+                     write_index: np.ndarray, page_table: np.ndarray,
+                     bias: jax.Array) -> jax.Array:
+        """N greedy decode steps of n sequences, one row each, in one device call (kernel
+        "ffi" only): step i runs row r at positions[i, r], writing write_index[i, r], and
+        feeds it the token that step i - 1 drew for it (tokens[r] at i = 0); each draw is
+        sampler.greedy's (the full mask, bias [B, V] at the row bucket B >= n). positions
+        and write_index: [N, n]. Returns the drawn tokens [N, B] (-1 where a row allowed no
+        token; rows n.. are padding). The same tokens as N calls of step_device followed by
+        sampler.greedy: a row's logits do not depend on the step's other rows."""
+        if not self.exact_rows:
+            raise ValueError("decode_steps needs the ffi kernel (XLA's dot is not batch-invariant)")
+        N, n = positions.shape
+        bucket = self.row_bucket(n)
+        pad = bucket - n
+        reserved = RESERVED_PAGE * self.config.page_size + np.arange(pad) % self.config.page_size
+        table = page_table[:, :self.key_bucket(positions.ravel())]
+        packed = np.concatenate([
+            tokens, np.zeros(pad), slots, np.zeros(pad),
+            np.concatenate([positions, np.zeros((N, pad))], axis=1).ravel(),
+            np.concatenate([write_index, np.broadcast_to(reserved, (N, pad))], axis=1).ravel(),
+            table.ravel()]).astype(np.int32)
+        layout = (bucket, N, n, table.shape)
+        out, self.cache = self._decode(self._buffer, self._skeleton, self.cache,
+                                       jax.device_put(packed), bias, layout)
+        return out
+
     def key_bucket(self, positions: np.ndarray) -> int:
         """Pages of each slot's table the step reads: the smallest bucket that covers the
         furthest position. Attention over a padded, masked key axis gives the same bits at
@@ -179,12 +217,24 @@ class Runner:
         shapes = [(r, b, want) for r in self.row_buckets for b in self.buckets
                   for want in ((None, [0], []) if self.exact_rows else (None,))
                   if want is None or self._logit_shape(r, want) == want]
+        # and the decode-step loops (decode_steps) at each row bucket that has one
+        loops = [(r, self.decode_steps_at(r)) for r in self.row_buckets
+                 if r <= S and self.decode_steps_at(r)]
+        total = len(shapes) + len(loops)
         for i, (rows, b, want) in enumerate(shapes):
             pos = np.full(rows, b * ps - 1)
             self.step_device(np.zeros(rows), pos, np.zeros(rows), np.arange(rows) % ps,
                              np.zeros((S, P), np.int32), want).block_until_ready()
             if progress:
-                progress(i + 1, len(shapes))
+                progress(i + 1, total)
+        for i, (rows, n) in enumerate(loops):
+            grid = np.zeros((n, rows), np.int64)
+            self.decode_steps(np.zeros(rows), grid + P * ps - 1, np.zeros(rows),
+                              grid + np.arange(rows) % ps, np.zeros((S, P), np.int32),
+                              jnp.zeros((rows, self.model.config.vocab_size), jnp.float32)
+                              ).block_until_ready()
+            if progress:
+                progress(len(shapes) + i + 1, total)
 
 
 @functools.cache
@@ -192,6 +242,39 @@ def _compiled_step(forward, cfg):
     """One jitted step per (architecture, config): runners of the same model share its
     compiled shapes instead of compiling again."""
     return jax.jit(partial(_forward, forward, cfg), donate_argnums=(2,), static_argnums=(4,))
+
+
+@functools.cache
+def _compiled_decode(forward, cfg):
+    """decode_steps' jitted loop, shared like _compiled_step."""
+    return jax.jit(partial(_decode_loop, forward, cfg), donate_argnums=(2,), static_argnums=(5,))
+
+
+def _decode_loop(forward, cfg, buffer, skeleton, cache, packed, bias, layout):
+    """Runner.decode_steps' N steps as one loop; `packed` as decode_steps lays it out:
+    tokens and slots (B each), positions and write_index ([N, B] each), the page table."""
+    from kinetic.engine import sampler   # (the engine's module; imported late: no cycle)
+    B, N, n, (S, P) = layout
+    tokens, slots = packed[:B], packed[B:2 * B]
+    positions = packed[2 * B:2 * B + N * B].reshape(N, B)
+    write_index = packed[2 * B + N * B:2 * B + 2 * N * B].reshape(N, B)
+    table = packed[2 * B + 2 * N * B:].reshape(S, P)
+    weights = join_buffer(buffer, skeleton)
+    mask = jnp.full((B, -(-bias.shape[1] // 32)), -1, jnp.int32)
+    real = jnp.arange(B) < n
+
+    def body(i, carry):
+        cache, tok, out = carry
+        step = StepInput(tok, positions[i], slots, write_index[i], table, None)
+        logits, cache = forward(weights, cfg, cache, step)
+        drawn = sampler.greedy(logits, bias, mask)
+        # the next input: the drawn token (0 for padding rows and rows that allowed none,
+        # whose later tokens the engine discards)
+        return cache, jnp.where(real & (drawn >= 0), drawn, 0), out.at[i].set(drawn)
+
+    out = jnp.zeros((N, B), jnp.int32)
+    cache, _, out = jax.lax.fori_loop(0, N, body, (cache, tokens, out))
+    return out, cache
 
 
 @partial(jax.jit, donate_argnums=(0,))
