@@ -537,16 +537,97 @@ def test_close_ends_requests_still_running(make_engine):
 
 def test_no_request_compiles_after_engine_compile(make_engine):
     """Engine.compile compiles every sampler variant a request can select: greedy, seeded,
-    penalties over the whole context, DRY, Mirostat and logprobs then add no compiled
-    entry (a compile on a request would stall every stream)."""
+    penalties over the whole context, DRY, Mirostat, logit bias, ignore_eos and logprobs,
+    alone or mixed in one step (logprobs for some of its rows), then add no compiled entry
+    (a compile on a request would stall every stream)."""
     from kinetic.engine import sampler
-    engine = make_engine()
+    engine = make_engine(parallel=4)
+    # the ffi kernel's row buckets (the mock's logits are exact at any row count): the sampler
+    # at buckets 1, 4 and 16, logprob rows picked from steps of any row bucket
+    engine.runner.row_buckets = [1, 2, 4, 8, 16]
     engine.compile()
     jitted = (sampler.sample, sampler.logprobs, sampler.greedy, sampler.pick_rows)
     before = [f._cache_size() for f in jitted]
     asks = [SamplingParams(temperature=0.0), sampled(1), sampled(2, repeat_penalty=1.3,
             repeat_last_n=-1, presence_penalty=0.2), sampled(3, dry_multiplier=0.8),
-            sampled(4, mirostat=2), SamplingParams(temperature=0.0, frequency_penalty=0.5)]
+            sampled(4, mirostat=2), SamplingParams(temperature=0.0, frequency_penalty=0.5),
+            SamplingParams(temperature=0.0, logit_bias=((12, -100.0), (3, 1.0), (3, 0.5))),
+            sampled(5, ignore_eos=True), SamplingParams(temperature=0.0, ignore_eos=True),
+            SamplingParams(temperature=0.0, dry_multiplier=0.8, dry_allowed_length=0,
+                           logit_bias=((0, 2.0),))]
     for i, params in enumerate(asks):
         run(engine, GenerationRequest(HELLO, params, max_tokens=4, logprobs=2 if i % 2 else None))
+    for group in (asks[:4], asks[4:8], asks[6:]):   # mixed steps
+        with Paused(engine):
+            outs = [Collector() for _ in group]
+            for i, (params, out) in enumerate(zip(group, outs)):
+                engine.start(GenerationRequest(ids("abcdefgh"[i:]), params, max_tokens=6,
+                                               logprobs=1 if i % 2 else None), out)
+        assert all(out.wait().finish_reason for out in outs)
     assert [f._cache_size() for f in jitted] == before
+
+
+def test_logprobs_are_computed_only_for_the_rows_that_ask(make_engine, monkeypatch):
+    """A step whose sampled rows include some that want log-probabilities computes them for
+    those rows alone, at the sampler bucket of their count, with the bits they have alone."""
+    from kinetic.engine import sampler
+    e = make_engine(parallel=4)
+    # the ffi kernel's row buckets (the mock's logits are exact at any row count), so that the
+    # sampler runs at buckets 1, 4 and 16
+    e.runner.row_buckets = [1, 2, 4, 8, 16]
+    assert e.sample_buckets == [1, 4, 16]
+    sample_rows, logprob_rows = [], []
+    real_sample, real_logprobs = sampler.sample, sampler.logprobs
+    monkeypatch.setattr(sampler, "sample", lambda logits, *a, **kw: sample_rows.append(
+        logits.shape[0]) or real_sample(logits, *a, **kw))
+    monkeypatch.setattr(sampler, "logprobs", lambda logits, tokens, n: logprob_rows.append(
+        logits.shape[0]) or real_logprobs(logits, tokens, n))
+    request = GenerationRequest(HELLO, params=sampled(7), max_tokens=12, logprobs=3,
+                                speculative=False)
+    alone = run(e, request)
+    with Paused(e):
+        others = [Collector() for _ in range(3)]
+        for i, c in enumerate(others):
+            e.start(GenerationRequest(ids("abcdefgh"[i:]), params=sampled(i), max_tokens=20), c)
+        mine = Collector()
+        e.start(request, mine)
+    batched = mine.wait()
+    assert all(c.wait().finish_reason for c in others)
+    assert batched.tokens == alone.tokens and batched.logprobs == alone.logprobs
+    assert max(sample_rows) >= 4 and set(logprob_rows) == {1}
+
+
+def test_dry_rows_past_the_pair_width_give_the_same_tokens(make_engine, monkeypatch):
+    """A DRY row with more penalised tokens than DRY_WIDTH travels whole in the dense spill,
+    in the compiled shape: the same tokens and logprobs as with room for every pair, and
+    rows of both kinds sample together in one step."""
+    from kinetic.engine import engine as engine_module
+    from kinetic.engine import sampler
+    requests = [GenerationRequest(HELLO, SamplingParams(temperature=0.0, dry_multiplier=0.8,
+                                                        dry_allowed_length=0), max_tokens=10,
+                                  logprobs=2),
+                GenerationRequest(ids("abcabcabd"), sampled(3, dry_multiplier=0.5,
+                                                            dry_allowed_length=1), max_tokens=10),
+                GenerationRequest(ids("xyxyxyxy"), sampled(4, dry_multiplier=1.5), max_tokens=10)]
+    wide = [run(make_engine(), r) for r in requests]
+    monkeypatch.setattr(engine_module, "DRY_WIDTH", 2)
+    e = make_engine(parallel=4)
+    e.compile()
+    before = sampler.sample._cache_size()
+    spills, fits = [], []
+    real_dry = e._dry
+
+    def spy(*a):
+        dry = real_dry(*a)
+        spills.append(bool(dry.spilled))
+        fits.append(bool((np.asarray(dry.ids) >= 0).any()))
+        return dry
+    e._dry = spy
+    with Paused(e):
+        outs = [Collector() for _ in requests]
+        for r, out in zip(requests, outs):
+            e.start(r, out)
+    narrow = [out.wait() for out in outs]
+    assert [(r.tokens, r.logprobs) for r in narrow] == [(r.tokens, r.logprobs) for r in wide]
+    assert any(s and f for s, f in zip(spills, fits))   # spilled and paired rows in one step
+    assert sampler.sample._cache_size() == before

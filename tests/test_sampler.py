@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 import tests.sampler_reference as ref
-from kinetic.engine.sampler import (_uniforms, distribution, full_mask, logprobs, make_row_params,
-                                    sample)
-from kinetic.engine.sampling_params import (DryBreakers, SamplingParams, bias_row, dry_row,
-                                            from_gguf_defaults, history_rows)
+from kinetic.engine.sampler import (Sparse, _uniforms, distribution, full_mask, greedy, logprobs,
+                                    make_row_params, pack_pairs, sample)
+from kinetic.engine.sampling_params import (MAX_LOGIT_BIAS, DryBreakers, SamplingParams, bias_pairs,
+                                            bias_row, dry_pairs, dry_row, from_gguf_defaults,
+                                            history_rows)
 
 V, B, H = 32, 8, 16
 RNG = np.random.default_rng(1234)
@@ -303,7 +304,8 @@ def test_defaults_are_llama_servers():
     (dict(logit_bias={"a": 1}), "logit_bias"), (dict(logit_bias={1: 200}), "logit_bias"),
     (dict(logit_bias={1: math.nan}), "logit_bias"), (dict(dry_sequence_breakers=[]), "dry_sequence_breakers"),
     (dict(dry_sequence_breakers="abc"), "dry_sequence_breakers"), (dict(typical_p=2), "typical_p"),
-    (dict(xtc_threshold=-1), "xtc_threshold"), (dict(min_keep=-1), "min_keep")])
+    (dict(xtc_threshold=-1), "xtc_threshold"), (dict(min_keep=-1), "min_keep"),
+    (dict(logit_bias={i: 1 for i in range(MAX_LOGIT_BIAS + 1)}), "logit_bias")])
 def test_invalid_values_are_refused_by_name(kw, field):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**kw)
@@ -422,3 +424,112 @@ def test_the_greedy_path_draws_what_sample_draws():
               SamplingParams(temperature=0, dry_multiplier=0.8)):
         assert not plain_greedy(p)
     assert plain_greedy(SamplingParams(temperature=0, repeat_penalty=1.5, repeat_last_n=0))
+
+
+# --- sparse bias and DRY: bitwise the dense rows' results ----------------------------------------
+
+def _dense_of(pairs, vocab):
+    row = np.zeros(vocab, np.float32)
+    row[pairs[0]] = pairs[1]
+    return row
+
+
+def _random_bias(rng, vocab):
+    """Random logit_bias entries: repeated ids (they add up), -100 and -inf bans, +-100, ids
+    past the vocabulary (ignored), and ignore_eos."""
+    entries = [(int(rng.integers(0, vocab + 8)),
+                float(rng.choice([rng.uniform(-5, 5), -100.0, -math.inf, 100.0, 0.0, -99.5])))
+               for _ in range(int(rng.integers(0, 12)))]
+    entries += [(t, float(rng.uniform(-3, 3))) for t, _ in entries[:int(rng.integers(0, 4))]]
+    return dict(logit_bias=entries, ignore_eos=bool(rng.integers(0, 2)))
+
+
+def test_bias_pairs_are_bias_row():
+    rng = np.random.default_rng(21)
+    for trial in range(300):
+        p = SamplingParams(**_random_bias(rng, V))
+        ids, values = bias_pairs(p, V, eog_ids=[3, 7, 99])
+        assert ids.dtype == np.int32 and values.dtype == np.float32
+        assert list(ids) == sorted(set(ids.tolist())) and ((ids >= 0) & (ids < V)).all()
+        want = bias_row(p, V, eog_ids=[3, 7, 99])
+        assert _dense_of((ids, values), V).tobytes() == want.tobytes(), trial
+    # repeated ids add up in float32, in order; a ban wins over what came before it
+    p = SamplingParams(logit_bias=[(2, 0.1), (2, 0.2), (4, 1.0), (4, -100), (5, -100), (5, 3.0)])
+    ids, values = bias_pairs(p, V)
+    assert ids.tolist() == [2, 4, 5] and values[0] == np.float32(np.float32(0.1) + 0.2)
+    assert values[1] == values[2] == -np.inf
+    # the most a request can ask fits the engine's fixed width
+    from kinetic.engine.engine import BIAS_WIDTH
+    eog = list(range(2000, 2064))
+    p = SamplingParams(logit_bias=[(t, 1.0) for t in range(MAX_LOGIT_BIAS)] * 2, ignore_eos=True)
+    assert len(bias_pairs(p, 4096, eog)[0]) == MAX_LOGIT_BIAS + 64 == BIAS_WIDTH
+    pack_pairs([bias_pairs(p, 4096, eog)], 2, BIAS_WIDTH)
+    with pytest.raises(ValueError, match="pairs"):
+        pack_pairs([bias_pairs(p, 4096, eog)], 2, BIAS_WIDTH - 1)
+
+
+def test_dry_pairs_are_the_penalised_tokens():
+    rng = np.random.default_rng(8)
+    breakers = DryBreakers({5: ((),), 3: ((4,),)})
+    for trial in range(200):
+        seq = list(rng.integers(0, 12, size=int(rng.integers(0, 50))))
+        p = SamplingParams(dry_multiplier=float(rng.uniform(0.1, 2)), dry_allowed_length=int(rng.integers(0, 3)))
+        ids, values = dry_pairs(seq, p, breakers, V, 1 << 30)
+        assert list(ids) == sorted(set(ids.tolist())) and (values > 0).all()
+        assert set(ids.tolist()) <= set(seq) - {5}   # tokens of the window, never a breaker
+        assert _dense_of((ids, values), V).tobytes() == dry_row(seq, p, breakers, V, 1 << 30).tobytes()
+
+
+@pytest.mark.parametrize("k", [256, 4], ids=["candidates", "whole_vocab"])
+def test_sparse_bias_and_dry_give_bitwise_the_dense_results(k):
+    """sample, distribution and greedy over Sparse pairs (what the engine sends) give the very
+    bits of the dense [B, V] rows they stand for: random logits (with -0.0 and +0.0 in them),
+    random biases with repeats, bans and ignore_eos, DRY rows, some of them too long for the
+    pair width (spilled whole into the dense part), and steps where no row has DRY."""
+    rng = np.random.default_rng(99)
+    vocab, batch, eog = 96, 16, [3, 50, 95]
+    chains = [dict(), dict(PLAIN), dict(temperature=0.0), dict(mirostat=2), dict(mirostat=1),
+              dict(PLAIN, top_p=0.7, repeat_penalty=1.3, presence_penalty=0.2),
+              dict(top_k=5, xtc_probability=1.0, xtc_threshold=0.05),
+              dict(PLAIN, top_n_sigma=1.0, typical_p=0.8), dict(temperature=0.0, repeat_penalty=1.2)]
+    breakers = DryBreakers({5: ((),)})
+    for trial in range(6):
+        logits = (rng.standard_normal((batch, vocab)) * 3).astype(np.float32)
+        logits[rng.random((batch, vocab)) < 0.02] = -0.0
+        logits[rng.random((batch, vocab)) < 0.02] = 0.0
+        dry_on = trial != 2   # trial 2: no row has DRY (the pairs all unused)
+        params = [SamplingParams(**chains[int(rng.integers(0, len(chains)))], **_random_bias(rng, vocab),
+                                 dry_multiplier=float(rng.choice([0.0, 0.8])) if dry_on else 0.0,
+                                 dry_allowed_length=int(rng.integers(0, 3)), seed=r)
+                  for r in range(batch)]
+        hists = [list(rng.integers(0, 14, size=int(rng.integers(0, 60)))) for _ in range(batch)]
+        rows = make_row_params(params, list(range(batch)), list(rng.integers(0, 1000, batch)))
+        hist = history_rows(hists, 64)
+        mask = full_mask(batch, vocab)
+        mask[rng.random(mask.shape) < 0.05] = 0
+        biases = [bias_pairs(p, vocab, eog) for p in params]
+        drys = [dry_pairs(h, p, breakers, vocab, 1 << 30) if p.dry_multiplier > 0 else None
+                for p, h in zip(params, hists)]
+        dense_bias = np.stack([bias_row(p, vocab, eog) for p in params])
+        dense_dry = np.stack([dry_row(h, p, breakers, vocab, 1 << 30) for p, h in zip(params, hists)])
+        bias = Sparse(*pack_pairs(biases, batch, 64))
+        width = 6
+        over = [i for i, d in enumerate(drys) if d is not None and len(d[0]) > width]
+        spill = np.zeros((batch, vocab), np.float32)
+        for i in over:
+            spill[i] = _dense_of(drys[i], vocab)
+        dry = Sparse(*pack_pairs([None if i in over else d for i, d in enumerate(drys)], batch, width),
+                     spill, np.bool_(bool(over)))
+        assert (trial == 2) or (over and len(over) < sum(d is not None for d in drys)), trial
+        # and without a spill part (every row fits a width as wide as the vocabulary)
+        dry_wide = Sparse(*pack_pairs(drys, batch, vocab))
+        want_tok, want_mu = sample(logits, rows, hist, dense_bias, mask, dense_dry, max_candidates=k)
+        want_dist = distribution(logits, rows, hist, dense_bias, mask, dense_dry, max_candidates=k)
+        for d in (dry, dry_wide) if k == 256 else (dry,):   # (each variant compiles for seconds)
+            tok, mu = sample(logits, rows, hist, bias, mask, d, max_candidates=k)
+            assert np.asarray(tok).tobytes() == np.asarray(want_tok).tobytes(), trial
+            assert np.asarray(mu).tobytes() == np.asarray(want_mu).tobytes(), trial
+        dist = distribution(logits, rows, hist, bias, mask, dry, max_candidates=k)
+        assert np.asarray(dist).tobytes() == np.asarray(want_dist).tobytes(), trial
+        assert np.asarray(greedy(logits, bias, mask)).tolist() == \
+            np.asarray(greedy(logits, dense_bias, mask)).tolist()

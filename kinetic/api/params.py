@@ -26,7 +26,7 @@ from typing import Any
 
 from kinetic.api.errors import APIError, bad_request, not_supported
 from kinetic.engine.request import MAX_LOGPROBS, MAX_STOP_STRINGS
-from kinetic.engine.sampling_params import SamplingParams
+from kinetic.engine.sampling_params import MAX_LOGIT_BIAS, SamplingParams
 from kinetic.grammar import (Grammar, GrammarError, GrammarTooCostly, UnsupportedSchema,
                              compile_gbnf, compile_json_schema)
 from kinetic.grammar.json_schema import InvalidSchema, check_types
@@ -34,7 +34,6 @@ from kinetic.grammar.json_schema.keywords import unesc
 from kinetic.text.chat_messages import MESSAGE_STRINGS
 
 MAX_TOKENS_LIMIT = 1 << 20      # generation also ends when the context is full
-MAX_LOGIT_BIAS = 1024           # entries
 MAX_STOP_CHARS = 1000           # per stop string
 MAX_DRY_BREAKERS = 64
 INT32_MAX = 2**31 - 1

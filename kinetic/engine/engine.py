@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import functools
 import itertools
 import os
 import queue
@@ -47,7 +48,7 @@ from kinetic.engine.host_cache import HostPageStore
 from kinetic.engine.job import Job
 from kinetic.engine.request import Delta, GenerationRequest, MAX_LOGPROBS
 from kinetic.engine.runner import Runner, RunnerConfig
-from kinetic.engine.sampling_params import SamplingParams, history_rows
+from kinetic.engine.sampling_params import MAX_LOGIT_BIAS, SamplingParams, history_rows
 from kinetic.engine.scheduler import ContextOverflow, Scheduler, SchedulerConfig, Sequence
 from kinetic.engine.speculative import accept, ngram_draft
 from kinetic.grammar import (Grammar, GrammarTooCostly, MaskBudgetExceeded, Matcher, TokenVocab,
@@ -56,6 +57,17 @@ from kinetic.model.loader import LoadedModel
 from kinetic.text.tokenizer import Tokenizer
 
 HISTORY_WIDTH = 4096  # the penalties' window holds at most the last this many tokens
+# (token id, bias) pairs per sampled row: a request's logit_bias names at most MAX_LOGIT_BIAS
+# distinct tokens (SamplingParams refuses more) and ignore_eos adds the eog ids; an engine
+# whose tokenizer has more than 64 eog ids widens it to hold them all (Engine._bias_width)
+BIAS_WIDTH = MAX_LOGIT_BIAS + 64
+# DRY (token id, penalty) pairs per sampled row. A row's penalised tokens are the distinct ones
+# that followed an earlier occurrence of its last dry_allowed_length tokens (sampling_params.
+# dry_pairs): a handful in ordinary text, but up to every distinct token of the DRY window
+# (allowed_length 0, a crafted prompt), so no width short of min(V, window) always holds them.
+# A row with more than this travels whole in the dense spill (Engine._dry), in the same
+# compiled shape; the bits are the same either way.
+DRY_WIDTH = 256
 # The most one request's grammar work may take in one turn, its draft check, masks and accepted
 # tokens together (Engine._grammar_work). Masks of real schemas take 0.2 ms typically and at most 0.2-0.4 s
 # on a busy 2-core machine (docs/performance.md); a grammar past this is a hostile one.
@@ -110,9 +122,10 @@ class Engine:
         # tests/test_invariance.py); the inputs shared by rows without a mask, a bias or
         # penalties are made once per bucket (by compile, or on first use)
         self._full_masks: dict[int, jax.Array] = {}
-        self._zero_biases: dict[int, jax.Array] = {}
+        self._zero_biases: dict[int, sampler.Sparse] = {}
+        self._zero_dries: dict[int, sampler.Sparse] = {}
         self._no_histories: dict[int, jax.Array] = {}
-        self._last_bias: tuple | None = None   # (T, the jobs' bias rows, their device array)
+        self._last_bias: tuple | None = None   # (T, the jobs' bias pairs, their device Sparse)
         self._vocab: TokenVocab | None = None   # the token trie, built for the first grammar
         self._vocab_lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="kinetic-engine", daemon=True)
@@ -240,9 +253,11 @@ class Engine:
             params = sampler.make_row_params([SamplingParams(temperature=0.8)] * B, [0] * B,
                                              [1] * B, [None] * B, n_ctx=self.max_context)
             logits = jnp.zeros((B, self.vocab_size), jnp.float32)
-            # the arguments exactly as _sample passes them: its one compiled variant
+            # the arguments exactly as _sample passes them: its one compiled variant (bias and
+            # DRY pairs at their fixed widths, the DRY spill at [B, V]); logprobs run at the
+            # bucket of the rows that ask, picked from the step's logits (pick_rows below)
             tokens, _ = sampler.sample(logits, params, self._no_history(B), self._zero_bias(B),
-                                       self._full_mask(B), self._zero_bias(B))
+                                       self._full_mask(B), self._zero_dry(B))
             sampler.logprobs(logits, tokens, MAX_LOGPROBS)[0].block_until_ready()
             sampler.greedy(logits, self._zero_bias(B), self._full_mask(B)).block_until_ready()
             for rows in {1, *self.runner.row_buckets}:   # the logits a step can return
@@ -250,7 +265,8 @@ class Engine:
                                   jnp.zeros(B, jnp.int32)).block_until_ready()
             del logits, tokens
             release_memory()
-        self.runner.compile(progress=_releasing(progress))
+        # the decode-step loops take _run_decode_steps' bias pairs (_bias at the row bucket)
+        self.runner.compile(progress=_releasing(progress), bias=self._zero_bias)
 
     @property
     def sample_buckets(self) -> list[int]:
@@ -588,9 +604,10 @@ class Engine:
         return jnp.asarray(out)
 
     def _sample(self, plan, logits, rows: dict[int, list[int]], masks, at_row=None) -> dict:
-        """Sample every wanted row in one call at the bucket of their count. at_row maps a
-        plan row to its row of logits (None: the same). Returns seq id -> (tokens drawn at
-        its rows, per-row logprob entries or None)."""
+        """Sample every wanted row in one call at the bucket of their count (log-probabilities
+        only for the rows that ask: _logprobs). at_row maps a plan row to its row of logits
+        (None: the same). Returns seq id -> (tokens drawn at its rows, per-row logprob entries
+        or None)."""
         order = [(sid, r) for sid, rs in rows.items() for r in rs]
         T = self.sample_bucket(len(order))
         idx = np.zeros(T, np.int32)
@@ -615,17 +632,13 @@ class Engine:
             row_params = sampler.make_row_params(params, seeds, positions, mus,
                                                  n_ctx=self.max_context, pad_to=T)
             # one shape whatever the request asks (no compile on a request): the history at
-            # its full width, or none when no row has penalties; DRY zeros when no row has it
+            # its full width, or none when no row has penalties; DRY pairs at their width
             hist = (jnp.asarray(history_rows(histories + [[]] * (T - len(order)),
                                              self._history_width))
                     if any(sampler.penalties_on(p) for p in params) else self._no_history(T))
-            dry = self._dry(order, histories, T)
             tokens, new_mu = sampler.sample(picked, row_params, hist, bias, masks,
-                                            self._zero_bias(T) if dry is None else dry)
-        want_lp = any(self._jobs[sid].request.logprobs is not None for sid, _ in order)
-        if want_lp:
-            chosen, top_ids, top_lp = sampler.logprobs(picked, tokens, MAX_LOGPROBS)
-            chosen, top_ids, top_lp = np.asarray(chosen), np.asarray(top_ids), np.asarray(top_lp)
+                                            self._dry(order, histories, T))
+        lp_at = self._logprobs(logits, picked, idx, tokens, order)
         tokens, new_mu = np.asarray(tokens), np.asarray(new_mu)
         out: dict[int, tuple[list[int], list | None]] = {}
         for i, (sid, _) in enumerate(order):
@@ -633,32 +646,63 @@ class Engine:
             toks, lps = out.setdefault(sid, ([], [] if job.request.logprobs is not None else None))
             toks.append(int(tokens[i]))
             if lps is not None:
-                lps.append((float(chosen[i]), top_ids[i], top_lp[i]))
+                lps.append(lp_at[i])
             if len(toks) == 1:
                 job.pending_mu = float(new_mu[i])
         return out
 
-    def _bias(self, order, T: int):
-        rows = [self._jobs[sid].bias_row(self.vocab_size) for sid, _ in order]
+    def _logprobs(self, logits, picked, idx: np.ndarray, tokens, order) -> dict:
+        """The log-probabilities of the sampled rows whose request asks for them, computed
+        for those rows alone, at the sampler bucket of their count: when every sampled row
+        asks, over `picked` (the sampler's rows) with the tokens still on the device;
+        otherwise over their rows picked from the step's `logits` (idx maps a sampled row to
+        its row there). Returns sampled row -> (chosen logprob, top ids, top logprobs)."""
+        rows = [i for i, (sid, _) in enumerate(order)
+                if self._jobs[sid].request.logprobs is not None]
+        if not rows:
+            return {}
+        if len(rows) == len(order):   # then at the bucket of `picked` already
+            lp_logits, lp_tokens = picked, tokens
+        else:
+            L = self.sample_bucket(len(rows))
+            at = np.zeros(L, np.int32)
+            at[:len(rows)] = idx[rows]
+            chosen_tokens = np.full(L, -1, np.int32)
+            chosen_tokens[:len(rows)] = np.asarray(tokens)[rows]
+            lp_logits = sampler.pick_rows(logits, jax.device_put(at))
+            lp_tokens = jax.device_put(chosen_tokens)
+        chosen, top_ids, top_lp = (np.asarray(a) for a in
+                                   sampler.logprobs(lp_logits, lp_tokens, MAX_LOGPROBS))
+        return {r: (float(chosen[j]), top_ids[j], top_lp[j]) for j, r in enumerate(rows)}
+
+    def _bias(self, order, T: int) -> sampler.Sparse:
+        """The sampled rows' logit bias (and ignore_eos bans) as _bias_width pairs a row."""
+        rows = [self._jobs[sid].bias_pairs(self.vocab_size) for sid, _ in order]
         if all(r is None for r in rows):
             return self._zero_bias(T)
         last = self._last_bias   # the same rows as the step before (a stream decoding): reuse
         if last and last[0] == T and len(last[1]) == len(rows) and all(
                 a is b for a, b in zip(last[1], rows)):
             return last[2]
-        out = np.zeros((T, self.vocab_size), np.float32)
-        for i, r in enumerate(rows):
-            if r is not None:
-                out[i] = r
-        bias = jnp.asarray(out)
+        ids, values = sampler.pack_pairs(rows, T, self._bias_width)
+        bias = sampler.Sparse(jax.device_put(ids), jax.device_put(values))
         self._last_bias = (T, rows, bias)
         return bias
 
-    def _zero_bias(self, T: int) -> jax.Array:
-        """[T, V] zeros: the bias of rows without logit_bias (kept per sampler bucket)."""
+    def _zero_bias(self, T: int) -> sampler.Sparse:
+        """The bias of rows without logit_bias: no pairs (kept per sampler or row bucket)."""
         if T not in self._zero_biases:
-            self._zero_biases[T] = jnp.zeros((T, self.vocab_size), jnp.float32)
+            ids, values = sampler.pack_pairs([], T, self._bias_width)
+            self._zero_biases[T] = sampler.Sparse(jax.device_put(ids), jax.device_put(values))
         return self._zero_biases[T]
+
+    @functools.cached_property
+    def _bias_width(self) -> int:
+        """Bias pairs a sampled row holds: BIAS_WIDTH, or more for a tokenizer with more than
+        its 64 eog ids (every request then still fits: bias_pairs gives at most
+        MAX_LOGIT_BIAS + the eog ids). Fixed for the engine: one compiled shape."""
+        eog = sum(1 for t in self.tokenizer.eog_ids if 0 <= t < self.vocab_size)
+        return max(BIAS_WIDTH, MAX_LOGIT_BIAS + eog)
 
     @property
     def _history_width(self) -> int:
@@ -676,13 +720,32 @@ class Engine:
             self._full_masks[T] = jnp.asarray(sampler.full_mask(T, self.vocab_size))
         return self._full_masks[T]
 
-    def _dry(self, order, histories, T: int):
+    def _dry(self, order, histories, T: int) -> sampler.Sparse:
+        """The sampled rows' DRY penalties: DRY_WIDTH pairs a row, and a row with more
+        penalised tokens whole in the dense spill (zeros, kept on the device, when none)."""
         if not any(self._jobs[sid].request.params.dry_multiplier > 0 for sid, _ in order):
-            return None
-        out = np.zeros((T, self.vocab_size), np.float32)
-        for i, (sid, _) in enumerate(order):
-            out[i] = self._jobs[sid].dry_row(histories[i], self.vocab_size, self.max_context)
-        return jnp.asarray(out)
+            return self._zero_dry(T)
+        rows = [self._jobs[sid].dry_pairs(histories[i], self.vocab_size, self.max_context)
+                for i, (sid, _) in enumerate(order)]
+        over = [i for i, r in enumerate(rows) if len(r[0]) > DRY_WIDTH]
+        ids, values = sampler.pack_pairs([None if i in over else r for i, r in enumerate(rows)],
+                                         T, DRY_WIDTH)
+        spill, spilled = self._zero_dry(T).spill, self._zero_dry(T).spilled
+        if over:
+            dense = np.zeros((T, self.vocab_size), np.float32)
+            for i in over:
+                dense[i, rows[i][0]] = rows[i][1]
+            spill, spilled = jax.device_put(dense), jax.device_put(np.True_)
+        return sampler.Sparse(jax.device_put(ids), jax.device_put(values), spill, spilled)
+
+    def _zero_dry(self, T: int) -> sampler.Sparse:
+        """The DRY input of steps whose rows have none: no pairs, a zero spill (per bucket)."""
+        if T not in self._zero_dries:
+            ids, values = sampler.pack_pairs([], T, DRY_WIDTH)
+            self._zero_dries[T] = sampler.Sparse(
+                jax.device_put(ids), jax.device_put(values),
+                jnp.zeros((T, self.vocab_size), jnp.float32), jax.device_put(np.False_))
+        return self._zero_dries[T]
 
 
 def release_memory() -> None:

@@ -8,7 +8,7 @@ from typing import Callable
 import numpy as np
 
 from kinetic.engine.request import Delta, GenerationRequest, TokenLogprob, Usage
-from kinetic.engine.sampling_params import DryBreakers, bias_row, dry_row
+from kinetic.engine.sampling_params import DryBreakers, bias_pairs, dry_pairs
 from kinetic.grammar import Matcher, TokenVocab
 from kinetic.text.decoder import IncrementalDecoder
 from kinetic.text.stop import StopMatcher
@@ -37,7 +37,7 @@ class Job:
         self.n_out = 0
         self.cached = 0                      # prompt tokens reused from the prefix cache
         self.gone = False                    # the sink failed: nobody reads this job any more
-        self._bias: np.ndarray | None | bool = False
+        self._bias: tuple[np.ndarray, np.ndarray] | None | bool = False
 
     def take(self, tokens: list[int], lps: list | None) -> tuple[int, str | None]:
         """Process accepted tokens in order; send what they complete. Returns (how many of
@@ -96,22 +96,27 @@ class Job:
     def usage(self) -> Usage:
         return Usage(len(self.request.prompt), self.n_out, self.cached, self.seed)
 
-    def bias_row(self, vocab_size: int) -> np.ndarray | None:
-        """The dense logit-bias row, or None when the request has none (computed once)."""
+    def bias_pairs(self, vocab_size: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The logit bias (and ignore_eos bans) as (ids, values) pairs (sampling_params.
+        bias_pairs), or None when the request has none (computed once: the engine reuses the
+        step's device copy while the same objects come back)."""
         if self._bias is False:
             p = self.request.params
-            self._bias = (bias_row(p, vocab_size, self.tokenizer.eog_ids)
+            self._bias = (bias_pairs(p, vocab_size, self.tokenizer.eog_ids)
                           if p.logit_bias or p.ignore_eos else None)
         return self._bias
 
-    def dry_row(self, history: list[int], vocab_size: int, n_ctx: int) -> np.ndarray:
+    def dry_pairs(self, history: list[int], vocab_size: int,
+                  n_ctx: int) -> tuple[np.ndarray, np.ndarray]:
+        """The DRY penalties of the token after `history` as (ids, values) pairs
+        (sampling_params.dry_pairs; none without DRY)."""
         p = self.request.params
         if p.dry_multiplier <= 0:
-            return np.zeros(vocab_size, np.float32)
+            return np.zeros(0, np.int32), np.zeros(0, np.float32)
         tok, key = self.tokenizer, tuple(p.dry_sequence_breakers)
         built = _dry_breakers.setdefault(tok, {})
         if key not in built:
             pieces = [tok.token_piece(i, special=True) for i in range(vocab_size)]
             built[key] = DryBreakers.build(list(key), pieces,
                                            lambda text: tok.encode(text, add_special=False))
-        return dry_row(history, p, built[key], vocab_size, n_ctx)
+        return dry_pairs(history, p, built[key], vocab_size, n_ctx)

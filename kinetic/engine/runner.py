@@ -131,12 +131,12 @@ class Runner:
         return steps if steps >= 2 else 0
 
     def decode_steps(self, tokens: np.ndarray, positions: np.ndarray, slots: np.ndarray,
-                     write_index: np.ndarray, page_table: np.ndarray,
-                     bias: jax.Array) -> jax.Array:
+                     write_index: np.ndarray, page_table: np.ndarray, bias) -> jax.Array:
         """N greedy decode steps of n sequences, one row each, in one device call (kernel
         "ffi" only): step i runs row r at positions[i, r], writing write_index[i, r], and
         feeds it the token that step i - 1 drew for it (tokens[r] at i = 0); each draw is
-        sampler.greedy's (the full mask, bias [B, V] at the row bucket B >= n). positions
+        sampler.greedy's (the full mask; bias as greedy takes it, at the row bucket B >= n:
+        the engine's sampler.Sparse pairs, or a dense [B, V] array). positions
         and write_index: [N, n]. Returns the drawn tokens [N, B] (-1 where a row allowed no
         token; rows n.. are padding). The same tokens as N calls of step_device followed by
         sampler.greedy: a row's logits do not depend on the step's other rows."""
@@ -208,10 +208,12 @@ class Runner:
         logits = self.step_device(tokens, positions, slots, write_index, page_table)
         return np.asarray(logits[:len(tokens)])
 
-    def compile(self, progress=None) -> None:
+    def compile(self, progress=None, bias=None) -> None:
         """Compile the step for every row bucket, key bucket and logit shape now (the first call of each
         would otherwise pay for it, stalling every stream). progress(done, total) is called
-        after each. The steps write only into the reserved page."""
+        after each. The steps write only into the reserved page. bias(rows): the decode loops'
+        bias at `rows` as their caller will pass it (the engine's sampler.Sparse; None: dense
+        zeros), so that the loops compile for the caller's shapes."""
         S, P, ps = self.config.num_slots, self.config.pages_per_slot, self.config.page_size
         # (rows, key bucket, logit rows): every shape _logit_shape can give
         shapes = [(r, b, want) for r in self.row_buckets for b in self.buckets
@@ -232,7 +234,7 @@ class Runner:
             self.decode_steps(np.zeros(rows), grid + P * ps - 1, np.zeros(rows),
                               grid + np.arange(rows) % ps, np.zeros((S, P), np.int32),
                               jnp.zeros((rows, self.model.config.vocab_size), jnp.float32)
-                              ).block_until_ready()
+                              if bias is None else bias(rows)).block_until_ready()
             if progress:
                 progress(len(shapes) + i + 1, total)
 
@@ -260,7 +262,7 @@ def _decode_loop(forward, cfg, buffer, skeleton, cache, packed, bias, layout):
     write_index = packed[2 * B + N * B:2 * B + 2 * N * B].reshape(N, B)
     table = packed[2 * B + 2 * N * B:].reshape(S, P)
     weights = join_buffer(buffer, skeleton)
-    mask = jnp.full((B, -(-bias.shape[1] // 32)), -1, jnp.int32)
+    mask = jnp.full((B, -(-cfg.vocab_size // 32)), -1, jnp.int32)
     real = jnp.arange(B) < n
 
     def body(i, carry):

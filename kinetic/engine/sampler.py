@@ -1,13 +1,20 @@
 """The sampler chain as one jitted function over a batch of rows, each with its own parameters.
 
-    sample(logits [B, V], RowParams, history [B, H], bias [B, V], mask [B, ceil(V/32)], dry [B, V])
-        -> (tokens [B] int32, new_mu [B] float32)
+    sample(logits [B, V], RowParams, history [B, H], bias Sparse [B, W], mask [B, ceil(V/32)],
+           dry Sparse [B, W'] (+ spill [B, V]))  -> (tokens [B] int32, new_mu [B] float32)
 
 Order and meaning follow llama.cpp's default chain: grammar mask, logit bias, repeat penalty
 (divide positive logits / multiply negative ones for tokens in the window), presence and
-frequency penalties, DRY (precomputed on the host: sampling_params.dry_row), top-n-sigma, top-k,
+frequency penalties, DRY (precomputed on the host: sampling_params.dry_pairs), top-n-sigma, top-k,
 typical-p, top-p, min-p, XTC, temperature, draw. Mirostat 1/2 rows use mask, bias, temperature,
 Mirostat. Temperature <= 0 takes the argmax after mask, bias, penalties and DRY.
+
+The logit bias and the DRY penalty are sparse: per row a fixed number W of (token id, value)
+pairs (`Sparse`, built on the host by `pack_pairs`), ids unique within a row and -1 where
+unused. The device scatters them into a zero [B, V] row and adds (subtracts) that, so the
+result is bitwise what a dense [B, V] input with the same entries gives (a dense array is
+still accepted, for tests). DRY rows with more penalised tokens than W travel whole in the
+Sparse's `spill` [B, V] instead, in the same compiled shape.
 
 Every row's result depends only on that row's inputs: draws are keyed by
 fold_in(key(seed), position) (DESIGN.md), all reductions run along a row, and a branch skipped
@@ -124,6 +131,37 @@ def make_row_params(params: Sequence[SamplingParams], seeds: Sequence[int], posi
                         for name, vals in rows.items()})
 
 
+class Sparse(NamedTuple):
+    """A [B, V] float32 input that is zero but for a few entries per row, as per-row pairs:
+    row b holds values[b, j] at token ids[b, j] (int32 [B, W]; ids unique within a row, -1
+    where a pair is unused, its value 0) and 0 elsewhere. `spill` [B, V] (with `spilled`, a
+    [] bool: whether any row of it is non-zero) holds whole rows that need more than W pairs,
+    their pairs all unused, and zeros for the other rows; None where every row fits (the
+    logit bias: at most MAX_LOGIT_BIAS + the eog ids, by construction)."""
+
+    ids: jax.Array
+    values: jax.Array
+    spill: jax.Array | None = None
+    spilled: jax.Array | None = None
+
+
+def pack_pairs(rows: Sequence[tuple[np.ndarray, np.ndarray] | None], batch: int,
+               width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Host side: (ids int32 [batch, width], values float32 [batch, width]) from per-row
+    (ids, values) pairs (sampling_params.bias_pairs, dry_pairs; None for none), -1 / 0 padded;
+    rows past len(rows) are empty. Raises ValueError for a row of more than `width` pairs."""
+    ids = np.full((batch, width), -1, np.int32)
+    values = np.zeros((batch, width), np.float32)
+    for i, row in enumerate(rows):
+        if row is None:
+            continue
+        n = len(row[0])
+        if n > width:
+            raise ValueError(f"row {i} has {n} (token, value) pairs; the sampler takes {width}")
+        ids[i, :n], values[i, :n] = row
+    return ids, values
+
+
 def full_mask(batch: int, vocab_size: int) -> np.ndarray:
     """[B, ceil(V/32)] int32 bitmask allowing every token (bit t % 32 of word t // 32)."""
     return np.full((batch, -(-vocab_size // 32)), -1, np.int32)
@@ -152,25 +190,26 @@ def plain_greedy(p: SamplingParams) -> bool:
 
 
 @jax.jit
-def greedy(logits: jax.Array, bias: jax.Array, mask: jax.Array) -> jax.Array:
+def greedy(logits: jax.Array, bias: Sparse | jax.Array, mask: jax.Array) -> jax.Array:
     """The tokens `sample` draws for rows that are all plain_greedy, at a fraction of its
     cost: the first index of the row maximum after the mask and the bias (-1 if the row
     allows nothing). These are `sample`'s own operations for such rows (_front: x_pen is
     x_bias without penalties or DRY), so the token is the same."""
     x = jnp.where(jnp.isnan(logits), _NEG, logits.astype(jnp.float32))
     x = jnp.where(_unpack_mask(mask, logits.shape[1]), x, _NEG)
-    return _argmax(x + bias)
+    return _argmax(x + _dense(bias, logits.shape[1]))
 
 
 @functools.partial(jax.jit, static_argnames=("max_candidates",))
-def sample(logits: jax.Array, params: RowParams, history: jax.Array, bias: jax.Array,
-           mask: jax.Array, dry: jax.Array | None = None, *,
+def sample(logits: jax.Array, params: RowParams, history: jax.Array, bias: Sparse | jax.Array,
+           mask: jax.Array, dry: Sparse | jax.Array | None = None, *,
            max_candidates: int = MAX_CANDIDATES) -> tuple[jax.Array, jax.Array]:
     """Draws one token per row. history holds each row's last H tokens in order, -1 where
-    empty (sampling_params.history_rows); bias is logit_bias as a dense row (bias_row); dry is
-    the DRY penalty to subtract (dry_row; None for none). Returns (tokens, new_mu): token -1
-    marks a row where no token was allowed; new_mu is mu updated for Mirostat rows and
-    unchanged for the others."""
+    empty (sampling_params.history_rows); bias is logit_bias (bias_pairs as a Sparse, or a
+    dense bias_row array); dry is the DRY penalty to subtract (dry_pairs as a Sparse, with a
+    spill for rows past its width, or a dense dry_row array; None for none). Returns (tokens,
+    new_mu): token -1 marks a row where no token was allowed; new_mu is mu updated for
+    Mirostat rows and unchanged for the others."""
     f = _front(logits, params, history, bias, mask, dry, max_candidates)
     p = params
     idx = _draw(f.cand_xt, f.cand_keep, f.u_draw)
@@ -188,8 +227,8 @@ def sample(logits: jax.Array, params: RowParams, history: jax.Array, bias: jax.A
 
 
 @functools.partial(jax.jit, static_argnames=("max_candidates",))
-def distribution(logits: jax.Array, params: RowParams, history: jax.Array, bias: jax.Array,
-                 mask: jax.Array, dry: jax.Array | None = None, *,
+def distribution(logits: jax.Array, params: RowParams, history: jax.Array,
+                 bias: Sparse | jax.Array, mask: jax.Array, dry: Sparse | jax.Array | None = None, *,
                  max_candidates: int = MAX_CANDIDATES) -> jax.Array:
     """[B, V] float32: the probabilities `sample` draws each row's token from, after the
     whole chain (llama-server's post-sampling probabilities): one-hot for greedy rows, all
@@ -243,13 +282,12 @@ def _front(logits, p: RowParams, history, bias, mask, dry, max_candidates: int) 
     K = min(V, max(1, max_candidates))
     x = jnp.where(jnp.isnan(logits), _NEG, logits.astype(jnp.float32))
     x = jnp.where(_unpack_mask(mask, V), x, _NEG)
-    x_bias = x + bias
+    x_bias = x + _dense(bias, V)
     pen_on = (p.repeat_last_n > 0) & ((p.repeat_penalty != 1) | (p.frequency_penalty != 0)
                                       | (p.presence_penalty != 0))
     x_pen = lax.cond(jnp.any(pen_on), lambda: jnp.where(pen_on[:, None], _penalize(x_bias, history, p),
                                                         x_bias), lambda: x_bias)
-    if dry is not None:
-        x_pen = x_pen - dry
+    x_pen = _minus_dry(x_pen, dry)
     mirostat = p.mirostat > 0
     greedy = p.temperature <= 0
     greedy_tok = _argmax(x_pen)
@@ -286,6 +324,33 @@ def logprobs(logits: jax.Array, tokens: jax.Array, n: int) -> tuple[jax.Array, j
     chosen = jnp.where(tokens >= 0, chosen, _NEG)
     top_lp, top_ids = lax.top_k(lp, n)
     return chosen, top_ids.astype(jnp.int32), top_lp
+
+
+def _dense(rows: Sparse | jax.Array, V: int) -> jax.Array:
+    """[B, V] float32 from a Sparse's pairs (scattered into zeros: ids are unique within a
+    row, so each entry is set once, exactly) or a dense array as it is. Ignores `spill`."""
+    if not isinstance(rows, Sparse):
+        return rows
+    B, W = rows.ids.shape
+    at = jnp.broadcast_to(jnp.arange(B)[:, None], (B, W))
+    ids = jnp.where(rows.ids >= 0, rows.ids, V)   # unused pairs fall outside and are dropped
+    return jnp.zeros((B, V), jnp.float32).at[at, ids].set(rows.values.astype(jnp.float32),
+                                                          mode="drop")
+
+
+def _minus_dry(x: jax.Array, dry: Sparse | jax.Array | None) -> jax.Array:
+    """x minus the DRY penalty. x - 0 is x bit for bit, so the parts no row uses (no pair
+    set, nothing spilled) are skipped, and a spilled row (all its pairs unused) and a paired
+    one (zero spill) each subtract exactly their own dense row, as a dense input would."""
+    if dry is None:
+        return x
+    if not isinstance(dry, Sparse):
+        return x - dry
+    V = x.shape[1]
+    x = lax.cond(jnp.any(dry.ids >= 0), lambda: x - _dense(dry, V), lambda: x)
+    if dry.spill is not None:
+        x = lax.cond(dry.spilled, lambda: x - dry.spill, lambda: x)
+    return x
 
 
 def _argmax(x: jax.Array) -> jax.Array:

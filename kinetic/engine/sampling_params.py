@@ -6,9 +6,11 @@ with llama-server's defaults; `from_gguf_defaults` lets a model file's recommend
 
 The jitted sampler (kinetic/engine/sampler.py) takes per-row arrays. The rows built here on the
 host, in numpy, are the ones that depend on strings or on a whole sequence:
-- `bias_row`: logit_bias (and ignore_eos) as a dense [V] row;
-- `DryBreakers` + `dry_row`: the DRY penalty of each token, computed from the sequence's own
-  tokens (sequence breakers are strings matched against token pieces, which jit cannot do);
+- `bias_pairs`: logit_bias (and ignore_eos) as sorted, unique (token id, bias) pairs, what the
+  engine sends (sampler.Sparse); `bias_row` is the same as a dense [V] row;
+- `DryBreakers` + `dry_pairs`: the DRY penalty of each penalised token, computed from the
+  sequence's own tokens (sequence breakers are strings matched against token pieces, which jit
+  cannot do); `dry_row` is the same as a dense [V] row;
 - `history_rows`: the last H tokens of each sequence, for the repeat/presence/frequency
   penalties that the jitted sampler applies itself.
 """
@@ -24,6 +26,9 @@ from typing import Any
 import numpy as np
 
 DEFAULT_DRY_BREAKERS = ("\n", ":", "\"", "*")
+# distinct tokens one request's logit_bias may name (the API refuses more entries than this):
+# the sampler's fixed-width bias pairs hold this many plus the end-of-generation ids
+MAX_LOGIT_BIAS = 1024
 
 # GGUF key -> field, as llama.cpp's common_init reads them (gguf-py's Keys.General.SAMPLING_*).
 # general.sampling.sequence (a custom sampler order) is not supported and is ignored.
@@ -50,9 +55,10 @@ class SamplingParams:
     """Sampling fields of one request (SPEC.md's table; llama-server names and defaults).
 
     logit_bias maps token id -> bias added to the logit; a bias of -100 or below, or -inf,
-    bans the token (OpenAI's meaning of -100). seed None (or -1) asks the engine for a fresh
-    seed. repeat_last_n and dry_penalty_last_n take -1 for "the whole context". A dry_base
-    below 1 is replaced by the default, as llama-server does.
+    bans the token (OpenAI's meaning of -100); it names at most MAX_LOGIT_BIAS distinct
+    tokens. seed None (or -1) asks the engine for a fresh seed. repeat_last_n and
+    dry_penalty_last_n take -1 for "the whole context". A dry_base below 1 is replaced by the
+    default, as llama-server does.
     """
 
     temperature: float = 0.8
@@ -190,14 +196,39 @@ def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
                 or bias == math.inf or (math.isfinite(bias) and not -100 <= bias <= 100):
             raise ValueError(f"logit_bias for token {token} must be between -100 and 100, got {bias!r}")
         out.append((token, float(bias)))
+    distinct = len({token for token, _ in out})
+    if distinct > MAX_LOGIT_BIAS:
+        raise ValueError(f"logit_bias takes at most {MAX_LOGIT_BIAS} distinct tokens, got {distinct}")
     return tuple(sorted(out))
 
 
 # --- host-side rows ---------------------------------------------------------------------
 
+def bias_pairs(params: SamplingParams, vocab_size: int,
+               eog_ids: Iterable[int] = ()) -> tuple[np.ndarray, np.ndarray]:
+    """The logit bias of one request as (ids int32 [n], values float32 [n]): the tokens whose
+    bias_row entry is set, ascending and unique, and exactly bias_row's values there, by its
+    rules: repeated ids add up in float32 in logit_bias order, -100 and below become -inf
+    (banned), ids outside the vocabulary are ignored, ignore_eos bans `eog_ids`. At most
+    MAX_LOGIT_BIAS + len(eog_ids) pairs."""
+    acc: dict[int, np.float32] = {}
+    for token, bias in params.logit_bias:
+        if token < vocab_size:
+            # np.float32 + float, as bias_row's row[token] + bias
+            acc[token] = (np.float32(-np.inf) if bias <= -100
+                          else np.float32(acc.get(token, np.float32(0.0)) + bias))
+    if params.ignore_eos:
+        for t in eog_ids:
+            if 0 <= t < vocab_size:
+                acc[t] = np.float32(-np.inf)
+    ids = sorted(acc)
+    return np.asarray(ids, np.int32), np.asarray([acc[t] for t in ids], np.float32)
+
+
 def bias_row(params: SamplingParams, vocab_size: int, eog_ids: Iterable[int] = ()) -> np.ndarray:
-    """[V] float32: the logit bias of one request. -100 and below become -inf (banned);
-    ids outside the vocabulary are ignored, as llama-server does; ignore_eos bans `eog_ids`."""
+    """[V] float32: the logit bias of one request, dense (bias_pairs is what the engine
+    sends). -100 and below become -inf (banned); ids outside the vocabulary are ignored, as
+    llama-server does; ignore_eos bans `eog_ids`."""
     row = np.zeros(vocab_size, np.float32)
     for token, bias in params.logit_bias:
         if token < vocab_size:
@@ -269,16 +300,32 @@ def dry_row(tokens: Sequence[int], params: SamplingParams, breakers: DryBreakers
     """[V] float32: the DRY penalty (>= 0, to subtract) of each candidate next token, from the
     sequence's own tokens (prompt and output), as llama.cpp's DRY sampler defines it: a token
     that would extend a repeat of length L >= allowed_length of the sequence's end is penalised
-    multiplier * base ** (L - allowed_length); repeats do not reach back across a breaker."""
+    multiplier * base ** (L - allowed_length); repeats do not reach back across a breaker.
+    The dense form of dry_pairs (0 for the tokens it does not name)."""
     row = np.zeros(vocab_size, np.float32)
+    ids, values = dry_pairs(tokens, params, breakers, vocab_size, n_ctx)
+    row[ids] = values
+    return row
+
+
+def dry_pairs(tokens: Sequence[int], params: SamplingParams, breakers: DryBreakers,
+              vocab_size: int, n_ctx: int) -> tuple[np.ndarray, np.ndarray]:
+    """The DRY penalties of dry_row as (ids int32 [n], values float32 [n]), ids ascending and
+    unique: the penalised tokens, what the engine sends (sampler.Sparse).
+
+    Each penalised token follows an earlier occurrence of the window's last allowed_length
+    tokens, so n is at most the number of distinct tokens in the DRY window (and below V):
+    usually a handful, but up to the whole window's with allowed_length 0 or an adversarial
+    prompt."""
+    empty = np.zeros(0, np.int32), np.zeros(0, np.float32)
     last_n = n_ctx if params.dry_penalty_last_n == -1 else params.dry_penalty_last_n
     if params.dry_multiplier == 0 or params.dry_base < 1 or last_n == 0:
-        return row
+        return empty
     allowed = params.dry_allowed_length
     seq = list(tokens)[-min(last_n, n_ctx):] if len(tokens) else []
     n = len(seq)
     if n <= allowed:
-        return row
+        return empty
     rev = seq[::-1]   # rev[0] is the last token
     limit = n
     for i, tok in enumerate(rev):   # the most recent breaker bounds how far a repeat can reach
@@ -289,7 +336,7 @@ def dry_row(tokens: Sequence[int], params: SamplingParams, breakers: DryBreakers
             limit = i - match
             break
     if limit < allowed:
-        return row
+        return empty
     z = _z_function(rev)
     longest: dict[int, int] = {}
     for k in range(1, n):
@@ -301,13 +348,15 @@ def dry_row(tokens: Sequence[int], params: SamplingParams, breakers: DryBreakers
             if longest.get(nxt, -1) < length:
                 longest[nxt] = length
     max_exp = int(88.7228391 / math.log(params.dry_base)) if params.dry_base > 1.000001 else 0
+    pen: dict[int, np.float32] = {}
     for tok, length in longest.items():
         if 0 <= tok < vocab_size and not breakers.single_token(tok):
             exp = length - allowed
             if max_exp > 0:
                 exp = min(exp, max_exp)
-            row[tok] = np.float32(params.dry_multiplier * params.dry_base ** exp)
-    return row
+            pen[tok] = np.float32(params.dry_multiplier * params.dry_base ** exp)
+    ids = sorted(pen)
+    return np.asarray(ids, np.int32), np.asarray([pen[t] for t in ids], np.float32)
 
 
 def _z_function(s: Sequence[int]) -> list[int]:
