@@ -91,19 +91,21 @@ def serve_options(args: argparse.Namespace):
     flags kinetic refuses."""
     from kinetic.api.app import ServerConfig
     from kinetic.api.server import ModelOptions
-    from kinetic.engine.engine_config import EngineConfig
+    from kinetic.engine.engine_config import EngineConfig, auto_step_tokens
     if args.mmproj:
         raise SystemExit("kinetic serve: --mmproj: vision models are not supported yet; "
                          "serve the text model without it")
     if args.sign_key and not os.path.isfile(args.sign_key):
         raise SystemExit(f"kinetic serve: --sign-key {args.sign_key}: no such file")
-    if args.ubatch_size < 1:
+    if args.ubatch_size is not None and args.ubatch_size < 1:
         raise SystemExit("kinetic serve: -ub must be at least 1")
     if args.batch_size < 1:
         raise SystemExit("kinetic serve: -b must be at least 1")
-    if args.draft_max is not None and not 0 <= args.draft_max < args.ubatch_size:
+    # -ub: rows per compiled step; without it 16, or 2 x -np when that is more
+    ubatch = args.ubatch_size or auto_step_tokens(max(args.parallel, 1))
+    if args.draft_max is not None and not 0 <= args.draft_max < ubatch:
         raise SystemExit(f"kinetic serve: --draft-max must be between 0 and -ub - 1 "
-                         f"({args.ubatch_size - 1}), got {args.draft_max}")
+                         f"({ubatch - 1}), got {args.draft_max}")
     if args.cache_ram is not None and args.cache_ram < 0:
         raise SystemExit(f"kinetic serve: --cache-ram must be 0 (none) or more MiB, "
                          f"got {args.cache_ram}")
@@ -112,9 +114,10 @@ def serve_options(args: argparse.Namespace):
                           max_connections=args.max_connections, request_timeout=args.timeout,
                           stall_timeout=args.stall_timeout, sign_key=args.sign_key,
                           ollama=args.ollama)
-    # -ub: rows per compiled step; -b: prompt rows one request may take in a step
+    # -b: prompt rows one request may take in a step. EngineConfig refuses -np past 64 or
+    # above -ub (a ValueError: main prints it as one line)
     # --draft-max 0: no drafting at all; --cache-ram: evicted prefix pages kept in host memory
-    given = ({"max_draft": min(EngineConfig.max_draft, args.ubatch_size - 1)}
+    given = ({"max_draft": min(EngineConfig.max_draft, ubatch - 1)}
              if args.draft_max is None else
              {"max_draft": args.draft_max, "speculative": args.draft_max > 0})
     if args.decode_steps is not None:
@@ -125,7 +128,8 @@ def serve_options(args: argparse.Namespace):
     if args.cache_ram is not None:
         given["host_cache_mb"] = args.cache_ram
     engine = EngineConfig(parallel=args.parallel, n_ctx=args.ctx_size or (1 << 30),
-                          step_tokens=args.ubatch_size, chunk_tokens=args.batch_size, **given)
+                          step_tokens=args.ubatch_size or 0, chunk_tokens=args.batch_size,
+                          **given)
     model = resolve_model(args.model)
     draft = resolve_model(args.model_draft) if args.model_draft else None
     return config, ModelOptions(model, engine, args.dtype, draft)
@@ -154,13 +158,16 @@ def _add_serve(sub) -> None:
                        help="context per sequence in tokens (default 4096; 0: the model's "
                        "own; capped by the model's)")
     serve.add_argument("-np", "--parallel", type=int, default=0,
-                       help="requests run at once, one slot each (default 0: as many "
-                       "full contexts as half the free memory holds, up to 4)")
-    serve.add_argument("-ub", "--ubatch-size", type=int, default=16,
-                       help="most token rows of a step, shared by every running request "
-                       "(default 16; llama.cpp's physical batch). With the C++ kernel a step "
-                       "runs at the smallest compiled bucket 1, 2, 4 ... N that holds its rows; "
-                       "with KINETIC_KERNEL=xla every step costs N rows")
+                       help="requests run at once, one slot each, 1 to 64 (default 0: as many "
+                       "full contexts as half the free memory holds, up to 4). The KV cache "
+                       "of every slot's full context is allocated at start; one that does not "
+                       "fit the memory available is an error naming the sizes")
+    serve.add_argument("-ub", "--ubatch-size", type=int, default=None,
+                       help="most token rows of a step, shared by every running request, at "
+                       "least -np (default 16, or 2 x -np when that is more; llama.cpp's "
+                       "physical batch). With the C++ kernel a step runs at the smallest "
+                       "compiled bucket 1, 2, 4 ... N that holds its rows; with "
+                       "KINETIC_KERNEL=xla every step costs N rows")
     serve.add_argument("-b", "--batch-size", type=int, default=512,
                        help="most prompt tokens of one request run per step (default 512; "
                        "capped by -ub)")

@@ -122,7 +122,7 @@ def _is_ids(prompt: Any) -> bool:
 
 
 def load(path: str | os.PathLike[str], *, n_ctx: int = 4096, dtype: str = "bfloat16",
-         parallel: int = 1, step_tokens: int = 16, page_size: int = 16,
+         parallel: int = 1, step_tokens: int = 0, page_size: int = 16,
          speculative: bool = True, draft: str | os.PathLike[str] | None = None,
          llama_rounding: bool = True, kernel: str = "auto",
          progress: Callable[[int, int], None] | None = None) -> Model:
@@ -134,7 +134,8 @@ def load(path: str | os.PathLike[str], *, n_ctx: int = 4096, dtype: str = "bfloa
     llama_rounding apply to the "xla" kernel only: the projections' compute type
     ("bfloat16" or "float32") and whether activations are rounded as llama.cpp's CPU
     backend does (docs/parity.md); parallel: sequences the engine runs at once (0: as many
-    as half the free memory holds, up to 4); step_tokens: most rows per step;
+    as half the free memory holds, up to 4; at most 64); step_tokens: most rows per step
+    (0: 16, or 2 x parallel when that is more; at least parallel);
     speculative: drafting in the step's spare rows (never changes the output); draft: a
     smaller GGUF model of the same vocabulary to draft with (else n-gram lookup).
     Raises a ValueError subclass naming the problem for a file that cannot be used.

@@ -631,3 +631,37 @@ def test_dry_rows_past_the_pair_width_give_the_same_tokens(make_engine, monkeypa
     assert [(r.tokens, r.logprobs) for r in narrow] == [(r.tokens, r.logprobs) for r in wide]
     assert any(s and f for s, f in zip(spills, fits))   # spilled and paired rows in one step
     assert sampler.sample._cache_size() == before
+
+
+# --- the engine's shape: parallel, step size, KV memory ---------------------------------------
+
+def test_step_size_grows_with_parallel_and_parallel_is_bounded():
+    from kinetic.engine.engine_config import EngineConfig
+    resolve = lambda **kw: EngineConfig(n_ctx=64, page_size=4, **kw).resolved(mm.CONFIG)  # noqa: E731
+    assert [resolve(parallel=n).step_tokens for n in (1, 4, 8, 9, 16, 64)] == [
+        16, 16, 16, 18, 32, 128]
+    assert resolve(parallel=16, step_tokens=16).step_tokens == 16     # -ub as given
+    assert resolve(step_tokens=2, max_draft=1).parallel <= 2          # auto -np fits -ub
+    for bad, words in [(dict(parallel=65), "1 to 64"), (dict(parallel=-1), "1 to 64"),
+                       (dict(parallel=16, step_tokens=8), "at least parallel"),
+                       (dict(step_tokens=-1), "step_tokens")]:
+        with pytest.raises(ValueError, match=words):
+            EngineConfig(**bad)
+
+
+def test_a_kv_cache_larger_than_the_memory_available_is_refused_naming_the_sizes(monkeypatch):
+    from kinetic.engine import engine_config
+    from kinetic.engine.engine_config import EngineConfig, kv_memory_needed
+    cfg = EngineConfig(parallel=16, n_ctx=4096, page_size=16).resolved(mm.CONFIG)
+    need = kv_memory_needed(mm.CONFIG, cfg)   # 1 layer, 1 head, 2 x 4 bytes a token
+    assert need == 8 * 16 * (16 * 256 + 1)
+    monkeypatch.setattr(engine_config, "available_memory", lambda: need - 1)
+    with pytest.raises(ValueError, match=r"KV cache for 16 sequences of 4096 tokens \(float32\)"
+                       r" needs 0\.51 MiB, more than the 0\.50 MiB of memory available; "
+                       r"lower --parallel \(-np\) or --ctx-size \(-c\)$"):
+        EngineConfig(parallel=16, n_ctx=4096, page_size=16).resolved(mm.CONFIG)
+    monkeypatch.setattr(engine_config, "available_memory", lambda: 1000)
+    with pytest.raises(ValueError, match="the KV cache for 9 pages of 16 tokens"):
+        EngineConfig(parallel=16, n_ctx=4096, page_size=16, num_pages=9).resolved(mm.CONFIG)
+    monkeypatch.setattr(engine_config, "available_memory", lambda: need)
+    assert EngineConfig(parallel=16, n_ctx=4096, page_size=16).resolved(mm.CONFIG) == cfg

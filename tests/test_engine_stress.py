@@ -104,3 +104,35 @@ def test_many_concurrent_requests_give_what_they_give_alone(alone, host_cache_mb
             p.assert_only_this_runs()
     finally:
         engine.close()
+
+
+def test_sixteen_streams_with_long_and_short_prompts_give_what_they_give_alone():
+    """--parallel 16 at the automatic step size (32 rows): two long prompts and fourteen
+    short ones, all queued together, each answer exactly what it is alone at 16-row steps."""
+    rng = random.Random(16)
+    requests = []
+    for i in range(16):
+        n = 300 if i in (0, 7) else rng.randint(1, 12)
+        params = (SamplingParams(temperature=1.0, seed=50 + i) if i % 2
+                  else SamplingParams(temperature=0.0))
+        requests.append(GenerationRequest([rng.randrange(mm.V) for _ in range(n)],
+                                          params=params, max_tokens=rng.choice([4, 16, 40]),
+                                          logprobs=1 if i % 3 == 0 else None))
+    reference = mm.make_engine(parallel=1, n_ctx=512, page_size=16, host_cache_mb=0)
+    try:
+        alone = [run(reference, r) for r in requests]
+    finally:
+        reference.close()
+    engine = mm.make_engine(parallel=16, n_ctx=512, page_size=16, step_tokens=0)
+    try:
+        assert engine.config.step_tokens == 32 and engine.config.num_pages == 16 * 32 + 1
+        sinks = [Collector() for _ in requests]
+        with Paused(engine):   # all 16 reach the engine in one turn
+            for r, sink in zip(requests, sinks):
+                engine.start(r, sink)
+        for i, (sink, a) in enumerate(zip(sinks, alone)):
+            got = sink.wait()
+            assert (got.tokens, got.logprobs, got.finish_reason) == (
+                a.tokens, a.logprobs, a.finish_reason), f"request {i}"
+    finally:
+        engine.close()

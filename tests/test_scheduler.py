@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from kinetic.engine.scheduler import (ContextOverflow, Scheduler, SchedulerConfig, Sequence,
-                                      SlotStats, Status)
+                                      SlotStats, Status, StepPlan)
 
 
 def plus_one(ctx: list[int]) -> int:
@@ -91,6 +91,8 @@ def assert_all_pages_returned(sched: Scheduler) -> None:
 def test_config_is_validated():
     with pytest.raises(ValueError, match="step_tokens"):
         SchedulerConfig(step_tokens=0)
+    with pytest.raises(ValueError, match="num_slots"):
+        SchedulerConfig(step_tokens=8, num_slots=9, num_pages=9 * 128 + 1)
     with pytest.raises(ValueError, match="pages_per_slot"):
         SchedulerConfig(num_pages=8, pages_per_slot=8)  # only 7 usable pages
     with pytest.raises(ValueError, match="max_tokens"):
@@ -362,3 +364,204 @@ def test_scheduler_and_page_manager_do_not_import_jax():
     code = ("import sys, kinetic.engine.scheduler, kinetic.engine.kv_cache; "
             "assert 'jax' not in sys.modules and 'jaxlib' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --- fairness under mixed long and short requests, counted in steps -----------------------
+
+def wide_config(**kw) -> SchedulerConfig:
+    """16-row steps, 4 slots of 4096 tokens each, every slot's full context in the pool."""
+    cfg = dict(step_tokens=16, num_slots=4, page_size=16, pages_per_slot=256,
+               num_pages=4 * 256 + 1, chunk_tokens=512)
+    return SchedulerConfig(**{**cfg, **kw})
+
+
+class Clock:
+    """Steps a scheduler, checking every plan and recording, per sequence, the step that
+    sampled its first token and the steps that gave it rows."""
+
+    def __init__(self, sched: Scheduler, model: FakeModel):
+        self.sched, self.model, self.steps = sched, model, 0
+        self.first: dict[int, int] = {}         # seq id -> step of its first token
+        self.rows: dict[int, list[int]] = {}    # seq id -> its rows in each step it ran
+        self.done: dict[int, Sequence] = {}
+
+    def step(self) -> StepPlan:
+        ready = {s.seq_id for s in self.sched.running if len(s.tokens) - s.num_computed == 1}
+        plan = step(self.sched, self.model, self.done)
+        self.steps += 1
+        got = {c.seq_id: c.num_rows for c in plan.chunks}
+        # every stream that was caught up decodes in every step (nothing was preempted here)
+        if not plan.preempted:
+            assert ready <= set(got), (self.steps, ready - set(got))
+        for sid, n in got.items():
+            self.rows.setdefault(sid, []).append(n)
+        for seq in list(self.sched.sequences.values()) + list(self.done.values()):
+            if seq.n_decoded and seq.seq_id not in self.first:
+                self.first[seq.seq_id] = self.steps
+        return plan
+
+    def run(self, max_steps: int = 3000) -> None:
+        for _ in range(max_steps):
+            if not self.sched.has_work:
+                return
+            self.step()
+        raise AssertionError("no progress")
+
+
+def chat(i: int, n: int = 20, max_tokens: int = 30) -> Sequence:
+    return Sequence(i, [(7 * i + j) % 100 for j in range(n)], max_tokens=max_tokens)
+
+
+def long_prompt(n: int) -> list[int]:
+    return [(3 * j + 1) % 100 for j in range(n)]
+
+
+@pytest.mark.parametrize("n_long", [1000, 3000])
+def test_short_requests_behind_a_long_prompt_get_their_first_token_in_bounded_steps(n_long):
+    # a 3000-token prompt and three 20-token chats arrive together, the long one first: the
+    # step's 16 rows are shared by the four prompts (4 each), so each chat has its first
+    # token after ceil(20 / 4) = 5 steps, whatever the long prompt's length
+    cfg = wide_config()
+    sched, model = Scheduler(cfg), FakeModel(cfg, rule=mix)
+    sched.add(Sequence(0, long_prompt(n_long), max_tokens=4))
+    for i in (1, 2, 3):
+        sched.add(chat(i))
+    clock = Clock(sched, model)
+    clock.run()
+    assert [clock.first[i] for i in (1, 2, 3)] == [5, 5, 5]
+    # the long prompt advanced in every step until its first token, and then the three
+    # chats' decode rows took 3 of each step's 16 rows: 13 went to it
+    assert len(clock.rows[0]) >= clock.first[0] and all(clock.rows[0])
+    assert clock.rows[0][:5] == [4] * 5 and clock.rows[0][5] == 13
+    assert clock.first[0] <= 5 + -(-(n_long - 20) // 13)
+    for seq in clock.done.values():   # every answer is exactly the one it gets alone
+        assert seq.tokens == expected(seq.prompt, seq.n_decoded, mix)
+    assert_all_pages_returned(sched)
+
+
+def test_short_requests_arriving_while_a_long_prompt_is_computed_are_not_held_behind_it():
+    cfg = wide_config()
+    sched, model = Scheduler(cfg), FakeModel(cfg, rule=mix)
+    sched.add(Sequence(0, long_prompt(3000), max_tokens=2))
+    clock = Clock(sched, model)
+    for _ in range(10):
+        clock.step()
+    assert clock.rows[0] == [16] * 10   # alone, it takes every row
+    for i in (1, 2, 3):
+        sched.add(chat(i, max_tokens=50))
+    for _ in range(5):
+        clock.step()
+    assert all(clock.first[i] == 15 for i in (1, 2, 3))   # ceil(20 / 4) steps after arriving
+    # while the long prompt runs on, the chats decode in every step (Clock checks it) and it
+    # takes the rest: 16 - 3 rows a step
+    for _ in range(20):
+        clock.step()
+    assert clock.rows[0][-20:] == [13] * 20
+    assert all(len(clock.rows[i]) == 25 for i in (1, 2, 3))
+    clock.run()
+    assert len(clock.done) == 4
+    for seq in clock.done.values():
+        assert seq.tokens == expected(seq.prompt, seq.n_decoded, mix)
+    assert_all_pages_returned(sched)
+
+
+def test_drafts_take_only_rows_no_prompt_needs():
+    # three streams decode with 4-token drafts (3 x 5 rows of 16) when a 30-token chat
+    # arrives: the chat gets the 13 rows beside the three decode rows, the drafts wait
+    cfg = wide_config()
+    sched, model = Scheduler(cfg), FakeModel(cfg)
+    for i in (0, 1, 2):
+        sched.add(chat(i, n=8, max_tokens=200))
+    clock = Clock(sched, model)
+    clock.step()
+    clock.step()   # 24 prompt rows in two steps
+
+    def draft_all():
+        for seq in sched.running:
+            if len(seq.tokens) - seq.num_computed == 1:
+                sched.set_draft(seq.seq_id, expected(seq.tokens, 4)[len(seq.tokens):])
+
+    draft_all()
+    p = clock.step()
+    assert [c.num_draft for c in p.chunks] == [4, 4, 4]
+    sched.add(chat(3, n=30, max_tokens=5))
+    for _ in range(3):
+        draft_all()
+        p = clock.step()
+        assert sum(c.num_draft for c in p.chunks) == (0 if _ < 2 else 16 - 3 - 4)   # 13 + 13 + 4 prompt rows
+    assert clock.first[3] == 6   # ceil(30 / 13) = 3 steps after it arrived
+    draft_all()
+    p = clock.step()   # the chat decodes now too: 4 decode rows, 12 draft rows
+    assert len(p) == 16 and sum(c.num_draft for c in p.chunks) == 12
+    clock.run()
+    for seq in clock.done.values():
+        assert seq.tokens == expected(seq.prompt, seq.n_decoded)
+    assert_all_pages_returned(sched)
+
+
+def test_no_request_starves_under_a_steady_stream_of_short_ones():
+    # a new chat every step for 600 steps, at 4 slots: the long prompt keeps at least its
+    # equal share of the prompt rows (16 - 3 decode rows, split at most 4 ways: 3), so it
+    # finishes; the chats are admitted in arrival order, each as soon as a slot frees
+    cfg = wide_config()
+    sched, model = Scheduler(cfg), FakeModel(cfg, rule=mix)
+    sched.add(Sequence(0, long_prompt(1500), max_tokens=3))
+    clock = Clock(sched, model)
+    admitted = []
+    for i in range(1, 601):
+        sched.add(chat(i, n=10, max_tokens=4))
+        clock.step()
+        admitted += [s.seq_id for s in sched.running if s.seq_id not in admitted]
+        if 0 not in clock.first:
+            assert clock.rows[0][-1] >= 3 and len(clock.rows[0]) == clock.steps
+    assert 0 in clock.first and clock.first[0] <= -(-1500 // 3)
+    clock.run()
+    assert admitted == sorted(admitted) and len(clock.done) == 601   # FIFO, and all finish
+    for seq in clock.done.values():
+        assert seq.tokens == expected(seq.prompt, seq.n_decoded, mix)
+    assert_all_pages_returned(sched)
+
+
+def test_sixteen_streams_decode_every_step_and_a_new_prompt_takes_the_rest():
+    # --parallel 16 with 32-row steps (EngineConfig's automatic step_tokens): 15 streams
+    # decode and a new request's prompt gets the other 17 rows of each step
+    cfg = wide_config(step_tokens=32, num_slots=16, pages_per_slot=64, num_pages=16 * 64 + 1)
+    sched, model = Scheduler(cfg), FakeModel(cfg, rule=mix)
+    for i in range(16):
+        sched.add(chat(i, n=16, max_tokens=40 if i else 1))
+    clock = Clock(sched, model)
+    while 0 not in clock.done:
+        clock.step()
+    sched.add(Sequence(99, long_prompt(340), max_tokens=2))
+    start = clock.steps
+    while 99 not in clock.first:
+        p = clock.step()
+        assert len(p) == 32
+    assert clock.first[99] - start == 340 // 17
+    clock.run()
+    for seq in clock.done.values():
+        assert seq.tokens == expected(seq.prompt, seq.n_decoded, mix)
+    assert_all_pages_returned(sched)
+
+
+def test_a_prefix_being_computed_is_waited_for_not_computed_twice():
+    # two requests with the same 320-token system prompt arrive together with a short chat:
+    # the second waits for the first to compute the shared pages and then takes them from
+    # the cache; the chat, sharing nothing, goes past it and gets its rows at once
+    cfg = wide_config()
+    sched, model = Scheduler(cfg), FakeModel(cfg, rule=mix)
+    system = long_prompt(320)
+    sched.add(Sequence(0, system + [1, 2, 3], max_tokens=3))
+    sched.add(Sequence(1, system + [4, 5, 6, 7], max_tokens=3))
+    sched.add(chat(2))
+    clock = Clock(sched, model)
+    # 1 waits, 2 goes past it: 0 and 2 share the rows, 8 each, until 2's last 4
+    for want in ([(0, 8), (2, 8)], [(0, 8), (2, 8)], [(0, 12), (2, 4)]):
+        assert [(c.seq_id, c.num_rows) for c in clock.step().chunks] == want
+    assert clock.first[2] == 3 and sched.sequences[1].status is Status.WAITING
+    clock.run()
+    assert clock.done[1].num_cached == 320 and sum(clock.rows[1]) == 4 + 2
+    assert sum(clock.rows[0]) == 323 + 2   # its prompt once, then two decode rows
+    for seq in clock.done.values():
+        assert seq.tokens == expected(seq.prompt, seq.n_decoded, mix)
+    assert_all_pages_returned(sched)

@@ -65,10 +65,27 @@ def test_refused_flags_say_why(argv, words):
 
 
 @pytest.mark.parametrize("argv", [["--max-connections", "0"], ["--timeout", "0"],
-                                  ["--stall-timeout", "0"], ["--port", "70000"], ["-np", "-1"]])
+                                  ["--stall-timeout", "0"], ["--port", "70000"], ["-np", "-1"],
+                                  ["-np", "65"], ["-np", "16", "-ub", "8"]])
 def test_invalid_values_are_errors(argv):
     with pytest.raises(ValueError):
         options(*argv)
+
+
+def test_parallel_is_bounded_in_one_line_naming_the_flags():
+    with pytest.raises(ValueError, match=r"^parallel \(-np\) must be 0 \(automatic\) or 1 to 64 "
+                       r"sequences at once, not 100$"):
+        options("-np", "100")
+    with pytest.raises(ValueError, match=r"^step_tokens \(-ub 8\) must be at least parallel "
+                       r"\(-np 16\)"):
+        options("-np", "16", "-ub", "8")
+
+
+def test_the_step_size_is_automatic_unless_ub_is_given():
+    # 0: resolved at load to 16 rows, or 2 x the slots when that is more (EngineConfig)
+    assert options("-np", "16")[1].engine.step_tokens == 0
+    assert options("-np", "16", "-ub", "16")[1].engine.step_tokens == 16
+    assert options("-np", "16", "--draft-max", "20")[1].engine.max_draft == 20   # -ub 32
 
 
 def test_help_documents_every_flag(capsys):

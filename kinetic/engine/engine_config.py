@@ -7,14 +7,18 @@ import math
 from dataclasses import dataclass
 
 MAX_AUTO_PARALLEL = 4
+MAX_PARALLEL = 64        # the server's 64 connections (SPEC.md); a step holds every stream
+MIN_STEP_TOKENS = 16     # the automatic step size: 16 rows, or 2 x parallel when more
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    parallel: int = 0          # sequences at once (-np); 0: as many full contexts as half the
-                               # free memory holds, up to 4
+    parallel: int = 0          # sequences at once (-np), 1..MAX_PARALLEL; 0: as many full
+                               # contexts as half the free memory holds, up to 4
     n_ctx: int = 4096          # context per sequence (-c), capped by the model's own
-    step_tokens: int = 16      # most rows per step (steps run at row buckets up to it)
+    step_tokens: int = 0       # most rows per step (-ub; steps run at row buckets up to it);
+                               # 0: auto_step_tokens(parallel). At least parallel: each
+                               # running stream takes one row in every step
     page_size: int = 16
     chunk_tokens: int = 512    # most prompt rows one sequence gets per step
     num_pages: int = 0         # 0: every slot can hold a full context, plus the reserved page
@@ -26,16 +30,21 @@ class EngineConfig:
                                # between them (1: one step per call; see docs/performance.md)
 
     def __post_init__(self) -> None:
-        if self.parallel < 0:
-            raise ValueError("parallel must be 0 (auto) or a positive number of slots")
+        if not 0 <= self.parallel <= MAX_PARALLEL:
+            raise ValueError(f"parallel (-np) must be 0 (automatic) or 1 to {MAX_PARALLEL} "
+                             f"sequences at once, not {self.parallel}")
         if self.n_ctx < self.page_size:
             raise ValueError(f"the context ({self.n_ctx}) must hold at least one page "
                              f"({self.page_size} tokens)")
-        if self.step_tokens < 1:
-            raise ValueError("step_tokens must be at least 1")
+        if self.step_tokens < 0:
+            raise ValueError("step_tokens must be 0 (automatic) or at least 1")
+        if self.step_tokens and self.step_tokens < self.parallel:
+            raise ValueError(f"step_tokens (-ub {self.step_tokens}) must be at least parallel "
+                             f"(-np {self.parallel}): every running sequence takes a row in "
+                             f"each step")
         if self.decode_steps < 1:
             raise ValueError("decode_steps must be at least 1")
-        if self.max_draft < 0 or self.max_draft >= self.step_tokens:
+        if self.max_draft < 0 or (self.step_tokens and self.max_draft >= self.step_tokens):
             raise ValueError("max_draft must be between 0 and step_tokens - 1")
 
     @property
@@ -44,18 +53,63 @@ class EngineConfig:
 
     def resolved(self, model_config) -> "EngineConfig":
         """Fill the automatic fields for a model: context capped by the model's, parallel
-        from free memory, pages for every slot's full context."""
+        from free memory (at most step_tokens when that is given), step_tokens from parallel,
+        pages for every slot's full context. Raises ValueError, naming the sizes, if the KV
+        cache would not fit the memory available (kv_memory_needed)."""
         n_ctx = min(self.n_ctx, model_config.context_length)
         cfg = dataclasses.replace(self, n_ctx=max(n_ctx, self.page_size))
         parallel = cfg.parallel or auto_parallel(model_config, cfg.n_ctx, cfg.kv_dtype)
+        if cfg.step_tokens:
+            parallel = min(parallel, cfg.step_tokens)
+        steps = cfg.step_tokens or auto_step_tokens(parallel)
         pages = cfg.num_pages or parallel * cfg.pages_per_slot + 1
-        return dataclasses.replace(cfg, parallel=parallel, num_pages=pages)
+        out = dataclasses.replace(cfg, parallel=parallel, step_tokens=steps, num_pages=pages)
+        check_kv_fits(model_config, out)
+        return out
+
+
+def auto_step_tokens(parallel: int) -> int:
+    """The step size for `parallel` streams: 16 rows, or 2 x parallel when that is more, so
+    that with every stream decoding (one row each) as many rows are left for a new
+    request's prompt chunk or for drafts (at 16 slots a 16-row step leaves a new request's
+    prompt one row a step beside 15 decoding streams). It grows only past 8 streams: each
+    row bucket (1, 2, 4 ... step_tokens) costs compiled step shapes and a sampler size,
+    tens of MB and seconds of start-up (docs/server.md, "Sharing a step", has figures)."""
+    return max(MIN_STEP_TOKENS, 2 * parallel)
 
 
 def kv_bytes_per_token(model_config, kv_dtype: str) -> int:
     size = 2 if kv_dtype in ("float16", "bfloat16") else 4
     c = model_config
     return c.n_layer * c.n_kv_head * (c.head_dim + c.v_head_dim) * size
+
+
+def kv_memory_needed(model_config, config: EngineConfig) -> int:
+    """Bytes of the KV cache of a resolved config: every page, the reserved one included."""
+    return kv_bytes_per_token(model_config, config.kv_dtype) * config.page_size * config.num_pages
+
+
+def check_kv_fits(model_config, config: EngineConfig) -> None:
+    """The whole KV cache is allocated at start, as llama-server allocates its whole -c: a
+    cache larger than the memory available (available_memory) is refused here with the
+    sizes, rather than failing or swapping later."""
+    need, have = kv_memory_needed(model_config, config), available_memory()
+    if need > have:
+        c = config
+        full = c.num_pages == c.parallel * c.pages_per_slot + 1   # the default pool
+        what = (f"{c.parallel} sequence{'s' if c.parallel != 1 else ''} of {c.n_ctx} tokens"
+                if full else f"{c.num_pages} pages of {c.page_size} tokens")
+        raise ValueError(
+            f"the KV cache for {what} ({c.kv_dtype}) needs {_size(need, math.ceil)}, more than "
+            f"the {_size(have, math.floor)} of memory available; lower --parallel (-np) or "
+            f"--ctx-size (-c)")
+
+
+def _size(n: int, rounding) -> str:
+    """n bytes in MiB or GiB, two decimals, rounded by `rounding` (math.ceil for what is
+    needed, math.floor for what is available: a refusal never reads "X, more than X")."""
+    unit, name = (1 << 20, "MiB") if n < (1 << 30) else (1 << 30, "GiB")
+    return f"{rounding(100 * n / unit) / 100:.2f} {name}"
 
 
 def auto_parallel(model_config, n_ctx: int, kv_dtype: str) -> int:
@@ -65,6 +119,12 @@ def auto_parallel(model_config, n_ctx: int, kv_dtype: str) -> int:
 
 
 def available_memory() -> int:
+    """Bytes free where the KV cache is allocated: on an accelerator, its memory that JAX
+    has not handed out (memory_stats; only if JAX is already in use); else the system's
+    MemAvailable."""
+    device = _device_memory()
+    if device is not None:
+        return device
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -73,3 +133,20 @@ def available_memory() -> int:
     except OSError:
         pass
     return 4 << 30
+
+
+def _device_memory() -> int | None:
+    import sys
+    jax = sys.modules.get("jax")   # never imported here: the scheduler side stays JAX-free
+    if jax is None:
+        return None
+    try:
+        device = jax.local_devices()[0]
+        if device.platform == "cpu":
+            return None
+        stats = device.memory_stats() or {}
+        if "bytes_limit" not in stats:
+            return None
+        return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+    except Exception:  # noqa: BLE001 - no figure: fall back to the host's
+        return None

@@ -8,15 +8,30 @@ prompt chunk. The logits of a sequence's row are sampled only when that row is i
 token, so the same rule covers chunked prompts, prefix reuse and resumption after preemption.
 
 One step, traced:
-  schedule()   running sequences first, oldest first: each gets its rows and the pages they
-               need; if pages run out the newest running sequence is preempted (pages released,
-               re-queued at the FRONT of the waiting queue). Then, if nothing was preempted,
-               waiting sequences are admitted in FIFO order into free slots, their cached prefix
-               taken from the PageManager so those tokens are skipped.
+  schedule()   a step of at most step_tokens rows, filled in three passes:
+               1. decode rows: one for every running sequence that is caught up, oldest
+                  first, so a stream never skips a step while prompts are being computed;
+               2. prompt rows: the running sequences with prompt rows left (oldest first),
+                  then waiting sequences admitted in FIFO order into free slots with their
+                  cached prefix, share what is left equally (each at most chunk_tokens; rows
+                  a short prompt leaves go to the oldest first), so a short request behind a
+                  long prompt gets its first token within a few steps, whatever the long
+                  one's length, and the long one still advances every step. A waiting
+                  sequence whose next prefix page a running one is computing waits for it
+                  (to find it cached, not compute it twice) and later arrivals go past it;
+               3. draft rows: what is left goes to the drafts of the caught-up sequences,
+                  oldest first (a draft is a guess; a prompt row is sure work).
+               If pages run out, the newest running sequence is preempted (pages released,
+               rows it was given this step taken back, re-queued at the FRONT of the waiting
+               queue), and nothing is admitted in that step. Older sequences are never
+               preempted for newer ones, and the oldest always gets a row: every sequence
+               finishes.
   runner.step  the engine runs the plan's rows (kinetic/engine/runner.py)
   complete()   num_computed advances, sampled tokens are appended, newly full pages are
                registered for reuse, and sequences at max_tokens or the context end finish
                and release their pages at once.
+
+Which rows a step holds never changes a row's result (DESIGN.md): only when it is computed.
 """
 
 from __future__ import annotations
@@ -54,6 +69,11 @@ class SchedulerConfig:
         for name in ("step_tokens", "num_slots", "page_size", "pages_per_slot", "chunk_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        # Every running sequence takes a row in each step: decode rows first, so a step that
+        # could not hold them all would leave the newest streams, or the oldest prompt, out.
+        if self.step_tokens < self.num_slots:
+            raise ValueError(f"step_tokens={self.step_tokens} is less than num_slots="
+                             f"{self.num_slots}: every running sequence needs a row per step")
         # One sequence alone must always be able to reach its context end, or preemption
         # could not guarantee progress.
         if self.num_pages - 1 < self.pages_per_slot:
@@ -181,6 +201,8 @@ class Scheduler:
         self.num_preemptions = 0
         self._slots: list[Sequence | None] = [None] * config.num_slots
         self._arrivals = 0
+        self._budget = 0                       # while planning: rows left in the step
+        self._taken: dict[int, tuple[int, int]] = {}   # while planning: seq id -> (rows, drafts)
         self.host = None       # a container of page keys held in host memory (engine's tier)
         self.restores: list[tuple[int, bytes]] = []  # pages to fill from host this step
 
@@ -222,29 +244,72 @@ class Scheduler:
 
     # --- one step ---------------------------------------------------------------------
     def schedule(self) -> StepPlan:
-        """Plan the next step of at most step_tokens rows. Running sequences get their
-        rows first, oldest first; when pages run out (evictable ones are reclaimed by the
-        PageManager first) the newest running sequence is preempted: its pages released,
-        num_computed reset, and it is re-queued at the front of the waiting queue. If none
-        was preempted, waiting sequences are then admitted into free slots in FIFO order,
-        taking their cached prefix. Allocates the pages of every scheduled row."""
-        budget, rows, chunks, preempted = self.config.step_tokens, [], [], []
+        """Plan the next step of at most step_tokens rows (the module docstring's three
+        passes): a decode row for every caught-up running sequence, oldest first; then
+        prompt rows in equal shares for the running sequences still in their prompt and the
+        waiting ones admitted, FIFO, into free slots (taking their cached prefix; see
+        _admission_order for the ones that wait for a prefix being computed); then draft
+        rows. When pages run out (evictable ones are reclaimed by the PageManager first) the
+        newest running sequence is preempted: its pages released, num_computed reset, any
+        rows it had in this step dropped, and it is re-queued at the front of the waiting
+        queue; a step that preempted admits nothing. Allocates the pages of every row."""
+        self._budget, self._taken, preempted = self.config.step_tokens, {}, []
+        todo = {s.seq_id: len(s.tokens) - s.num_computed for s in self.running}
+        # 1. decode rows (caught-up sequences need exactly one row each to advance)
         for seq in list(self.running):
-            if budget == 0:
+            if self._budget == 0:
                 break
-            if seq.status is not Status.RUNNING:
-                continue  # preempted for an older sequence earlier in this loop
-            n, n_draft = self._wanted(seq, budget)
-            n = self._reserve(seq, n, preempted)
-            if n == 0:
-                break  # seq itself was the newest left: nothing after it is running
-            budget -= self._emit(seq, n, min(n_draft, n - 1), rows, chunks)
-        # Admitting while preempting would only hand the victims' pages to newer requests.
-        while not preempted and budget and self.waiting and None in self._slots:
-            n = self._admit(self.waiting[0], budget)
-            if n == 0:
-                break  # the head does not fit: later arrivals wait behind it (FIFO)
-            budget -= self._emit(self.waiting.popleft(), n, 0, rows, chunks)
+            if seq.status is Status.RUNNING and todo[seq.seq_id] == 1:
+                self._take(seq, 1, preempted)
+        # 2. prompt rows, shared equally by the running prompts and the waiting ones to admit
+        # (admitting while preempting would only hand the victims' pages to newer requests)
+        prompts = [s for s in self.running if todo[s.seq_id] > 1]
+        admit = [] if preempted or not self._budget else self._admission_order()
+        if self._budget and (prompts or admit):
+            share = max(1, self._budget // (len(prompts) + len(admit)))
+            for seq in prompts:
+                if self._budget == 0:
+                    break
+                if seq.status is Status.RUNNING:   # else preempted for an older one
+                    self._take(seq, min(todo[seq.seq_id], self.config.chunk_tokens, share,
+                                        self._budget), preempted)
+            for seq in admit:
+                if preempted or self._budget == 0:
+                    break
+                n = self._admit(seq, min(share, self._budget))
+                if n == 0:
+                    break  # it does not fit: later arrivals wait behind it (FIFO)
+                self.waiting.remove(seq)
+                todo[seq.seq_id] = len(seq.tokens) - seq.num_computed
+                self._taken[seq.seq_id] = (n, 0)
+                self._budget -= n
+            # the rows a short prompt left: oldest first, as far as free pages go
+            for seq in self.running:
+                if self._budget == 0:
+                    break
+                taken = self._taken.get(seq.seq_id)
+                if taken and todo[seq.seq_id] > 1:
+                    want = min(todo[seq.seq_id], self.config.chunk_tokens,
+                               taken[0] + self._budget)
+                    self._extend(seq, want, 0)
+        # 3. draft rows, oldest first, with what is left (never preempting for a guess)
+        for seq in self.running:
+            if self._budget == 0:
+                break
+            if seq.draft and seq.seq_id in self._taken and todo[seq.seq_id] == 1:
+                # drafts may neither run past the context nor produce more than max_tokens
+                room = self.config.max_context - len(seq.tokens)
+                if seq.max_tokens is not None:
+                    room = min(room, seq.max_tokens - seq.n_decoded - 1)
+                k = max(0, min(len(seq.draft), self._budget, room))
+                if k:
+                    self._extend(seq, 1 + k, None)
+        rows, chunks = [], []
+        for seq in self.running:   # oldest first
+            if seq.seq_id in self._taken:
+                n, n_draft = self._taken[seq.seq_id]
+                self._emit(seq, n, n_draft, rows, chunks)
+        self._taken = {}
         return self._plan(rows, chunks, preempted)
 
     def complete(self, plan: StepPlan, sampled: dict[int, int | list[int]]) -> list[Sequence]:
@@ -313,17 +378,62 @@ class Scheduler:
         self.pages.check_invariants(held)
 
     # --- internals --------------------------------------------------------------------
-    def _wanted(self, seq: Sequence, budget: int) -> tuple[int, int]:
-        """(rows, of which draft rows) that `seq` would take from `budget`."""
-        todo = len(seq.tokens) - seq.num_computed
-        if todo == 1 and seq.draft:
-            # drafts may neither run past the context nor produce more than max_tokens
-            room = self.config.max_context - len(seq.tokens)
-            if seq.max_tokens is not None:
-                room = min(room, seq.max_tokens - seq.n_decoded - 1)
-            k = max(0, min(len(seq.draft), budget - 1, room))
-            return 1 + k, k
-        return min(todo, self.config.chunk_tokens, budget), 0
+    def _take(self, seq: Sequence, n: int, preempted: list[int]) -> None:
+        """Give running `seq` up to `n` rows of this step (at least one, preempting the
+        newest running sequences while not even one fits; none if seq itself was the
+        newest left). Rows of this step a victim was given go back to the budget."""
+        n = self._reserve(seq, n, preempted)
+        for victim in preempted:
+            if victim in self._taken:
+                self._budget += self._taken.pop(victim)[0]
+        if n:
+            self._taken[seq.seq_id] = (n, 0)
+            self._budget -= n
+
+    def _future_keys(self, seq: Sequence) -> list[bytes]:
+        """Keys of the full pages of seq's known tokens that it has not computed yet."""
+        ps = self.config.page_size
+        full = len(seq.tokens) // ps
+        return extend_keys(seq.page_keys, seq.tokens, ps, full)[seq.num_computed // ps:full]
+
+    def _admission_order(self) -> list[Sequence]:
+        """The waiting sequences to admit into the free slots, in FIFO order, but for those
+        whose next prefix page a running (or earlier admitted) sequence is computing: they
+        wait for it, to find it cached rather than compute it twice, and later arrivals that
+        do not share it go past them. (_admit may still find one does not fit.)"""
+        free = self._slots.count(None)
+        computing = {k for s in self.running if len(s.tokens) - s.num_computed > 1
+                     for k in self._future_keys(s)}
+        out = []
+        for seq in self.waiting:
+            if len(out) == free:
+                break
+            if not self._waits_for_prefix(seq, computing):
+                out.append(seq)
+                computing.update(self._future_keys(seq))
+        return out
+
+    def _waits_for_prefix(self, seq: Sequence, computing: set[bytes]) -> bool:
+        """Whether waiting `seq`'s first page not cached (on the device or in host memory)
+        is one a running sequence is computing."""
+        if not computing or not seq.use_prefix_cache:
+            return False
+        ps = self.config.page_size
+        cacheable = (len(seq.tokens) - 1) // ps
+        keys = extend_keys(seq.page_keys, seq.tokens, ps, cacheable)[:cacheable]
+        j = len(self.pages.lookup(keys))
+        while j < len(keys) and self.host is not None and keys[j] in self.host:
+            j += 1
+        return j < len(keys) and keys[j] in computing
+
+    def _extend(self, seq: Sequence, n: int, n_draft: int | None) -> None:
+        """Let `seq`, already given rows in this step, take up to `n` rows in all, as far as
+        free pages go (no preemption). n_draft None: the rows past the first are drafts."""
+        had = self._taken[seq.seq_id][0]
+        n = max(had, self._fit(seq, n, self.pages.available))
+        self._grow(seq, n)
+        self._taken[seq.seq_id] = (n, n - 1 if n_draft is None else n_draft)
+        self._budget -= n - had
 
     def _fit(self, seq: Sequence, n: int, extra_pages: int) -> int:
         """How many of `n` rows from num_computed on fit the pages seq holds plus
