@@ -109,6 +109,10 @@ def test_kv_write_in_place_equals_numpy_rounding_and_xla_scatter(dtype):
     want_v = np.asarray(vc).reshape(-1, K, Qv).copy()
     want_k[index], want_v[index] = k.astype(want_k.dtype), v.astype(want_v.dtype)
     ref_k, ref_v = jax.jit(xla_write)(kc, vc)
+    # fresh caches in buffers XLA owns (a numpy array put on the device may be borrowed in
+    # place, zero-copy, and a borrowed buffer cannot be donated), that nothing else references
+    own = jax.jit(lambda a: jnp.asarray(a, dt) + jnp.zeros((), dt))
+    kc, vc = own(k0), own(v0)
     pointer = kc.unsafe_buffer_pointer()
     got_k, got_v = jax.jit(c_write, donate_argnums=(0, 1))(kc, vc)
     assert got_k.unsafe_buffer_pointer() == pointer   # in place
