@@ -31,6 +31,7 @@ SERVED_BODIES = {
     "llama_server.completion": {"prompt": "hi", "n_predict": 1},
     "llama_server.tokenize": {"content": "hi"},
     "llama_server.detokenize": {"tokens": [1, 2]},
+    "prefill.prefill": {"messages": [{"role": "user", "content": "hi there"}]},
 }
 
 

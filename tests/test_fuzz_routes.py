@@ -121,6 +121,14 @@ FIELDS = {
         content=maybe(texts), **{name: maybe(st.booleans()) for name in (
             "add_special", "parse_special", "with_pieces")}),
     "llama_server.detokenize": dict(tokens=maybe(token_ids)),
+    # a chat body: only the fields that shape the prompt matter, the others are checked
+    "prefill.prefill": dict(
+        GENERATING, messages=maybe(st.lists(rarely(message), min_size=1, max_size=3)),
+        tools=maybe(st.lists(maybe(tool), max_size=2)),
+        tool_choice=maybe(st.sampled_from(["auto", "none", "required", {
+            "type": "function", "function": {"name": "f"}}])),
+        chat_template_kwargs=maybe(st.dictionaries(st.sampled_from(
+            ["enable_thinking", "reasoning_effort", "x"]), any_json, max_size=2))),
 }
 ALL_NAMES = sorted({name for fields in FIELDS.values() for name in fields})
 # how often the one field drawn is this one, against 1 for the others: the text fields carry

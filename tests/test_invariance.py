@@ -2,11 +2,13 @@
 request give identical token ids and log-probabilities
   (1) alone, (2) while 3 other requests of different lengths run, (3) with --parallel 1
   and 4, (4) with the prompt cold, fully cached and partly cached, (5) with speculative
-  decoding on and off, (6) with a different prefill chunking.
+  decoding on and off, (6) with a different prefill chunking, (7) with the prompt's start
+  run before by a prefill (/v1/prefill), alone or beside a stream.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
 
 import pytest
@@ -127,6 +129,33 @@ def test_answer_never_depends_on_load(setup, kind):
     assert run(engine("draft-model", parallel=4, draft=model), request)[:2] == want
     # (6) prompt processed in chunks of 5 tokens instead of 16
     assert run(engine("chunk5", parallel=4, chunk_tokens=5), request)[:2] == want
+
+
+@pytest.mark.parametrize("kind", ["greedy", "seeded"])
+def test_answer_after_a_prefill_of_its_start_is_the_cold_answer(setup, kind):
+    """(7) A prefill (Engine.prefill, what /v1/prefill runs) of the prompt's start, alone or
+    while another request streams beside it: then the request, served from the prefill's
+    pages, answers bitwise as on a fresh engine."""
+    tok, engine, _ = setup
+    request = requests(tok)[kind]
+    cold = run(engine(f"prefill-cold-{kind}", parallel=2), request)
+    assert cold[2] == 0
+    warm = engine(f"prefill-warm-{kind}", parallel=2)
+    streaming, deltas = threading.Event(), queue.SimpleQueue()
+
+    def sink(delta) -> None:
+        deltas.put(delta)
+        if delta.token_ids:
+            streaming.set()
+    warm.start(GenerationRequest(tok.encode(OTHERS[1]), SamplingParams(temperature=0.7, seed=3),
+                                 max_tokens=30), sink)
+    assert streaming.wait(300)   # it decodes (a request arriving would end the prefill)
+    done = warm.prefill(request.prompt[:-2])
+    while deltas.get(timeout=300).finish_reason is None:
+        pass
+    assert done.cached_tokens == (len(request.prompt) - 2) // 16 * 16 > 0
+    got = run(warm, request)
+    assert got[2] == done.cached_tokens and got[:2] == cold[:2]
 
 
 def test_answers_are_the_same_with_several_decode_steps_per_call_and_one(setup):

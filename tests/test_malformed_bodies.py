@@ -419,6 +419,12 @@ FIELD_ROWS = {
     "llama_server.completion": COMPLETION_ROWS + LLAMA_COMPLETION_ROWS + SAMPLING_ROWS,
     "llama_server.tokenize": TOKENIZE_ROWS,
     "llama_server.detokenize": DETOKENIZE_ROWS,
+    # a prefill's body is a chat completion's, refused alike: the fields that shape the
+    # prompt, and every field's type and range (a GBNF grammar is not compiled for a
+    # prefill, so its syntax errors come with the completion)
+    "prefill.prefill": [r for r in CHAT_ROWS if set(r[0]) <= {
+        "messages", "tools", "tool_choice", "chat_template_kwargs"}] + [
+        r for r in SAMPLING_ROWS if r[0] != {"grammar": 'root ::= "a" )'}],
 }
 
 

@@ -24,6 +24,7 @@ COUNTERS = ["requests_total", "prompt_tokens_total", "prompt_tokens_cached_total
             "n_tokens_max"]
 GAUGES = ["prompt_tokens_seconds", "predicted_tokens_seconds", "requests_processing",
           "requests_deferred"]
+KINETIC = ["prefill_requests_total", "prefill_tokens_total"]   # kinetic's own, under kinetic:
 PROMPT = ("<|im_start|>user\nWrite a few words about the sea, its waves, its colours and the "
           "boats that sail on it.<|im_end|>\n<|im_start|>assistant\n")  # over one cache page
 
@@ -66,12 +67,16 @@ def test_prometheus_text_with_specs_names(server):
     assert text.endswith("\n")
     blocks = re.findall(r"# HELP llamacpp:(\w+) .+\n# TYPE llamacpp:(\w+) (\w+)\n"
                         r"llamacpp:(\w+) ([0-9.e+-]+)\n", text)
-    assert status == 200 and len(blocks) * 3 == len(text.splitlines())
-    assert all(h == t == n for h, t, _, n, _ in blocks)
+    ours = re.findall(r"# HELP kinetic:(\w+) .+\n# TYPE kinetic:(\w+) (\w+)\n"
+                      r"kinetic:(\w+) ([0-9.e+-]+)\n", text)
+    assert status == 200 and (len(blocks) + len(ours)) * 3 == len(text.splitlines())
+    assert all(h == t == n for h, t, _, n, _ in blocks + ours)
     assert [b[0] for b in blocks] == COUNTERS + GAUGES
     assert {b[0]: b[2] for b in blocks} == dict(
         [(c, "counter") for c in COUNTERS] + [(g, "gauge") for g in GAUGES])
-    assert set(scrape(server, "/v1/metrics")) == set(COUNTERS + GAUGES)
+    assert [(b[0], b[2]) for b in ours] == [(k, "counter") for k in KINETIC]
+    assert set(scrape(server, "/v1/metrics")) == set(
+        COUNTERS + GAUGES + [f"kinetic:{k}" for k in KINETIC])
 
 
 def completion(server, **body) -> tuple[int, int, int]:
@@ -181,3 +186,25 @@ def test_gauges_while_requests_are_in_flight(server):
     after = idle(server)
     assert after["requests_total"] - before["requests_total"] == 3
     assert after["tokens_predicted_total"] > before["tokens_predicted_total"]
+
+
+def test_prefills_count_apart_from_requests(server):
+    """A prefill is counted under kinetic:prefill_*, never as a request or its prompt
+    tokens; a second prefill of the same conversation finds it all cached and runs nothing."""
+    body = {"messages": [{"role": "user", "content": "Here is my list of the rivers of "
+                          "Europe that I have sailed on, with the boats and the towns: the "
+                          "Danube, the Rhine, the Elbe, the Loire, the Seine. Which one is"}]}
+    before = idle(server)
+    status, _, first = server.request("POST", "/v1/prefill", body=body)
+    assert status == 200 and first["object"] == "prefill" and first["cached_tokens"] > 0
+    middle = idle(server)
+    status, _, second = server.request("POST", "/v1/prefill", body=body)
+    assert status == 200 and second["cached_tokens"] == first["cached_tokens"]
+    after = idle(server)
+    for name in COUNTERS:
+        if name != "n_tokens_max":
+            assert after[name] == before[name], name
+    assert after["kinetic:prefill_requests_total"] - before["kinetic:prefill_requests_total"] == 2
+    ran = middle["kinetic:prefill_tokens_total"] - before["kinetic:prefill_tokens_total"]
+    assert 0 < ran <= first["cached_tokens"]   # pages of the template's start may be cached
+    assert after["kinetic:prefill_tokens_total"] == middle["kinetic:prefill_tokens_total"]

@@ -12,8 +12,8 @@ import random
 import numpy as np
 import pytest
 
-from kinetic.engine.scheduler import (ContextOverflow, Scheduler, SchedulerConfig, Sequence,
-                                      SlotStats, Status, StepPlan)
+from kinetic.engine.scheduler import (ContextOverflow, Prefilled, Scheduler, SchedulerConfig,
+                                      Sequence, SlotStats, Status, StepPlan)
 
 
 def plus_one(ctx: list[int]) -> int:
@@ -564,4 +564,158 @@ def test_a_prefix_being_computed_is_waited_for_not_computed_twice():
     assert sum(clock.rows[0]) == 323 + 2   # its prompt once, then two decode rows
     for seq in clock.done.values():
         assert seq.tokens == expected(seq.prompt, seq.n_decoded, mix)
+    assert_all_pages_returned(sched)
+
+
+# --- prefills (/v1/prefill): whole pages into the cache, with the rows requests leave -------
+
+def chunks_of(plan: StepPlan, skip: int | None = None) -> list[tuple[int, int, int, int]]:
+    return [(c.seq_id, c.start, c.num_rows, c.num_draft) for c in plan.chunks
+            if c.seq_id != skip]
+
+
+def test_a_prefill_runs_its_whole_pages_samples_nothing_and_its_request_takes_them():
+    cfg = wide_config()
+    sched, model = Scheduler(cfg), FakeModel(cfg, rule=mix)
+    prompt = long_prompt(70)   # 4 whole pages of 16 and 6 tokens more, which are not run
+    seq = sched.add_prefill(0, prompt)
+    assert seq.tokens == prompt[:64] and seq.prefill
+    assert sched.queue_length == 0 and not sched.running   # not a request
+    plans = []
+    while sched.has_work:
+        plans.append(step(sched, model))
+    assert [chunks_of(p) for p in plans] == [[(0, 16 * i, 16, 0)] for i in range(4)]
+    assert all(not p.sample_rows for p in plans)
+    assert sched.take_prefilled() == [Prefilled(0, 64, 64)] and sched.take_prefilled() == []
+    assert sched.cached_tokens(prompt) == 64
+    # the request of that conversation runs only what is new, and its answer is exact
+    sched.add(Sequence(1, prompt + [5, 6], max_tokens=3))
+    assert chunks_of(step(sched, model)) == [(1, 64, 8, 0)]
+    done = run(sched, model)
+    assert done[1].num_cached == 64 and done[1].tokens == expected(prompt + [5, 6], 3, mix)
+    # shorter than a page: ended at once; all cached already: ended in its first step, no row
+    assert sched.add_prefill(2, prompt[:15]) is None
+    assert sched.take_prefilled() == [Prefilled(2, 0, 0)]
+    sched.add_prefill(3, prompt[:66])
+    assert len(step(sched, model)) == 0 and not sched.has_work
+    assert sched.take_prefilled() == [Prefilled(3, 64, 0)]
+    assert_all_pages_returned(sched)
+
+
+def twins(setup):
+    """Two schedulers given the same requests by setup(sched); the test adds a prefill to
+    the first one only."""
+    cfg = wide_config()
+    out = []
+    for _ in range(2):
+        sched = Scheduler(cfg)
+        setup(sched)
+        out.append(Clock(sched, FakeModel(cfg, rule=mix)))
+    return out
+
+
+def test_a_prefill_takes_only_the_rows_streams_leave_and_changes_none_of_theirs():
+    def three_chats(sched):
+        for i in (1, 2, 3):
+            sched.add(chat(i, n=8, max_tokens=40))
+    with_prefill, without = twins(three_chats)
+    for clock in (with_prefill, without):
+        clock.step()
+        clock.step()   # the three 8-token prompts: they decode from now on
+    with_prefill.sched.add_prefill(9, long_prompt(200))   # 12 pages: 192 tokens
+    while 9 in with_prefill.sched.sequences:
+        a, b = with_prefill.step(), without.step()
+        assert chunks_of(a, skip=9) == chunks_of(b)   # the same rows for every request
+    assert with_prefill.rows[9] == [13] * 14 + [10]   # 16 - 3 decode rows a step
+    assert with_prefill.sched.take_prefilled() == [Prefilled(9, 192, 192)]
+    with_prefill.run()
+    without.run()
+    assert {i: s.tokens for i, s in with_prefill.done.items()} == {
+        i: s.tokens for i, s in without.done.items()}
+    assert_all_pages_returned(with_prefill.sched)
+
+
+def test_a_request_ends_every_prefill_in_the_step_it_arrives_and_is_not_delayed():
+    conversation = long_prompt(300)
+    with_prefill, without = twins(lambda sched: None)
+    with_prefill.sched.add_prefill(0, conversation)
+    for _ in range(3):
+        with_prefill.step()   # 48 of its 288 tokens
+    other = [(5 * j + 2) % 100 for j in range(40)]
+    with_prefill.sched.add_prefill(1, other)   # another conversation: it does not end 0
+    for clock in (with_prefill, without):
+        clock.sched.add(Sequence(2, conversation[:50] + [7, 7], max_tokens=4))
+    first = with_prefill.step()
+    # both prefills ended before this step was planned, with what they had cached
+    assert with_prefill.sched.take_prefilled() == [Prefilled(0, 48, 48), Prefilled(1, 0, 0)]
+    assert chunks_of(first) == [(2, 48, 4, 0)]   # the conversation's request took the pages
+    without.run()
+    with_prefill.run()
+    assert with_prefill.done[2].tokens == without.done[2].tokens
+    assert with_prefill.first[2] - 3 == 1 and without.first[2] == 4   # ceil(52 / 16) cold
+    assert_all_pages_returned(with_prefill.sched)
+
+
+def test_a_prefill_waits_for_a_free_slot_and_never_takes_one_a_request_waits_for():
+    cfg = SchedulerConfig(step_tokens=16, num_slots=2, page_size=16, num_pages=2 * 8 + 1,
+                          pages_per_slot=8)
+    sched, model = Scheduler(cfg), FakeModel(cfg, rule=mix)
+    sched.add(chat(1, n=20, max_tokens=30))
+    sched.add(chat(2, n=21, max_tokens=3))
+    step(sched, model)
+    sched.add_prefill(9, long_prompt(100))
+    plan = step(sched, model)   # both slots run requests: the prefill waits, rows or not
+    assert 9 not in {c.seq_id for c in plan.chunks} and sched.sequences[9] in sched.prefills
+    while 2 in sched.sequences:
+        step(sched, model)
+    plan = step(sched, model)   # 2 finished: the prefill takes its slot and 15 rows
+    assert chunks_of(plan) == [(1, 22, 1, 0), (9, 0, 15, 0)]
+    sched.add(Sequence(3, long_prompt(5), max_tokens=3))   # a request comes for that slot
+    plan = step(sched, model)
+    assert 9 not in sched.sequences and sched.take_prefilled() == [Prefilled(9, 0, 15)]
+    assert [c.seq_id for c in plan.chunks] == [1, 3]
+    done = run(sched, model)
+    for seq in done.values():
+        assert seq.tokens == expected(seq.prompt, seq.n_decoded, mix)
+    assert_all_pages_returned(sched)
+
+
+def test_a_newer_prefill_of_the_conversation_ends_the_older_and_runs_only_what_is_new():
+    cfg = wide_config()
+    sched, model = Scheduler(cfg), FakeModel(cfg, rule=mix)
+    conversation = long_prompt(300)
+    sched.add_prefill(0, conversation[:40])
+    run(sched, model)
+    sched.add_prefill(1, conversation[:75])
+    run(sched, model)
+    assert sched.take_prefilled() == [Prefilled(0, 32, 32), Prefilled(1, 64, 32)]
+    sched.add_prefill(2, conversation[:200])
+    step(sched, model)   # 16 of its new rows
+    sched.add_prefill(3, conversation[:210])   # grown: 2 ends now, 3 starts from its pages
+    assert sched.take_prefilled() == [Prefilled(2, 80, 16)]
+    sched.add_prefill(4, [1, 2, 3] * 20)   # another conversation: it waits, ending nothing
+    run(sched, model)
+    assert sched.take_prefilled() == [Prefilled(3, 208, 128), Prefilled(4, 48, 48)]
+    assert_all_pages_returned(sched)
+
+
+def test_a_running_request_that_needs_pages_takes_them_from_a_prefill_not_by_preemption():
+    # 8 usable pages; a 100-token prompt read 4 rows a step (chunk_tokens) beside a prefill
+    # read as fast: when the prompt needs its fifth page the prefill holds the other four,
+    # so the prefill ends (its full pages stay cached) and the prompt keeps its pace
+    cfg = SchedulerConfig(step_tokens=16, num_slots=2, page_size=16, num_pages=9,
+                          pages_per_slot=8, chunk_tokens=4)
+    sched, model = Scheduler(cfg), FakeModel(cfg, rule=mix)
+    clock = Clock(sched, model)
+    sched.add(Sequence(1, long_prompt(100), max_tokens=2))
+    clock.step()
+    sched.add_prefill(9, [(7 * j + 3) % 100 for j in range(112)])
+    while 9 in sched.sequences:
+        clock.step()
+    assert clock.steps == 17 and clock.rows[9] == [4] * 15   # 60 rows: 3 whole pages
+    assert sched.take_prefilled() == [Prefilled(9, 48, 60)]
+    clock.run()
+    assert sched.num_preemptions == 0 and clock.rows[1][:25] == [4] * 25
+    assert clock.first[1] == 25   # as it would alone
+    assert clock.done[1].tokens == expected(long_prompt(100), 2, mix)
     assert_all_pages_returned(sched)

@@ -229,6 +229,24 @@ def test_raw_stream_framing(server):
     assert all(c["usage"] is None for c in chunks[:-1])
 
 
+# --- prefill (Zero Wait) -------------------------------------------------------------------
+
+def test_prefill_then_its_chat_reuses_what_it_ran(server, client):
+    """The bitwise comparison with a fresh server is tests/test_prefill.py's; here the route
+    on the real process: the key rule, the answer, the chat's cached tokens."""
+    text = ("Here are my notes from the garden: the tomatoes ripened late this year, the "
+            "beans did well, and the lettuce bolted in the July heat. What should I plant")
+    body = {"messages": [{"role": "user", "content": text}]}
+    assert server.request("POST", "/v1/prefill", body=body)[0] == 401
+    status, _, answer = server.request("POST", "/v1/prefill", headers=AUTH, body=body)
+    assert status == 200 and answer["object"] == "prefill", answer
+    assert answer["cached_tokens"] >= 48 and answer["cached_tokens"] % 16 == 0
+    done = client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": text + " next spring?"}],
+        max_tokens=4, temperature=0)
+    assert done.usage.prompt_tokens_details.cached_tokens == answer["cached_tokens"]
+
+
 # --- errors -------------------------------------------------------------------------------
 
 CHAT = "/v1/chat/completions"

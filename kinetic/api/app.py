@@ -14,7 +14,7 @@ writes the answer as JSON or server-sent events (`sse_response`). Every error, t
 404 and 405 included, is written in the OpenAI shape (errors.py).
 
 Dialects are blueprints: `openai` (openai.py) and `llama_server` (llama_server.py); Ollama's
-routes register theirs in `create_app` the same way. Every generation, whatever its dialect,
+routes register theirs in `create_app` the same way. /v1/prefill (prefill.py) has its own. Every generation, whatever its dialect,
 is recorded in `ServerState.activity` (metrics.py) for /metrics and /slots.
 """
 
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("kinetic.server")
 
 PUBLIC_ENDPOINTS = {"health"}                  # no API key needed
-JSON_ONLY_BLUEPRINTS = {"openai"}              # their POST bodies must be application/json
+JSON_ONLY_BLUEPRINTS = {"openai", "prefill"}   # their POST bodies must be application/json
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
 
 
@@ -107,7 +107,7 @@ def server_state() -> ServerState:
 
 def create_app(state: ServerState) -> Quart:
     """The Quart app over `state`: shared checks, error handlers, health, the dialects."""
-    from kinetic.api import llama_server, openai
+    from kinetic.api import llama_server, openai, prefill
 
     app = Quart("kinetic")
     app.extensions["kinetic"] = state
@@ -120,6 +120,7 @@ def create_app(state: ServerState) -> Quart:
     app.add_url_rule("/health", "health", _health, methods=["GET"])
     app.add_url_rule("/v1/health", "health", _health, methods=["GET"])
     app.register_blueprint(openai.blueprint)
+    app.register_blueprint(prefill.blueprint)
     app.register_blueprint(llama_server.blueprint)
     return app
 

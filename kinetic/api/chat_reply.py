@@ -39,15 +39,22 @@ class ChatPlan:
         return ChatReader(self)
 
 
-def plan_chat(model, req: ChatRequest) -> ChatPlan:
-    """Render and tokenize the prompt and compile the answer's grammar (blocking: run it in a
-    worker thread). Raises APIError 400 for messages the template refuses, an invalid grammar
-    or schema, or a tool schema kinetic cannot enforce."""
+def chat_prompt(model, req: ChatRequest) -> tuple[str, list[int]]:
+    """The prompt of a chat request, as text and token ids: its messages and tools through
+    the model's chat template, with the generation prompt (a prefill renders it the same
+    way: kinetic/api/prefill.py). Raises APIError 400 for messages the template refuses."""
     try:
         text = model.apply_chat_template(req.messages, tools=req.tools, **req.template_kwargs)
     except ChatTemplateError as e:
         raise bad_request(f"the chat template refused the messages: {e}", "messages") from None
-    prompt = model.tokenize(text, add_special=True, parse_special=True)
+    return text, model.tokenize(text, add_special=True, parse_special=True)
+
+
+def plan_chat(model, req: ChatRequest) -> ChatPlan:
+    """Render and tokenize the prompt and compile the answer's grammar (blocking: run it in a
+    worker thread). Raises APIError 400 for messages the template refuses, an invalid grammar
+    or schema, or a tool schema kinetic cannot enforce."""
+    text, prompt = chat_prompt(model, req)
     source = model.chat_template.source
     opens = prompt_opens_thinking(text)
     thinking = opens or template_knows_thinking(source)

@@ -9,6 +9,10 @@ that is the one moment the task is known to sit in its slot, so the slots are re
 (`Engine.stats()` is safe to call there) and matched with the task's id on the event loop.
 Everything else happens on the event loop.
 
+Prefills (/v1/prefill) are not generations: `Activity.prefilled` counts them apart, under
+kinetic's own names (kinetic:prefill_requests_total, kinetic:prefill_tokens_total), and the
+tokens they run are not prompt tokens of any request.
+
 The token counts reported by /metrics are those the answers report (prompt tokens run, prompt
 tokens reused, tokens generated), so they add up exactly; the seconds are, as in llama-server,
 each request's own prompt and generation time, summed over requests that may overlap.
@@ -100,6 +104,8 @@ class Totals:
     tokens_predicted_total: int = 0
     tokens_predicted_seconds_total: float = 0.0
     n_tokens_max: int = 0
+    prefill_requests_total: int = 0    # /v1/prefill answers (kinetic: names)
+    prefill_tokens_total: int = 0      # prompt tokens the prefills ran
 
 
 class Activity:
@@ -119,6 +125,11 @@ class Activity:
         last = self.last.get(task.slot)
         if task.slot >= 0 and (last is None or last.id < task.id):  # ids grow with time
             self.last[task.slot] = task
+
+    def prefilled(self, result) -> None:
+        """Count one answered prefill (an engine Prefilled)."""
+        self.totals.prefill_requests_total += 1
+        self.totals.prefill_tokens_total += result.computed_tokens
 
     def ended(self, task: Task) -> None:
         """Count the task (finished, or cancelled: then what it had run until then)."""
@@ -154,6 +165,11 @@ METRICS = [
     ("requests_processing", "gauge", "Requests running in a slot"),
     ("requests_deferred", "gauge", "Requests waiting for a free slot"),
 ]
+# kinetic's own, after llama-server's, under kinetic: (names llama-server does not have)
+KINETIC_METRICS = [
+    ("prefill_requests_total", "counter", "Prefills answered (/v1/prefill; not requests)"),
+    ("prefill_tokens_total", "counter", "Prompt tokens run by prefills into the prompt cache"),
+]
 
 
 def metric_values(totals: Totals, processing: int, deferred: int) -> dict[str, float]:
@@ -170,10 +186,12 @@ def metric_values(totals: Totals, processing: int, deferred: int) -> dict[str, f
 
 
 def prometheus_text(values: dict[str, float]) -> str:
-    """Prometheus' text format (version 0.0.4), every name prefixed with llamacpp:."""
+    """Prometheus' text format (version 0.0.4): llama-server's metrics under llamacpp:, then
+    kinetic's own under kinetic:."""
     lines = []
-    for name, kind, help_ in METRICS:
-        full = f"llamacpp:{name}"
+    named = [("llamacpp", m) for m in METRICS] + [("kinetic", m) for m in KINETIC_METRICS]
+    for prefix, (name, kind, help_) in named:
+        full = f"{prefix}:{name}"
         value = values[name]
         shown = str(value) if isinstance(value, int) else repr(round(float(value), 6))
         lines += [f"# HELP {full} {help_}", f"# TYPE {full} {kind}", f"{full} {shown}"]

@@ -21,6 +21,13 @@ alone, with a 503-class error, and the step goes on for the others, so whatever 
 client sends, the engine thread's time per step stays bounded. `prepare_grammar` builds a
 grammar's start state and first mask under the same budget on the caller's thread, before the
 request reaches the engine (the server runs it in a worker thread, refusing with 400).
+
+Prefills (`start_prefill`, /v1/prefill): token ids run into the prefix cache and nothing else,
+at the lowest priority (the scheduler's "Prefills"): no sampling and no output, a slot only
+while no request waits for one, the rows real requests leave. A request arriving ends every
+prefill before the next step is planned, so it waits for no more than the step in flight;
+each prefill's sink then gets a `Prefilled` saying how much of it is cached. While a prefill
+wants rows, steps run one at a time (no several decode steps per call), so it advances.
 """
 
 from __future__ import annotations
@@ -49,7 +56,8 @@ from kinetic.engine.job import Job
 from kinetic.engine.request import Delta, GenerationRequest, MAX_LOGPROBS
 from kinetic.engine.runner import Runner, RunnerConfig
 from kinetic.engine.sampling_params import MAX_LOGIT_BIAS, SamplingParams, history_rows
-from kinetic.engine.scheduler import ContextOverflow, Scheduler, SchedulerConfig, Sequence
+from kinetic.engine.scheduler import (ContextOverflow, Prefilled, Scheduler, SchedulerConfig,
+                                      Sequence)
 from kinetic.engine.speculative import accept, ngram_draft
 from kinetic.grammar import (Grammar, GrammarTooCostly, MaskBudgetExceeded, Matcher, TokenVocab,
                              mask_budget)
@@ -74,7 +82,8 @@ DRY_WIDTH = 256
 MASK_BUDGET_SECONDS = 1.0
 COUNTERS = ("requests", "prompt_tokens", "prompt_tokens_cached", "prompt_seconds",
             "tokens_predicted", "tokens_predicted_seconds", "draft_tokens", "draft_accepted",
-            "steps", "pages_to_host", "pages_from_host", "decode_step_calls")
+            "steps", "pages_to_host", "pages_from_host", "decode_step_calls",
+            "prefills", "prefill_tokens", "prefill_seconds")
 
 
 @dataclass(frozen=True)
@@ -109,6 +118,7 @@ class Engine:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._jobs: dict[int, Job] = {}
+        self._prefills: dict[int, Callable[[Prefilled], None]] = {}   # prefill id -> its sink
         self._over_budget: set[int] = set()   # this turn's requests whose grammar overran
         self._grammar_spent: dict[int, float] = {}   # this turn's grammar seconds per request
         self._scored: dict[int, np.ndarray] = {}  # all-logits jobs: [len(prompt), V]
@@ -185,9 +195,54 @@ class Engine:
         return seq_id
 
     def cancel(self, seq_id: int) -> None:
-        """Stop a request; its pages are freed on the engine's next turn."""
+        """Stop a request or a prefill; its pages are freed on the engine's next turn."""
         self._inbox.put(("cancel", seq_id))
         self._wake.set()
+
+    def start_prefill(self, tokens: list[int], sink: Callable[[Prefilled], None]) -> int:
+        """Queue a prefill of `tokens`: their whole pages are computed into the prefix cache
+        (module docstring). `sink` gets one Prefilled, on the engine thread, once they are
+        cached, or as soon as the prefill is cut short (a request arrived, a newer prefill of
+        the same conversation, pages a request needs, a cancel). Returns its id. Raises
+        ContextOverflow (a ValueError) at once if the tokens cannot fit a slot."""
+        if len(tokens) >= self.max_context:
+            raise ContextOverflow(f"the prefill has {len(tokens)} tokens; the context "
+                                  f"holds {self.max_context}")
+        bad = [t for t in tokens if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})")
+        if self._dead:
+            raise RuntimeError(self._dead)
+        seq_id = next(self._ids)
+        self._inbox.put(("prefill", (seq_id, list(tokens), sink)))
+        self._wake.set()
+        if self._dead:
+            sink(Prefilled(seq_id, 0, 0, self._dead))
+        return seq_id
+
+    def prefill(self, tokens: list[int]) -> Prefilled:
+        """A prefill of `tokens`, synchronously (for notebooks and tests)."""
+        out: queue.SimpleQueue = queue.SimpleQueue()
+        self.start_prefill(tokens, out.put)
+        return out.get()
+
+    async def submit_prefill(self, tokens: list[int]) -> Prefilled:
+        """A prefill of `tokens`, awaited; cancelling the await cancels the prefill."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
+
+        def answer(result: Prefilled) -> None:
+            if not done.done():
+                done.set_result(result)
+        seq_id = self.start_prefill(tokens, lambda r: loop.call_soon_threadsafe(answer, r))
+        answered = False
+        try:
+            result = await done
+            answered = True
+            return result
+        finally:
+            if not answered:
+                self.cancel(seq_id)
 
     def generate(self, request: GenerationRequest) -> Iterator[Delta]:
         """The request's deltas, synchronously (for notebooks and tests)."""
@@ -234,7 +289,8 @@ class Engine:
 
     def counters(self) -> dict[str, float]:
         """Totals since start: requests, prompt tokens run and reused, predicted tokens, the
-        seconds spent on each (a step's time split by its rows), drafts proposed/accepted."""
+        seconds spent on each (a step's time split by its rows), drafts proposed/accepted,
+        prefills answered and the rows they ran (not counted as requests or prompt tokens)."""
         return dict(self._counters)
 
     def stats(self) -> EngineStats:
@@ -308,17 +364,23 @@ class Engine:
         try:
             while not self._stop:
                 self._drain_inbox()
+                self._answer_prefills()
                 if not self.scheduler.has_work:
                     self._wake.wait()
                     self._wake.clear()
                     continue
                 self._turn_started = time.monotonic()
                 self._turn()
+                self._answer_prefills()
                 self._turn_started = None
             self._drain_inbox()
             for job in list(self._jobs.values()):  # closed: end what is still running
                 job.finish("cancelled", self._usage(job.seq_id))
                 self._drop(job.seq_id)
+            for seq_id in list(self._prefills):
+                if seq_id in self.scheduler.sequences:
+                    self.scheduler.cancel(seq_id)
+            self._answer_prefills()
         except Exception as e:  # never lose a request silently: fail them all, loudly
             self._dead = f"engine error: {type(e).__name__}: {e}"
             try:
@@ -327,6 +389,8 @@ class Engine:
                 pass
             for job in list(self._jobs.values()):
                 job.fail(self._dead)
+            for seq_id, sink in list(self._prefills.items()):
+                self._answer(sink, Prefilled(seq_id, 0, 0, self._dead))
             raise
 
     def _drain_inbox(self) -> None:
@@ -344,9 +408,30 @@ class Engine:
                 seq = Sequence(item.seq_id, item.request.prompt, item.request.max_tokens)
                 seq.use_prefix_cache = not item.all_logits  # scoring needs every row
                 self.scheduler.add(seq)
+            elif kind == "prefill":
+                seq_id, tokens, sink = item
+                self._prefills[seq_id] = sink
+                self.scheduler.add_prefill(seq_id, tokens)
             elif kind == "cancel" and item in self._jobs:
                 self._jobs[item].finish("cancelled", self._usage(item))
                 self._drop(item)
+            elif kind == "cancel" and item in self._prefills and item in self.scheduler.sequences:
+                self.scheduler.cancel(item)
+
+    def _answer_prefills(self) -> None:
+        """Hand each prefill that ended its Prefilled."""
+        for result in self.scheduler.take_prefilled():
+            sink = self._prefills.pop(result.seq_id, None)
+            if sink is not None:
+                self._counters["prefills"] += 1
+                self._answer(sink, result)
+
+    @staticmethod
+    def _answer(sink: Callable[[Prefilled], None], result: Prefilled) -> None:
+        try:
+            sink(result)
+        except Exception:  # its consumer has gone (a closed event loop): nobody to tell
+            pass
 
     def _drop(self, seq_id: int) -> None:
         self._jobs.pop(seq_id, None)
@@ -358,6 +443,7 @@ class Engine:
         self._propose_drafts()
         n_steps = self._plan_decode_steps()
         plan = self.scheduler.schedule()
+        self._answer_prefills()   # those a request's arrival ended: before the step runs
         self._sync_host_pages(plan)
         if not len(plan):
             return
@@ -378,6 +464,8 @@ class Engine:
                                          sampled if few else None)
         at_row = {r: 0 for r in sampled} if few else None
         for c in plan.chunks:
+            if c.seq_id in self._prefills:
+                continue
             self._jobs[c.seq_id].cached = self.scheduler.sequences[c.seq_id].num_cached
             if c.seq_id in self._scored:  # by position: a preempted sequence recomputes rows
                 self._scored[c.seq_id][c.start:c.start + c.num_rows] = np.asarray(
@@ -471,7 +559,8 @@ class Engine:
     def _count(self, plan, rows, accepted, seconds: float, multi: bool = False) -> None:
         c = self._counters
         decode_rows = sum(len(r) for r in rows.values())
-        prompt_rows = len(plan) - decode_rows
+        fill_rows = sum(ch.num_rows for ch in plan.chunks if ch.seq_id in self._prefills)
+        prompt_rows = len(plan) - decode_rows - fill_rows
         for seq_id, r in rows.items():
             if not multi:   # decode steps' later rows are not drafts
                 c["draft_tokens"] += len(r) - 1
@@ -479,6 +568,8 @@ class Engine:
         c["prompt_tokens"] += prompt_rows
         c["tokens_predicted"] += sum(len(a) for a in accepted.values())
         c["prompt_seconds"] += seconds * prompt_rows / max(len(plan), 1)
+        c["prefill_tokens"] += fill_rows
+        c["prefill_seconds"] += seconds * fill_rows / max(len(plan), 1)
         c["tokens_predicted_seconds"] += seconds * decode_rows / max(len(plan), 1)
         c["steps"] += max(1, len(next(iter(rows.values())))) if multi else 1
         c["decode_step_calls"] += multi   # device calls that ran several decode steps
@@ -491,12 +582,13 @@ class Engine:
         rows and pages of those steps. Only where nothing could happen between them: no
         request waiting, every running sequence caught up without a draft, and every
         request plain greedy (no penalties, DRY or Mirostat), without a grammar, logprobs or
-        scored logits, with room for every step's token (max_tokens and the context).
+        scored logits, with room for every step's token (max_tokens and the context), and no
+        prefill wanting the rows they leave.
         Stop strings and end-of-generation tokens may still come: the tokens after them are
         dropped (Job.take), never sent."""
         running = self.scheduler.running
         if (not running or self.drafter is not None or self.scheduler.waiting
-                or not self._inbox.empty()):
+                or self.scheduler.prefilling or not self._inbox.empty()):
             return 0
         n = self.runner.decode_steps_at(len(running))
         if n < 2:

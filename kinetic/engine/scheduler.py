@@ -8,7 +8,7 @@ prompt chunk. The logits of a sequence's row are sampled only when that row is i
 token, so the same rule covers chunked prompts, prefix reuse and resumption after preemption.
 
 One step, traced:
-  schedule()   a step of at most step_tokens rows, filled in three passes:
+  schedule()   a step of at most step_tokens rows, filled in four passes:
                1. decode rows: one for every running sequence that is caught up, oldest
                   first, so a stream never skips a step while prompts are being computed;
                2. prompt rows: the running sequences with prompt rows left (oldest first),
@@ -21,6 +21,8 @@ One step, traced:
                   (to find it cached, not compute it twice) and later arrivals go past it;
                3. draft rows: what is left goes to the drafts of the caught-up sequences,
                   oldest first (a draft is a guess; a prompt row is sure work).
+               4. prefill rows (/v1/prefill): what is still left goes to the prefills, the
+                  lowest priority of all (see "Prefills" below).
                If pages run out, the newest running sequence is preempted (pages released,
                rows it was given this step taken back, re-queued at the FRONT of the waiting
                queue), and nothing is admitted in that step. Older sequences are never
@@ -32,6 +34,16 @@ One step, traced:
                and release their pages at once.
 
 Which rows a step holds never changes a row's result (DESIGN.md): only when it is computed.
+
+Prefills. A prefill (`add_prefill`) is a sequence that only fills the prefix cache: its rows
+are never sampled, and it ends once its tokens are computed. The prefix cache keeps full
+pages only, so a prefill's tokens are cut to whole pages when it is added (one shorter than a
+page ends at once). It runs on a free slot with the step's leftover rows (pass 4), never while
+a request waits for a slot or pages: a request waiting when a step is planned ends every
+prefill at once, and a running sequence that needs pages takes them from the prefills first,
+before any preemption. A prefill whose tokens start another's, or that another's start (the
+same conversation grown or cut), ends that older one. An ended prefill leaves its full pages
+in the cache, and its `Prefilled` record in `ended` for the engine to answer.
 """
 
 from __future__ import annotations
@@ -111,6 +123,7 @@ class Sequence:
     draft: list[int] = field(default_factory=list)  # proposed tokens to verify next step
     arrival: int = -1               # order of `add`; older sequences are never preempted first
     use_prefix_cache: bool = True   # False: compute every row (teacher-forced scoring)
+    prefill: bool = False           # only fills the prefix cache (add_prefill): never sampled
 
     def __post_init__(self) -> None:
         self.prompt = list(self.prompt)
@@ -175,6 +188,17 @@ class StepPlan:
 
 
 @dataclass(frozen=True)
+class Prefilled:
+    """How a prefill ended: its leading tokens now in the prefix cache (whole pages, on the
+    device or in host memory) and the rows it computed itself."""
+
+    seq_id: int
+    cached_tokens: int
+    computed_tokens: int
+    error: str | None = None   # set by the engine when it failed
+
+
+@dataclass(frozen=True)
 class SlotStats:
     slot: int
     busy: bool
@@ -198,6 +222,9 @@ class Scheduler:
         self.sequences: dict[int, Sequence] = {}   # every unfinished sequence
         self.waiting: deque[Sequence] = deque()    # FIFO; preempted ones re-enter at the front
         self.running: list[Sequence] = []          # oldest arrival first
+        self.prefills: deque[Sequence] = deque()   # prefills waiting for a slot, oldest first
+        self.filling: list[Sequence] = []          # prefills in a slot, oldest first
+        self.ended: list[Prefilled] = []           # prefills ended since take_prefilled
         self.num_preemptions = 0
         self._slots: list[Sequence | None] = [None] * config.num_slots
         self._arrivals = 0
@@ -214,6 +241,8 @@ class Scheduler:
             raise ValueError(f"sequence id {seq.seq_id} is already queued or running")
         if seq.status is not Status.WAITING or seq.num_computed or seq.pages:
             raise ValueError(f"sequence {seq.seq_id} was already scheduled once")
+        if seq.prefill:
+            raise ValueError(f"sequence {seq.seq_id} is a prefill: add it with add_prefill")
         if len(seq.tokens) > self.config.max_context:
             raise ContextOverflow(
                 f"the prompt has {len(seq.tokens)} tokens, more than the context of "
@@ -221,6 +250,47 @@ class Scheduler:
         seq.arrival, self._arrivals = self._arrivals, self._arrivals + 1
         self.sequences[seq.seq_id] = seq
         self.waiting.append(seq)
+
+    def add_prefill(self, seq_id: int, tokens: list[int]) -> Sequence | None:
+        """Queue a prefill of `tokens` cut to whole pages (the module docstring's "Prefills"),
+        ending the older prefills of the same conversation. Returns its Sequence, or None when
+        not one page is left to compute: it has ended at once (in `ended`). Raises
+        ContextOverflow past a slot's context, ValueError if the id is taken."""
+        if seq_id in self.sequences:
+            raise ValueError(f"sequence id {seq_id} is already queued or running")
+        if len(tokens) > self.config.max_context:
+            raise ContextOverflow(
+                f"the prefill has {len(tokens)} tokens, more than the context of "
+                f"{self.config.max_context} (pages_per_slot * page_size)")
+        ps = self.config.page_size
+        whole = list(tokens[:len(tokens) // ps * ps])
+        for old in list(self.prefills) + self.filling:
+            n = min(len(old.tokens), len(whole))
+            if n and old.tokens[:n] == whole[:n]:
+                self.finish(old.seq_id, "cancelled")
+        if not whole:
+            self.ended.append(Prefilled(seq_id, 0, 0))
+            return None
+        seq = Sequence(seq_id, whole, prefill=True)
+        seq.arrival, self._arrivals = self._arrivals, self._arrivals + 1
+        self.sequences[seq_id] = seq
+        self.prefills.append(seq)
+        return seq
+
+    def take_prefilled(self) -> list[Prefilled]:
+        """The prefills ended since the last call (done, cut short or cancelled), to answer."""
+        out, self.ended = self.ended, []
+        return out
+
+    def cached_tokens(self, tokens: list[int]) -> int:
+        """How many leading tokens of `tokens` the prefix cache holds: whole pages, on the
+        device or in host memory."""
+        ps = self.config.page_size
+        keys = extend_keys([], tokens, ps, len(tokens) // ps)
+        j = len(self.pages.lookup(keys))
+        while j < len(keys) and self.host is not None and keys[j] in self.host:
+            j += 1
+        return j * ps
 
     def set_draft(self, seq_id: int, draft: list[int]) -> None:
         """Propose `draft` tokens to follow sequence `seq_id`'s newest token; the next step
@@ -233,10 +303,13 @@ class Scheduler:
         seq = self.sequences.pop(seq_id)
         if seq.status is Status.RUNNING:
             self._release(seq)
-            self.running.remove(seq)
+            (self.filling if seq.prefill else self.running).remove(seq)
         else:
-            self.waiting.remove(seq)
+            (self.prefills if seq.prefill else self.waiting).remove(seq)
         seq.status, seq.finish_reason, seq.draft = Status.FINISHED, reason, []
+        if seq.prefill:
+            self.ended.append(Prefilled(seq_id, self.cached_tokens(seq.tokens),
+                                        max(0, seq.num_computed - seq.num_cached)))
         return seq
 
     def cancel(self, seq_id: int) -> Sequence:
@@ -244,16 +317,21 @@ class Scheduler:
 
     # --- one step ---------------------------------------------------------------------
     def schedule(self) -> StepPlan:
-        """Plan the next step of at most step_tokens rows (the module docstring's three
+        """Plan the next step of at most step_tokens rows (the module docstring's four
         passes): a decode row for every caught-up running sequence, oldest first; then
         prompt rows in equal shares for the running sequences still in their prompt and the
         waiting ones admitted, FIFO, into free slots (taking their cached prefix; see
         _admission_order for the ones that wait for a prefix being computed); then draft
-        rows. When pages run out (evictable ones are reclaimed by the PageManager first) the
-        newest running sequence is preempted: its pages released, num_computed reset, any
-        rows it had in this step dropped, and it is re-queued at the front of the waiting
-        queue; a step that preempted admits nothing. Allocates the pages of every row."""
+        rows; then prefill rows (_fill), every prefill having ended first if a request
+        waits. When pages run out (evictable ones are reclaimed by the PageManager first),
+        the prefills give theirs up, then the newest running sequence is preempted: its pages
+        released, num_computed reset, any rows it had in this step dropped, and it is
+        re-queued at the front of the waiting queue; a step that preempted admits nothing.
+        Allocates the pages of every row."""
         self._budget, self._taken, preempted = self.config.step_tokens, {}, []
+        if self.waiting:   # a request waits for a slot or pages: no prefill may keep either
+            for seq in self.filling + list(self.prefills):
+                self.finish(seq.seq_id, "cancelled")
         todo = {s.seq_id: len(s.tokens) - s.num_computed for s in self.running}
         # 1. decode rows (caught-up sequences need exactly one row each to advance)
         for seq in list(self.running):
@@ -291,6 +369,7 @@ class Scheduler:
                 if taken and todo[seq.seq_id] > 1:
                     want = min(todo[seq.seq_id], self.config.chunk_tokens,
                                taken[0] + self._budget)
+                    self._pages_from_prefills(seq, want)
                     self._extend(seq, want, 0)
         # 3. draft rows, oldest first, with what is left (never preempting for a guess)
         for seq in self.running:
@@ -304,12 +383,17 @@ class Scheduler:
                 k = max(0, min(len(seq.draft), self._budget, room))
                 if k:
                     self._extend(seq, 1 + k, None)
+        # 4. prefill rows, with what is left (the lowest priority of all)
+        self._fill(preempted)
         rows, chunks = [], []
-        for seq in self.running:   # oldest first
+        for seq in self.running + self.filling:   # oldest first, the prefills last
             if seq.seq_id in self._taken:
                 n, n_draft = self._taken[seq.seq_id]
                 self._emit(seq, n, n_draft, rows, chunks)
         self._taken = {}
+        if not rows and not self.running and not self.waiting:
+            for seq in self.filling + list(self.prefills):   # none can go on: never spin
+                self.finish(seq.seq_id, "cancelled")
         return self._plan(rows, chunks, preempted)
 
     def complete(self, plan: StepPlan, sampled: dict[int, int | list[int]]) -> list[Sequence]:
@@ -339,6 +423,10 @@ class Scheduler:
             else:
                 seq.num_computed += c.num_rows
             self._register_full_pages(seq)
+            if seq.prefill:
+                if seq.num_computed == len(seq.tokens):
+                    self.finish(seq.seq_id, "stop")   # every page of it is cached now
+                continue
             at_max = seq.max_tokens is not None and seq.n_decoded >= seq.max_tokens
             if at_max or len(seq.tokens) > self.config.max_context:
                 done.append(self.finish(seq.seq_id, "length"))
@@ -353,6 +441,11 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.sequences)
 
+    @property
+    def prefilling(self) -> bool:
+        """Whether a prefill is queued or running."""
+        return bool(self.prefills or self.filling)
+
     def slot_stats(self) -> list[SlotStats]:
         """One entry per slot, for /slots and /metrics."""
         return [SlotStats(i, False, None, 0, 0, 0) if s is None else
@@ -362,7 +455,11 @@ class Scheduler:
     def check_invariants(self) -> None:
         """Raise AssertionError unless slots, queues, pages and refcounts agree."""
         held: dict[int, int] = {}
-        for seq in self.running:
+        for seq in self.filling:
+            assert seq.prefill and seq.seq_id in self.sequences
+        for seq in self.prefills:
+            assert seq.prefill and seq.status is Status.WAITING and not seq.pages
+        for seq in self.running + self.filling:
             assert seq.status is Status.RUNNING and self._slots[seq.slot] is seq
             assert len(seq.pages) * self.config.page_size >= seq.num_computed
             assert len(seq.pages) <= self.config.pages_per_slot
@@ -372,9 +469,12 @@ class Scheduler:
         for seq in self.waiting:
             assert seq.status in (Status.WAITING, Status.PREEMPTED), seq.status
             assert not seq.pages and seq.slot is None and seq.num_computed == 0
-        assert sum(s is not None for s in self._slots) == len(self.running)
+            assert not seq.prefill
+        assert not any(s.prefill for s in self.running)
+        assert sum(s is not None for s in self._slots) == len(self.running) + len(self.filling)
         assert [s.arrival for s in self.running] == sorted(s.arrival for s in self.running)
-        assert len(self.running) + len(self.waiting) == len(self.sequences)
+        assert len(self.running) + len(self.waiting) + len(self.prefills) + len(
+            self.filling) == len(self.sequences)
         self.pages.check_invariants(held)
 
     # --- internals --------------------------------------------------------------------
@@ -442,8 +542,9 @@ class Scheduler:
 
     def _reserve(self, seq: Sequence, n: int, preempted: list[int]) -> int:
         """Give running `seq` the pages for up to `n` rows, preempting the newest running
-        sequences while not even one row fits. Returns the rows it may take (0 if it was
-        preempted itself)."""
+        sequences while not even one row fits (the prefills give their pages up first: see
+        _pages_from_prefills). Returns the rows it may take (0 if it was preempted itself)."""
+        self._pages_from_prefills(seq, n)
         while self._fit(seq, n, self.pages.available) < 1:
             victim = self.running[-1]
             self._preempt(victim)
@@ -454,12 +555,56 @@ class Scheduler:
         self._grow(seq, n)
         return n
 
+    def _pages_from_prefills(self, seq: Sequence, n: int) -> None:
+        """End prefills, newest first, while running `seq` lacks the pages for `n` rows: a
+        prefill never holds pages a request needs (its full pages stay in the cache)."""
+        while self.filling and self._fit(seq, n, self.pages.available) < n:
+            self.finish(self.filling[-1].seq_id, "cancelled")
+
+    def _fill(self, preempted: list[int]) -> None:
+        """Pass 4: the rows left in this step go to the prefills in a slot, oldest first (a
+        prefill that cannot get a page ends, keeping what it has computed), then queued
+        prefills take free slots, unless this step preempted (no request waits: schedule
+        ended every prefill otherwise). A prefill whose next page a running sequence is
+        computing waits for it, as a request does."""
+        for seq in list(self.filling):
+            if self._budget == 0:
+                return
+            want = min(len(seq.tokens) - seq.num_computed, self.config.chunk_tokens,
+                       self._budget)
+            n = self._fit(seq, want, self.pages.available)
+            if n < 1:
+                self.finish(seq.seq_id, "cancelled")
+                continue
+            self._grow(seq, n)
+            self._taken[seq.seq_id] = (n, 0)
+            self._budget -= n
+        if preempted or self.waiting:
+            return
+        computing = {k for s in self.running + self.filling
+                     if len(s.tokens) - s.num_computed > 1 for k in self._future_keys(s)}
+        for seq in list(self.prefills):
+            if self._budget == 0 or None not in self._slots:
+                return
+            if self._waits_for_prefix(seq, computing):
+                continue
+            n = self._admit(seq, self._budget)
+            if n == 0:   # all of it is cached already, or not one page is to be had
+                self.finish(seq.seq_id, "stop")
+                continue
+            self.prefills.remove(seq)
+            self._taken[seq.seq_id] = (n, 0)
+            self._budget -= n
+            computing.update(self._future_keys(seq))
+
     def _admit(self, seq: Sequence, budget: int) -> int:
         """Start waiting `seq` in a free slot with its cached prefix, if pages for at least
         one row can be had without preempting. Returns the rows it gets (0: not admitted)."""
         ps = self.config.page_size
-        # the last token is always computed: its logits are what the step is for
-        cacheable = (len(seq.tokens) - 1) // ps if seq.use_prefix_cache else 0
+        # the last token is always computed: its logits are what the step is for (a prefill
+        # wants no logits, and its tokens are whole pages)
+        last = 0 if seq.prefill else 1
+        cacheable = (len(seq.tokens) - last) // ps if seq.use_prefix_cache else 0
         keys = extend_keys(seq.page_keys, seq.tokens, ps, cacheable)[:cacheable]
         hits = self.pages.lookup(keys)
         revived = sum(self.pages.refcount(p) == 0 for p in hits)  # leave the evictable list
@@ -490,6 +635,9 @@ class Scheduler:
         seq.slot = self._slots.index(None)
         self._slots[seq.slot] = seq
         seq.status = Status.RUNNING
+        if seq.prefill:
+            self.filling.append(seq)
+            return n
         later = [i for i, s in enumerate(self.running) if s.arrival > seq.arrival]
         self.running.insert(later[0] if later else len(self.running), seq)
         return n
@@ -522,8 +670,8 @@ class Scheduler:
         """Append seq's next n rows (the last n_draft from its draft) to the plan; returns n."""
         ps, start = self.config.page_size, seq.num_computed
         toks = seq.tokens[start:start + n - n_draft] + seq.draft[:n_draft]
-        chunks.append(Chunk(seq.seq_id, len(rows), start, n, n_draft,
-                            sampled=start + n - n_draft == len(seq.tokens)))
+        chunks.append(Chunk(seq.seq_id, len(rows), start, n, n_draft, sampled=not seq.prefill
+                            and start + n - n_draft == len(seq.tokens)))
         for i, tok in enumerate(toks):
             pos = start + i
             rows.append((seq.seq_id, tok, pos, seq.slot, seq.pages[pos // ps] * ps + pos % ps))
@@ -532,7 +680,7 @@ class Scheduler:
     def page_table(self) -> np.ndarray:
         """[S, P] int32: each running sequence's pages in its slot's row, 0 elsewhere."""
         table = np.zeros((self.config.num_slots, self.config.pages_per_slot), np.int32)
-        for seq in self.running:
+        for seq in self.running + self.filling:
             table[seq.slot, :len(seq.pages)] = seq.pages
         return table
 
