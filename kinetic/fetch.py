@@ -194,6 +194,24 @@ def _marker_vouches(path: Path, spec: ModelSpec) -> bool:
         return False
 
 
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """The SHA-256 of any file (a model given by path, for receipts), read from its
+    `.sha256-ok` marker while the file's size and mtime are still those the marker records;
+    otherwise hashed once and the marker written (or not, in a read-only folder)."""
+    path = Path(path)
+    try:
+        rec = json.loads(_marker(path).read_text())
+        st = path.stat()
+        if rec["size"] == st.st_size and rec["mtime_ns"] == st.st_mtime_ns \
+                and re.fullmatch(r"[0-9a-f]{64}", rec["sha256"]):
+            return rec["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    digest = _sha256_file(path)
+    _write_marker(path, digest)
+    return digest
+
+
 def model_path(key: str) -> Path | None:
     """The cached, verified file for `key`, or None if it is absent or its hash is wrong.
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
@@ -29,6 +29,9 @@ from kinetic.grammar import Grammar, compile_gbnf, compile_json_schema
 from kinetic.model.loader import LoadedModel, load_model
 from kinetic.text.chat_template import ChatTemplate
 from kinetic.text.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from kinetic.receipts import Signer
 
 Messages = list[dict[str, Any]]
 
@@ -99,6 +102,36 @@ class Model:
         and usage) for a prompt given as text, messages or token ids. `params` replaces
         temperature and seed with a full SamplingParams (kinetic/engine/sampling_params);
         `grammar` and `json_schema` as in `generate`."""
+        request = self._request(prompt, max_tokens, temperature, seed, params, stop, logprobs,
+                                grammar, json_schema, template_kwargs)
+        yield from self.engine.generate(request)
+
+    def receipt(self, prompt: str | Messages | list[int], max_tokens: int | None = 256,
+                temperature: float = 0.0, seed: int | None = None, *,
+                params: SamplingParams | None = None, stop: tuple[str, ...] = (),
+                grammar: str | Grammar | None = None, json_schema: dict | bool | None = None,
+                sign_key: "str | os.PathLike[str] | Signer | None" = None,
+                **template_kwargs: Any) -> dict:
+        """Generate as `stream` does and return the answer's receipt (kinetic/receipts):
+        the request as the engine ran it (a fresh seed is recorded when none is given), the
+        output's token ids, text and finish reason, the model file's hash and the engine's
+        settings; signed with `sign_key` (a PEM Ed25519 key file or a receipts.Signer).
+        `kinetic.verify_receipt(receipt, model=self)` checks it. Raises RuntimeError if the
+        engine fails."""
+        from kinetic.receipts import ReceiptMaker, Signer, load_signing_key
+        request = self._request(prompt, max_tokens, temperature, seed, params, stop, None,
+                                grammar, json_schema, template_kwargs)
+        signer = (sign_key if isinstance(sign_key, Signer) or sign_key is None
+                  else load_signing_key(sign_key))
+        maker = ReceiptMaker(self.engine, request, signer, self.loaded.file.path)
+        for delta in self.engine.generate(request):
+            if delta.error:
+                raise RuntimeError(delta.error)
+            maker.feed(delta)
+        return maker.receipt()
+
+    def _request(self, prompt, max_tokens, temperature, seed, params, stop, logprobs, grammar,
+                 json_schema, template_kwargs) -> GenerationRequest:
         ids = prompt if _is_ids(prompt) else self.prompt_ids(prompt, **template_kwargs)
         if params is None:
             params = dataclasses.replace(self.default_params, temperature=temperature, seed=seed)
@@ -108,9 +141,8 @@ class Model:
             if grammar is not None:
                 raise ValueError("give grammar or json_schema, not both")
             grammar = compile_json_schema(json_schema)
-        request = GenerationRequest(list(ids), params, max_tokens, tuple(stop), logprobs,
-                                    grammar=grammar)
-        yield from self.engine.generate(request)
+        return GenerationRequest([int(t) for t in ids], params, max_tokens, tuple(stop),
+                                 logprobs, grammar=grammar)
 
     def close(self) -> None:
         """Stop the engine thread."""

@@ -111,12 +111,13 @@ FIELDS = {
     "openai.completions": dict(
         GENERATING, prompt=maybe(st.one_of(texts, token_ids, st.lists(texts, max_size=2))),
         max_tokens=maybe(st.integers(1, 3)), echo=maybe(st.booleans()), suffix=maybe(texts),
-        best_of=maybe(small_ints), logprobs=maybe(small_ints), n=maybe(small_ints)),
+        best_of=maybe(small_ints), logprobs=maybe(small_ints), n=maybe(small_ints),
+        receipt=maybe(st.booleans())),
     "llama_server.completion": dict(
         GENERATING, prompt=maybe(st.one_of(texts, token_ids)),
         n_predict=maybe(st.integers(1, 3)), n_probs=maybe(small_ints),
         return_tokens=maybe(st.booleans()), cache_prompt=maybe(st.booleans()),
-        max_tokens=maybe(st.integers(1, 3))),
+        max_tokens=maybe(st.integers(1, 3)), receipt=maybe(st.booleans())),
     "llama_server.tokenize": dict(
         content=maybe(texts), **{name: maybe(st.booleans()) for name in (
             "add_special", "parse_special", "with_pieces")}),

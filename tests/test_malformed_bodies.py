@@ -194,12 +194,12 @@ CHAT_ROWS = [
     ({"response_format": {"type": "json_object", "schema": [1]}}, "response_format.schema"),
     ({"n": 2}, "n"),
     ({"n": "1"}, "n"),
-    ({"receipt": True}, "receipt"),
-    ({"receipt": "yes"}, "receipt"),
 ]
 
 # rows of every generating route (chat, completions, /completion)
 SAMPLING_ROWS = [
+    ({"receipt": "yes"}, "receipt"),
+    ({"receipt": 1}, "receipt"),
     ({"stop": 5}, "stop"),
     ({"stop": [5]}, "stop"),
     ({"stop": [["a"]]}, "stop"),

@@ -25,7 +25,8 @@ def test_flags_map_to_fields(tmp_path):
     keys = tmp_path / "keys.txt"
     keys.write_text("k2\n\n k3 \n")
     sign = tmp_path / "sign.pem"
-    sign.write_text("not checked yet")
+    from kinetic.receipts import write_signing_key
+    write_signing_key(sign)
     config, model = options(
         "--host", "0.0.0.0", "--port", "9000", "-c", "2048", "-np", "3", "-ub", "32",
         "-b", "64", "--api-key", "k1,k0", "--api-key-file", str(keys), "--timeout", "2.5",

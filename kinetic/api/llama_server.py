@@ -31,6 +31,7 @@ from kinetic.api.app import (ServerState, generation, json_body, json_response,
 from kinetic.api.errors import bad_request, engine_error
 from kinetic.api.metrics import Task, metric_values, prometheus_text
 from kinetic.api.openai import completion_prompt_ids, require_kind
+from kinetic.api.receipt import receipt_maker
 from kinetic.api.params import (MAX_STOP_CHARS, MAX_TOKENS_LIMIT, Shape, boolean,
                                 check_prompt_fits, compile_shape, integer, sampling_params,
                                 shape, strings)
@@ -63,6 +64,7 @@ class LlamaCompletion:
     return_tokens: bool
     n_probs: int
     shape: Shape | None        # grammar or json_schema (or response_format)
+    receipt: bool = False      # add the answer's receipt (kinetic/api/receipt.py)
 
 
 def parse_completion(body: dict, defaults: SamplingParams) -> LlamaCompletion:
@@ -91,6 +93,7 @@ def parse_completion(body: dict, defaults: SamplingParams) -> LlamaCompletion:
         return_tokens=bool(boolean(body, "return_tokens")),
         n_probs=integer(body, "n_probs", 0) or 0,  # accepted; probabilities not returned yet
         shape=shape(body),
+        receipt=bool(boolean(body, "receipt")),
     )
 
 
@@ -139,6 +142,8 @@ async def completion():
     gen = GenerationRequest(ids, req.params, req.n_predict, req.stop, grammar=grammar)
     # the prompt as run, as llama-server shows it: BOS and special tokens written out
     answer = _Answer(state, req, gen, model.tokenizer.decode_pieces(ids))
+    if req.receipt:
+        answer.receipt = await receipt_maker(state, gen)
     if req.stream:
         return sse_response(answer.events())
     return json_response(await answer.whole())
@@ -152,12 +157,13 @@ class _Answer:
         self.state, self.req, self.gen, self.prompt_text = state, req, gen, prompt_text
         self.task = Task(gen, req.stream)
         self.label = f"completion-{secrets.token_hex(6)}"
+        self.receipt = None   # a ReceiptMaker when the request asks for a receipt
 
     def final(self, content: str, tokens: list[int], last: Delta) -> dict[str, Any]:
         """The answer object: llama-server's fields, in its order."""
         t = self.task
         limit = last.finish_reason == "length"
-        return {
+        answer = {
             "index": 0, "content": content, "tokens": tokens if self.req.return_tokens else [],
             "id_slot": t.slot, "stop": True, "model": self.state.model_id,
             "tokens_predicted": t.n_decoded, "tokens_evaluated": t.n_prompt,
@@ -175,6 +181,9 @@ class _Answer:
             "tokens_cached": t.n_prompt + t.n_decoded - (1 if limit else 0),
             "timings": t.timings(),
         }
+        if self.receipt is not None:
+            answer["receipt"] = self.receipt.receipt()
+        return answer
 
     async def whole(self) -> dict[str, Any]:
         text, tokens, last = [], [], None
@@ -184,6 +193,8 @@ class _Answer:
                 text.append(d.text)
                 tokens.extend(d.token_ids)
                 last = d
+                if self.receipt is not None:
+                    self.receipt.feed(d)
         if last is None or last.finish_reason == "error":
             raise engine_error(last)
         return self.final("".join(text), tokens, last)
@@ -199,6 +210,8 @@ class _Answer:
                     yield sse_event(engine_error(d).body())
                     return
                 tokens.extend(d.token_ids)
+                if self.receipt is not None:
+                    self.receipt.feed(d)
                 if d.text:
                     yield sse_event({"index": 0, "content": d.text, "tokens": [],
                                      "stop": False, "id_slot": -1,

@@ -30,6 +30,7 @@ from kinetic.api.errors import APIError, bad_request, engine_error
 from kinetic.api.chat_reply import ChatReader, plan_chat, tool_call_objects
 from kinetic.api.params import (Options, check_prompt_fits, compile_shape, parse_chat,
                                 parse_completion)
+from kinetic.api.receipt import receipt_maker
 from kinetic.engine.request import Delta, GenerationRequest, TokenLogprob, Usage
 from kinetic.grammar import Grammar
 from kinetic.text.tokenizer import Tokenizer
@@ -114,6 +115,8 @@ async def chat_completions():
     job = _Job("chatcmpl", state, model.tokenizer, req.options)
     gen = _generation_request(plan.prompt, req.options, "messages", plan.grammar,
                               special_text=plan.calls is not None)
+    if req.options.receipt:
+        job.receipt = await receipt_maker(state, gen)
     if req.options.stream:
         return sse_response(job.chat_events(gen, plan.reader()))
     return json_response(await job.chat_answer(gen, plan.reader()))
@@ -146,6 +149,8 @@ async def completions():
         grammar = await asyncio.to_thread(compile_shape, req.options.shape, model)
     job = _Job("cmpl", state, model.tokenizer, req.options)
     gen = _generation_request(prompt, req.options, "prompt", grammar)
+    if req.options.receipt:
+        job.receipt = await receipt_maker(state, gen)
     if req.options.stream:
         return sse_response(job.completion_events(gen))
     return json_response(await job.completion_answer(gen))
@@ -198,6 +203,7 @@ class _Job:
         self.created, self.model_id = int(time.time()), state.model_id
         self.state = state
         self.tok, self.opts = tok, opts
+        self.receipt = None   # a ReceiptMaker when the request asks for a receipt
 
     def _head(self, kind: str) -> dict[str, Any]:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model_id,
@@ -210,9 +216,16 @@ class _Job:
                 text.append(d.text)
                 lps.extend(d.logprobs)
                 last = d
+                if self.receipt is not None:
+                    self.receipt.feed(d)
         if last is None or last.finish_reason == "error":
             raise engine_error(last)
         return "".join(text), lps, last
+
+    def _with_receipt(self, answer: dict[str, Any]) -> dict[str, Any]:
+        if self.receipt is not None:
+            answer["receipt"] = self.receipt.receipt()
+        return answer
 
     async def chat_answer(self, gen: GenerationRequest, reader: ChatReader) -> dict[str, Any]:
         text, lps, last = await self._fold(gen)
@@ -227,41 +240,50 @@ class _Job:
         if calls:
             message["content"] = content or None
             message["tool_calls"] = tool_call_objects(calls, streamed=False)
-        return dict(self._head("chat.completion"), choices=[{
+        return self._with_receipt(dict(self._head("chat.completion"), choices=[{
             "index": 0, "message": message, "logprobs": logprobs,
             "finish_reason": _finish_reason(last.finish_reason, calls),
-        }], usage=usage_object(last.usage))
+        }], usage=usage_object(last.usage)))
 
     async def completion_answer(self, gen: GenerationRequest) -> dict[str, Any]:
         text, lps, last = await self._fold(gen)
         logprobs = (LegacyLogprobs(self.tok).take(tuple(lps))
                     if self.opts.logprobs is not None else None)
-        return dict(self._head("text_completion"), choices=[{
+        return self._with_receipt(dict(self._head("text_completion"), choices=[{
             "index": 0, "text": text, "logprobs": logprobs,
             "finish_reason": FINISH_REASONS.get(last.finish_reason, "stop"),
-        }], usage=usage_object(last.usage))
+        }], usage=usage_object(last.usage)))
 
-    def _chunk(self, kind: str, choice: dict[str, Any]) -> str:
+    def _chunk_object(self, kind: str, choice: dict[str, Any]) -> dict[str, Any]:
         obj = dict(self._head(kind), choices=[{"index": 0, **choice}])
         if self.opts.include_usage:
             obj["usage"] = None  # only the last chunk carries usage
-        return sse_event(obj)
+        return obj
+
+    def _chunk(self, kind: str, choice: dict[str, Any]) -> str:
+        return sse_event(self._chunk_object(kind, choice))
 
     async def _events(self, gen: GenerationRequest, kind: str, pieces) -> AsyncIterator[str]:
         """The stream: the chunks `pieces(delta)` makes of each delta (its choices; for the
         last delta they end with the choice that carries the finish reason), the usage chunk
-        if asked for, then [DONE]. An engine error ends it with an error event."""
+        if asked for (the receipt, if asked for, in the last of these), then [DONE]. An
+        engine error ends it with an error event."""
         async with aclosing(generation(self.state, gen, self.id, stream=True)) as deltas:
             async for d in deltas:
                 if d.finish_reason == "error":
                     yield sse_event(engine_error(d).body())
                     return
-                for choice in pieces(d):
-                    yield self._chunk(kind, choice)
+                chunks = [self._chunk_object(kind, choice) for choice in pieces(d)]
                 if d.finish_reason is not None:
                     if self.opts.include_usage:
-                        yield sse_event(dict(self._head(kind), choices=[],
-                                             usage=usage_object(d.usage)))
+                        chunks.append(dict(self._head(kind), choices=[],
+                                           usage=usage_object(d.usage)))
+                if self.receipt is not None:
+                    self.receipt.feed(d)
+                    if d.finish_reason is not None and chunks:
+                        chunks[-1]["receipt"] = self.receipt.receipt()
+                for chunk in chunks:
+                    yield sse_event(chunk)
         yield "data: [DONE]\n\n"
 
     def chat_events(self, gen: GenerationRequest, reader: ChatReader) -> AsyncIterator[str]:

@@ -63,6 +63,7 @@ class Options:
     stream: bool = False
     include_usage: bool = False
     shape: "Shape | None" = None
+    receipt: bool = False            # add a receipt of the answer (kinetic/api/receipt.py)
 
 
 @dataclass(frozen=True)
@@ -249,8 +250,6 @@ def _refuse_unsupported(body: dict) -> None:
     n = integer(body, "n", 1)
     if n is not None and n != 1:
         raise not_supported("n other than 1", "n")
-    if boolean(body, "receipt"):
-        raise not_supported("receipt", "receipt", "receipts come in a later version")
 
 
 # --- structured output and tools ----------------------------------------------------------
@@ -427,6 +426,7 @@ def options(body: dict, defaults: SamplingParams, logprobs: int | None) -> Optio
         stream=stream,
         include_usage=bool(include_usage),
         shape=shape(body),
+        receipt=bool(boolean(body, "receipt")),
     )
 
 

@@ -80,7 +80,10 @@ class ToolFormat:
         body = seq(call, star(seq(lit(self.list_sep), call))) if parallel else call
         b.define("root", seq(think_prefix(b, think), lit(self.list_open), body,
                              lit(self.list_close)))
-        return b.build("root")
+        grammar = b.build("root")
+        grammar.source = {"type": "tool_call", "format": self.name, "tools": tools,
+                          "parallel": parallel, "think": think}
+        return grammar
 
     # --- what each format provides ---
 

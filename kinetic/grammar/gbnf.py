@@ -56,7 +56,9 @@ def _get_parser() -> lark.Lark:
 def compile_gbnf(text: str) -> Grammar:
     """Compiles GBNF text into a Grammar; raises GrammarError with the line and column of the
     first problem."""
-    return gbnf_builder(text).build("root")
+    grammar = gbnf_builder(text).build("root")
+    grammar.source = {"type": "gbnf", "gbnf": text}
+    return grammar
 
 
 def gbnf_builder(text: str) -> GrammarBuilder:

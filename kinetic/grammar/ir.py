@@ -262,6 +262,10 @@ class Grammar:
             self.starts.append(starts)
         self.n_rules = len(rules)
         self._states = None   # the matcher's shared state tables, made on first use
+        # what the grammar was compiled from, as its compiler records it ({"type": "gbnf",
+        # "gbnf": text}, ...): a receipt carries it so that a verifier compiles it again
+        # (kinetic/receipts); None for a grammar built otherwise
+        self.source: dict | None = None
 
     def matcher(self, vocab):
         """A matcher of this grammar over the tokens of `vocab` (a TokenVocab)."""

@@ -101,7 +101,10 @@ def compile_json_schema(schema, limits: SchemaLimits = LIMITS) -> Grammar:
     Raises UnsupportedSchema (InvalidSchema for a keyword value of the wrong type,
     SchemaTooLarge past one of `limits`)."""
     check_schema(schema, limits)
-    return Converter(schema, limits).build()
+    grammar = Converter(schema, limits).build()
+    if limits == LIMITS:   # a receipt's verifier compiles it again with the default limits
+        grammar.source = {"type": "json_schema", "schema": schema}
+    return grammar
 
 
 def schema_expr(builder: GrammarBuilder, schema, prefix: str, limits: SchemaLimits = LIMITS):

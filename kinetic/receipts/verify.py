@@ -1,0 +1,407 @@
+"""Verifying a receipt: signature, model file, then the answer re-derived through the engine."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from kinetic import __version__
+from kinetic.receipts.record import (RECEIPT_VERSION, ReceiptError, _is_int, _need,
+                                     _rebuild_request, _weights, model_record)
+from kinetic.receipts.signing import check_signature, parse_public_key
+
+FINISH_REASONS = ("stop", "length", "cancelled")
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    """A token at one position: its id, text and log-probability under the raw logits."""
+
+    token: int
+    text: str
+    logprob: float
+
+
+@dataclass(frozen=True)
+class Verification:
+    """What `verify_receipt` found.
+
+    status: "verified" (every output token re-derived identical, and the finish), "differs"
+    (the first difference is at `position`, an index into output.token_ids: the receipt's
+    token and the engine's, either None where one answer has ended) or "unusable" (the
+    receipt cannot be checked: `message` says why). `n_tokens` counts the identical tokens
+    before any difference; `signed_by` is the signer's public key (base64) when the
+    signature holds; `notes` are remarks that did not stop the check (another device, say)."""
+
+    status: str
+    message: str
+    n_tokens: int = 0
+    position: int | None = None
+    receipt_token: TokenInfo | None = None
+    engine_token: TokenInfo | None = None
+    signed_by: str | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "verified"
+
+    @property
+    def exit_code(self) -> int:
+        """kinetic verify-receipt's: 0 verified, 1 differs, 2 unusable."""
+        return {"verified": 0, "differs": 1}.get(self.status, 2)
+
+
+def _unusable(message: str, **kw) -> Verification:
+    return Verification("unusable", f"cannot check the receipt: {message}", **kw)
+
+
+def verify_receipt(receipt: dict | str | bytes | os.PathLike, model=None, *,
+                   public_key: str | bytes | None = None,
+                   progress: Progress | None = None) -> Verification:
+    """Check a receipt: its signature (and with `public_key`, base64 or a key file, that this
+    key signed it), the model file's size and SHA-256, then re-run the prompt and the output
+    teacher-forced through the engine, re-sample every position with the recorded seed and
+    parameters and re-derive the finish. Returns a Verification; never raises for a bad receipt.
+
+    receipt: the object, its JSON text (str or bytes) or a path to it (os.PathLike). model: the
+    GGUF file's path, a loaded kinetic.llm.Model (its engine is used when its settings are the
+    receipt's, else a new engine over its weights), or None: the file of the receipt's name
+    in kinetic's model cache (kinetic.fetch.cache_dir). progress(done, total) follows the
+    positions re-sampled."""
+    try:
+        rec = _parse(receipt)
+        try:
+            key = (parse_public_key(public_key) if isinstance(public_key, str)
+                   else public_key)
+            signed_by = check_signature(rec, key)
+        except ReceiptError as e:
+            return _unusable(str(e))
+        return _verify(rec, model, signed_by, progress)
+    except ReceiptError as e:
+        return _unusable(str(e))
+
+
+def _parse(receipt) -> dict[str, Any]:
+    if isinstance(receipt, os.PathLike):
+        try:
+            receipt = Path(receipt).read_bytes()
+        except OSError as e:
+            raise ReceiptError(f"cannot read {receipt}: {e.strerror or e}") from None
+    if isinstance(receipt, (str, bytes)):
+        try:
+            receipt = json.loads(receipt)
+        except (ValueError, RecursionError) as e:
+            raise ReceiptError(f"not JSON: {e}") from None
+    if not isinstance(receipt, dict):
+        raise ReceiptError("a receipt is a JSON object")
+    if "version" not in receipt and isinstance(receipt.get("receipt"), dict):
+        receipt = receipt["receipt"]   # a whole answer, saved as the server sent it
+    version = receipt.get("version")
+    if version != RECEIPT_VERSION:
+        raise ReceiptError(f"unknown receipt version {version!r} (this kinetic reads version "
+                           f"{RECEIPT_VERSION})")
+    for part in ("model", "engine", "request", "output"):
+        if not isinstance(receipt.get(part), dict):
+            raise ReceiptError(f"the receipt has no {part} object")
+    return receipt
+
+
+def _find_model(name: str) -> str:
+    from kinetic.fetch import MODELS, cache_dir
+    path = cache_dir() / name
+    if path.is_file():
+        return str(path)
+    keys = [k for k, s in MODELS.items() if s.filename == name]
+    hint = f", or fetch it: kinetic models fetch {keys[0]}" if keys else ""
+    raise ReceiptError(f"the receipt's model {name} is not in kinetic's model cache "
+                       f"({cache_dir()}); give its file with --model PATH{hint}")
+
+
+def _check_model_file(path: str, want: dict[str, Any]) -> None:
+    name, size, digest = (_need(want, "name", str, "model"), _need(want, "size", int, "model"),
+                          _need(want, "sha256", str, "model"))
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise ReceiptError(f"cannot read the model file {path}: {e.strerror or e}") from None
+    wanted = f"the receipt's model is {name} ({size} bytes, sha256 {digest})"
+    if st.st_size != size or model_record(path)["sha256"] != digest:
+        got = model_record(path)["sha256"]   # hashed once per file, as for receipts
+        raise ReceiptError(f"wrong model file: {wanted}; {path} has {st.st_size} bytes, "
+                           f"sha256 {got}")
+
+
+def _verify(rec: dict[str, Any], model, signed_by: str | None,
+            progress: Progress | None) -> Verification:
+    output = rec["output"]
+    out_ids = _need(output, "token_ids", list, "output")
+    if not all(_is_int(t) for t in out_ids):
+        raise ReceiptError("output.token_ids must be a list of token ids")
+    text = _need(output, "text", str, "output")
+    finish = output.get("finish_reason")
+    if finish not in FINISH_REASONS:
+        raise ReceiptError(f"output.finish_reason must be one of {', '.join(FINISH_REASONS)}, "
+                           f"got {finish!r}")
+    request, seed = _rebuild_request(rec["request"])
+    path = model if isinstance(model, (str, os.PathLike)) else None
+    if model is not None and path is None:
+        path = model.loaded.file.path
+    path = os.fspath(path) if path is not None else _find_model(
+        _need(rec["model"], "name", str, "model"))
+    _check_model_file(path, rec["model"])
+    eng_rec = rec["engine"]
+    n_ctx = _need(eng_rec, "n_ctx", int, "engine")
+    # every token is scored, the last one too (the answer may end after it by an
+    # end-of-generation token): the verifier's context is widened past the receipt's when
+    # the answer filled it (the receipt's own n_ctx still rules the sampler and the finish)
+    tokens = list(request.prompt) + list(out_ids)
+    engine, notes = _engine_for(eng_rec, path, model, len(tokens) + 1)
+    bad = [t for t in tokens if not 0 <= t < engine.vocab_size]
+    if bad:
+        raise ReceiptError(f"token id {bad[0]} is outside the model's vocabulary")
+    if progress:
+        progress(0, len(out_ids) + 1)
+    try:
+        logits = engine.score(tokens)   # [len(tokens), V]: row j gives token j + 1
+    except (ValueError, RuntimeError) as e:
+        raise ReceiptError(f"the engine cannot run the receipt's tokens: {e}") from None
+    return _replay(engine, request, seed, out_ids, text, finish, logits, eng_rec, n_ctx,
+                   signed_by, tuple(notes), progress)
+
+
+# verification engines, kept for the next receipt of the same model and settings
+_engines: dict[tuple, Any] = {}
+_engines_lock = threading.Lock()
+
+
+def _engine_for(rec: dict[str, Any], path: str, model, need_ctx: int):
+    """An engine that computes the receipt's bits: `model`'s own when its settings match,
+    else one made (and kept) with the receipt's settings. Returns (engine, notes)."""
+    import jax
+
+    from kinetic.engine.engine import Engine
+    from kinetic.engine.engine_config import EngineConfig
+    from kinetic.model.loader import load_model
+    from kinetic.text.tokenizer import Tokenizer
+    notes = []
+    kernel = _need(rec, "kernel", str, "engine")
+    weights, rounding = rec.get("weights"), rec.get("activation_rounding")
+    step_tokens = _need(rec, "step_tokens", int, "engine")
+    page_size = _need(rec, "page_size", int, "engine")
+    kv_dtype = _need(rec, "kv_dtype", str, "engine")
+    n_ctx = _need(rec, "n_ctx", int, "engine")
+    # bounds of what kinetic serve runs, so that a crafted receipt cannot ask for a huge step
+    if not (1 <= step_tokens <= 4096 and 1 <= page_size <= 4096 and page_size <= n_ctx
+            and kv_dtype in ("float32", "float16", "bfloat16") and kernel in ("ffi", "xla")):
+        raise ReceiptError(f"the receipt's engine settings are not ones kinetic runs "
+                           f"(kernel {kernel!r}, step_tokens {step_tokens}, page_size "
+                           f"{page_size}, kv_dtype {kv_dtype!r}, n_ctx {n_ctx})")
+    if rec.get("version") != __version__:
+        notes.append(f"the receipt was made by kinetic {rec.get('version')}; this is "
+                     f"{__version__}")
+    if rec.get("backend") != jax.default_backend() or (
+            kernel == "xla" and rec.get("device") != jax.devices()[0].device_kind):
+        notes.append(f"the receipt was made on {rec.get('backend')} ({rec.get('device')}); "
+                     f"this is {jax.default_backend()} ({jax.devices()[0].device_kind})")
+
+    def same(e) -> bool:
+        c = e.config
+        return (e.model.config.kernel == kernel and _weights(e.model) == (weights, rounding)
+                and c.step_tokens == step_tokens and c.page_size == page_size
+                and c.kv_dtype == kv_dtype and e.max_context >= need_ctx)
+
+    if model is not None and not isinstance(model, (str, os.PathLike)) and same(model.engine):
+        return model.engine, notes
+    st = os.stat(path)
+    ctx = max(n_ctx, -(-need_ctx // page_size) * page_size)
+    key = (os.path.realpath(path), st.st_size, st.st_mtime_ns, kernel, weights, rounding,
+           step_tokens, page_size, kv_dtype, ctx)
+    with _engines_lock:
+        if key not in _engines:
+            loaded = None
+            if model is not None and not isinstance(model, (str, os.PathLike)):
+                if (model.loaded.config.kernel == kernel
+                        and _weights(model.loaded) == (weights, rounding)):
+                    loaded = model.loaded
+            try:
+                if loaded is None:
+                    loaded = load_model(path, dtype=weights if kernel == "xla" else "bfloat16",
+                                        act_quant=rounding == "llama.cpp", kernel=kernel)
+                tok = Tokenizer.from_metadata(loaded.file.metadata)
+                config = EngineConfig(parallel=1, n_ctx=ctx, step_tokens=step_tokens,
+                                      page_size=page_size, kv_dtype=kv_dtype, speculative=False,
+                                      max_draft=0, host_cache_mb=0)
+                engine = Engine(loaded, tok, config)
+            except (ValueError, TypeError, RuntimeError) as e:
+                raise ReceiptError(f"cannot run the receipt's engine here ({kernel} kernel, "
+                                   f"{weights} weights): {e}") from None
+            _engines[key] = engine
+        return _engines[key], notes
+
+
+def _replay(engine, request, seed: int, out_ids: list[int], text: str, finish: str,
+            logits: np.ndarray, eng_rec: dict, n_ctx: int, signed_by: str | None,
+            notes: tuple[str, ...], progress: Progress | None) -> Verification:
+    """Sample every output position again as the engine did, one row at a time, through a
+    Job of the request (its matcher, bias, DRY and Mirostat state, stop strings, decoder),
+    and one position more where the answer may have ended by an end-of-generation token."""
+    from kinetic.engine.job import Job
+    deltas: list = []
+    vocab = engine.grammar_vocab() if request.grammar is not None else None
+    job = Job(0, request, deltas.append, engine.tokenizer, seed, vocab=vocab)
+    tokens = list(request.prompt) + list(out_ids)
+    n, start = len(out_ids), len(request.prompt)
+    history_width = eng_rec.get("history_width", min(4096, n_ctx))
+    max_candidates = eng_rec.get("max_candidates")
+    info = _TokenInfo(engine, logits)
+    base = dict(signed_by=signed_by, notes=notes)
+
+    def differs(i: int, why: str, mine: TokenInfo | None, theirs: TokenInfo | None):
+        return Verification("differs", f"differs at output position {i}: {why}", n_tokens=i,
+                            position=i, receipt_token=mine, engine_token=theirs, **base)
+
+    ended: str | None = None
+    for i in range(n + 1):
+        pos = start + i   # the index the drawn token takes; its logits are the row before
+        # the scheduler ends a sequence at max_tokens or past the context (length)
+        if (request.max_tokens is not None and i >= request.max_tokens) or pos > n_ctx:
+            if i < n:
+                return differs(i, f"the answer ends there (length: max_tokens "
+                               f"{request.max_tokens}, context {n_ctx}), but the receipt goes "
+                               f"on with {info.describe(pos - 1, out_ids[i])}",
+                               info.get(pos - 1, out_ids[i]), None)
+            ended = "length"
+            break
+        if i == n and finish == "cancelled":
+            break   # a cancelled answer ends where it was cut: nothing to re-derive
+        tok, new_mu = _sample_row(engine, job, logits[pos - 1], tokens[:pos], pos, seed,
+                                  n_ctx, history_width, max_candidates)
+        if i < n and tok != out_ids[i]:
+            return differs(i, f"the receipt has {info.describe(pos - 1, out_ids[i])}; the "
+                           f"engine draws {info.describe(pos - 1, tok)}",
+                           info.get(pos - 1, out_ids[i]), info.get(pos - 1, tok))
+        job.pending_mu = new_mu
+        keep, reason = job.take([tok], None)
+        if progress:
+            progress(min(i + 1, n), n + 1)
+        if reason is not None and i + keep == n:
+            ended = reason
+            break
+        if reason is not None and i + keep < n:   # the engine's answer ends here
+            at = i + keep
+            return differs(at, f"the answer ends there ({_why(job, tok)}), but the receipt "
+                           f"goes on with {info.describe(start + at - 1, out_ids[at])}",
+                           info.get(start + at - 1, out_ids[at]), None)
+        if i == n:   # the engine's answer goes on where the receipt's ended
+            return differs(n, f"the receipt's answer ends there ({finish}), but the engine "
+                           f"draws {info.describe(pos - 1, tok)}", None, info.get(pos - 1, tok))
+    if progress:
+        progress(n + 1, n + 1)
+    ended = ended or "cancelled"
+    if ended != finish:
+        return Verification("differs", f"the {n} tokens are identical, but the answer ends by "
+                            f"{ended}, not by {finish} as the receipt says", n_tokens=n,
+                            position=n, **base)
+    job.finish(ended, None)
+    derived = "".join(d.text for d in deltas)
+    if derived != text:
+        return Verification("differs", f"the {n} tokens are identical, but their text is "
+                            f"{_clip(derived)}, not {_clip(text)} as the receipt says",
+                            n_tokens=n, **base)
+    signed = f"signed by {signed_by}" if signed_by else "unsigned"
+    return Verification("verified", f"verified: {n} tokens identical ({finish}; {signed})",
+                        n_tokens=n, **base)
+
+
+def _why(job, tok: int) -> str:
+    if job.stops.stopped is not None:
+        return f"stop string {job.stops.stopped!r}"
+    if tok < 0:
+        return "no token allowed"
+    if tok in job.tokenizer.eog_ids:
+        return f"end-of-generation token {tok}"
+    return "the grammar ends"
+
+
+def _clip(s: str, n: int = 80) -> str:
+    return repr(s if len(s) <= n else s[:n] + "...")
+
+
+class _TokenInfo:
+    """Tokens at a row of the scored logits: text and log-probability, as the API reports."""
+
+    def __init__(self, engine, logits: np.ndarray):
+        self.engine, self.logits = engine, logits
+
+    def get(self, row: int, token: int) -> TokenInfo:
+        import jax.numpy as jnp
+
+        from kinetic.engine import sampler
+        lp = float(np.asarray(sampler.logprobs(jnp.asarray(self.logits[row][None, :]),
+                                               jnp.asarray([token], jnp.int32), 1)[0])[0])
+        tok = self.engine.tokenizer
+        text = tok.token_piece(token, special=True) if 0 <= token < tok.vocab_size else ""
+        return TokenInfo(int(token), text, lp)
+
+    def describe(self, row: int, token: int) -> str:
+        t = self.get(row, token)
+        return f"token {t.token} {t.text!r} (logprob {t.logprob:.4f})"
+
+
+def _sample_row(engine, job, row: np.ndarray, history: list[int], position: int, seed: int,
+                n_ctx: int, history_width: int, max_candidates: int | None):
+    """One row sampled exactly as Engine._sample samples it inside any step (the sampler's
+    row results do not depend on the batch): the job's token mask, logit bias and DRY pairs at
+    the engine's fixed widths, the penalty history, its Mirostat state. Returns (token, mu)."""
+    import jax
+    import jax.numpy as jnp
+
+    from kinetic.engine import sampler
+    from kinetic.engine.engine import DRY_WIDTH
+    from kinetic.engine.sampling_params import history_rows
+    p, V = job.request.params, engine.vocab_size
+    pairs = job.bias_pairs(V)
+    if pairs is None:
+        bias = engine._zero_bias(1)
+    else:
+        ids, values = sampler.pack_pairs([pairs], 1, engine._bias_width)
+        bias = sampler.Sparse(jax.device_put(ids), jax.device_put(values))
+    if job.matcher is None:
+        mask = engine._full_mask(1)
+    else:
+        words = np.zeros((1, (V + 31) // 32), np.int32)
+        job.matcher.fill_mask(words[0, :job.matcher.vocab.n_words])
+        mask = jnp.asarray(words)
+    logits = jnp.asarray(row[None, :])
+    mu = job.mu
+    if sampler.plain_greedy(p):
+        tok = int(np.asarray(sampler.greedy(logits, bias, mask))[0])
+        return tok, sampler.initial_mu(p) if mu is None else mu
+    params = sampler.make_row_params([p], [seed], [position], [mu], n_ctx=n_ctx, pad_to=1)
+    hist = (jnp.asarray(history_rows([history], history_width)) if sampler.penalties_on(p)
+            else engine._no_history(1))
+    dry = engine._zero_dry(1)
+    if p.dry_multiplier > 0:
+        dids, dvals = job.dry_pairs(history, V, n_ctx)
+        if len(dids) > DRY_WIDTH:   # the engine's dense spill, in the same compiled shape
+            dense = np.zeros((1, V), np.float32)
+            dense[0, dids] = dvals
+            ids, values = sampler.pack_pairs([None], 1, DRY_WIDTH)
+            dry = sampler.Sparse(jax.device_put(ids), jax.device_put(values),
+                                 jax.device_put(dense), jax.device_put(np.True_))
+        else:
+            ids, values = sampler.pack_pairs([(dids, dvals)], 1, DRY_WIDTH)
+            dry = sampler.Sparse(jax.device_put(ids), jax.device_put(values), dry.spill,
+                                 dry.spilled)
+    kw = {} if max_candidates is None else {"max_candidates": int(max_candidates)}
+    tok, new_mu = sampler.sample(logits, params, hist, bias, mask, dry, **kw)
+    return int(np.asarray(tok)[0]), float(np.asarray(new_mu)[0])

@@ -1,0 +1,467 @@
+"""Receipts (kinetic/receipts, docs/server.md "Receipts"): answers of a real model made
+through the app with `"receipt": true` verify token for token, greedy, seeded (penalties, DRY,
+Mirostat), constrained (JSON Schema, GBNF, a forced tool call), streamed, ended by a stop
+string and cut by max_tokens, alone and inside a busy batch with drafting on; and each
+tampering (a token id, a sampling parameter, a prompt id, a signature byte, the model file)
+is refused with its message and exit status, through `kinetic verify-receipt` (cli.main).
+The server's engine (4 slots, drafting on) made the answers; another engine (1 slot, no
+drafts) checks them, and the CLI a third, built from the receipt's settings.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import stat
+import threading
+
+import pytest
+
+import kinetic
+from kinetic import receipts
+from kinetic.cli import main
+from kinetic.grammar import compile_gbnf, compile_json_schema
+from kinetic.grammar.ir import GrammarBuilder, lit, seq
+from tests.app_client import AppClient
+from tests.conftest import real_model_file
+
+CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+ASK = [{"role": "user", "content": "Name three rivers of Europe."}]
+# repetitive, so that n-gram drafts are proposed and accepted
+DAYS = ("Days of the week: Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday. "
+        "Again: Monday, Tuesday, Wednesday,")
+PERSON = {"type": "object", "properties": {"name": {"type": "string"},
+                                           "age": {"type": "integer"}},
+          "required": ["name", "age"]}
+WEATHER = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}]
+
+
+# --- without a model: the canonical form, signatures, grammar records -----------------------
+
+def test_canonical_form_is_sorted_compact_utf8():
+    assert receipts.canonical({"b": [1, 2.5], "a": "é"}) == '{"a":"é","b":[1,2.5]}'.encode()
+    with pytest.raises(ValueError):
+        receipts.canonical({"x": float("nan")})
+
+
+def test_signature_covers_everything_else(tmp_path):
+    key = tmp_path / "k.pem"
+    public = receipts.write_signing_key(key)
+    assert stat.S_IMODE(os.stat(key).st_mode) == 0o600
+    signer = receipts.load_signing_key(key)
+    assert signer.public_key == public
+    signed = signer.sign({"version": 1, "output": {"token_ids": [1, 2]}})
+    assert receipts.check_signature(json.loads(json.dumps(signed))) == public
+    changed = copy.deepcopy(signed)
+    changed["output"]["token_ids"][0] = 3
+    with pytest.raises(receipts.ReceiptError, match="bad signature"):
+        receipts.check_signature(changed)
+    other = receipts.write_signing_key(tmp_path / "other.pem")
+    with pytest.raises(receipts.ReceiptError, match="another key"):
+        receipts.check_signature(signed, receipts.parse_public_key(other))
+    assert receipts.check_signature(signed, receipts.parse_public_key(str(key))) == public
+    with pytest.raises(receipts.ReceiptError, match="not signed"):
+        receipts.check_signature({"version": 1}, receipts.parse_public_key(public))
+
+
+@pytest.mark.parametrize("content, words", [
+    (None, "no such file"),
+    (b"not a key", "not a PEM private key"),
+    ("rsa", "not an Ed25519 key"),
+])
+def test_a_bad_signing_key_fails_at_start_in_one_line(tmp_path, content, words):
+    from kinetic.cli import build_parser, serve_options
+    path = tmp_path / "key.pem"
+    if content == "rsa":
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import rsa
+        k = rsa.generate_private_key(public_exponent=65537, key_size=1024)
+        content = k.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                  serialization.NoEncryption())
+    if content is not None:
+        path.write_bytes(content)
+    args = build_parser().parse_args(["serve", "smollm2", "--sign-key", str(path)])
+    with pytest.raises(SystemExit) as e:
+        serve_options(args)
+    message = str(e.value)
+    assert "\n" not in message and words in message and str(path) in message
+
+
+def test_keygen_writes_a_private_key_and_prints_the_public_one(tmp_path, capsys):
+    path = tmp_path / "k.pem"
+    assert main(["keygen", str(path)]) == 0
+    public = capsys.readouterr().out.strip()
+    assert receipts.load_signing_key(path).public_key == public
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert main(["keygen", str(path)]) == 1      # kept
+    assert "exists" in capsys.readouterr().err
+    assert main(["keygen", str(path), "--force"]) == 0
+
+
+def test_grammar_records_compile_back_to_the_same_tables():
+    from kinetic.chat.tool_calls import FORMATS
+    schema = {"type": "object", "properties": {"zeta": {"type": "integer"},
+                                               "alpha": {"type": "string"}}}
+    b = GrammarBuilder()
+    b.define("root", seq(lit("a"), lit("b")))
+    grammars = [compile_gbnf('root ::= "yes" | "no"'), compile_json_schema(schema),
+                compile_json_schema(True), FORMATS["hermes"].grammar(WEATHER, True, "optional"),
+                b.build()]
+    for g in grammars:
+        rec = json.loads(receipts.canonical(receipts.grammar_record(g)))   # keys sorted
+        assert receipts.compile_grammar(rec).kind == g.kind
+        assert receipts.grammar_digest(receipts.compile_grammar(rec)) == rec["sha256"]
+    assert receipts.grammar_record(grammars[-1])["type"] == "rules"
+    swapped = receipts.grammar_record(compile_json_schema(
+        {"type": "object", "properties": {"alpha": {"type": "string"},
+                                          "zeta": {"type": "integer"}}}))
+    assert swapped["sha256"] != receipts.grammar_record(grammars[1])["sha256"]
+
+
+def test_the_command_exits_2_for_a_receipt_it_cannot_read(tmp_path):
+    import subprocess
+    import sys
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"version": 1, "model": ')
+    proc = subprocess.run([sys.executable, "-m", "kinetic.cli", "verify-receipt", str(bad)],
+                          capture_output=True, text=True, timeout=120,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert proc.returncode == 2 and not proc.stdout
+    assert proc.stderr.startswith("kinetic verify-receipt: cannot check the receipt: not JSON")
+
+
+def test_unreadable_receipts_are_unusable():
+    for text, words in [("{", "not JSON"), ("[1]", "JSON object"),
+                        ('{"version": 99}', "unknown receipt version 99")]:
+        result = kinetic.verify_receipt(text)
+        assert result.status == "unusable" and result.exit_code == 2
+        assert words in result.message
+
+
+# --- with smollm2 ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from kinetic.api.app import ServerConfig, ServerState, create_app
+    path = real_model_file("smollm2")
+    tmp = tmp_path_factory.mktemp("receipts")
+    key = tmp / "sign.pem"
+    public = receipts.write_signing_key(key)
+    served = kinetic.load(path, n_ctx=1024, parallel=4)          # drafting on
+    state = ServerState(ServerConfig(sign_key=str(key)), "SmolLM2-135M-Instruct.Q4_1")
+    state.set_ready(served)
+    client = AppClient(create_app(state))
+    checker = kinetic.load(path, n_ctx=1024, parallel=1, speculative=False)
+    yield {"path": path, "client": client, "served": served, "checker": checker,
+           "public": public, "tmp": tmp, "key": key}
+    client.close()
+    served.close()
+    checker.close()
+
+
+def post(setup, path: str, body: dict) -> dict:
+    status, answer = setup["client"].post(path, json.dumps(body).encode())
+    assert status == 200, answer
+    return answer
+
+
+def stream(setup, path: str, body: dict) -> list[dict]:
+    status, raw = setup["client"].post(path, json.dumps(dict(body, stream=True)).encode())
+    assert status == 200, raw
+    events = [line[6:] for line in raw.decode().split("\n") if line.startswith("data: ")]
+    if path != "/completion":
+        assert events[-1] == "[DONE]"
+        events = events[:-1]
+    return [json.loads(e) for e in events]
+
+
+def check(setup, receipt: dict, signed: bool = True) -> receipts.Verification:
+    result = kinetic.verify_receipt(receipt, model=setup["checker"])
+    assert result.status == "verified", result.message
+    assert result.exit_code == 0 and result.ok
+    assert result.n_tokens == len(receipt["output"]["token_ids"])
+    assert result.signed_by == (setup["public"] if signed else None)
+    return result
+
+
+def unsigned(receipt: dict) -> dict:
+    out = copy.deepcopy(receipt)
+    del out["signature"]
+    return out
+
+
+@pytest.mark.real_model
+def test_greedy_chat_receipt_holds_the_answer_and_verifies(setup):
+    answer = post(setup, CHAT, {"messages": ASK, "temperature": 0, "max_tokens": 24,
+                                "receipt": True})
+    r = answer["receipt"]
+    assert r["version"] == 1
+    assert r["model"]["name"] == os.path.basename(setup["path"])
+    assert r["model"]["size"] == os.path.getsize(setup["path"])
+    from kinetic.fetch import MODELS
+    assert r["model"]["sha256"] == MODELS["smollm2"].sha256
+    e = r["engine"]
+    assert (e["name"], e["kernel"], e["n_ctx"], e["step_tokens"]) == (
+        "kinetic", setup["served"].config.kernel, 1024, 16)
+    assert {"version", "backend", "row_buckets", "kv_dtype", "activation_rounding"} <= set(e)
+    req = r["request"]
+    assert req["prompt_ids"] == setup["served"].tokenize(
+        setup["served"].apply_chat_template(ASK), parse_special=True)
+    assert req["temperature"] == 0 and req["max_tokens"] == 24 and req["grammar"] is None
+    assert len(r["output"]["token_ids"]) == answer["usage"]["completion_tokens"]
+    assert r["output"]["text"] == answer["choices"][0]["message"]["content"]
+    assert r["signature"]["alg"] == "ed25519" and r["signature"]["public_key"] == setup["public"]
+    check(setup, r)
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("fields", [
+    {"temperature": 0.8, "seed": 42},
+    {"temperature": 1.0, "seed": 7, "top_k": 0, "top_p": 0.9, "repeat_penalty": 1.3,
+     "presence_penalty": 0.5, "frequency_penalty": 0.3, "dry_multiplier": 0.8,
+     "logit_bias": {"11": 3, "28": -100}, "xtc_probability": 0.5, "typical_p": 0.9},
+    {"temperature": 0.7, "seed": 3, "mirostat": 2},
+    {"temperature": 0.9},                       # no seed: the one drawn is recorded
+], ids=["seeded", "penalties-dry-bias", "mirostat", "fresh-seed"])
+def test_seeded_chat_receipts_verify(setup, fields):
+    r = post(setup, CHAT, dict(messages=ASK, max_tokens=32, receipt=True, **fields))["receipt"]
+    if "seed" in fields:
+        assert r["request"]["seed"] == fields["seed"]
+    else:
+        assert isinstance(r["request"]["seed"], int)
+    check(setup, r)
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("fields", [
+    {"response_format": {"type": "json_schema", "json_schema": {"schema": PERSON}}},
+    {"response_format": {"type": "json_object"}},
+    {"grammar": 'root ::= "The rivers are " river ", " river " and " river "."\n'
+                'river ::= "the Rhine" | "the Danube" | "the Seine" | "the Po"'},
+    {"tools": WEATHER, "tool_choice": "required", "messages": [
+        {"role": "user", "content": "What is the weather in Paris?"}]},
+], ids=["json-schema", "json-object", "gbnf", "forced-tool-call"])
+def test_constrained_receipts_verify(setup, fields):
+    body = dict({"messages": ASK, "temperature": 0.6, "seed": 11, "max_tokens": 60,
+                 "receipt": True}, **fields)
+    r = post(setup, CHAT, body)["receipt"]
+    grammar = r["request"]["grammar"]
+    assert grammar["type"] == ("tool_call" if "tools" in fields else
+                               "gbnf" if "grammar" in fields else "json_schema")
+    assert len(grammar["sha256"]) == 64
+    check(setup, r)
+
+
+@pytest.mark.real_model
+def test_streamed_receipt_comes_in_the_last_chunk_and_verifies(setup):
+    body = {"messages": ASK, "temperature": 0.8, "seed": 5, "max_tokens": 20, "receipt": True}
+    chunks = stream(setup, CHAT, body)
+    assert [("receipt" in c) for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    r = chunks[-1]["receipt"]
+    assert r == post(setup, CHAT, body)["receipt"]   # Ed25519 signatures are deterministic
+    check(setup, r)
+    with_usage = stream(setup, CHAT, dict(body, stream_options={"include_usage": True}))
+    assert with_usage[-1]["choices"] == [] and "receipt" in with_usage[-1]
+    check(setup, with_usage[-1]["receipt"])
+
+
+@pytest.mark.real_model
+def test_stop_string_and_length_cut_receipts_verify(setup):
+    body = {"prompt": DAYS, "temperature": 0, "max_tokens": 30, "stop": [" Friday"],
+            "receipt": True}
+    answer = post(setup, COMPLETIONS, body)
+    r = answer["receipt"]
+    assert r["output"]["finish_reason"] == "stop" and "Friday" not in r["output"]["text"]
+    assert "Friday" in setup["served"].detokenize(r["output"]["token_ids"])   # its last token
+    check(setup, r)
+    cut = post(setup, COMPLETIONS, dict(body, stop=[], max_tokens=5))["receipt"]
+    assert cut["output"]["finish_reason"] == "length" and len(cut["output"]["token_ids"]) == 5
+    check(setup, cut)
+    streamed = stream(setup, COMPLETIONS, dict(body, temperature=0.7, seed=9))
+    check(setup, streamed[-1]["receipt"])
+
+
+@pytest.mark.real_model
+def test_llama_server_completion_receipts_verify(setup):
+    body = {"prompt": "The capital of France is", "n_predict": 12, "temperature": 0.5,
+            "seed": 21, "receipt": True}
+    whole = post(setup, "/completion", body)
+    check(setup, whole["receipt"])
+    events = stream(setup, "/completion", body)
+    assert events[-1]["stop"] is True and "receipt" in events[-1]
+    assert unsigned(events[-1]["receipt"]) == unsigned(whole["receipt"])
+
+
+@pytest.mark.real_model
+def test_receipts_made_in_a_busy_batch_with_drafts_verify(setup):
+    """Receipts of answers that shared every step with three others and took drafted tokens
+    verify on a one-slot engine that drafts nothing."""
+    served = setup["served"]
+    before = served.engine.counters()
+    others = [{"prompt": DAYS + f" {i}", "temperature": 0.5, "seed": i, "max_tokens": 40}
+              for i in range(3)]
+    threads = [threading.Thread(target=post, args=(setup, COMPLETIONS, b)) for b in others]
+    for t in threads:
+        t.start()
+    got = {}
+    for kind, fields in {"greedy": {"temperature": 0}, "seeded": {"temperature": 0.6,
+                                                                "seed": 1}}.items():
+        got[kind] = post(setup, COMPLETIONS, dict(prompt=DAYS, max_tokens=40, receipt=True,
+                                                  **fields))["receipt"]
+    for t in threads:
+        t.join()
+    after = served.engine.counters()
+    assert after["draft_accepted"] > before["draft_accepted"]
+    for r in got.values():
+        check(setup, r)
+
+
+def cli(args: list[str], capsys) -> tuple[int, str, str]:
+    code = main(["verify-receipt", *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def write(setup, name: str, receipt) -> str:
+    path = setup["tmp"] / name
+    path.write_text(receipt if isinstance(receipt, str) else json.dumps(receipt))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def seeded(setup):
+    """A signed receipt of a seeded answer of at least 8 tokens."""
+    r = post(setup, CHAT, {"messages": ASK, "temperature": 0.8, "seed": 42, "max_tokens": 24,
+                           "receipt": True})["receipt"]
+    assert len(r["output"]["token_ids"]) >= 8
+    return r
+
+
+@pytest.mark.real_model
+def test_cli_verifies_a_good_receipt_with_its_signer(setup, seeded, capsys):
+    code, out, err = cli([write(setup, "good.json", seeded), "--model", setup["path"],
+                          "--public-key", setup["public"]], capsys)
+    n = len(seeded["output"]["token_ids"])
+    assert code == 0 and f"verified: {n} tokens identical" in out, err
+    assert "verifying" in err          # the progress bar
+    # the whole answer works too, the model found by name in kinetic's cache
+    code, out, err = cli([write(setup, "answer.json", {"id": "x", "receipt": seeded})], capsys)
+    assert code == 0 and "verified" in out, err
+
+
+@pytest.mark.real_model
+def test_a_changed_token_id_is_named_with_both_tokens(setup, seeded, capsys):
+    r = unsigned(seeded)
+    real = r["output"]["token_ids"][3]
+    r["output"]["token_ids"][3] = (real + 1) % setup["checker"].config.vocab_size
+    code, out, err = cli([write(setup, "token.json", r), "--model", setup["path"]], capsys)
+    assert code == 1, err
+    assert "differs at output position 3" in out
+    assert f"token {real} " in out and f"token {r['output']['token_ids'][3]} " in out
+    assert out.count("logprob") == 2
+    result = kinetic.verify_receipt(r, model=setup["checker"])
+    assert (result.status, result.position, result.n_tokens) == ("differs", 3, 3)
+    assert result.engine_token.token == real
+    assert result.receipt_token.token == r["output"]["token_ids"][3]
+    assert result.engine_token.logprob > float("-inf")
+    # signed, the same change is a bad signature: the receipt cannot be checked
+    code, out, err = cli([write(setup, "token-signed.json", dict(r, signature=seeded[
+        "signature"])), "--model", setup["path"]], capsys)
+    assert code == 2 and "bad signature" in err
+
+
+@pytest.mark.real_model
+def test_a_changed_sampling_parameter_is_refused(setup, seeded, capsys):
+    r = unsigned(seeded)
+    banned = r["output"]["token_ids"][2]
+    first = r["output"]["token_ids"].index(banned)
+    r["request"]["logit_bias"] = [[banned, -100.0]]
+    code, out, err = cli([write(setup, "param.json", r), "--model", setup["path"]], capsys)
+    assert code == 1 and f"differs at output position {first}" in out, (out, err)
+    assert f"the receipt has token {banned} " in out
+
+
+@pytest.mark.real_model
+def test_a_changed_prompt_id_is_refused(setup, capsys):
+    served = setup["served"]
+    france, japan = (served.tokenize(w, add_special=False) for w in (" France", " Japan"))
+    assert len(france) == len(japan) == 1
+    r = unsigned(post(setup, COMPLETIONS, {"prompt": "The capital of France is",
+                                           "temperature": 0, "max_tokens": 6,
+                                           "receipt": True})["receipt"])
+    ids = r["request"]["prompt_ids"]
+    ids[ids.index(france[0])] = japan[0]
+    code, out, err = cli([write(setup, "prompt.json", r), "--model", setup["path"]], capsys)
+    assert code == 1 and "differs at output position" in out, (out, err)
+
+
+@pytest.mark.real_model
+def test_a_flipped_signature_byte_is_a_bad_signature(setup, seeded, capsys):
+    import base64
+    r = copy.deepcopy(seeded)
+    value = bytearray(base64.b64decode(r["signature"]["value"]))
+    value[10] ^= 1
+    r["signature"]["value"] = base64.b64encode(bytes(value)).decode()
+    code, out, err = cli([write(setup, "sig.json", r), "--model", setup["path"]], capsys)
+    assert code == 2 and "bad signature" in err and not out
+    other = receipts.write_signing_key(setup["tmp"] / "other.pem")
+    code, out, err = cli([write(setup, "good2.json", seeded), "--model", setup["path"],
+                          "--public-key", other], capsys)
+    assert code == 2 and "another key" in err
+
+
+@pytest.mark.real_model
+def test_a_wrong_model_file_is_named_by_its_hash(setup, seeded, capsys):
+    wrong = setup["tmp"] / "changed.gguf"
+    shutil.copyfile(setup["path"], wrong)
+    with open(wrong, "r+b") as f:      # one byte of the weights, far from the header
+        f.seek(os.path.getsize(wrong) // 2)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0xFF]))
+    path = write(setup, "model.json", seeded)
+    code, out, err = cli([path, "--model", str(wrong)], capsys)
+    assert code == 2 and "wrong model file" in err and seeded["model"]["sha256"] in err, err
+    assert receipts.model_record(wrong)["sha256"] in err
+    from kinetic.fetch import model_path
+    other = model_path("gemma3")        # another model, if cached: its size differs
+    if other is not None:
+        code, out, err = cli([path, "--model", str(other)], capsys)
+        assert code == 2 and "wrong model file" in err and seeded["model"]["sha256"] in err
+
+
+@pytest.mark.real_model
+def test_unusable_receipts_exit_2_saying_why(setup, seeded, capsys):
+    cases = [("bad.json", "{not json", "not JSON"),
+             ("version.json", dict(seeded, version=7), "unknown receipt version 7"),
+             ("missing.json", {k: v for k, v in unsigned(seeded).items() if k != "output"},
+              "no output")]
+    for name, receipt, words in cases:
+        code, out, err = cli([write(setup, name, receipt), "--model", setup["path"]], capsys)
+        assert code == 2 and words in err, (name, err)
+
+
+@pytest.mark.real_model
+def test_a_receipt_field_that_is_not_a_boolean_is_a_400(setup):
+    status, answer = setup["client"].post(CHAT, json.dumps(
+        {"messages": ASK, "max_tokens": 1, "receipt": "yes"}).encode())
+    assert status == 400 and answer["error"]["param"] == "receipt"
+
+
+@pytest.mark.real_model
+def test_python_api_receipt_verifies_and_names_a_tampered_token(setup):
+    m = setup["checker"]
+    r = m.receipt("The capital of France is", max_tokens=8, temperature=0.7, seed=3,
+                  sign_key=setup["key"])
+    assert len(r["output"]["token_ids"]) >= 6
+    assert kinetic.verify_receipt(r, model=m).ok
+    assert kinetic.verify_receipt(unsigned(r), model=setup["path"]).ok
+    r = unsigned(r)
+    r["output"]["token_ids"][5] = (r["output"]["token_ids"][5] + 7) % m.config.vocab_size
+    result = kinetic.verify_receipt(r, model=m)
+    assert result.status == "differs" and result.position == 5 and result.exit_code == 1
