@@ -24,6 +24,7 @@ CELL_TIMEOUT = 300
 SENTINELS = {
     "01_python_api.ipynb": ["JSON_OK True"],
     "02_determinism.ipynb": ["DETERMINISTIC True"],
+    "03_receipts.ipynb": ["RECEIPT_OK True"],
 }
 
 
