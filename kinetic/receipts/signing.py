@@ -117,6 +117,11 @@ def _unb64(text: Any) -> bytes | None:
         return None
 
 
+class Tampered(ReceiptError):
+    """A well-formed signature that does not hold over the receipt's content: something was
+    changed after signing (the verifier still re-runs it, to name what)."""
+
+
 def check_signature(receipt: dict[str, Any], public_key: bytes | None = None) -> str | None:
     """The signer's public key (base64) if the receipt is signed and its signature holds over
     the rest, None if it is unsigned (and no `public_key` is asked for). Raises ReceiptError for
@@ -138,8 +143,8 @@ def check_signature(receipt: dict[str, Any], public_key: bytes | None = None) ->
     try:
         Ed25519PublicKey.from_public_bytes(key).verify(value, canonical(body))
     except InvalidSignature:
-        raise ReceiptError("bad signature: the receipt is not what its signer signed (changed "
-                           "after signing?)") from None
+        raise Tampered("bad signature: the receipt is not what its signer signed (changed "
+                       "after signing?)") from None
     except ValueError as e:   # canonical() of a body with NaN, say
         raise ReceiptError(f"bad signature: {e}") from None
     if public_key is not None and key != public_key:

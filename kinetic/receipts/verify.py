@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -14,7 +15,7 @@ import numpy as np
 from kinetic import __version__
 from kinetic.receipts.record import (RECEIPT_VERSION, ReceiptError, _is_int, _need,
                                      _rebuild_request, _weights, model_record)
-from kinetic.receipts.signing import check_signature, parse_public_key
+from kinetic.receipts.signing import Tampered, check_signature, parse_public_key
 
 FINISH_REASONS = ("stop", "length", "cancelled")
 
@@ -83,6 +84,13 @@ def verify_receipt(receipt: dict | str | bytes | os.PathLike, model=None, *,
             key = (parse_public_key(public_key) if isinstance(public_key, str)
                    else public_key)
             signed_by = check_signature(rec, key)
+        except Tampered as e:
+            # changed after signing: re-run it anyway, so that a changed token is named (exit
+            # 1); a receipt whose every token still re-derives is refused for the signature
+            found = _verify(rec, model, None, progress)
+            if found.status == "differs":
+                return dataclasses.replace(found, message=f"{found.message} (and {e})")
+            return _unusable(str(e))
         except ReceiptError as e:
             return _unusable(str(e))
         return _verify(rec, model, signed_by, progress)
