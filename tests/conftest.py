@@ -31,3 +31,18 @@ def loaded_real_model(key: str):
         import kinetic
         _loaded[key] = kinetic.load(real_model_file(key), n_ctx=2048)
     return _loaded[key]
+
+
+@pytest.fixture
+def make_engine():
+    """make(**config): an engine over tests/mock_model.py's model, closed after the test."""
+    from tests import mock_model
+    made = []
+
+    def make(**config):
+        made.append(mock_model.make_engine(**config))
+        return made[-1]
+
+    yield make
+    for e in made:
+        e.close()

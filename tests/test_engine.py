@@ -31,17 +31,17 @@ def sampled(seed: int, **kw) -> SamplingParams:
     return SamplingParams(temperature=1.0, seed=seed, **kw)
 
 
-@pytest.fixture
-def make_engine():
-    made = []
+def behind_three(e, request):
+    """`request`'s Collector after it ran with three sampled requests ahead of it, all
+    admitted together (its rows sit elsewhere in every step), and the three Collectors."""
+    with Paused(e):
+        others = [Collector() for _ in range(3)]
+        for i, c in enumerate(others):
+            e.start(GenerationRequest(ids("abcdefgh"[i:]), params=sampled(i), max_tokens=20), c)
+        mine = Collector()
+        e.start(request, mine)
+    return mine.wait(), others
 
-    def make(**config):
-        made.append(mm.make_engine(**config))
-        return made[-1]
-
-    yield make
-    for e in made:
-        e.close()
 
 
 @pytest.fixture
@@ -316,13 +316,7 @@ def test_seeded_sampling_repeats_alone_and_batched(make_engine):
         context.append(t)
     assert len(alone.tokens) == 23 and alone.tokens != greedy(HELLO, 30)[0][:len(alone.tokens)]
     # batched: three requests ahead of it, so its rows sit elsewhere in every step
-    with Paused(e):
-        others = [Collector() for _ in range(3)]
-        for i, c in enumerate(others):
-            e.start(GenerationRequest(ids("abcdefgh"[i:]), params=sampled(i), max_tokens=20), c)
-        mine = Collector()
-        e.start(request, mine)
-    batched = mine.wait()
+    batched, others = behind_three(e, request)
     assert batched.tokens == alone.tokens and batched.logprobs == alone.logprobs
     assert batched.text == alone.text and batched.finish_reason == alone.finish_reason
     assert all(c.wait().finish_reason for c in others)
@@ -585,13 +579,7 @@ def test_logprobs_are_computed_only_for_the_rows_that_ask(make_engine, monkeypat
     request = GenerationRequest(HELLO, params=sampled(7), max_tokens=12, logprobs=3,
                                 speculative=False)
     alone = run(e, request)
-    with Paused(e):
-        others = [Collector() for _ in range(3)]
-        for i, c in enumerate(others):
-            e.start(GenerationRequest(ids("abcdefgh"[i:]), params=sampled(i), max_tokens=20), c)
-        mine = Collector()
-        e.start(request, mine)
-    batched = mine.wait()
+    batched, others = behind_three(e, request)
     assert all(c.wait().finish_reason for c in others)
     assert batched.tokens == alone.tokens and batched.logprobs == alone.logprobs
     assert max(sample_rows) >= 4 and set(logprob_rows) == {1}

@@ -66,16 +66,22 @@ def run(engine: Engine, request: GenerationRequest):
     return ids, lps, usage.cached_tokens
 
 
-def run_with_others(engine: Engine, request: GenerationRequest, tok):
-    others = [GenerationRequest(tok.encode(t), SamplingParams(temperature=0.7, seed=i),
-                                max_tokens=12 + 5 * i) for i, t in enumerate(OTHERS)]
+def alongside(engine: Engine, others: list[GenerationRequest], fn):
+    """fn()'s result, called while `others` run on `engine` from their own threads (joined
+    before returning)."""
     threads = [threading.Thread(target=lambda r=r: list(engine.generate(r))) for r in others]
     for t in threads:
         t.start()
-    result = run(engine, request)
+    result = fn()
     for t in threads:
         t.join()
     return result
+
+
+def run_with_others(engine: Engine, request: GenerationRequest, tok):
+    others = [GenerationRequest(tok.encode(t), SamplingParams(temperature=0.7, seed=i),
+                                max_tokens=12 + 5 * i) for i, t in enumerate(OTHERS)]
+    return alongside(engine, others, lambda: run(engine, request))
 
 
 def test_answer_alone_and_among_fifteen_others_at_parallel_16(setup):
@@ -190,13 +196,7 @@ def test_answers_are_the_same_with_several_decode_steps_per_call_and_one(setup):
                                                               seed=i),
                                 max_tokens=4 + 5 * (i % 4), logprobs=2 if i % 5 == 0 else None)
               for i, t in enumerate(texts)]
-    threads = [threading.Thread(target=lambda r=r: list(wide.generate(r))) for r in others]
-    for t in threads:
-        t.start()
-    got = answer(wide, plain)
-    for t in threads:
-        t.join()
-    assert got == answer(one, plain)
+    assert alongside(wide, others, lambda: answer(wide, plain)) == answer(one, plain)
 
 
 def test_drafts_are_proposed_and_accepted(setup):

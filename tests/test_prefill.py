@@ -20,25 +20,12 @@ from kinetic.api.prefill import before_last_word, prefill_prompt
 from kinetic.engine.request import GenerationRequest
 from kinetic.engine.sampling_params import SamplingParams
 from kinetic.engine.scheduler import Prefilled
-from tests import mock_model as mm
 from tests.app_client import assert_error_shape, in_process_app
 from tests.mock_model import TIMEOUT, Collector, Paused, greedy, ids, run
 from tests.tiny_models import DATA
 
 HELLO = ids("hello")
 
-
-@pytest.fixture
-def make_engine():
-    made = []
-
-    def make(**config):
-        made.append(mm.make_engine(**config))
-        return made[-1]
-
-    yield make
-    for e in made:
-        e.close()
 
 
 def conversation(n: int) -> list[int]:

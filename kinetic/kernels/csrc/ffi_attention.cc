@@ -10,6 +10,7 @@
 
 #include "attention.h"
 #include "common.h"
+#include "ffi_util.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -20,15 +21,6 @@ ffi::Error bad(const std::string& msg) {
   return ffi::Error::InvalidArgument("kinetic_attention: " + msg);
 }
 
-// kn::Format id of a cache buffer's element type, or -1.
-int cache_fmt(ffi::DataType t) {
-  switch (t) {
-    case ffi::DataType::F32: return kn::F32;
-    case ffi::DataType::F16: return kn::F16;
-    case ffi::DataType::BF16: return kn::BF16;
-    default: return -1;
-  }
-}
 
 ffi::Error Attention(ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k_cache,
                      ffi::AnyBuffer v_cache, ffi::Buffer<ffi::S32> page_table,
@@ -50,7 +42,7 @@ ffi::Error Attention(ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k_cache,
     return bad("slots and positions must be [T] with T = q's rows");
   if (od.size() != 3 || od[0] != T || od[1] != H || od[2] != Qv)
     return bad("out must be [T, H, Qv]");
-  const int k_fmt = cache_fmt(k_cache.element_type()), v_fmt = cache_fmt(v_cache.element_type());
+  const int k_fmt = kn::cache_fmt(k_cache.element_type()), v_fmt = kn::cache_fmt(v_cache.element_type());
   if (k_fmt < 0 || v_fmt < 0) return bad("the caches must be float32, float16 or bfloat16");
 
   kn::AttnArgs a{};

@@ -11,6 +11,7 @@
 
 #include "common.h"
 #include "kvwrite.h"
+#include "ffi_util.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -21,14 +22,6 @@ ffi::Error bad(const std::string& msg) {
   return ffi::Error::InvalidArgument("kinetic_kv_write: " + msg);
 }
 
-int cache_fmt(ffi::DataType t) {
-  switch (t) {
-    case ffi::DataType::F32: return kn::F32;
-    case ffi::DataType::F16: return kn::F16;
-    case ffi::DataType::BF16: return kn::BF16;
-    default: return -1;
-  }
-}
 
 // One cache: check the shapes, make the result hold the cache (when XLA did not alias the
 // two, copy it first), then write the rows.
@@ -40,7 +33,7 @@ ffi::Error write_one(const ffi::AnyBuffer& cache, ffi::Result<ffi::AnyBuffer>& o
   if (sd.size() != 3 || sd[1] != cd[2] || sd[2] != cd[3])
     return bad(std::string(name) + " must be [T, K, Q] with the cache's K and Q");
   if (int64_t(index.element_count()) != sd[0]) return bad("index must be [T]");
-  const int fmt = cache_fmt(cache.element_type());
+  const int fmt = kn::cache_fmt(cache.element_type());
   if (fmt < 0 || out->element_type() != cache.element_type() ||
       out->size_bytes() != cache.size_bytes())
     return bad("the caches must be float32, float16 or bfloat16, each result its cache");
