@@ -36,7 +36,9 @@ FORMATS = {
     1: ("F16", 1, 2, ()),
     30: ("BF16", 1, 2, ()),
 }
-MS = (1, 2, 3, 4, 7, 16, 64)  # the multi-row paths take rows 4, 2 and 1 at a time
+# The multi-row paths take rows in groups (AVX-512: up to 8, K-quants 4, 2, 1; AVX2: up
+# to 4): every group size, and M not a multiple of the largest.
+MS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 23, 64)
 N = 37  # not a multiple of 8 or 16: partial column groups and a short last chunk
 SIMD_ISAS = ("avx2", "avx512")
 MODELS = os.path.expanduser("~/.cache/kinetic/models")
@@ -110,7 +112,8 @@ def test_random_blocks_bitwise(fmt: int, isa: str) -> None:
     _need_isa(isa)
     name, qk = FORMATS[fmt][:2]
     rng = np.random.default_rng(1000 + fmt)
-    ks = (512, 768) if qk == 256 else (96, 512) if qk == 32 else (37, 200, 512)
+    # 32-value blocks: fewer, exactly and more than the 16 blocks unpacked at once (a strip)
+    ks = (512, 768) if qk == 256 else (96, 512, 608) if qk == 32 else (37, 200, 512)
     for k in ks:
         w = _weights(fmt, N, k, rng)
         x64 = _acts(64, k, rng)

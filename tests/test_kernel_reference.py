@@ -97,7 +97,8 @@ def isas() -> list[str | None]:
 def shapes():
     for fmt, name in NAMES.items():
         qk = R.FORMATS[fmt].qk
-        ks = (256, 512) if qk == 256 else (64, 256, 512) if qk == 32 else (40, 64, 256, 512)
+        # 512, 608: 16 and 19 blocks of 32, as many and more than the SIMD paths unpack at once
+        ks = (256, 512) if qk == 256 else (64, 256, 512, 608) if qk == 32 else (40, 64, 256, 512)
         for n in (16, 33):
             for k in ks:
                 yield pytest.param(fmt, n, k, id=f"{name}-n{n}-k{k}")
@@ -109,7 +110,7 @@ def shapes():
 def test_kernel_equals_reference_bitwise(fmt, n, k):
     w = random_weights(fmt, n, k, seed=fmt * 1000 + n + k)
     x = activations(k, seed=k + n)
-    for M in (1, 3, 4, 16):
+    for M in (1, 3, 4, 9, 16):  # the SIMD paths' row groups: 1, 3, 4, 8 + 1, 8 + 8
         want = R.qmatmul(fmt, w, n, k, x[:M])
         for isa in isas():
             got = kk.qmatmul_host(fmt, w, n, k, x[:M], isa=isa)

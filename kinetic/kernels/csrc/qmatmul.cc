@@ -56,7 +56,10 @@ const char* qmatmul_parts(const MatmulPart* parts, int n_parts, int64_t K, const
   std::vector<int64_t> cols;
   for (int p = 0; p < n_parts; ++p) {
     const FormatInfo* f = format_info(parts[p].fmt);
-    if (!done[f->act]) quantize_acts(f->act, x, M, K, acts[f->act]);
+    if (!done[f->act]) {
+      quantize_acts(f->act, x, M, K, acts[f->act]);
+      if (isa != ISA_SCALAR) by_block(acts[f->act]);
+    }
     done[f->act] = true;
     args.push_back({parts[p].fmt, f, parts[p].w, row_bytes(parts[p].fmt, K), parts[p].n, K, M,
                     &acts[f->act], parts[p].y});

@@ -38,6 +38,8 @@ KN_INL __m256i bit4_of(uint32_t bits) {
 // 128 included) times x with w's sign, which never overflows since |x| <= 127.
 struct FQ8_0 {
   static constexpr int QK = 32, BYTES = 34, KIND = 0, XOFF = 0, DOFF = 0, DHI = 0;
+  static constexpr int W16 = 1;
+  static constexpr bool SIGNED = true;
   using W = W32;
   KN_INL static void load(const uint8_t* b, W& w) {
     w.u = ld256(b + 2);
@@ -46,10 +48,6 @@ struct FQ8_0 {
   KN_INL static __m256i dot(const W& w, const int8_t* xq, const int16_t*, __m256i&) {
     const __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(w.u), _mm256_sign_epi8(ld256(xq), w.u));
     return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
-  }
-  KN_INL static __m256i acc4(__m256i acc, __m256i u, __m256i x) {
-    const __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(u), _mm256_sign_epi8(x, u));
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
   }
 };
 

@@ -1,7 +1,7 @@
 // AVX-512 (F, BW, VL, VNNI) path (chosen at run time; target attributes, never -march=native).
 // The AVX2 path's block formats (simd_formats.h) under simd_driver.h's 16-column loops, one
 // output column per lane of a 512-bit vector, for every quantized format at any M
-// (quant_cols16 for the 32-value blocks, simd_kquant16.h's kquant_cols16 for the K-quants;
+// (simd_legacy16.h for the 32-value blocks, simd_kquant16.h for the K-quants;
 // the float formats keep the shared float loop), with VNNI's dpbusd for the unscaled block
 // dots (no int16 saturation, so Q8_0 can be offset by 128 instead of the sign trick) and
 // mask registers for the 5th bits of Q5_0 / Q5_1.
@@ -42,7 +42,6 @@ struct FQ8_0 {
   }
   template <bool>
   KN_INL static __m256i dot(const W& w, const int8_t* xq, const int16_t*, __m256i&) { return dot32(w, xq); }
-  KN_INL static __m256i acc4(__m256i acc, __m256i u, __m256i x) { return dotu(acc, u, x); }
 };
 
 #define KN_HAVE_COLS16 1

@@ -1,6 +1,7 @@
 #include "quantize.h"
 
 #include <cmath>
+#include <cstring>
 
 #ifdef __SSE2__
 #include <emmintrin.h>
@@ -65,7 +66,7 @@ inline int first_abs(const float* x, float a) {
 }
 #endif
 
-void q8_0_row(const float* x, int64_t K, bool with_sum, int8_t* q, float* d, float* s) {
+void q8_0_row(const float* x, int64_t K, bool with_sum, int8_t* q, float* d, float* s, int32_t* qsum) {
   for (int64_t b = 0; b < K / 32; ++b) {
     const float* xb = x + b * 32;
 #ifdef __SSE2__
@@ -86,6 +87,7 @@ void q8_0_row(const float* x, int64_t K, bool with_sum, int8_t* q, float* d, flo
     }
 #endif
     d[b] = round_f16(db);
+    qsum[b] = sum;
     if (with_sum) s[b] = round_f16(db * float(sum));
   }
 }
@@ -150,9 +152,27 @@ void quantize_acts(ActKind kind, const float* x, int64_t M, int64_t K, QuantActs
     return;
   }
   if (kind == ACT_Q8_1) out.s.resize(size_t(M * nb));
+  out.qsum.resize(size_t(M * nb));
   for (int64_t m = 0; m < M; ++m)
     q8_0_row(x + m * K, K, kind == ACT_Q8_1, &out.q[m * K], &out.d[m * nb],
-             kind == ACT_Q8_1 ? &out.s[m * nb] : nullptr);
+             kind == ACT_Q8_1 ? &out.s[m * nb] : nullptr, &out.qsum[m * nb]);
+}
+
+void by_block(QuantActs& x) {
+  if (x.kind != ACT_Q8_0 && x.kind != ACT_Q8_1) return;
+  const int64_t M = x.M, nb = x.K / 32;
+  x.bq.resize(size_t(M * nb * 8));
+  x.bd.resize(size_t(M * nb));
+  x.bnsum.resize(size_t(M * nb));
+  if (x.kind == ACT_Q8_1) x.bs.resize(size_t(M * nb));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t b = 0; b < nb; ++b) {
+      const size_t i = size_t(b * M + m), src = size_t(m * nb + b);
+      std::memcpy(&x.bq[8 * i], &x.q[32 * src], 32);
+      x.bd[i] = x.d[src];
+      x.bnsum[i] = -x.qsum[src];
+      if (x.kind == ACT_Q8_1) x.bs[i] = x.s[src];
+    }
 }
 
 }  // namespace kn

@@ -15,13 +15,24 @@ struct QuantActs {
   std::vector<int8_t> q;      // [M, K] int8 values (block kinds)
   std::vector<float> d;       // [M, K / block] scales
   std::vector<float> s;       // ACT_Q8_1: [M, K / 32] f16(d * sum of the block's values)
+  std::vector<int32_t> qsum;  // ACT_Q8_0 / ACT_Q8_1: [M, K / 32] sum of the block's values
   std::vector<int32_t> bsum;  // ACT_Q8_K: [M, K / 16] sums of each 16 values
   std::vector<float> f;       // float kinds: [M, K] rounded values
+
+  // ACT_Q8_0 / ACT_Q8_1, block-major (index b * M + m for row m, block b), for the SIMD
+  // paths' multi-row loops, which walk the rows of one block with one pointer: filled by
+  // by_block() once per call, shared by every thread's columns.
+  std::vector<uint32_t> bq;     // the block's 32 values as 8 words
+  std::vector<float> bd, bs;    // d, and ACT_Q8_1's s
+  std::vector<int32_t> bnsum;   // minus the sum of the block's values
 
   int64_t blocks_per_row() const { return kind == ACT_Q8_K ? K / 256 : K / 32; }
 };
 
 // Round x [M, K] for `kind`. K must be a multiple of the kind's block (32 or 256).
 void quantize_acts(ActKind kind, const float* x, int64_t M, int64_t K, QuantActs& out);
+
+// Fill the block-major copies of x (ACT_Q8_0 / ACT_Q8_1; nothing for other kinds).
+void by_block(QuantActs& x);
 
 }  // namespace kn

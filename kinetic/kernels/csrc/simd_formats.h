@@ -69,52 +69,56 @@ KN_INL __m256i dot32(const W32& w, const int8_t* xq) {
   return dotu(_mm256_setzero_si256(), w.u, ld256(xq));
 }
 
-// Legacy formats also give the driver acc4(acc, u, x): acc + per int32 lane the sum of the
-// 4 products of that lane's bytes (the column-lane loop of simd_driver.h uses it on
-// transposed weights against broadcast activations).
+// Legacy formats also give the multi-row loops (simd_legacy8.h, simd_legacy16.h) W16: how
+// many activation words' maddubs pair sums can be added as int16 without overflow (u <= 15:
+// 8, u <= 31: 4), and SIGNED: the values are signed weights (Q8_0 on AVX2's sign trick).
 
 struct FQ4_0 {  // d | qs[16]
   static constexpr int QK = 32, BYTES = 18, KIND = 0, XOFF = 8, DOFF = 0, DHI = 0;
+  static constexpr int W16 = 8;
+  static constexpr bool SIGNED = false;
   using W = W32;
   KN_INL static void load(const uint8_t* b, W& w) {
     w.u = nibbles16(b + 2);
   }
   template <bool>
   KN_INL static __m256i dot(const W& w, const int8_t* xq, const int16_t*, __m256i&) { return dot32(w, xq); }
-  KN_INL static __m256i acc4(__m256i acc, __m256i u, __m256i x) { return dotu(acc, u, x); }
 };
 
 struct FQ4_1 {  // d | m | qs[16]
   static constexpr int QK = 32, BYTES = 20, KIND = 1, XOFF = 0, DOFF = 0, DHI = 0;
+  static constexpr int W16 = 8;
+  static constexpr bool SIGNED = false;
   using W = W32;
   KN_INL static void load(const uint8_t* b, W& w) {
     w.u = nibbles16(b + 4);
   }
   template <bool>
   KN_INL static __m256i dot(const W& w, const int8_t* xq, const int16_t*, __m256i&) { return dot32(w, xq); }
-  KN_INL static __m256i acc4(__m256i acc, __m256i u, __m256i x) { return dotu(acc, u, x); }
 };
 
 struct FQ5_0 {  // d | qh u32 | qs[16]
   static constexpr int QK = 32, BYTES = 22, KIND = 0, XOFF = 16, DOFF = 0, DHI = 0;
+  static constexpr int W16 = 4;
+  static constexpr bool SIGNED = false;
   using W = W32;
   KN_INL static void load(const uint8_t* b, W& w) {
     w.u = _mm256_or_si256(nibbles16(b + 6), bit4_of(load_u32(b + 2)));
   }
   template <bool>
   KN_INL static __m256i dot(const W& w, const int8_t* xq, const int16_t*, __m256i&) { return dot32(w, xq); }
-  KN_INL static __m256i acc4(__m256i acc, __m256i u, __m256i x) { return dotu(acc, u, x); }
 };
 
 struct FQ5_1 {  // d | m | qh u32 | qs[16]
   static constexpr int QK = 32, BYTES = 24, KIND = 1, XOFF = 0, DOFF = 0, DHI = 0;
+  static constexpr int W16 = 4;
+  static constexpr bool SIGNED = false;
   using W = W32;
   KN_INL static void load(const uint8_t* b, W& w) {
     w.u = _mm256_or_si256(nibbles16(b + 8), bit4_of(load_u32(b + 4)));
   }
   template <bool>
   KN_INL static __m256i dot(const W& w, const int8_t* xq, const int16_t*, __m256i&) { return dot32(w, xq); }
-  KN_INL static __m256i acc4(__m256i acc, __m256i u, __m256i x) { return dotu(acc, u, x); }
 };
 
 // ---- 256-value K-quant blocks -------------------------------------------------------

@@ -1,5 +1,5 @@
 // AVX-512, 256-value K-quant blocks, any M: 16 output columns per group, one per lane of a
-// 512-bit vector, as quant_cols16 does for legacy blocks. Each column's block
+// 512-bit vector, as simd_legacy16.h does for legacy blocks. Each column's block
 // is unpacked ONCE per call into a Tile16 (lane c of every vector = column c): the packed
 // bytes are transposed 32 at a time (transpose16) and the values unpacked in that layout,
 // the header bytes likewise 16 at a time. Then every row's block sums come out per lane:
@@ -12,7 +12,7 @@
 // exact in any order), and the float part is the reference's combine, lane c doing column
 // c's sequence. Unpacking in the transposed layout costs less than the 8-column path's
 // per-column unpack, so this path serves M = 1 as well. Included by simd_driver.h inside
-// the AVX-512 path's namespace (after quant_cols16, whose helpers it uses).
+// the AVX-512 path's namespace (after simd_legacy16.h, whose helpers it uses).
 
 // One weight block of 16 columns, lane c of every vector being column c.
 struct Tile16 {
@@ -68,12 +68,6 @@ KN_INL __m512i bit_to(__m512i v, int from, int to) {
 
 // Bits 2j, 2j + 1 of every byte as its value 0..3.
 KN_INL __m512i crumb(__m512i v, int j) { return _mm512_and_si512(_mm512_srli_epi32(v, unsigned(2 * j)), bytes64(3)); }
-
-// The d | m << 16 u32 at rows[c] + off of the 16 columns.
-KN_INL __m512i gather16_u32(const uint8_t* const* rows, int64_t off) {
-  const __m256i lo = gather8_u32(rows, off), hi = gather8_u32(rows + 8, off);
-  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-}
 
 // Q4_K / Q5_K header (d | dmin | scales[12]): d, dmin, and the 6-bit scales and mins
 // (formats.cc k4_scale_min; simd_formats.h k4_scales_mins, lane by lane).

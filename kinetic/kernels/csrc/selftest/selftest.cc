@@ -59,11 +59,11 @@ std::vector<uint8_t> random_weight(int fmt, int64_t n, int64_t k, std::mt19937& 
   return w;
 }
 
-void check_matmul_format(int fmt, std::mt19937& rng) {
-  const int64_t k = 512, n = 37;
+void check_matmul_format(int fmt, int64_t k, std::mt19937& rng) {
+  const int64_t n = 37;
   const std::vector<uint8_t> w = random_weight(fmt, n, k, rng);
   std::normal_distribution<float> normal;
-  for (int64_t m : {1, 3, 16}) {
+  for (int64_t m : {1, 3, 9, 16}) {  // the multi-row paths' groups: 1, 3, 8 + 1, 8 + 8
     std::vector<float> x(size_t(m * k));
     for (auto& v : x) v = normal(rng);
     std::vector<float> ref(size_t(m * n));
@@ -173,7 +173,8 @@ void check_attention(std::mt19937& rng) {
 int main() {
   std::mt19937 rng(1234);
   for (int fmt : {F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K})
-    check_matmul_format(fmt, rng);
+    for (int64_t k : {512, 768})  // 768: 24 blocks of 32, more than one strip of 16
+      check_matmul_format(fmt, k, rng);
   check_attention(rng);
   std::printf("%s (best path here: %s)\n", failures ? "FAILED" : "all paths agree",
               isa_name(best_isa()));
