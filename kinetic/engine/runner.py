@@ -151,8 +151,8 @@ class Runner:
             tokens, np.zeros(pad), slots, np.zeros(pad),
             np.concatenate([positions, np.zeros((N, pad))], axis=1).ravel(),
             np.concatenate([write_index, np.broadcast_to(reserved, (N, pad))], axis=1).ravel(),
-            table.ravel()]).astype(np.int32)
-        layout = (bucket, N, n, table.shape)
+            table.ravel(), [n]]).astype(np.int32)
+        layout = (bucket, N, table.shape)   # n travels as data: one compiled loop per bucket
         out, self.cache = self._decode(self._buffer, self._skeleton, self.cache,
                                        jax.device_put(packed), bias, layout)
         return out
@@ -254,16 +254,17 @@ def _compiled_decode(forward, cfg):
 
 def _decode_loop(forward, cfg, buffer, skeleton, cache, packed, bias, layout):
     """Runner.decode_steps' N steps as one loop; `packed` as decode_steps lays it out:
-    tokens and slots (B each), positions and write_index ([N, B] each), the page table."""
+    tokens and slots (B each), positions and write_index ([N, B] each), the page table, and
+    n, the rows that are not padding."""
     from kinetic.engine import sampler   # (the engine's module; imported late: no cycle)
-    B, N, n, (S, P) = layout
+    B, N, (S, P) = layout
     tokens, slots = packed[:B], packed[B:2 * B]
     positions = packed[2 * B:2 * B + N * B].reshape(N, B)
     write_index = packed[2 * B + N * B:2 * B + 2 * N * B].reshape(N, B)
-    table = packed[2 * B + 2 * N * B:].reshape(S, P)
+    table = packed[2 * B + 2 * N * B:2 * B + 2 * N * B + S * P].reshape(S, P)
     weights = join_buffer(buffer, skeleton)
     mask = jnp.full((B, -(-cfg.vocab_size // 32)), -1, jnp.int32)
-    real = jnp.arange(B) < n
+    real = jnp.arange(B) < packed[-1]
 
     def body(i, carry):
         cache, tok, out = carry
