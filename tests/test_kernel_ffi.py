@@ -130,3 +130,55 @@ def test_kv_write_outside_the_cache_is_an_error_not_a_write():
         with pytest.raises(Exception, match="a write index lies outside the cache"):
             jax.jit(lambda kc, vc: ffi.kv_write(kc, vc, rows, rows, jnp.array([bad])))(
                 kc, vc)[0].block_until_ready()
+
+
+def _rss_anon_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no RssAnon in /proc/self/status")
+
+
+def test_lazy_zero_zeroes_every_byte_and_only_its_own_range():
+    """csrc/lazyzero.h: a range of dirty memory reads as zeros afterwards, whatever its
+    alignment (whole pages are handed back, the partial ends and small ranges memset), and
+    not one byte around it changes."""
+    page = 4096
+    big = np.full(64 * page + 64, 0xAB, np.uint8)   # > 256 KiB: malloc maps it anonymously
+    for start, stop in ((0, big.size), (3, big.size - 5), (page + 1, page + 2 * page + 7),
+                        (17, 17 + 3 * page)):
+        big[:] = 0xAB
+        handed_back = kernels.lazy_zero_host(big[start:stop])
+        assert not big[start:stop].any()
+        assert (big[:start] == 0xAB).all() and (big[stop:] == 0xAB).all()
+        assert 0 <= handed_back <= stop - start and handed_back % page == 0
+    big[:] = 0xAB
+    assert kernels.lazy_zero_host(big) >= 60 * page    # the large range went back unwritten
+    small = np.full(100, 7, np.float32)
+    assert kernels.lazy_zero_host(small) == 0 and not small.any()   # memset, nothing dropped
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_lazy_zeros_equal_jnp_zeros_and_take_memory_only_where_written(dtype):
+    """ffi.lazy_zeros gives jnp.zeros' bits, can be donated to the in-place KV write like
+    any XLA buffer, and a large one adds to the process's memory only what is written (the
+    KV cache is allocated whole at start: kinetic/engine/runner.py)."""
+    shape = (4, 4, 2, 8)
+    got = ffi.lazy_zeros(shape, dtype)
+    assert got.dtype == jnp.dtype(dtype) and got.shape == shape
+    np.testing.assert_array_equal(np.asarray(got).view(np.uint8),
+                                  np.asarray(jnp.zeros(shape, dtype)).view(np.uint8))
+    rows = jnp.ones((1, 2, 8))
+    k, v = jax.jit(lambda kc, vc: ffi.kv_write(kc, vc, rows, rows, jnp.array([5])),
+                   donate_argnums=(0, 1))(ffi.lazy_zeros(shape, dtype), ffi.lazy_zeros(shape, dtype))
+    flat = np.asarray(k, np.float32).reshape(-1, 2, 8)
+    assert (flat[5] == 1).all() and not np.delete(flat, 5, axis=0).any()
+
+    before = _rss_anon_bytes()
+    huge = ffi.lazy_zeros((64, 1024, 1024), dtype)   # 128-256 MiB
+    huge.block_until_ready()
+    grew = _rss_anon_bytes() - before
+    assert grew < huge.nbytes // 4, f"{grew} bytes taken for {huge.nbytes} of lazy zeros"
+    assert float(huge[63, 1023, 1023]) == 0.0 and float(huge[0, 0, 0]) == 0.0
+    del huge

@@ -20,9 +20,12 @@ def test_allocation_order_and_free_list():
     assert pm.free_count == 5 and pm.available == 5
     assert pm.allocate(2) == [1, 2]  # page 0 is reserved
     assert [pm.refcount(p) for p in range(6)] == [0, 1, 1, 0, 0, 0]
-    pm.release([1, 2])  # unkeyed pages return to the free list, tail first
+    pm.release([1, 2])  # unkeyed pages return to the free list, reused before fresh ones
     assert pm.free_count == 5 and pm.evictable == []
-    assert pm.allocate(5) == [3, 4, 5, 2, 1]
+    assert pm.allocate(5) == [1, 2, 3, 4, 5]
+    pm.release([4, 5])
+    pm.release([2])     # the last released first, then the other sequence's head first
+    assert pm.allocate(3) == [2, 4, 5]
     pm.check_invariants()
 
 

@@ -14,8 +14,11 @@ Every page 1..num_pages-1 is in exactly one state:
   free       refcount 0, no key; never used, or released without a key
   evictable  refcount 0, keyed: still matchable, kept in LRU order
   used       refcount > 0 (keyed or not)
-Allocation takes free pages first (lowest ids first, then in release order), then evicts the
-least recently released evictable page, dropping its key.
+Allocation takes free pages first, then evicts the least recently released evictable page,
+dropping its key. Among free pages, released ones come before never-used ones (the last
+released first, a sequence's head before its tail), then the never-used ones, lowest id first:
+the cache's memory is taken from the system as pages are first written (Runner.cache), so
+reusing a written page costs nothing and a fresh one costs a page of memory per layer.
 """
 
 from __future__ import annotations
@@ -168,7 +171,7 @@ class PageManager:
                 if page in self._key_of:
                     self._evictable[page] = None
                 else:
-                    self._free.append(page)
+                    self._free.appendleft(page)   # reused before never-used pages
 
     def check_invariants(self, held: dict[int, int] | None = None) -> None:
         """Raise AssertionError unless every page is in exactly one state, refcounts are

@@ -70,14 +70,19 @@ class Runner:
         """The KV cache: per layer a (k, v) pair of page arrays [num_pages, page_size,
         n_kv_head, head_dim]. Allocated (zeroed) on first use rather than with the runner, so
         that what runs before the first step (the engine compiles its sampler) does not hold
-        its peak memory on top of the cache's."""
+        its peak memory on top of the cache's. With the C++ kernels the zeros are lazy
+        (kernels.ffi.lazy_zeros): the whole cache is allocated, but the system gives it memory
+        page by page as the steps first write there, as it does for calloc."""
         if self._cache is None:
             cfg, config = self.model.config, self.config
             shape_k = (config.num_pages, config.page_size, cfg.n_kv_head, cfg.head_dim)
             shape_v = (config.num_pages, config.page_size, cfg.n_kv_head, cfg.v_head_dim)
             dt = jnp.dtype(config.kv_dtype)
-            self._cache = [(jnp.zeros(shape_k, dt), jnp.zeros(shape_v, dt))
-                           for _ in range(cfg.n_layer)]
+            zeros = jnp.zeros
+            if self.exact_rows:   # the C++ kernels: memory taken as pages are written
+                from kinetic.kernels import ffi
+                zeros = ffi.lazy_zeros
+            self._cache = [(zeros(shape_k, dt), zeros(shape_v, dt)) for _ in range(cfg.n_layer)]
         return self._cache
 
     @cache.setter

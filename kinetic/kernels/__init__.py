@@ -42,6 +42,8 @@ def _load() -> ctypes.CDLL | None:
     lib.kn_isa_supported.argtypes = [i32]
     lib.kn_row_bytes.argtypes = [i32, i64]
     lib.kn_row_bytes.restype = i64
+    lib.kn_lazy_zero.argtypes = [ptr, i64]
+    lib.kn_lazy_zero.restype = i64
     return lib
 
 
@@ -123,6 +125,15 @@ def qmatmul_host(fmt: int, w: np.ndarray, n: int, k: int, x: np.ndarray,
     _call(lib.kn_qmatmul, int(fmt), w.ctypes.data, n, k, x.ctypes.data, x.shape[0],
           y.ctypes.data, code, int(threads))
     return y
+
+
+def lazy_zero_host(a: np.ndarray) -> int:
+    """Zero the contiguous array a in place as the KV cache is zeroed (csrc/lazyzero.h):
+    its whole memory pages handed back to the system, the rest memset. Returns the bytes
+    handed back."""
+    if not a.flags.c_contiguous:
+        raise ValueError("lazy_zero_host needs a contiguous array")
+    return int(_need().kn_lazy_zero(a.ctypes.data, a.nbytes))
 
 
 def dequant_rows_host(fmt: int, w: np.ndarray, n: int, k: int, rows) -> np.ndarray:

@@ -5,12 +5,15 @@
     rms_norm(x, w, eps)                      x [..., D] f32 -> [..., D] f32
     cos_sin(theta)                           theta f32 -> (cos, sin)
     kv_write(k_cache, v_cache, k, v, index)  the caches with the rows written, in place
+    lazy_zeros(shape, dtype)                 zeros whose memory is taken as it is written
 
 `data` is a uint8 device array holding the weight at byte `offset` (kinetic passes the whole
 memory-mapped GGUF file, zero-copy); fmt, offset, n and k are static.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -34,7 +37,8 @@ def register() -> None:
         return
     lib = kernels._need()
     for name in ("kinetic_qmatmul", "kinetic_dequant_rows", "kinetic_attention",
-                 "kinetic_rms_norm", "kinetic_cos_sin", "kinetic_kv_write"):
+                 "kinetic_rms_norm", "kinetic_cos_sin", "kinetic_kv_write",
+                 "kinetic_lazy_zeros"):
         jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu")
     _registered = True
 
@@ -80,6 +84,18 @@ def kv_write(k_cache: jax.Array, v_cache: jax.Array, k: jax.Array, v: jax.Array,
         input_output_aliases={0: 0, 1: 1})(
             k_cache, v_cache, k.astype(jnp.float32), v.astype(jnp.float32),
             index.astype(jnp.int32).reshape(-1)))
+
+
+def lazy_zeros(shape: tuple[int, ...], dtype) -> jax.Array:
+    """jnp.zeros(shape, dtype), but its memory pages are handed back to the system instead of
+    filled (csrc/lazyzero.h), so they cost memory only once written: the KV cache."""
+    register()
+    return _lazy_zeros(tuple(int(d) for d in shape), jnp.dtype(dtype))
+
+
+@partial(jax.jit, static_argnums=(0, 1))
+def _lazy_zeros(shape, dtype):
+    return jax.ffi.ffi_call("kinetic_lazy_zeros", jax.ShapeDtypeStruct(shape, dtype))()
 
 
 def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "lazyzero.h"
 #include "qmatmul_api.h"
 
 #define KN_API extern "C" __attribute__((visibility("default")))
@@ -35,4 +36,9 @@ KN_API int kn_dequant_rows(int fmt, const uint8_t* w, int64_t N, int64_t K, cons
                            int64_t n_rows, float* out, char* err, int errlen) {
   const char* e = kn::dequant_rows(fmt, w, N, K, rows, n_rows, out);
   return e ? fail(e, err, errlen) : 0;
+}
+
+// lazyzero.h on a host buffer: the bytes handed back to the system (the rest was memset).
+KN_API int64_t kn_lazy_zero(void* p, int64_t bytes) {
+  return bytes > 0 ? int64_t(kn::lazy_zero(p, size_t(bytes))) : 0;
 }
