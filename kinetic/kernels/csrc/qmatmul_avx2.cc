@@ -12,7 +12,7 @@
 namespace kn {
 namespace {
 
-#define KN_SIMD __attribute__((target("avx2,fma")))
+#define KN_SIMD __attribute__((target("avx2,fma,f16c")))  // ISA_AVX2 requires F16C (cpu.cc)
 #define KN_INL KN_SIMD inline __attribute__((always_inline))
 
 // acc + the 8 int32 sums of 4 products u8 * s8. maddubs saturates its int16 pair sums, so
@@ -51,6 +51,8 @@ struct FQ8_0 {
   }
 };
 
+// Block scales through F16C's vcvtph2ps (simd_driver.h f16x8).
+#define KN_F16C_SCALES 1
 #include "simd_driver.h"
 
 }  // namespace

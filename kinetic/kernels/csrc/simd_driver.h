@@ -9,9 +9,27 @@
 
 // ---- exact helpers ------------------------------------------------------------------
 
-// 8 IEEE halves (the low 16 bits of int32 lanes, the rest zero) -> floats, bit for bit what
-// common.h f16_to_f32 gives (subnormals as man * 2^-24, inf / NaN payloads kept; no F16C,
-// which would quiet a signalling NaN).
+// 8 IEEE halves (the low 16 bits of int32 lanes, the rest zero) -> floats.
+//
+// With KN_F16C_SCALES (the AVX2 path) F16C's vcvtph2ps: 2 instructions where the software
+// conversion below takes 14, and the block scales are converted for every 8 columns of
+// every block (about a fifth of the one-row loop's instructions). It gives common.h
+// f16_to_f32's bits for every half (subnormals exactly, as normal floats; MXCSR's DAZ does not
+// apply to a half source) but a signalling NaN, which it returns quieted. Every value
+// converted here only ever enters a product (a scale times the activation's scale, a float
+// weight times an activation), and a product with a signalling NaN operand is that NaN
+// quieted, so the products, and every result, have the reference's bits either way.
+//
+// Without it (the AVX-512 path) the software conversion, bit for bit f16_to_f32
+// (subnormals as man * 2^-24, inf / NaN payloads kept).
+#ifdef KN_F16C_SCALES
+KN_INL __m256 f16x8(__m256i h) {
+  // the lanes hold 0 .. 0xFFFF, so the unsigned saturating pack keeps every one exactly
+  return _mm256_cvtph_ps(_mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+}
+
+KN_INL __m256 f16x8(__m128i h16) { return _mm256_cvtph_ps(h16); }
+#else
 KN_INL __m256 f16x8(__m256i h) {
   const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(h, _mm256_set1_epi32(0x8000)), 16);
   const __m256i em = _mm256_and_si256(h, _mm256_set1_epi32(0x7FFF));
@@ -27,6 +45,7 @@ KN_INL __m256 f16x8(__m256i h) {
 }
 
 KN_INL __m256 f16x8(__m128i h16) { return f16x8(_mm256_cvtepu16_epi32(h16)); }
+#endif
 
 // The u32 at p[c] + off for 8 pointers, as the 8 int32 lanes of one vector.
 KN_INL __m256i gather8_u32(const uint8_t* const* p, int64_t off) {
