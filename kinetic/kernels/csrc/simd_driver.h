@@ -62,7 +62,10 @@ KN_INL __m256i reduce8(const __m256i* v) {
   const __m256i t0 = _mm256_hadd_epi32(v[0], v[1]), t1 = _mm256_hadd_epi32(v[2], v[3]);
   const __m256i t2 = _mm256_hadd_epi32(v[4], v[5]), t3 = _mm256_hadd_epi32(v[6], v[7]);
   const __m256i u0 = _mm256_hadd_epi32(t0, t1), u1 = _mm256_hadd_epi32(t2, t3);
-  return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20), _mm256_permute2x128_si256(u0, u1, 0x31));
+  // the halves of u0 added, then of u1 (extract / insert: vperm2i128 is 8 micro-ops on Zen 1)
+  const __m128i lo = _mm_add_epi32(_mm256_castsi256_si128(u0), _mm256_extracti128_si256(u0, 1));
+  const __m128i hi = _mm_add_epi32(_mm256_castsi256_si128(u1), _mm256_extracti128_si256(u1, 1));
+  return _mm256_set_m128i(hi, lo);
 }
 
 // 8x8 transpose of int32 lanes: t[j] lane c = v[c] lane j.
@@ -82,8 +85,9 @@ KN_INL void transpose8(const __m256i* v, __m256i* t) {
   }
 #pragma GCC unroll 4
   for (int j = 0; j < 4; ++j) {
-    t[j] = _mm256_permute2x128_si256(s[j], s[j + 4], 0x20);
-    t[j + 4] = _mm256_permute2x128_si256(s[j], s[j + 4], 0x31);
+    // [s[j].lo, s[j+4].lo] and [s[j].hi, s[j+4].hi] by inserts (not vperm2i128: see reduce8)
+    t[j] = _mm256_inserti128_si256(s[j], _mm256_castsi256_si128(s[j + 4]), 1);
+    t[j + 4] = _mm256_inserti128_si256(s[j + 4], _mm256_extracti128_si256(s[j], 1), 0);
   }
 }
 
@@ -149,7 +153,11 @@ KN_SIMD void quant_cols(const MatmulArgs& a, int64_t n0, int64_t n1) {
     const uint8_t* rows[8];
     for (int c = 0; c < 8; ++c) rows[c] = a.w + std::min(n + c, n1 - 1) * a.row_bytes;
     std::fill(acc.begin(), acc.end(), 0.f);
+    // the next group's 8 rows (contiguous) are prefetched a slice per block, as the strips
+    // do: rows of a few hundred bytes are too short for the hardware's stream prefetchers
+    const uintptr_t next = reinterpret_cast<uintptr_t>(a.w) + uintptr_t((n + 8) * a.row_bytes);
     for (int64_t b = 0; b < nb; ++b) {
+      prefetch_slice(next, b, 8 * F::BYTES);
       typename F::W w[8];
 #pragma GCC unroll 8
       for (int c = 0; c < 8; ++c) F::load(rows[c] + b * F::BYTES, w[c]);
