@@ -88,6 +88,10 @@ def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
     return tuple(keys)
 
 
+# -ctk / -ctv (llama-server's names for the cache types kinetic stores) -> EngineConfig.kv_dtype
+CACHE_TYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
+
+
 def serve_options(args: argparse.Namespace):
     """The `serve` flags as (ServerConfig, ModelOptions); SystemExit with a message for
     flags kinetic refuses."""
@@ -134,6 +138,13 @@ def serve_options(args: argparse.Namespace):
         given["decode_steps"] = args.decode_steps
     if args.cache_ram is not None:
         given["host_cache_mb"] = args.cache_ram
+    types = {t for t in (args.cache_type_k, args.cache_type_v) if t is not None}
+    if len(types) > 1:
+        raise SystemExit(f"kinetic serve: -ctk {args.cache_type_k} and -ctv "
+                         f"{args.cache_type_v}: kinetic keeps keys and values in one type; "
+                         f"give both the same one")
+    if types:
+        given["kv_dtype"] = CACHE_TYPES[types.pop()]
     engine = EngineConfig(parallel=args.parallel, n_ctx=args.ctx_size or (1 << 30),
                           step_tokens=args.ubatch_size or 0, chunk_tokens=args.batch_size,
                           **given)
@@ -264,6 +275,14 @@ def _add_serve(sub) -> None:
     serve.add_argument("-cram", "--cache-ram", type=int, default=None, metavar="MiB",
                        help="host memory for prompt-cache pages evicted from the KV cache, "
                        "reused by a later prompt that starts the same (default 1024; 0: none)")
+    serve.add_argument("-ctk", "--cache-type-k", metavar="TYPE", choices=sorted(CACHE_TYPES),
+                       default=None,
+                       help="KV cache type: f32 (the default: llama.cpp's answers are matched "
+                       "closest, docs/parity.md), f16 (half the memory, llama-server's default) "
+                       "or bf16. kinetic keeps keys and values in one type: -ctk and -ctv must "
+                       "agree, and either one alone sets both")
+    serve.add_argument("-ctv", "--cache-type-v", metavar="TYPE", choices=sorted(CACHE_TYPES),
+                       default=None, help="KV cache type for values: as -ctk")
     serve.add_argument("--sign-key", metavar="FILE",
                        help="sign the receipts of answers that ask for one (\"receipt\": "
                        "true) with this Ed25519 private key, PEM PKCS#8 (kinetic keygen FILE "

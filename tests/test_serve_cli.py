@@ -58,6 +58,7 @@ def test_context_zero_means_the_models_own():
     (["--draft-max", "16"], "--draft-max"),
     (["-ub", "4", "--draft-max", "4"], "--draft-max"),
     (["--cache-ram", "-1"], "--cache-ram"),
+    (["-ctk", "f16", "-ctv", "f32"], "one type"),
 ])
 def test_refused_flags_say_why(argv, words):
     with pytest.raises(SystemExit) as e:
@@ -96,7 +97,8 @@ def test_help_documents_every_flag(capsys):
     for flag in ("--host", "--port", "--ctx-size", "--parallel", "--batch-size",
                  "--ubatch-size", "--api-key", "--api-key-file", "--model-draft", "--sign-key",
                  "--mmproj", "--ollama", "--metrics", "--slots", "--gpu-layers", "--timeout",
-                 "--max-connections", "--stall-timeout", "--draft-max", "--cache-ram"):
+                 "--max-connections", "--stall-timeout", "--draft-max", "--cache-ram",
+                 "--cache-type-k", "--cache-type-v"):
         assert flag in text
 
 
@@ -111,3 +113,12 @@ def test_drafting_and_the_host_cache_can_be_turned_off():
     assert not e.speculative and e.max_draft == 0 and e.host_cache_mb == 0
     e = options("--spec-draft-n-max", "2", "-cram", "64")[1].engine
     assert e.speculative and e.max_draft == 2 and e.host_cache_mb == 64
+
+
+def test_cache_type_flags_set_the_kv_cache_type():
+    assert options()[1].engine.kv_dtype == "float32"
+    assert options("-ctk", "f16")[1].engine.kv_dtype == "float16"     # one alone sets both
+    assert options("-ctv", "bf16")[1].engine.kv_dtype == "bfloat16"
+    assert options("--cache-type-k", "f16", "--cache-type-v", "f16")[1].engine.kv_dtype == "float16"
+    with pytest.raises(SystemExit):          # a quantized cache: argparse names the choices
+        options("-ctk", "q8_0")
