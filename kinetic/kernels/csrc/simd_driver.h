@@ -11,7 +11,7 @@
 
 // 8 IEEE halves (the low 16 bits of int32 lanes, the rest zero) -> floats.
 //
-// With KN_F16C_SCALES (the AVX2 path) F16C's vcvtph2ps: 2 instructions where the software
+// With KN_F16C_SCALES (the AVX2 path) F16C's vcvtph2ps: 3 instructions where the software
 // conversion below takes 14, and the block scales are converted for every 8 columns of
 // every block (about a fifth of the one-row loop's instructions). It gives common.h
 // f16_to_f32's bits for every half (subnormals exactly, as normal floats; MXCSR's DAZ does not
