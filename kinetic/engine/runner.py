@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kinetic.kernels import ffi as native
 from kinetic.model.layers import StepInput
 from kinetic.model.loader import LoadedModel
 from kinetic.model.weights import join_buffer, split_buffer
@@ -78,10 +79,8 @@ class Runner:
             shape_k = (config.num_pages, config.page_size, cfg.n_kv_head, cfg.head_dim)
             shape_v = (config.num_pages, config.page_size, cfg.n_kv_head, cfg.v_head_dim)
             dt = jnp.dtype(config.kv_dtype)
-            zeros = jnp.zeros
-            if self.exact_rows:   # the C++ kernels: memory taken as pages are written
-                from kinetic.kernels import ffi
-                zeros = ffi.lazy_zeros
+            # the C++ kernels: memory taken as pages are written
+            zeros = native.lazy_zeros if self.exact_rows else jnp.zeros
             self._cache = [(zeros(shape_k, dt), zeros(shape_v, dt)) for _ in range(cfg.n_layer)]
         return self._cache
 
