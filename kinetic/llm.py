@@ -31,6 +31,7 @@ from kinetic.text.chat_template import ChatTemplate
 from kinetic.text.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
+    from kinetic.embedding import EmbeddingModel
     from kinetic.receipts import Signer
 
 Messages = list[dict[str, Any]]
@@ -157,8 +158,10 @@ def load(path: str | os.PathLike[str], *, n_ctx: int = 4096, dtype: str = "bfloa
          parallel: int = 1, step_tokens: int = 0, page_size: int = 16,
          speculative: bool = True, draft: str | os.PathLike[str] | None = None,
          llama_rounding: bool = True, kernel: str = "auto",
-         progress: Callable[[int, int], None] | None = None) -> Model:
-    """Load a GGUF model for use from Python.
+         progress: Callable[[int, int], None] | None = None) -> "Model | EmbeddingModel":
+    """Load a GGUF model for use from Python: a Model for a text model, an
+    kinetic.embedding.EmbeddingModel for an embedding or ranking model (one whose file has a
+    pooling type; n_ctx, kernel and progress apply to it, the rest is for generation).
 
     n_ctx: context length per sequence (capped by the model's own); kernel: "ffi" (the
     weights stay in their GGUF blocks, multiplied by kinetic's C++ kernel: the default on
@@ -175,6 +178,9 @@ def load(path: str | os.PathLike[str], *, n_ctx: int = 4096, dtype: str = "bfloa
     loaded = load_model(os.fspath(path), dtype=dtype, act_quant=llama_rounding,
                         progress=progress, kernel=kernel)
     tokenizer = Tokenizer.from_metadata(loaded.file.metadata)
+    if loaded.config.task != "text":
+        from kinetic.embedding import load_embedding_model
+        return load_embedding_model(loaded, tokenizer, n_ctx)
     draft_model = None if draft is None else load_model(
         os.fspath(draft), dtype=dtype, act_quant=llama_rounding, kernel=kernel)
     engine = Engine(loaded, tokenizer, EngineConfig(

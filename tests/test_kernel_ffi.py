@@ -67,6 +67,25 @@ def test_row_pieces_give_a_row_the_same_bits_at_any_row_count():
     np.testing.assert_allclose(np.asarray(s), np.sin(theta.astype(np.float64)), atol=1e-6)
 
 
+def test_layer_norm_is_its_numpy_reference_bit_for_bit_at_any_row_count():
+    """The encoders' layer norm: the numpy reference's bits (kernels/reference.py), a row the
+    same alone as among 64, and close to the float64 formula."""
+    from kinetic.kernels import reference
+    rng = np.random.default_rng(3)
+    for d in (384, 64, 37):
+        x = (rng.standard_normal((64, d)) * 3 + 1).astype(np.float32)
+        w, b = rng.standard_normal((2, d)).astype(np.float32)
+        norm = jax.jit(lambda x: ffi.layer_norm(x, jnp.asarray(w), jnp.asarray(b), 1e-12))
+        got = np.asarray(norm(x))
+        assert got.tobytes() == reference.layer_norm(x, w, b, 1e-12).tobytes()
+        for rows in (1, 3, 8):
+            assert np.asarray(norm(x[:rows])).tobytes() == got[:rows].tobytes()
+        x64 = x.astype(np.float64)
+        mean = x64.mean(-1, keepdims=True)
+        want = (x64 - mean) / np.sqrt(((x64 - mean) ** 2).mean(-1, keepdims=True) + 1e-12) * w + b
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_a_weight_outside_its_buffer_is_an_error_not_a_crash(weights):
     data, parts, k = weights
     dev = jax.device_put(data)

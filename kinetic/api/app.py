@@ -82,7 +82,8 @@ class ServerState:
     def __init__(self, config: ServerConfig, model_id: str):
         self.config, self.model_id = config, model_id
         self.model: Model | None = None
-        self.kind = "text"                 # what the model serves: "text" (generation)
+        self.kind = "text"                 # what the model serves: "text" (generation),
+                                           # "embedding" or "rerank" (kinetic.embedding)
         self.loading = "Loading model"     # the 503 message while loading
         self.created = int(time.time())
         self.activity = Activity()         # every generation since ready (metrics.py)
@@ -93,6 +94,7 @@ class ServerState:
 
     def set_ready(self, model: "Model") -> None:
         """Serve `model` from now on."""
+        self.kind = getattr(model, "kind", "text")
         self.model = model
 
     def require_model(self) -> "Model":
@@ -131,6 +133,9 @@ async def _health() -> Response:
     supervisor polling health can then restart the server)."""
     state = server_state()
     model = state.require_model()
+    if state.kind != "text":   # an encoder: nothing runs between requests
+        busy = int(state.activity.encoding > 0)
+        return json_response({"status": "ok", "slots_idle": 1 - busy, "slots_processing": busy})
     engine = model.engine
     if engine.failure is not None:
         raise unavailable(f"the engine has stopped ({engine.failure}); restart the server")

@@ -26,15 +26,17 @@ from typing import Any, AsyncIterator
 from quart import Blueprint, Response
 
 from kinetic import __version__, kernels
+from kinetic.api import embeddings as emb
 from kinetic.api.app import (ServerState, generation, json_body, json_response,
                              server_state, sse_event, sse_response)
 from kinetic.api.errors import bad_request, engine_error
 from kinetic.api.metrics import Task, metric_values, prometheus_text
-from kinetic.api.openai import completion_prompt_ids, require_kind
+from kinetic.api.openai import completion_prompt_ids, require_kind, serves
 from kinetic.api.receipt import receipt_maker
 from kinetic.api.params import (MAX_STOP_CHARS, MAX_TOKENS_LIMIT, Shape, boolean,
                                 check_prompt_fits, compile_shape, integer, sampling_params,
                                 shape, strings)
+from kinetic.engine.encoder import normalize
 from kinetic.engine.request import MAX_STOP_STRINGS, Delta, GenerationRequest
 from kinetic.engine.sampling_params import SamplingParams
 from kinetic.text.tokenizer import Tokenizer
@@ -273,6 +275,8 @@ async def detokenize():
 async def props():
     state = server_state()
     model = state.require_model()
+    if state.kind != "text":
+        return json_response(_encoder_props(state, model))
     engine, tok = model.engine, model.tokenizer
     meta = model.loaded.file.metadata
 
@@ -291,14 +295,39 @@ async def props():
         "bos_token": token_text(tok.bos_id), "eos_token": token_text(tok.eos_id),
         "build_info": f"kinetic-{__version__}",
         "kernel": kernels.describe(model.loaded.config.kernel),
+        "capabilities": serves(state),
     })
+
+
+def _encoder_props(state: ServerState, model) -> dict[str, Any]:
+    """/props of an embedding or ranking model: what it serves, its context and pooling."""
+    tok = model.tokenizer
+    return {
+        "default_generation_settings": {"n_ctx": model.n_ctx},
+        "total_slots": 1,
+        "model_alias": state.model_id,
+        "model_path": model.loaded.file.path,
+        "modalities": {"vision": False, "video": False, "audio": False},
+        "endpoint_slots": True, "endpoint_props": False, "endpoint_metrics": True,
+        "capabilities": serves(state),
+        "pooling": model.pooling,
+        "n_embd": model.dim,
+        "bos_token": "" if tok.bos_id is None else tok.token_piece(tok.bos_id, special=True),
+        "eos_token": "" if tok.eos_id is None else tok.token_piece(tok.eos_id, special=True),
+        "build_info": f"kinetic-{__version__}",
+        "kernel": kernels.describe(model.loaded.config.kernel),
+    }
 
 
 @blueprint.get("/slots")
 async def slots():
     """Each slot with its current or last request (llama-server's fields)."""
     state = server_state()
-    engine = state.require_model().engine
+    model = state.require_model()
+    if state.kind != "text":   # one encoder runs a batch at a time: one slot
+        return json_response([{"id": 0, "n_ctx": model.n_ctx, "speculative": False,
+                               "is_processing": state.activity.encoding > 0}])
+    engine = model.engine
     activity = state.activity
     out = []
     for s in engine.stats().slots:
@@ -345,8 +374,13 @@ def _params(settings: dict[str, Any]) -> dict[str, Any]:
 @blueprint.get("/v1/metrics")
 async def metrics():
     state = server_state()
-    stats = state.require_model().engine.stats()
-    values = metric_values(state.activity.totals, stats.requests_processing, stats.queue_length)
+    model = state.require_model()
+    if state.kind != "text":
+        processing, deferred = state.activity.encoding, 0
+    else:
+        stats = model.engine.stats()
+        processing, deferred = stats.requests_processing, stats.queue_length
+    values = metric_values(state.activity.totals, processing, deferred)
     return Response(prometheus_text(values), mimetype="text/plain",
                     headers={"Content-Type": "text/plain; version=0.0.4"})
 
@@ -356,6 +390,27 @@ async def metrics():
 @blueprint.post("/embedding")
 @blueprint.post("/embeddings")
 async def embedding():
-    require_kind(server_state(), "embedding", "embeddings")
-    raise bad_request("embedding models are not supported yet")
-
+    """llama-server's own embeddings: `content` (or `input`) as /v1/embeddings takes input;
+    per input {"index", "embedding"}, the embedding a list of vectors (one pooled vector, or
+    one per token when the model's pooling is none), each scaled as `embd_normalize` says
+    (encoder.normalize: 2, Euclidean, by default; -1 none)."""
+    state = server_state()
+    require_kind(state, "embedding", "embeddings")
+    body = await json_body()
+    param = "content" if "content" in body else "input"
+    kind = body.get("embd_normalize", 2)
+    if not isinstance(kind, int) or isinstance(kind, bool):
+        raise bad_request("embd_normalize must be a whole number (-1: none, 0: max absolute, "
+                          "1: taxicab, 2: Euclidean, p > 2: p-norm)", "embd_normalize")
+    truncate = body.get("truncate", False)
+    if not isinstance(truncate, bool):
+        raise bad_request("truncate must be true or false", "truncate")
+    ids = emb.token_ids(state, emb.parse_inputs(body.get(param), param), param, truncate)
+    model = state.require_model()
+    if model.pooling == "none":
+        rows = await emb.encode(state, ids, "hidden")
+        vectors = [[normalize(r, kind).tolist() for r in h] for h in rows]
+    else:
+        pooled = await emb.encode(state, ids, "pooled")
+        vectors = [[normalize(v, kind).tolist()] for v in pooled]
+    return json_response([{"index": i, "embedding": v} for i, v in enumerate(vectors)])

@@ -9,6 +9,9 @@ that is the one moment the task is known to sit in its slot, so the slots are re
 (`Engine.stats()` is safe to call there) and matched with the task's id on the event loop.
 Everything else happens on the event loop.
 
+Embedding and rerank requests (kinetic/api/embeddings.py) count as requests whose texts are
+prompt tokens (`Activity.encoded`), as llama-server counts them.
+
 Prefills (/v1/prefill) are not generations: `Activity.prefilled` counts them apart, under
 kinetic's own names (kinetic:prefill_requests_total, kinetic:prefill_tokens_total), and the
 tokens they run are not prompt tokens of any request.
@@ -115,6 +118,15 @@ class Activity:
         self.totals = Totals()
         self.running: dict[int, Task] = {}
         self.last: dict[int, Task] = {}
+        self.encoding = 0   # embedding and rerank requests running now
+
+    def encoded(self, n_tokens: int, longest: int, seconds: float) -> None:
+        """Count one embedding or rerank request: its texts' tokens are prompt tokens."""
+        t = self.totals
+        t.requests_total += 1
+        t.prompt_tokens_total += n_tokens
+        t.prompt_seconds_total += seconds
+        t.n_tokens_max = max(t.n_tokens_max, longest)
 
     def started(self, task: Task) -> None:
         self.totals.requests_total += 1

@@ -24,6 +24,7 @@ from typing import Any, AsyncIterator
 from quart import Blueprint
 
 from kinetic import __version__
+from kinetic.api import embeddings as emb
 from kinetic.api.app import (ServerState, generation, json_body, json_response,
                              server_state, sse_event, sse_response)
 from kinetic.api.errors import APIError, bad_request, engine_error
@@ -31,6 +32,7 @@ from kinetic.api.chat_reply import ChatReader, plan_chat, tool_call_objects
 from kinetic.api.params import (Options, check_prompt_fits, compile_shape, parse_chat,
                                 parse_completion)
 from kinetic.api.receipt import receipt_maker
+from kinetic.engine.encoder import normalize
 from kinetic.engine.request import Delta, GenerationRequest, TokenLogprob, Usage
 from kinetic.grammar import Grammar
 from kinetic.text.tokenizer import Tokenizer
@@ -48,7 +50,13 @@ ENDPOINTS = {"text": "/v1/chat/completions or /v1/completions",
 
 def _model_object(state: ServerState) -> dict[str, Any]:
     return {"id": state.model_id, "object": "model", "created": state.created,
-            "owned_by": "kinetic", "context_length": state.require_model().n_ctx}
+            "owned_by": "kinetic", "context_length": state.require_model().n_ctx,
+            "capabilities": serves(state)}
+
+
+def serves(state: ServerState) -> list[str]:
+    """What the loaded model serves, as /v1/models and /props list it."""
+    return {"text": ["chat", "completion"]}.get(state.kind, [state.kind])
 
 
 @blueprint.get("/v1/models")
@@ -72,14 +80,35 @@ async def get_model(model_id: str):
 def require_kind(state: ServerState, kind: str, what: str) -> None:
     """400 naming the right endpoint when the loaded model is not of `kind`."""
     if state.kind != kind:
-        raise bad_request(f"the loaded model {state.model_id!r} is a {state.kind} model: it does "
-                          f"not serve {what}; use {ENDPOINTS[state.kind]}")
+        article = "an" if state.kind[0] in "aeiou" else "a"
+        raise bad_request(f"the loaded model {state.model_id!r} is {article} {state.kind} model: "
+                          f"it does not serve {what}; use {ENDPOINTS[state.kind]}")
 
 
 @blueprint.post("/v1/embeddings")
 async def embeddings():
-    require_kind(server_state(), "embedding", "embeddings")
-    raise bad_request("embedding models are not supported yet")
+    """OpenAI's embeddings: one L2-normalized vector per input (embeddings.py reads them)."""
+    state = server_state()
+    require_kind(state, "embedding", "embeddings")
+    body = await json_body()
+    model = state.require_model()
+    if model.pooling == "none":
+        raise bad_request("the model's pooling is none (a vector per token), which the OpenAI "
+                          "API cannot answer; use /embedding")
+    fmt = body.get("encoding_format", "float")
+    if fmt not in ("float", "base64"):
+        raise bad_request("encoding_format must be float or base64", "encoding_format")
+    dims = body.get("dimensions")
+    if dims is not None and dims != model.dim:
+        raise bad_request(f"the model's vectors have {model.dim} dimensions; dimensions cannot "
+                          f"change that", "dimensions")
+    truncate = _flag(body, "truncate")
+    ids = emb.token_ids(state, emb.parse_inputs(body.get("input"), "input"), "input", truncate)
+    vectors = await emb.encode(state, ids, "pooled")
+    data = [{"object": "embedding", "index": i,
+             "embedding": emb.vector_json(normalize(v, 2), fmt)} for i, v in enumerate(vectors)]
+    return json_response({"object": "list", "model": state.model_id, "data": data,
+                          "usage": emb.usage(sum(len(t) for t in ids))})
 
 
 @blueprint.post("/v1/rerank")
@@ -87,8 +116,39 @@ async def embeddings():
 @blueprint.post("/rerank")
 @blueprint.post("/reranking")
 async def rerank():
-    require_kind(server_state(), "rerank", "reranking")
-    raise bad_request("reranking models are not supported yet")
+    """Documents scored against a query, most relevant first (llama-server's and Jina's
+    shape)."""
+    state = server_state()
+    require_kind(state, "rerank", "reranking")
+    body = await json_body()
+    query = body.get("query")
+    if not isinstance(query, str) or not query:
+        raise bad_request("query must be a non-empty string", "query")
+    docs = emb.parse_documents(body.get("documents"))
+    top_n = body.get("top_n", len(docs))
+    if not isinstance(top_n, int) or isinstance(top_n, bool) or top_n < 0:
+        raise bad_request("top_n must be a whole number of at least 0", "top_n")
+    with_docs = _flag(body, "return_documents")
+    model = state.require_model()
+    prompts = [model.rank_prompt(query, d) for d in docs]
+    ids = emb.token_ids(state, prompts, "documents", _flag(body, "truncate"))
+    outputs = await emb.encode(state, ids, "pooled")
+    order = sorted(range(len(docs)), key=lambda i: -float(outputs[i][0]))
+    results = []
+    for i in order[:top_n]:
+        r: dict[str, Any] = {"index": i, "relevance_score": float(outputs[i][0])}
+        if with_docs:
+            r["document"] = {"text": docs[i]}
+        results.append(r)
+    return json_response({"object": "list", "model": state.model_id, "results": results,
+                          "usage": emb.usage(sum(len(t) for t in ids))})
+
+
+def _flag(body: dict[str, Any], name: str) -> bool:
+    value = body.get(name, False)
+    if not isinstance(value, bool):
+        raise bad_request(f"{name} must be true or false", name)
+    return value
 
 
 # --- chat completions ---------------------------------------------------------------------

@@ -78,6 +78,8 @@ def build_model(opts: ModelOptions, progress: Callable[[str], Callable[[int, int
 
     loaded = load_model(opts.path, dtype=opts.dtype, progress=progress("loading"))
     tokenizer = Tokenizer.from_metadata(loaded.file.metadata)
+    if loaded.config.task != "text":
+        return _build_encoder(loaded, tokenizer, opts, progress)
     draft = None if opts.draft is None else load_model(
         opts.draft, dtype=opts.dtype, progress=progress("loading the draft model"))
     engine = Engine(loaded, tokenizer, opts.engine, draft=draft)
@@ -94,6 +96,19 @@ def build_model(opts: ModelOptions, progress: Callable[[str], Callable[[int, int
     for delta in engine.generate(warm_up):
         if delta.error:
             raise RuntimeError(delta.error)
+    return model
+
+
+def _build_encoder(loaded, tokenizer, opts: ModelOptions, progress):
+    """An embedding or ranking model (kinetic.embedding), every step shape compiled."""
+    from kinetic.embedding import load_embedding_model
+    if opts.draft is not None:
+        raise ValueError("a draft model (--model-draft) is for text models; "
+                         f"{opts.model_id} is an {loaded.config.task} model")
+    model = load_embedding_model(loaded, tokenizer, opts.engine.n_ctx, compile=True,
+                                 progress=progress("compiling"))
+    first = tokenizer.bos_id if tokenizer.bos_id is not None else 0
+    model.encoder.pooled([[first]])   # the host side (pooling, head) once
     return model
 
 
@@ -154,7 +169,10 @@ async def _main(config: ServerConfig, opts: ModelOptions) -> int:
         return update
 
     def ready(model) -> None:  # on the event loop: no request runs between these two lines
-        slots = _count(model.engine.config.parallel, "slot")
+        task = model.loaded.config.task
+        slots = (_count(model.engine.config.parallel, "slot") if task == "text" else
+                 f"{'an embedding' if task == 'embedding' else 'a ranking'} model, pooling "
+                 f"{model.pooling}")
         kernel = model.loaded.config.kernel
         how = (f"kinetic's C++ kernel, {kernels.isa()} path" if kernel == "ffi"
                else "XLA (dequantized weights)")
@@ -184,7 +202,8 @@ async def _main(config: ServerConfig, opts: ModelOptions) -> int:
     if state.model is not None:
         began = stop_began[0] if stop_began else time.monotonic()
         left = STOP_SECONDS - 1.0 - (time.monotonic() - began)
-        if not state.model.engine.close(timeout=max(left, 0.0)):
+        # (an embedding model has no engine thread: its requests ran out with the server)
+        if state.kind == "text" and not state.model.engine.close(timeout=max(left, 0.0)):
             exit_now("stopped, but the engine thread is stuck in a step; exiting without it", 1)
         print("kinetic: stopped", file=sys.stderr, flush=True)
     return status[0]

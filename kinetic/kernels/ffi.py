@@ -37,7 +37,7 @@ def register() -> None:
         return
     lib = kernels._need()
     for name in ("kinetic_qmatmul", "kinetic_dequant_rows", "kinetic_attention",
-                 "kinetic_rms_norm", "kinetic_cos_sin", "kinetic_kv_write",
+                 "kinetic_rms_norm", "kinetic_layer_norm", "kinetic_cos_sin", "kinetic_kv_write",
                  "kinetic_lazy_zeros"):
         jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu")
     _registered = True
@@ -103,6 +103,15 @@ def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
     x = x.astype(jnp.float32)
     return jax.ffi.ffi_call("kinetic_rms_norm", jax.ShapeDtypeStruct(x.shape, jnp.float32))(
         x, w.astype(jnp.float32), eps=np.float32(eps))
+
+
+def layer_norm(x: jax.Array, w: jax.Array, b: jax.Array, eps: float) -> jax.Array:
+    """(x - mean) / sqrt(var + eps) * w + b over the last axis, a row's bits the same at any
+    row count (rownorm.h; reference.layer_norm is the same arithmetic in numpy)."""
+    register()
+    x = x.astype(jnp.float32)
+    return jax.ffi.ffi_call("kinetic_layer_norm", jax.ShapeDtypeStruct(x.shape, jnp.float32))(
+        x, w.astype(jnp.float32), b.astype(jnp.float32), eps=np.float32(eps))
 
 
 def cos_sin(theta: jax.Array) -> tuple[jax.Array, jax.Array]:

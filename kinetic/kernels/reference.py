@@ -297,3 +297,29 @@ def qmatmul(fmt: int, data, n: int, k: int, x) -> np.ndarray:
             else:
                 acc = acc + sumi_f[..., b] * (dw * dx)
     return acc
+
+
+# --- the row norms (rownorm.cc) -------------------------------------------------------------
+
+def _lane_sum(v: np.ndarray) -> np.ndarray:
+    """Sum over the last axis as the C++ does: value d into lane d % 16 in order of d, then
+    lane i += lane i + 8, + 4, + 2, + 1."""
+    lanes = np.zeros((*v.shape[:-1], 16), _f32)
+    for k0 in range(0, v.shape[-1], 16):
+        width = min(16, v.shape[-1] - k0)
+        lanes[..., :width] = lanes[..., :width] + v[..., k0:k0 + width]
+    for half in (8, 4, 2, 1):
+        lanes[..., :half] = lanes[..., :half] + lanes[..., half:2 * half]
+    return lanes[..., 0]
+
+
+def layer_norm(x, w, b, eps: float) -> np.ndarray:
+    """((x - mean) * (1 / sqrt(var + eps))) * w + b per row of x [..., D], float32 throughout:
+    bit for bit the C++ layer norm (ffi.layer_norm)."""
+    x = np.asarray(x, _f32)
+    w, b, d = np.asarray(w, _f32), np.asarray(b, _f32), _f32(x.shape[-1])
+    with np.errstate(all="ignore"):
+        mean = (_lane_sum(x) / d)[..., None]
+        c = x - mean
+        inv = (_f32(1) / np.sqrt(_lane_sum(c * c) / d + _f32(eps)))[..., None]
+        return (c * inv) * w + b

@@ -44,6 +44,16 @@ class Config:
     final_softcap: float = 0.0            # 0 = none
     kernel: str = "xla"                   # "ffi": weights in GGUF blocks through kinetic's
                                           # C++ kernels; "xla": dense weights (weights.py)
+    pooling: str = ""                     # "" (a text model) or how an embedding or ranking
+                                          # model pools a text: POOLING's names
+    causal: bool = True                   # False: each token attends to its whole text
+    n_cls: int = 0                        # outputs of the ranking head (cls.output), 0: none
+    n_token_types: int = 0                # rows of token_types (BERT), 0: none
+
+    @property
+    def task(self) -> str:
+        """What the model serves: "text" (generation), "embedding" or "rerank"."""
+        return "text" if not self.pooling else "rerank" if self.pooling == "rank" else "embedding"
 
     def __post_init__(self) -> None:
         if self.n_head % max(self.n_kv_head, 1):
@@ -59,6 +69,22 @@ class Config:
 
     def replace(self, **changes: Any) -> "Config":
         return dataclasses.replace(self, **changes)
+
+
+# GGUF's {arch}.pooling_type values (llama.cpp's enum), by name
+POOLING = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
+
+
+def pooling_type(arch: str, meta: dict[str, Any]) -> str:
+    """The pooling the file asks for ("" when it has no {arch}.pooling_type: a text model)."""
+    value = meta.get(f"{arch}.pooling_type")
+    if value is None:
+        return ""
+    try:
+        return POOLING[int(value)]
+    except (KeyError, TypeError, ValueError):
+        raise ModelConfigError(f"{arch}.pooling_type is {value!r}; kinetic knows "
+                               f"{', '.join(f'{k} ({v})' for k, v in POOLING.items())}") from None
 
 
 def base_config(arch: str, meta: dict[str, Any], vocab_size: int) -> Config:
@@ -99,6 +125,7 @@ def base_config(arch: str, meta: dict[str, Any], vocab_size: int) -> Config:
         rope_neox=True,
         rope_freq_scale=_rope_freq_scale(arch, meta),
         sliding_layers=(False,) * n_layer,
+        pooling=pooling_type(arch, meta),
     )
 
 

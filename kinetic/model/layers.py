@@ -46,17 +46,19 @@ class StepInput:
     logit_rows: jax.Array | None = None
 
 
-def output_logits(x: jax.Array, step: StepInput, norm: jax.Array, output: Proj,
+def output_logits(x: jax.Array, step: StepInput, norm: jax.Array, output: Proj | None,
                   eps: float) -> jax.Array:
     """The logits [R, V] of the step's rows step.logit_rows ([R] row indices, the rows that
     are sampled; None: all T rows of x [T, D]) after the final norm. A prompt chunk samples
     only its last row, one before it none, and the output projection is the largest matrix
-    of a small model: R = 0 skips it."""
+    of a small model: R = 0 skips it. output None (an embedding model): the normed hidden
+    states [R, D] themselves."""
     if step.logit_rows is not None:
         if step.logit_rows.shape[0] == 0:
-            return jnp.zeros((0, output.shape[1]), jnp.float32)
+            return jnp.zeros((0, x.shape[1] if output is None else output.shape[1]), jnp.float32)
         x = jnp.take(x, step.logit_rows, axis=0)
-    return linear(rms_norm(x, norm, eps), output)
+    x = rms_norm(x, norm, eps)
+    return x if output is None else linear(x, output)
 
 
 @functools.cache

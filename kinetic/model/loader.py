@@ -12,14 +12,14 @@ from types import ModuleType
 
 import jax.numpy as jnp
 
-from kinetic.model import gemma3, llama, qwen2, qwen3
+from kinetic.model import bert, gemma3, llama, qwen2, qwen3
 from kinetic.model.config import Config, ModelConfigError, base_config
 from kinetic.model.gguf_file import GGUFFile
 from kinetic.model.quants import UnsupportedTensorType
 from kinetic.model.weights import ProgressFn, kernel_choice, load_weights
 
 ARCHITECTURES: dict[str, ModuleType] = {
-    "llama": llama, "mistral": llama, "qwen2": qwen2, "qwen3": qwen3, "gemma3": gemma3,
+    "bert": bert, "llama": llama, "mistral": llama, "qwen2": qwen2, "qwen3": qwen3, "gemma3": gemma3,
 }
 
 
@@ -44,7 +44,15 @@ def read_config(f: GGUFFile) -> tuple[Config, ModuleType]:
     if not vocab:
         raise ModelConfigError(f"{f.path}: no vocabulary size (no tokenizer and no token_embd)")
     cfg = arch.configure(base_config(arch_name, f.metadata, int(vocab)), f.metadata)
-    return cfg.replace(tied_output="output.weight" not in f.tensors), arch
+    head = f.tensors.get("cls.output.weight")
+    types = f.tensors.get("token_types.weight")
+    cfg = cfg.replace(tied_output="output.weight" not in f.tensors,
+                      n_cls=head.shape[0] if head is not None else 0,
+                      n_token_types=types.shape[0] if types is not None else 0)
+    if cfg.pooling == "rank" and not ({"cls.weight", "cls.output.weight"} & set(f.tensors)):
+        raise ModelConfigError(f"{f.path}: the file ranks ({arch_name}.pooling_type 4) but "
+                               f"has no classifier (cls or cls.output tensors)")
+    return cfg, arch
 
 
 def load_model(path: str, dtype: str = "bfloat16", act_quant: bool = True,

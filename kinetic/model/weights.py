@@ -82,7 +82,21 @@ def expected_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
         "attn_q_norm": (cfg.head_dim,), "attn_k_norm": (cfg.head_dim,),
         "ffn_gate": (cfg.d_ffn, cfg.d_model), "ffn_up": (cfg.d_ffn, cfg.d_model),
         "ffn_down": (cfg.d_model, cfg.d_ffn),
+        # encoders (bert) and ranking heads
+        "position_embd": (cfg.context_length, cfg.d_model),
+        "token_types": (cfg.n_token_types, cfg.d_model),
+        "token_embd_norm": (cfg.d_model,), "token_embd_norm.bias": (cfg.d_model,),
+        "attn_output_norm": (cfg.d_model,), "attn_output_norm.bias": (cfg.d_model,),
+        "layer_output_norm": (cfg.d_model,), "layer_output_norm.bias": (cfg.d_model,),
+        "ffn_up.bias": (cfg.d_ffn,), "ffn_down.bias": (cfg.d_model,),
+        "cls": (cfg.d_model, cfg.d_model), "cls.bias": (cfg.d_model,),
+        "cls.output": (cfg.n_cls, cfg.d_model), "cls.output.bias": (cfg.n_cls,),
     }
+
+
+# a ranking model's classifier (pooling "rank"): cls and its bias (BERT cross-encoders), then
+# cls.output and its bias (the scores); either part may be absent, as llama.cpp allows
+HEAD_TENSORS = ("cls", "cls.bias", "cls.output", "cls.output.bias")
 
 
 def _file_name(name: str) -> str:
@@ -103,7 +117,8 @@ def load_weights(f: GGUFFile, cfg: Config, arch: ModuleType, dtype: jnp.dtype,
         [(None, n, True) for n in arch.GLOBAL_TENSORS]
         + [(None, n, False) for n in arch.OPTIONAL_GLOBAL]
         + [(i, n, True) for i in range(cfg.n_layer) for n in arch.LAYER_TENSORS]
-        + [(i, n, False) for i in range(cfg.n_layer) for n in arch.OPTIONAL_LAYER])
+        + [(i, n, False) for i in range(cfg.n_layer) for n in arch.OPTIONAL_LAYER]
+        + [(None, n, False) for n in (HEAD_TENSORS if cfg.pooling == "rank" else ())])
     used: set[str] = set()
     weights: dict = {"blk": [{} for _ in range(cfg.n_layer)]}
     for done, (layer, name, required) in enumerate(wanted):
@@ -130,7 +145,9 @@ def load_weights(f: GGUFFile, cfg: Config, arch: ModuleType, dtype: jnp.dtype,
     if unused:
         raise ModelConfigError(f"{f.path}: tensors this {cfg.arch} model does not use: "
                                f"{', '.join(unused[:5])}{' ...' if len(unused) > 5 else ''}")
-    if "output" not in weights and packed is not None:
+    if cfg.pooling:   # embeddings and ranking read the hidden states: no output projection
+        weights["output"] = None
+    elif "output" not in weights and packed is not None:
         weights["output"] = weights["token_embd"]  # the same blocks, read as a projection
     elif "output" not in weights:
         embd = f.tensors["token_embd.weight"]

@@ -65,6 +65,15 @@ class Tokenizer:
         return self._v.special.get("eos")
 
     @property
+    def sep_id(self) -> int | None:
+        return self._v.special.get("sep")
+
+    @property
+    def add_sep(self) -> bool:
+        """Whether a pair of texts (a rerank prompt) takes SEP between them."""
+        return self._v.add_sep
+
+    @property
     def eog_ids(self) -> frozenset[int]:
         """Tokens that end generation (EOS, EOT, EOM, FIM pad/repo/sep, and tokens recognized by
         their text such as <|im_end|>, <|endoftext|>, <end_of_turn>, <|eot_id|>)."""

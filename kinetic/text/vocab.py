@@ -82,6 +82,7 @@ class Vocab:
     eog: set[int] = field(default_factory=set)
     add_bos: bool = False
     add_eos: bool = False
+    add_sep: bool = False        # a SEP between the two texts of a pair (rerank prompts)
     add_space_prefix: bool = False
     clean_spaces: bool = False
     escape_whitespaces: bool = True
@@ -157,6 +158,7 @@ def load_vocab(md: dict[str, Any]) -> Vocab:
 
     add_bos = bool(md.get(_KEY + "add_bos_token", add_bos))
     add_eos = bool(md.get(_KEY + "add_eos_token", add_eos))
+    add_sep = bool(md.get(_KEY + "add_sep_token", kind == "wpm"))
     if pre is not None and pre.name == "gemma4":
         add_bos = True   # llama.cpp overrides Gemma 4's metadata here
     if add_bos and special.get("bos") is None:
@@ -167,7 +169,7 @@ def load_vocab(md: dict[str, Any]) -> Vocab:
     strip_accents = bool(md.get(_KEY + "normalizer.strip_accents", lowercase))
 
     vocab = Vocab(model=model, kind=kind, pre=pre, tokens=tokens, scores=scores, attrs=attrs,
-                  token_to_id=token_to_id, special=special, add_bos=add_bos, add_eos=add_eos,
+                  token_to_id=token_to_id, special=special, add_bos=add_bos, add_eos=add_eos, add_sep=add_sep,
                   add_space_prefix=add_space_prefix, clean_spaces=clean_spaces,
                   escape_whitespaces=escape_whitespaces,
                   merges=list(md.get(_KEY + "merges") or []),

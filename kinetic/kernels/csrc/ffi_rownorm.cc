@@ -1,5 +1,6 @@
 // XLA FFI handlers of rownorm.h:
 //   kinetic_rms_norm(x f32[..., D], w f32[D]; eps) -> y f32[..., D]
+//   kinetic_layer_norm(x f32[..., D], w f32[D], b f32[D]; eps) -> y f32[..., D]
 //   kinetic_cos_sin(theta f32[...]) -> (cos f32[...], sin f32[...])
 #include <string>
 
@@ -22,6 +23,20 @@ ffi::Error RmsNorm(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
   return ffi::Error::Success();
 }
 
+ffi::Error LayerNorm(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> b,
+                     ffi::ResultBuffer<ffi::F32> y, float eps) {
+  auto xd = x.dimensions();
+  if (xd.size() < 1 || w.dimensions().size() != 1 || w.dimensions()[0] != xd.back() ||
+      b.dimensions().size() != 1 || b.dimensions()[0] != xd.back())
+    return ffi::Error::InvalidArgument("kinetic_layer_norm: w and b must be [D] for x [..., D]");
+  const int64_t d = xd.back(), rows = d ? int64_t(x.element_count()) / d : 0;
+  if (int64_t(y->element_count()) != rows * d)
+    return ffi::Error::InvalidArgument("kinetic_layer_norm: y must have x's shape");
+  kn::layer_norm_rows(x.typed_data(), w.typed_data(), b.typed_data(), rows, d, eps,
+                      y->typed_data());
+  return ffi::Error::Success();
+}
+
 ffi::Error CosSin(ffi::Buffer<ffi::F32> theta, ffi::ResultBuffer<ffi::F32> c,
                   ffi::ResultBuffer<ffi::F32> s) {
   const int64_t n = int64_t(theta.element_count());
@@ -37,6 +52,14 @@ ffi::Error CosSin(ffi::Buffer<ffi::F32> theta, ffi::ResultBuffer<ffi::F32> c,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kinetic_rms_norm, RmsNorm,
                               ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<float>("eps"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kinetic_layer_norm, LayerNorm,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
