@@ -59,6 +59,16 @@ class AppClient:
         except ValueError:
             return status, data
 
+    def get(self, path: str, timeout: float = TIMEOUT) -> tuple[int, Any]:
+        async def send():
+            resp = await self.client.get(path)
+            return resp.status_code, await resp.get_data()
+        status, data = asyncio.run_coroutine_threadsafe(send(), self.loop).result(timeout)
+        try:
+            return status, json.loads(data)
+        except ValueError:
+            return status, data
+
     def post_routes(self) -> list[str]:
         """Every POST route of the app, so that a new one is walked too."""
         return sorted(r.rule for r in self.app.url_map.iter_rules() if "POST" in r.methods)
@@ -84,6 +94,23 @@ def in_process_app(tmp_dir: Path) -> Iterator[AppClient]:
                             chat_template=template)
     model = kinetic.load(path, n_ctx=N_CTX, parallel=1)
     state = ServerState(ServerConfig(), "tiny-qwen3")
+    state.set_ready(model)
+    client = AppClient(create_app(state))
+    try:
+        yield client
+    finally:
+        client.close()
+        model.close()
+
+
+@contextmanager
+def model_app(path: Path, **load_args) -> Iterator[AppClient]:
+    """The app over any GGUF file (kinetic.load(path, **load_args)), ready."""
+    import kinetic
+    from kinetic.api.app import ServerConfig, ServerState, create_app
+
+    model = kinetic.load(path, **load_args)
+    state = ServerState(ServerConfig(), Path(path).stem)
     state.set_ready(model)
     client = AppClient(create_app(state))
     try:
