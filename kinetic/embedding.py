@@ -75,9 +75,9 @@ class EmbeddingModel:
             np.zeros((0, self.dim), np.float32)
 
     def token_vectors(self, inputs: Input | Sequence[Input],
-                      normalize_kind: int = 2) -> list[np.ndarray]:
+                      normalize_kind: int = -1) -> list[np.ndarray]:
         """Every token's hidden state per input, float32 [tokens, dim], each row scaled as
-        `normalize_kind` says."""
+        `normalize_kind` says (by default not at all, as llama-server's /embedding)."""
         items = _as_list(inputs)
         return [np.stack([normalize(r, normalize_kind) for r in h])
                 for h in self.encoder.hidden([self.input_ids(x) for x in items])]

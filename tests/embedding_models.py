@@ -11,12 +11,12 @@ cross-encoder head, `cls` [D, D] (+ bias, then tanh) and `cls.output` [1, D] (+ 
 rank pooling.
 
 `write_qwen3_embedding` writes architecture "qwen3" (the layers of tests/tiny_models.py, tied
-output: no output.weight, as Qwen3-Embedding and Qwen3-Reranker) with `qwen3.pooling_type`;
-pooling other than "rank" makes it a Qwen3-Embedding as converted (tokenizer.ggml.add_eos_token:
-every text ends in <|endoftext|>); pooling "rank" makes it a Qwen3-Reranker as llama.cpp's
-converter writes one: `cls.output`
-[2, D] (the lm_head rows of "yes" and "no"), `qwen3.classifier.output_labels` ["yes", "no"]
-and the named chat template `tokenizer.chat_template.rerank` with {query} and {document}.
+output: no output.weight, as Qwen3-Embedding and Qwen3-Reranker) with `qwen3.pooling_type`.
+Pooling other than "rank" makes it a Qwen3-Embedding as converted: tokenizer.ggml.add_eos_token
+true, so every text ends in <|endoftext|>, the token last pooling reads. Pooling "rank" makes
+it a Qwen3-Reranker as llama.cpp's converter writes one: `cls.output` [2, D] (the lm_head rows
+of "yes" and "no"), `qwen3.classifier.output_labels` ["yes", "no"] and the named chat template
+`tokenizer.chat_template.rerank` with {query} and {document}; no tokens are added to it.
 
 dtype: "f32", "f16" or "q8_0" for the 2-D projection matrices (token_embd is F16 unless "f32";
 positions, token types, norms and biases stay F32). Every builder is deterministic: the same

@@ -226,8 +226,9 @@ def test_pooling_none_gives_a_vector_per_token_and_the_openai_route_refuses(file
     with model_app(files["bert-none"]) as app:
         status, body = post(app, "/embedding", {"content": "a cat sat"})
         assert status == 200
-        rows = np.array(body[0]["embedding"], np.float32)
+        rows = np.array(body[0]["embedding"], np.float32)   # not normalized, as llama-server
         assert rows.tobytes() == m.token_vectors("a cat sat")[0].tobytes()
+        assert abs(np.linalg.norm(rows[0]) - 1.0) > 1e-3
         status, answer = post(app, "/v1/embeddings", {"input": "a cat"})
         assert status == 400 and "/embedding" in assert_error_shape(status, answer)["message"]
 

@@ -391,9 +391,9 @@ async def metrics():
 @blueprint.post("/embeddings")
 async def embedding():
     """llama-server's own embeddings: `content` (or `input`) as /v1/embeddings takes input;
-    per input {"index", "embedding"}, the embedding a list of vectors (one pooled vector, or
-    one per token when the model's pooling is none), each scaled as `embd_normalize` says
-    (encoder.normalize: 2, Euclidean, by default; -1 none)."""
+    per input {"index", "embedding"}, the embedding a list of vectors: one pooled vector,
+    scaled as `embd_normalize` says (encoder.normalize: 2, Euclidean, by default; -1 none), or
+    one per token, as they are, when the model's pooling is none."""
     state = server_state()
     require_kind(state, "embedding", "embeddings")
     body = await json_body()
@@ -407,9 +407,8 @@ async def embedding():
         raise bad_request("truncate must be true or false", "truncate")
     ids = emb.token_ids(state, emb.parse_inputs(body.get(param), param), param, truncate)
     model = state.require_model()
-    if model.pooling == "none":
-        rows = await emb.encode(state, ids, "hidden")
-        vectors = [[normalize(r, kind).tolist() for r in h] for h in rows]
+    if model.pooling == "none":   # as llama-server: token vectors are never normalized
+        vectors = [h.tolist() for h in await emb.encode(state, ids, "hidden")]
     else:
         pooled = await emb.encode(state, ids, "pooled")
         vectors = [[normalize(v, kind).tolist()] for v in pooled]

@@ -34,6 +34,8 @@ class EncoderConfig:
     step_tokens: int = 512     # rows of the largest step (a longer text runs alone, at n_ctx)
     texts_per_step: int = 64   # slots: texts one step holds
     page_size: int = 16
+    kv_dtype: str = "float16"  # K and V as llama.cpp holds them (its cache, or the f16 cast
+                               # of its flash attention when there is no cache)
 
     def __post_init__(self) -> None:
         if self.n_ctx < 1 or self.step_tokens < 1 or self.texts_per_step < 1:
@@ -96,7 +98,7 @@ class Encoder:
         pages = -(-self.max_rows // ps) + config.texts_per_step + 1   # a text wastes < 1 page
         self.runner = Runner(loaded, RunnerConfig(
             step_tokens=self.max_rows, num_slots=config.texts_per_step, page_size=ps,
-            num_pages=pages, pages_per_slot=-(-config.n_ctx // ps)))
+            num_pages=pages, pages_per_slot=-(-config.n_ctx // ps), kv_dtype=config.kv_dtype))
         self.head = Head(loaded) if self.pooling == "rank" else None
         self.dim = cfg.d_model
         self._lock = threading.Lock()

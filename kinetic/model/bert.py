@@ -1,5 +1,6 @@
 """BERT encoders (all-MiniLM, bge, cross-encoders): learned absolute positions, token types,
-post-norm blocks (layer norm after each residual), a GELU feed-forward with biases, and
+post-norm blocks (layer norm after each residual), a GELU feed-forward with biases (GELU
+rounded through half floats as llama.cpp's table gives it), and
 attention over the whole text, both ways.
 
 A text runs as one sequence of the paged step like a decoder's prompt: each row's K/V is
@@ -51,6 +52,14 @@ def layer_norm(x: jax.Array, w: jax.Array, b: jax.Array, eps: float) -> jax.Arra
     return c * jax.lax.rsqrt(jnp.mean(c * c, axis=-1, keepdims=True) + eps) * w + b
 
 
+def gelu(x: jax.Array) -> jax.Array:
+    """GELU as llama.cpp's CPU backend computes it (a table of half floats): the tanh form
+    at x rounded to half, the result rounded to half; x itself from 10 up, 0 from -10 down."""
+    half = x.astype(jnp.float16).astype(jnp.float32)
+    y = gelu_tanh(half).astype(jnp.float16).astype(jnp.float32)
+    return jnp.where(x >= 10.0, x, jnp.where(x <= -10.0, 0.0, y))
+
+
 def text_ends(step: StepInput) -> jax.Array:
     """Each row's last key: the last position of its text (the largest position among its
     slot's rows: a text runs whole in one step). Padding rows sit at position 0."""
@@ -78,7 +87,7 @@ def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
             a = linear(a.reshape(T, -1), w["attn_output"], w["attn_output.bias"])
             x = layer_norm(x + a, w["attn_output_norm"], w["attn_output_norm.bias"], eps)
         with jax.named_scope("ffn"):
-            h = gelu_tanh(linear(x, w["ffn_up"], w["ffn_up.bias"]))
+            h = gelu(linear(x, w["ffn_up"], w["ffn_up.bias"]))
             h = linear(h, w["ffn_down"], w["ffn_down.bias"])
             x = layer_norm(x + h, w["layer_output_norm"], w["layer_output_norm.bias"], eps)
         new_cache.append((k_cache, v_cache))
