@@ -113,7 +113,8 @@ def test_random_blocks_bitwise(fmt: int, isa: str) -> None:
     name, qk = FORMATS[fmt][:2]
     rng = np.random.default_rng(1000 + fmt)
     # 32-value blocks: fewer, exactly and more than the 16 blocks unpacked at once (a strip)
-    ks = (512, 768) if qk == 256 else (96, 512, 608) if qk == 32 else (37, 200, 512)
+    # float weights: K = 2048 splits M = 64 into blocks of rows (simd_driver.h float_rows)
+    ks = (512, 768) if qk == 256 else (96, 512, 608) if qk == 32 else (37, 200, 512, 2048)
     for k in ks:
         w = _weights(fmt, N, k, rng)
         x64 = _acts(64, k, rng)

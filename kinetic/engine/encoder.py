@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -123,10 +123,11 @@ class Encoder:
             if not 0 < len(t) <= self.n_ctx:
                 raise ValueError(f"text {i} has {len(t)} tokens; a text takes 1 to "
                                  f"{self.n_ctx}")
-        out: list[np.ndarray] = []
+        out: list[np.ndarray | None] = [None] * len(texts)
         with self._lock:
             for batch in self._batches(texts):
-                out.extend(self._run(batch))
+                for i, h in zip(batch, self._run([texts[i] for i in batch])):
+                    out[i] = h
         return out
 
     def pooled(self, texts: Sequence[Sequence[int]]) -> list[np.ndarray]:
@@ -154,19 +155,24 @@ class Encoder:
             return h[-1].copy()
         return h   # none: every token's vector
 
-    def _batches(self, texts: Sequence[Sequence[int]]) -> Iterator[list[Sequence[int]]]:
-        """Texts in order, as many a step as fit its rows and slots."""
-        batch: list[Sequence[int]] = []
-        rows = 0
-        limit = self.config.step_tokens
-        for t in texts:
-            if batch and (rows + len(t) > limit or len(batch) == self.config.texts_per_step):
-                yield batch
-                batch, rows = [], 0
-            batch.append(t)
-            rows += len(t)
-        if batch:
-            yield batch
+    def _batches(self, texts: Sequence[Sequence[int]]) -> list[list[int]]:
+        """The texts' indices packed into steps: longest first, each into the first step with
+        room in its rows (step_tokens) and slots (first-fit decreasing), so that few steps
+        run, each nearly full. Which texts share a step changes no text's result."""
+        steps: list[list[int]] = []
+        rows: list[int] = []
+        limit, slots = self.config.step_tokens, self.config.texts_per_step
+        for i in sorted(range(len(texts)), key=lambda i: -len(texts[i])):
+            n = len(texts[i])
+            at = next((j for j, r in enumerate(rows)
+                       if r + n <= limit and len(steps[j]) < slots), None)
+            if at is None:
+                steps.append([i])
+                rows.append(n)
+            else:
+                steps[at].append(i)
+                rows[at] += n
+        return steps
 
     def _run(self, batch: list[Sequence[int]]) -> list[np.ndarray]:
         ps, S = self.config.page_size, self.config.texts_per_step

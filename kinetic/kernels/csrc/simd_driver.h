@@ -223,33 +223,124 @@ KN_INL __m256 wload8(const uint8_t* row, int64_t k) {
 
 // The 16-lane scheme: lanes 0..7 and 8..15 as two vectors, 16 values per step in order of
 // k; the tail (K % 16 values) and the halving reduction are the reference's own scalar code.
+// Each (row m, column n) pair has its own two accumulators, so computing pairs side by side
+// changes no pair's order of operations: M > 1 runs 4 rows x 2 columns at a time, one half of
+// the lanes after the other (eight independent add chains, where one pair's two would wait on
+// the add latency; each vector loaded once for two products). Rows go in blocks (float_rows), each block against every column
+// of the range, so that the block's activations stay in cache while the weights stream (a
+// weight row is small; the activations of hundreds of rows are not).
+KN_INL void float_tail(const float* xm, const uint8_t* row, int fmt, int64_t K16, int64_t K,
+                       __m256 l0, __m256 l1, float* out) {
+  if (K16 == K) {   // no tail: reduce_lanes' halving in vector registers, pair for pair
+    const __m256 h8 = _mm256_add_ps(l0, l1);                       // lane i + lane i + 8
+    const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
+    const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));       // + 2
+    *out = _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));  // + 1
+    return;
+  }
+  float lanes[16];
+  _mm256_storeu_ps(lanes, l0);
+  _mm256_storeu_ps(lanes + 8, l1);
+  for (int64_t k = K16; k < K; ++k) lanes[k % 16] = lanes[k % 16] + xm[k] * weight_value(fmt, row, k);
+  *out = reduce_lanes(lanes);
+}
+
+// rows of a block: their activations about 128 KiB (in L2), 4 to 64 rows, a multiple of 4
+inline int64_t float_rows(int64_t K) {
+  return std::max<int64_t>(4, std::min<int64_t>(64, (32768 / std::max<int64_t>(K, 1)) / 4 * 4));
+}
+
+// 4 rows x 2 columns of one half of the 16 lanes (off 0: lanes 0..7, 8: lanes 8..15): acc[2i + j]
+// gathers x[i][k] * w[j][k] for k = 16 t + off ... + 7, t in order. Eight chains, each weight
+// and activation vector loaded once for two products.
+KN_INL void float_half8(const float* const* x, const float* const* w, int64_t K16, int64_t off,
+                        __m256* acc) {
+  // named accumulators and pointers (no arrays), so that all eight stay in registers
+  const float *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3], *p0 = w[0], *p1 = w[1];
+  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00;
+  __m256 c20 = c00, c21 = c00, c30 = c00, c31 = c00;
+  // (KN_REG: the compiler would otherwise fold each load into both of its products, loading
+  // the vector twice)
+#define KN_REG(v) __asm__("" : "+x"(v))
+  for (int64_t k = off; k < K16; k += 16) {
+    const __m256 w0 = _mm256_loadu_ps(p0 + k), w1 = _mm256_loadu_ps(p1 + k);
+    __m256 xi = _mm256_loadu_ps(x0 + k);
+    KN_REG(xi);
+    c00 = _mm256_add_ps(c00, _mm256_mul_ps(xi, w0));
+    c01 = _mm256_add_ps(c01, _mm256_mul_ps(xi, w1));
+    xi = _mm256_loadu_ps(x1 + k);
+    KN_REG(xi);
+    c10 = _mm256_add_ps(c10, _mm256_mul_ps(xi, w0));
+    c11 = _mm256_add_ps(c11, _mm256_mul_ps(xi, w1));
+    xi = _mm256_loadu_ps(x2 + k);
+    KN_REG(xi);
+    c20 = _mm256_add_ps(c20, _mm256_mul_ps(xi, w0));
+    c21 = _mm256_add_ps(c21, _mm256_mul_ps(xi, w1));
+    xi = _mm256_loadu_ps(x3 + k);
+    KN_REG(xi);
+    c30 = _mm256_add_ps(c30, _mm256_mul_ps(xi, w0));
+    c31 = _mm256_add_ps(c31, _mm256_mul_ps(xi, w1));
+  }
+#undef KN_REG
+  acc[0] = c00; acc[1] = c01; acc[2] = c10; acc[3] = c11;
+  acc[4] = c20; acc[5] = c21; acc[6] = c30; acc[7] = c31;
+}
+
 template <int FMT>
 KN_SIMD void float_cols(const MatmulArgs& a, int64_t n0, int64_t n1) {
   const QuantActs& x = *a.acts;
   const int64_t K = a.K, K16 = K / 16 * 16;
-  // M > 1 with half weights: convert each row once (exactly) and reuse it for every row.
-  std::vector<float> wf(FMT != F32 && a.M > 1 ? size_t(K) : 0);
-  for (int64_t n = n0; n < n1; ++n) {
-    const uint8_t* row = a.w + n * a.row_bytes;
-    if (!wf.empty()) {
-      for (int64_t k = 0; k + 8 <= K; k += 8) _mm256_storeu_ps(&wf[size_t(k)], wload8<FMT>(row, k));
-      for (int64_t k = K / 8 * 8; k < K; ++k) wf[size_t(k)] = weight_value(FMT, row, k);
-    }
-    for (int64_t m = 0; m < a.M; ++m) {
-      const float* xm = &x.f[size_t(m * K)];
-      __m256 l0 = _mm256_setzero_ps(), l1 = _mm256_setzero_ps();
-      for (int64_t k = 0; k < K16; k += 16) {
-        const __m256 w0 = wf.empty() ? wload8<FMT>(row, k) : _mm256_loadu_ps(&wf[size_t(k)]);
-        const __m256 w1 = wf.empty() ? wload8<FMT>(row, k + 8) : _mm256_loadu_ps(&wf[size_t(k + 8)]);
-        l0 = _mm256_add_ps(l0, _mm256_mul_ps(_mm256_loadu_ps(xm + k), w0));
-        l1 = _mm256_add_ps(l1, _mm256_mul_ps(_mm256_loadu_ps(xm + k + 8), w1));
+  // M > 1 with half weights: convert each column's weights once a block (exactly) and reuse
+  // them for the block's rows; float32 weights are read in place.
+  const bool convert = FMT != F32 && a.M > 1;
+  std::vector<float> wf(convert ? size_t(2 * K) : 0);
+  const int64_t rows = float_rows(K);
+  for (int64_t m0 = 0; m0 < a.M; m0 += rows) {
+  const int64_t m1 = std::min(a.M, m0 + rows);
+  for (int64_t n = n0; n < n1; n += 2) {
+    const int64_t nn = std::min<int64_t>(2, n1 - n);
+    const uint8_t* row[2] = {a.w + n * a.row_bytes, a.w + (n + nn - 1) * a.row_bytes};
+    const float* wv[2] = {nullptr, nullptr};
+    for (int j = 0; j < nn; ++j) {
+      if (FMT == F32) {
+        wv[j] = (const float*)row[j];
+      } else if (convert) {
+        float* dst = &wf[size_t(j * K)];
+        for (int64_t k = 0; k + 8 <= K; k += 8) _mm256_storeu_ps(dst + k, wload8<FMT>(row[j], k));
+        for (int64_t k = K / 8 * 8; k < K; ++k) dst[k] = weight_value(FMT, row[j], k);
+        wv[j] = dst;
       }
-      float lanes[16];
-      _mm256_storeu_ps(lanes, l0);
-      _mm256_storeu_ps(lanes + 8, l1);
-      for (int64_t k = K16; k < K; ++k) lanes[k % 16] = lanes[k % 16] + xm[k] * weight_value(FMT, row, k);
-      a.y[m * a.N + n] = reduce_lanes(lanes);
     }
+    int64_t m = m0;
+    if (nn == 2 && wv[0] != nullptr) {
+      for (; m + 4 <= m1; m += 4) {
+        const float* xr[4];
+        for (int i = 0; i < 4; ++i) xr[i] = &x.f[size_t((m + i) * K)];
+        // lanes 0..7 of the 8 pairs (values k in [16j, 16j + 8)), then lanes 8..15: each
+        // accumulator still takes its values in order of k
+        __m256 lo[8], hi[8];
+        float_half8(xr, wv, K16, 0, lo);
+        float_half8(xr, wv, K16, 8, hi);
+        for (int i = 0; i < 4; ++i)
+          for (int j = 0; j < 2; ++j)
+            float_tail(xr[i], row[j], FMT, K16, K, lo[2 * i + j], hi[2 * i + j],
+                       a.y + (m + i) * a.N + n + j);
+      }
+    }
+    for (; m < m1; ++m) {   // one pair at a time: M = 1, the last row, the last column
+      const float* xm = &x.f[size_t(m * K)];
+      for (int j = 0; j < nn; ++j) {
+        __m256 l0 = _mm256_setzero_ps(), l1 = _mm256_setzero_ps();
+        for (int64_t k = 0; k < K16; k += 16) {
+          const __m256 w0 = wv[j] ? _mm256_loadu_ps(wv[j] + k) : wload8<FMT>(row[j], k);
+          const __m256 w1 = wv[j] ? _mm256_loadu_ps(wv[j] + k + 8) : wload8<FMT>(row[j], k + 8);
+          l0 = _mm256_add_ps(l0, _mm256_mul_ps(_mm256_loadu_ps(xm + k), w0));
+          l1 = _mm256_add_ps(l1, _mm256_mul_ps(_mm256_loadu_ps(xm + k + 8), w1));
+        }
+        float_tail(xm, row[j], FMT, K16, K, l0, l1, a.y + m * a.N + n + j);
+      }
+    }
+  }
   }
 }
 
