@@ -54,6 +54,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     draft = resolve_model(args.model_draft) if args.model_draft else None
     model = kinetic.llm.load(path, n_ctx=args.ctx_size, dtype=args.dtype, draft=draft,
                              progress=_progress_printer("loading"))
+    if getattr(model, "kind", "text") != "text":
+        what, route = (("an embedding", "/v1/embeddings") if model.kind == "embedding"
+                       else ("a ranking", "/v1/rerank"))
+        print(f"kinetic run: {model.name} is {what} model, which does not generate text; serve "
+              f"it (kinetic serve) for {route}, or use kinetic.load(...) in Python",
+              file=sys.stderr)
+        return 1
     prompt = [{"role": "user", "content": args.prompt}] if args.chat else args.prompt
     for piece in model.generate(prompt, max_tokens=args.n_predict, temperature=args.temp,
                                 seed=args.seed):

@@ -305,3 +305,9 @@ def test_metrics_models_and_props_show_the_model(files):
         assert status == 200 and health["status"] == "ok"
         status, slots = app.get("/slots")
         assert status == 200 and slots[0]["n_ctx"] == 512
+
+
+def test_kinetic_run_refuses_an_embedding_model_with_a_line(files, capsys):
+    from kinetic.cli import main
+    assert main(["run", str(files["bert"]), "hi"]) == 1
+    assert "is an embedding model, which does not generate text" in capsys.readouterr().err
