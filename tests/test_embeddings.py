@@ -311,3 +311,33 @@ def test_kinetic_run_refuses_an_embedding_model_with_a_line(files, capsys):
     from kinetic.cli import main
     assert main(["run", str(files["bert"]), "hi"]) == 1
     assert "is an embedding model, which does not generate text" in capsys.readouterr().err
+
+
+# --- fuzzing: every body is a 200 or a 400 in the OpenAI shape, never a 5xx ---------------
+
+def test_embedding_and_rerank_routes_survive_fuzzing(files):
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from tests.test_fuzz_routes import any_json, maybe, plain, token_ids
+    inputs = st.one_of(plain, st.lists(plain, max_size=3), token_ids,
+                       st.lists(token_ids, max_size=3), any_json)
+    bodies = st.fixed_dictionaries({}, optional={
+        "input": inputs, "content": inputs, "encoding_format": maybe(st.sampled_from(
+            ["float", "base64"])), "embd_normalize": maybe(st.integers(-3, 4)),
+        "truncate": maybe(st.booleans()), "dimensions": maybe(st.integers(0, 100)),
+        "query": maybe(plain), "documents": maybe(st.lists(st.one_of(
+            plain, st.fixed_dictionaries({"text": plain})), max_size=3)),
+        "top_n": maybe(st.integers(-2, 5)), "return_documents": maybe(st.booleans())})
+    for name, paths in (("bert", ("/v1/embeddings", "/embedding")),
+                        ("bert-rank", ("/v1/rerank",))):
+        with model_app(files[name]) as app:
+            @settings(max_examples=60, deadline=None, derandomize=True,
+                      suppress_health_check=list(HealthCheck))
+            @given(body=bodies, path=st.sampled_from(paths))
+            def check(body, path):
+                status, answer = post(app, path, body)
+                if status != 200:
+                    err = assert_error_shape(status, answer, f"{path} {body!r:.200}")
+                    assert status == 400, err
+            check()

@@ -85,6 +85,8 @@ def token_ids(state: ServerState, items: list[Item], param: str,
     out = []
     for i, item in enumerate(items):
         ids = model.input_ids(item)
+        if not ids:
+            raise bad_request(f"{param}[{i}] has no tokens", param)
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
             raise bad_request(f"{param}[{i}] has token id {bad[0]}, outside the vocabulary "
