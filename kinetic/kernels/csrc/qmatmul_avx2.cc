@@ -53,6 +53,8 @@ struct FQ8_0 {
 
 // Block scales through F16C's vcvtph2ps (simd_driver.h f16x8).
 #define KN_F16C_SCALES 1
+// F16 weights: fused multiply-adds where the product is exact (simd_driver.h mul_add).
+#define KN_F16_FMA 1
 #include "simd_driver.h"
 
 }  // namespace

@@ -253,6 +253,20 @@ inline int64_t float_rows(int64_t K) {
 // 4 rows x 2 columns of one half of the 16 lanes (off 0: lanes 0..7, 8: lanes 8..15): acc[2i + j]
 // gathers x[i][k] * w[j][k] for k = 16 t + off ... + 7, t in order. Eight chains, each weight
 // and activation vector loaded once for two products.
+// acc + x * w with the product rounded, as the reference adds it. Where both factors are
+// half floats (F16 weights meet activations rounded to half: ACT_F16) the product of two
+// 11-bit significands is exact in float32 (and far from its range's ends), so rounding it
+// changes nothing and one fused multiply-add gives the same bits as the multiply and the add
+// (KN_F16_FMA: the AVX2 path; half the floating-point micro-ops).
+template <bool EXACT_PRODUCT>
+KN_INL __m256 mul_add(__m256 acc, __m256 x, __m256 w) {
+#ifdef KN_F16_FMA
+  if (EXACT_PRODUCT) return _mm256_fmadd_ps(x, w, acc);
+#endif
+  return _mm256_add_ps(acc, _mm256_mul_ps(x, w));
+}
+
+template <bool EXACT_PRODUCT>
 KN_INL void float_half8(const float* const* x, const float* const* w, int64_t K16, int64_t off,
                         __m256* acc) {
   // named accumulators and pointers (no arrays), so that all eight stay in registers
@@ -266,20 +280,20 @@ KN_INL void float_half8(const float* const* x, const float* const* w, int64_t K1
     const __m256 w0 = _mm256_loadu_ps(p0 + k), w1 = _mm256_loadu_ps(p1 + k);
     __m256 xi = _mm256_loadu_ps(x0 + k);
     KN_REG(xi);
-    c00 = _mm256_add_ps(c00, _mm256_mul_ps(xi, w0));
-    c01 = _mm256_add_ps(c01, _mm256_mul_ps(xi, w1));
+    c00 = mul_add<EXACT_PRODUCT>(c00, xi, w0);
+    c01 = mul_add<EXACT_PRODUCT>(c01, xi, w1);
     xi = _mm256_loadu_ps(x1 + k);
     KN_REG(xi);
-    c10 = _mm256_add_ps(c10, _mm256_mul_ps(xi, w0));
-    c11 = _mm256_add_ps(c11, _mm256_mul_ps(xi, w1));
+    c10 = mul_add<EXACT_PRODUCT>(c10, xi, w0);
+    c11 = mul_add<EXACT_PRODUCT>(c11, xi, w1);
     xi = _mm256_loadu_ps(x2 + k);
     KN_REG(xi);
-    c20 = _mm256_add_ps(c20, _mm256_mul_ps(xi, w0));
-    c21 = _mm256_add_ps(c21, _mm256_mul_ps(xi, w1));
+    c20 = mul_add<EXACT_PRODUCT>(c20, xi, w0);
+    c21 = mul_add<EXACT_PRODUCT>(c21, xi, w1);
     xi = _mm256_loadu_ps(x3 + k);
     KN_REG(xi);
-    c30 = _mm256_add_ps(c30, _mm256_mul_ps(xi, w0));
-    c31 = _mm256_add_ps(c31, _mm256_mul_ps(xi, w1));
+    c30 = mul_add<EXACT_PRODUCT>(c30, xi, w0);
+    c31 = mul_add<EXACT_PRODUCT>(c31, xi, w1);
   }
 #undef KN_REG
   acc[0] = c00; acc[1] = c01; acc[2] = c10; acc[3] = c11;
@@ -319,8 +333,8 @@ KN_SIMD void float_cols(const MatmulArgs& a, int64_t n0, int64_t n1) {
         // lanes 0..7 of the 8 pairs (values k in [16j, 16j + 8)), then lanes 8..15: each
         // accumulator still takes its values in order of k
         __m256 lo[8], hi[8];
-        float_half8(xr, wv, K16, 0, lo);
-        float_half8(xr, wv, K16, 8, hi);
+        float_half8<FMT == F16>(xr, wv, K16, 0, lo);
+        float_half8<FMT == F16>(xr, wv, K16, 8, hi);
         for (int i = 0; i < 4; ++i)
           for (int j = 0; j < 2; ++j)
             float_tail(xr[i], row[j], FMT, K16, K, lo[2 * i + j], hi[2 * i + j],
@@ -334,8 +348,8 @@ KN_SIMD void float_cols(const MatmulArgs& a, int64_t n0, int64_t n1) {
         for (int64_t k = 0; k < K16; k += 16) {
           const __m256 w0 = wv[j] ? _mm256_loadu_ps(wv[j] + k) : wload8<FMT>(row[j], k);
           const __m256 w1 = wv[j] ? _mm256_loadu_ps(wv[j] + k + 8) : wload8<FMT>(row[j], k + 8);
-          l0 = _mm256_add_ps(l0, _mm256_mul_ps(_mm256_loadu_ps(xm + k), w0));
-          l1 = _mm256_add_ps(l1, _mm256_mul_ps(_mm256_loadu_ps(xm + k + 8), w1));
+          l0 = mul_add<FMT == F16>(l0, _mm256_loadu_ps(xm + k), w0);
+          l1 = mul_add<FMT == F16>(l1, _mm256_loadu_ps(xm + k + 8), w1);
         }
         float_tail(xm, row[j], FMT, K16, K, l0, l1, a.y + m * a.N + n + j);
       }
