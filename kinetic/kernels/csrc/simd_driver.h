@@ -266,18 +266,20 @@ KN_INL __m256 mul_add(__m256 acc, __m256 x, __m256 w) {
   return _mm256_add_ps(acc, _mm256_mul_ps(x, w));
 }
 
-template <bool EXACT_PRODUCT>
-KN_INL void float_half8(const float* const* x, const float* const* w, int64_t K16, int64_t off,
+template <int FMT>
+KN_INL void float_half8(const float* const* x, const uint8_t* const* w, int64_t K16, int64_t off,
                         __m256* acc) {
+  constexpr bool EXACT_PRODUCT = FMT == F16;
   // named accumulators and pointers (no arrays), so that all eight stay in registers
-  const float *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3], *p0 = w[0], *p1 = w[1];
+  const float *x0 = x[0], *x1 = x[1], *x2 = x[2], *x3 = x[3];
+  const uint8_t *p0 = w[0], *p1 = w[1];
   __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00;
   __m256 c20 = c00, c21 = c00, c30 = c00, c31 = c00;
   // (KN_REG: the compiler would otherwise fold each load into both of its products, loading
   // the vector twice)
 #define KN_REG(v) __asm__("" : "+x"(v))
   for (int64_t k = off; k < K16; k += 16) {
-    const __m256 w0 = _mm256_loadu_ps(p0 + k), w1 = _mm256_loadu_ps(p1 + k);
+    const __m256 w0 = wload8<FMT>(p0, k), w1 = wload8<FMT>(p1, k);   // (converted here)
     __m256 xi = _mm256_loadu_ps(x0 + k);
     KN_REG(xi);
     c00 = mul_add<EXACT_PRODUCT>(c00, xi, w0);
@@ -304,37 +306,22 @@ template <int FMT>
 KN_SIMD void float_cols(const MatmulArgs& a, int64_t n0, int64_t n1) {
   const QuantActs& x = *a.acts;
   const int64_t K = a.K, K16 = K / 16 * 16;
-  // M > 1 with half weights: convert each column's weights once a block (exactly) and reuse
-  // them for the block's rows; float32 weights are read in place.
-  const bool convert = FMT != F32 && a.M > 1;
-  std::vector<float> wf(convert ? size_t(2 * K) : 0);
   const int64_t rows = float_rows(K);
   for (int64_t m0 = 0; m0 < a.M; m0 += rows) {
   const int64_t m1 = std::min(a.M, m0 + rows);
   for (int64_t n = n0; n < n1; n += 2) {
     const int64_t nn = std::min<int64_t>(2, n1 - n);
     const uint8_t* row[2] = {a.w + n * a.row_bytes, a.w + (n + nn - 1) * a.row_bytes};
-    const float* wv[2] = {nullptr, nullptr};
-    for (int j = 0; j < nn; ++j) {
-      if (FMT == F32) {
-        wv[j] = (const float*)row[j];
-      } else if (convert) {
-        float* dst = &wf[size_t(j * K)];
-        for (int64_t k = 0; k + 8 <= K; k += 8) _mm256_storeu_ps(dst + k, wload8<FMT>(row[j], k));
-        for (int64_t k = K / 8 * 8; k < K; ++k) dst[k] = weight_value(FMT, row[j], k);
-        wv[j] = dst;
-      }
-    }
     int64_t m = m0;
-    if (nn == 2 && wv[0] != nullptr) {
+    if (nn == 2) {
       for (; m + 4 <= m1; m += 4) {
         const float* xr[4];
         for (int i = 0; i < 4; ++i) xr[i] = &x.f[size_t((m + i) * K)];
         // lanes 0..7 of the 8 pairs (values k in [16j, 16j + 8)), then lanes 8..15: each
         // accumulator still takes its values in order of k
         __m256 lo[8], hi[8];
-        float_half8<FMT == F16>(xr, wv, K16, 0, lo);
-        float_half8<FMT == F16>(xr, wv, K16, 8, hi);
+        float_half8<FMT>(xr, row, K16, 0, lo);
+        float_half8<FMT>(xr, row, K16, 8, hi);
         for (int i = 0; i < 4; ++i)
           for (int j = 0; j < 2; ++j)
             float_tail(xr[i], row[j], FMT, K16, K, lo[2 * i + j], hi[2 * i + j],
@@ -346,8 +333,7 @@ KN_SIMD void float_cols(const MatmulArgs& a, int64_t n0, int64_t n1) {
       for (int j = 0; j < nn; ++j) {
         __m256 l0 = _mm256_setzero_ps(), l1 = _mm256_setzero_ps();
         for (int64_t k = 0; k < K16; k += 16) {
-          const __m256 w0 = wv[j] ? _mm256_loadu_ps(wv[j] + k) : wload8<FMT>(row[j], k);
-          const __m256 w1 = wv[j] ? _mm256_loadu_ps(wv[j] + k + 8) : wload8<FMT>(row[j], k + 8);
+          const __m256 w0 = wload8<FMT>(row[j], k), w1 = wload8<FMT>(row[j], k + 8);
           l0 = mul_add<FMT == F16>(l0, _mm256_loadu_ps(xm + k), w0);
           l1 = mul_add<FMT == F16>(l1, _mm256_loadu_ps(xm + k + 8), w1);
         }
