@@ -56,7 +56,13 @@ const char* qmatmul_parts(const MatmulPart* parts, int n_parts, int64_t K, const
   std::vector<int64_t> cols;
   for (int p = 0; p < n_parts; ++p) {
     const FormatInfo* f = format_info(parts[p].fmt);
-    if (!done[f->act]) {
+    if (!done[f->act] && f->qk == 1 && M > 1) {   // float weights: rows rounded in parallel
+      float_acts_begin(f->act, M, K, acts[f->act]);
+      const int64_t rows = std::max<int64_t>(1, M / (int64_t(threads) * 4));
+      run_chunks((M + rows - 1) / rows, threads, schedule, [&](int64_t c) {
+        float_acts_rows(x, c * rows, std::min(M, (c + 1) * rows), acts[f->act]);
+      });
+    } else if (!done[f->act]) {
       quantize_acts(f->act, x, M, K, acts[f->act]);
       if (isa != ISA_SCALAR) by_block(acts[f->act]);
     }

@@ -132,14 +132,26 @@ void q8_k_row(const float* x, int64_t K, int8_t* q, float* d, int32_t* bsum) {
 
 }  // namespace
 
+void float_acts_begin(ActKind kind, int64_t M, int64_t K, QuantActs& out) {
+  out.kind = kind;
+  out.M = M;
+  out.K = K;
+  out.f.resize(size_t(M * K));
+}
+
+void float_acts_rows(const float* x, int64_t m0, int64_t m1, QuantActs& out) {
+  const ActKind kind = out.kind;
+  for (int64_t i = m0 * out.K; i < m1 * out.K; ++i)
+    out.f[size_t(i)] = kind == ACT_F16 ? round_f16(x[i]) : kind == ACT_BF16 ? round_bf16(x[i]) : x[i];
+}
+
 void quantize_acts(ActKind kind, const float* x, int64_t M, int64_t K, QuantActs& out) {
   out.kind = kind;
   out.M = M;
   out.K = K;
   if (kind == ACT_F32 || kind == ACT_F16 || kind == ACT_BF16) {
-    out.f.resize(size_t(M * K));
-    for (int64_t i = 0; i < M * K; ++i)
-      out.f[i] = kind == ACT_F16 ? round_f16(x[i]) : kind == ACT_BF16 ? round_bf16(x[i]) : x[i];
+    float_acts_begin(kind, M, K, out);
+    float_acts_rows(x, 0, M, out);
     return;
   }
   const int64_t nb = out.blocks_per_row();

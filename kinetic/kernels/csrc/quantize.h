@@ -32,6 +32,12 @@ struct QuantActs {
 // Round x [M, K] for `kind`. K must be a multiple of the kind's block (32 or 256).
 void quantize_acts(ActKind kind, const float* x, int64_t M, int64_t K, QuantActs& out);
 
+// The float kinds (ACT_F32 / F16 / BF16) in two steps, so that the rows can be rounded on
+// several threads: size `out` for [M, K], then round rows [m0, m1) into it (each value on its
+// own: the split changes nothing). quantize_acts does both for every row.
+void float_acts_begin(ActKind kind, int64_t M, int64_t K, QuantActs& out);
+void float_acts_rows(const float* x, int64_t m0, int64_t m1, QuantActs& out);
+
 // Fill the block-major copies of x (ACT_Q8_0 / ACT_Q8_1; nothing for other kinds).
 void by_block(QuantActs& x);
 
