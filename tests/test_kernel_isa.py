@@ -171,3 +171,25 @@ def test_real_blocks_bitwise(isa: str) -> None:
         w = np.asarray(t.data[:rows * kernels.row_bytes(int(t.qtype), k)])
         for m in (1, 3, 4, 16):
             _check(int(t.qtype), w, rows, k, _acts(m, k, rng), isa, f"{label} ({rows}x{k}) M={m}")
+
+
+@pytest.mark.parametrize("isa", SIMD_ISAS)
+def test_half_rounding_of_special_activations(isa: str) -> None:
+    """F16 weights round the activations to half (on the SIMD paths by F16C, on the pool's
+    threads): every special value gives the scalar reference's bits. Row m carries value m at
+    column m and zeros elsewhere; the weights are one-hot, so y[m, m] is the rounded value
+    itself (and the other outputs carry its NaNs and infinities the same way)."""
+    _need_isa(isa)
+    f32 = np.float32
+    bits = np.array([0x7FC00001, 0xFFC12345, 0x7FA00000, 0x00000001, 0x80400000], np.uint32)
+    values = np.concatenate([bits.view(f32), np.array([
+        np.inf, -np.inf, 65504.0, 65519.99, 65520.0, -65520.0, 1e10, 2.0 ** -24, 2.0 ** -25,
+        3 * 2.0 ** -26, -(2.0 ** -25) * 1.5, 6.1e-5, -0.0, 0.0, 1.0 + 2.0 ** -11,
+        1.0 + 3 * 2.0 ** -11, 0.1, -3.14159], f32)])
+    n = len(values)
+    k = 32
+    x = np.zeros((n, k), f32)
+    x[np.arange(n), np.arange(n) % k] = values
+    w = np.zeros((k, k), np.float16)
+    w[np.arange(k), np.arange(k)] = 1.0
+    _check(1, w.view(np.uint8).ravel(), k, k, x, isa, "F16 special activations")

@@ -60,7 +60,8 @@ const char* qmatmul_parts(const MatmulPart* parts, int n_parts, int64_t K, const
       float_acts_begin(f->act, M, K, acts[f->act]);
       const int64_t rows = std::max<int64_t>(1, M / (int64_t(threads) * 4));
       run_chunks((M + rows - 1) / rows, threads, schedule, [&](int64_t c) {
-        float_acts_rows(x, c * rows, std::min(M, (c + 1) * rows), acts[f->act]);
+        float_acts_rows(x, c * rows, std::min(M, (c + 1) * rows), acts[f->act],
+                        isa >= ISA_AVX2);
       });
     } else if (!done[f->act]) {
       quantize_acts(f->act, x, M, K, acts[f->act]);

@@ -136,11 +136,15 @@ void float_acts_begin(ActKind kind, int64_t M, int64_t K, QuantActs& out) {
   out.kind = kind;
   out.M = M;
   out.K = K;
-  out.f.resize(size_t(M * K));
+  out.f.reset(new float[size_t(M * K)]);
 }
 
-void float_acts_rows(const float* x, int64_t m0, int64_t m1, QuantActs& out) {
+void float_acts_rows(const float* x, int64_t m0, int64_t m1, QuantActs& out, bool f16c) {
   const ActKind kind = out.kind;
+  if (kind == ACT_F16 && f16c) {
+    round_f16_avx2(x + m0 * out.K, out.f.get() + m0 * out.K, (m1 - m0) * out.K);
+    return;
+  }
   for (int64_t i = m0 * out.K; i < m1 * out.K; ++i)
     out.f[size_t(i)] = kind == ACT_F16 ? round_f16(x[i]) : kind == ACT_BF16 ? round_bf16(x[i]) : x[i];
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "formats.h"
@@ -17,7 +18,7 @@ struct QuantActs {
   std::vector<float> s;       // ACT_Q8_1: [M, K / 32] f16(d * sum of the block's values)
   std::vector<int32_t> qsum;  // ACT_Q8_0 / ACT_Q8_1: [M, K / 32] sum of the block's values
   std::vector<int32_t> bsum;  // ACT_Q8_K: [M, K / 16] sums of each 16 values
-  std::vector<float> f;       // float kinds: [M, K] rounded values
+  std::unique_ptr<float[]> f;  // float kinds: [M, K] rounded values (not zeroed first)
 
   // ACT_Q8_0 / ACT_Q8_1, block-major (index b * M + m for row m, block b), for the SIMD
   // paths' multi-row loops, which walk the rows of one block with one pointer: filled by
@@ -36,7 +37,11 @@ void quantize_acts(ActKind kind, const float* x, int64_t M, int64_t K, QuantActs
 // several threads: size `out` for [M, K], then round rows [m0, m1) into it (each value on its
 // own: the split changes nothing). quantize_acts does both for every row.
 void float_acts_begin(ActKind kind, int64_t M, int64_t K, QuantActs& out);
-void float_acts_rows(const float* x, int64_t m0, int64_t m1, QuantActs& out);
+// f16c: round to half with F16C (round_f16_avx2: the same values, NaN included)
+void float_acts_rows(const float* x, int64_t m0, int64_t m1, QuantActs& out, bool f16c = false);
+
+// y[i] = round_f16(x[i]) (common.h) by F16C's conversions, for CPUs of the AVX2 path and up.
+void round_f16_avx2(const float* x, float* y, int64_t n);
 
 // Fill the block-major copies of x (ACT_Q8_0 / ACT_Q8_1; nothing for other kinds).
 void by_block(QuantActs& x);
