@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from kinetic.engine.encoder import Encoder, normalize
+from kinetic.engine.encoder import Encoder, EncoderConfig, normalize
 from kinetic.model.loader import LoadedModel
 from kinetic.text.tokenizer import Tokenizer
 
@@ -126,7 +126,6 @@ def load_embedding_model(loaded: LoadedModel, tokenizer: Tokenizer, n_ctx: int,
                          compile: bool = False, progress=None) -> EmbeddingModel:
     """The EmbeddingModel of a loaded embedding or ranking model, its context n_ctx (capped
     by the model's own; 0: the model's)."""
-    from kinetic.engine.encoder import EncoderConfig
     ctx = loaded.config.context_length
     n_ctx = min(n_ctx, ctx) if n_ctx > 0 else ctx
     encoder = Encoder(loaded, EncoderConfig(n_ctx=n_ctx))

@@ -86,21 +86,11 @@ class AppClient:
 def in_process_app(tmp_dir: Path) -> Iterator[AppClient]:
     """The app over a tiny Qwen3 model written to `tmp_dir`, ready (the model is loaded; its
     steps compile on the first generation)."""
-    import kinetic
-    from kinetic.api.app import ServerConfig, ServerState, create_app
-
     template = (DATA / "templates" / "Qwen-Qwen3-0.6B.jinja").read_text()
     path = write_tiny_model(tmp_dir / "tiny-qwen3.gguf", "qwen3", context_length=N_CTX,
                             chat_template=template)
-    model = kinetic.load(path, n_ctx=N_CTX, parallel=1)
-    state = ServerState(ServerConfig(), "tiny-qwen3")
-    state.set_ready(model)
-    client = AppClient(create_app(state))
-    try:
+    with model_app(path, n_ctx=N_CTX, parallel=1) as client:
         yield client
-    finally:
-        client.close()
-        model.close()
 
 
 @contextmanager

@@ -31,7 +31,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from tests.tiny_models import LAYER_TENSORS, copy_tokenizer
+from tests.tiny_models import LAYER_TENSORS, add_decoder_shape, copy_tokenizer
 
 POOLING = {"none": gguf.PoolingType.NONE, "mean": gguf.PoolingType.MEAN,
            "cls": gguf.PoolingType.CLS, "last": gguf.PoolingType.LAST,
@@ -158,16 +158,9 @@ def write_qwen3_embedding(path: Path, *, pooling: str = "last", seed: int = 0,
     w = gguf.GGUFWriter(str(path), "qwen3")
     w.add_type(gguf.GGUFType.MODEL)
     w.add_name(f"tiny qwen3 {pooling}")
-    w.add_block_count(n_layer)
-    w.add_context_length(context_length)
-    w.add_embedding_length(d_model)
-    w.add_feed_forward_length(d_ffn)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_kv_head)
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
-    w.add_rope_freq_base(1000000.0)
-    w.add_layer_norm_rms_eps(1e-6)
+    add_decoder_shape(w, n_layer=n_layer, context_length=context_length, d_model=d_model,
+                      d_ffn=d_ffn, n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim,
+                      rope_base=1000000.0)
     w.add_file_type(FILE_TYPE[dtype])
     w.add_pooling_type(POOLING[pooling])
     vocab = copy_tokenizer(w, "qwen2")

@@ -54,6 +54,22 @@ def copy_tokenizer(writer: gguf.GGUFWriter, vocab: str, skip: tuple[str, ...] = 
     return len(meta["tokenizer.ggml.tokens"])
 
 
+def add_decoder_shape(w: gguf.GGUFWriter, *, n_layer: int, context_length: int, d_model: int,
+                      d_ffn: int, n_head: int, n_kv_head: int, head_dim: int,
+                      rope_base: float) -> None:
+    """The hyperparameter keys of a decoder (GQA attention, rotary, RMS norm), in one order."""
+    w.add_block_count(n_layer)
+    w.add_context_length(context_length)
+    w.add_embedding_length(d_model)
+    w.add_feed_forward_length(d_ffn)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_kv_head)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_freq_base(rope_base)
+    w.add_layer_norm_rms_eps(1e-6)
+
+
 def write_tiny_model(path: Path, arch: str, *, n_layer: int = 2, d_model: int = 64,
                      n_head: int = 4, n_kv_head: int = 2, head_dim: int = 16, d_ffn: int = 128,
                      context_length: int = 512, sliding_window: int = 8, seed: int = 0,
@@ -66,16 +82,9 @@ def write_tiny_model(path: Path, arch: str, *, n_layer: int = 2, d_model: int = 
                            if chat_template is not None else ())
     if chat_template is not None:
         w.add_chat_template(chat_template)
-    w.add_block_count(n_layer)
-    w.add_context_length(context_length)
-    w.add_embedding_length(d_model)
-    w.add_feed_forward_length(d_ffn)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_kv_head)
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(1e-6)
+    add_decoder_shape(w, n_layer=n_layer, context_length=context_length, d_model=d_model,
+                      d_ffn=d_ffn, n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim,
+                      rope_base=10000.0)
     if arch == "gemma3":
         w.add_sliding_window(sliding_window)
         w.add_uint32("gemma3.attention.sliding_window_pattern", 2)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -101,12 +101,9 @@ def token_ids(state: ServerState, items: list[Item], param: str,
     return out
 
 
-async def encode(state: ServerState, texts: list[list[int]], what: str) -> list[np.ndarray]:
-    """The model's pooled outputs (or per-token rows for pooling none) of each text, run in a
-    worker thread, counted in /metrics as one request of sum(len) prompt tokens.
-    what: "pooled" or "hidden"."""
-    model = state.require_model()
-    run = model.encoder.pooled if what == "pooled" else model.encoder.hidden
+async def encode(state: ServerState, texts: list[list[int]], run: Callable[[list], list]) -> list:
+    """run(texts) (one of the model's encoder methods: pooled, hidden, scores) in a worker
+    thread, counted in /metrics as one request of sum(len) prompt tokens."""
     state.activity.encoding += 1
     began = time.perf_counter()
     try:
@@ -115,6 +112,14 @@ async def encode(state: ServerState, texts: list[list[int]], what: str) -> list[
         state.activity.encoding -= 1
         state.activity.encoded(sum(len(t) for t in texts), max(len(t) for t in texts),
                                time.perf_counter() - began)
+
+
+def flag(body: dict[str, Any], name: str) -> bool:
+    """A true/false field, false when absent (and a 400 for anything but a JSON boolean)."""
+    value = body.get(name, False)
+    if not isinstance(value, bool):
+        raise bad_request(f"{name} must be true or false", name)
+    return value
 
 
 def vector_json(v: np.ndarray, encoding: str = "float") -> list[float] | str:

@@ -402,14 +402,12 @@ async def embedding():
     if not isinstance(kind, int) or isinstance(kind, bool):
         raise bad_request("embd_normalize must be a whole number (-1: none, 0: max absolute, "
                           "1: taxicab, 2: Euclidean, p > 2: p-norm)", "embd_normalize")
-    truncate = body.get("truncate", False)
-    if not isinstance(truncate, bool):
-        raise bad_request("truncate must be true or false", "truncate")
-    ids = emb.token_ids(state, emb.parse_inputs(body.get(param), param), param, truncate)
+    ids = emb.token_ids(state, emb.parse_inputs(body.get(param), param), param,
+                        emb.flag(body, "truncate"))
     model = state.require_model()
     if model.pooling == "none":   # as llama-server: token vectors are never normalized
-        vectors = [h.tolist() for h in await emb.encode(state, ids, "hidden")]
+        vectors = [h.tolist() for h in await emb.encode(state, ids, model.encoder.hidden)]
     else:
-        pooled = await emb.encode(state, ids, "pooled")
+        pooled = await emb.encode(state, ids, model.encoder.pooled)
         vectors = [[normalize(v, kind).tolist()] for v in pooled]
     return json_response([{"index": i, "embedding": v} for i, v in enumerate(vectors)])

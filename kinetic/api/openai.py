@@ -102,9 +102,9 @@ async def embeddings():
     if dims is not None and dims != model.dim:
         raise bad_request(f"the model's vectors have {model.dim} dimensions; dimensions cannot "
                           f"change that", "dimensions")
-    truncate = _flag(body, "truncate")
+    truncate = emb.flag(body, "truncate")
     ids = emb.token_ids(state, emb.parse_inputs(body.get("input"), "input"), "input", truncate)
-    vectors = await emb.encode(state, ids, "pooled")
+    vectors = await emb.encode(state, ids, model.encoder.pooled)
     data = [{"object": "embedding", "index": i,
              "embedding": emb.vector_json(normalize(v, 2), fmt)} for i, v in enumerate(vectors)]
     return json_response({"object": "list", "model": state.model_id, "data": data,
@@ -128,27 +128,20 @@ async def rerank():
     top_n = body.get("top_n", len(docs))
     if not isinstance(top_n, int) or isinstance(top_n, bool) or top_n < 0:
         raise bad_request("top_n must be a whole number of at least 0", "top_n")
-    with_docs = _flag(body, "return_documents")
+    with_docs = emb.flag(body, "return_documents")
     model = state.require_model()
     prompts = [model.rank_prompt(query, d) for d in docs]
-    ids = emb.token_ids(state, prompts, "documents", _flag(body, "truncate"))
-    outputs = await emb.encode(state, ids, "pooled")
-    order = sorted(range(len(docs)), key=lambda i: -float(outputs[i][0]))
+    ids = emb.token_ids(state, prompts, "documents", emb.flag(body, "truncate"))
+    scores = await emb.encode(state, ids, model.encoder.scores)
+    order = sorted(range(len(docs)), key=lambda i: -scores[i])
     results = []
     for i in order[:top_n]:
-        r: dict[str, Any] = {"index": i, "relevance_score": float(outputs[i][0])}
+        r: dict[str, Any] = {"index": i, "relevance_score": scores[i]}
         if with_docs:
             r["document"] = {"text": docs[i]}
         results.append(r)
     return json_response({"object": "list", "model": state.model_id, "results": results,
                           "usage": emb.usage(sum(len(t) for t in ids))})
-
-
-def _flag(body: dict[str, Any], name: str) -> bool:
-    value = body.get(name, False)
-    if not isinstance(value, bool):
-        raise bad_request(f"{name} must be true or false", name)
-    return value
 
 
 # --- chat completions ---------------------------------------------------------------------

@@ -100,7 +100,6 @@ class Encoder:
             step_tokens=self.max_rows, num_slots=config.texts_per_step, page_size=ps,
             num_pages=pages, pages_per_slot=-(-config.n_ctx // ps), kv_dtype=config.kv_dtype))
         self.head = Head(loaded) if self.pooling == "rank" else None
-        self.dim = cfg.d_model
         self._lock = threading.Lock()
 
     @property
