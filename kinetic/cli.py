@@ -18,23 +18,7 @@ import os
 import sys
 
 from kinetic import __version__
-
-
-def _progress_printer(label: str):
-    """A progress callback: a bar on a terminal, a few plain lines in a log."""
-    tty = sys.stderr.isatty()
-    last = [-1]
-
-    def show(done: int, total: int) -> None:
-        pct = 100 * done // max(total, 1)
-        if tty:
-            bar = "#" * (pct // 4)
-            print(f"\r{label} [{bar:<25}] {pct:3d}%", end="" if done < total else "\n",
-                  file=sys.stderr, flush=True)
-        elif pct // 25 != last[0] // 25 or done == total:
-            print(f"{label}: {pct}%", file=sys.stderr, flush=True)
-        last[0] = pct
-    return show
+from kinetic.progress import progress_printer
 
 
 def resolve_model(name: str) -> str:
@@ -53,7 +37,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     path = resolve_model(args.model)
     draft = resolve_model(args.model_draft) if args.model_draft else None
     model = kinetic.llm.load(path, n_ctx=args.ctx_size, dtype=args.dtype, draft=draft,
-                             progress=_progress_printer("loading"))
+                             progress=progress_printer("loading"))
     if getattr(model, "kind", "text") != "text":
         what, route = (("an embedding", "/v1/embeddings") if model.kind == "embedding"
                        else ("a ranking", "/v1/rerank"))
@@ -102,7 +86,7 @@ CACHE_TYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
 def serve_options(args: argparse.Namespace):
     """The `serve` flags as (ServerConfig, ModelOptions); SystemExit with a message for
     flags kinetic refuses."""
-    from kinetic.api.app import ServerConfig
+    from kinetic.api.core import ServerConfig
     from kinetic.api.server import ModelOptions
     from kinetic.engine.engine_config import EngineConfig, auto_step_tokens
     if args.mmproj:
@@ -197,7 +181,7 @@ def cmd_verify_receipt(args: argparse.Namespace) -> int:
             model = str(fetch_model(model, progress=lambda line: print(line, file=sys.stderr)))
         except FetchError as e:
             return cannot(str(e))
-    bar, left = _progress_printer("verifying"), [False]
+    bar, left = progress_printer("verifying"), [False]
 
     def progress(done: int, total: int) -> None:
         left[0] = done < total

@@ -175,15 +175,42 @@ def load(path: str | os.PathLike[str], *, n_ctx: int = 4096, dtype: str = "bfloa
     smaller GGUF model of the same vocabulary to draft with (else n-gram lookup).
     Raises a ValueError subclass naming the problem for a file that cannot be used.
     """
+    config = EngineConfig(parallel=parallel, n_ctx=n_ctx, step_tokens=step_tokens,
+                          page_size=page_size, speculative=speculative)
+    return open_model(path, config, dtype=dtype, draft=draft, llama_rounding=llama_rounding,
+                      kernel=kernel, stage=lambda label: progress if label == "loading" else None)
+
+
+Stage = Callable[[str], "Callable[[int, int], None] | None"]
+
+
+def open_model(path: str | os.PathLike[str], config: EngineConfig, *, dtype: str = "bfloat16",
+               draft: str | os.PathLike[str] | None = None, llama_rounding: bool = True,
+               kernel: str = "auto", stage: Stage | None = None,
+               compile: bool = False) -> "Model | EmbeddingModel":
+    """A GGUF file ready to run, the one set-up of `load` and `kinetic serve`: the file read,
+    its tokenizer, then an Engine over `config` for a text model (with `draft` for
+    speculative decoding) or an Encoder for an embedding or ranking model. compile: every
+    step shape compiled now, so that no request waits for XLA. stage(label) gives the
+    progress callback of one stage ("loading", "loading the draft model", "compiling",
+    "compiling the draft model"), or None."""
+    stage = stage or (lambda label: None)
     loaded = load_model(os.fspath(path), dtype=dtype, act_quant=llama_rounding,
-                        progress=progress, kernel=kernel)
+                        progress=stage("loading"), kernel=kernel)
     tokenizer = Tokenizer.from_metadata(loaded.file.metadata)
     if loaded.config.task != "text":
         from kinetic.embedding import load_embedding_model
-        return load_embedding_model(loaded, tokenizer, n_ctx)
+        if draft is not None:
+            raise ValueError(f"a draft model is for text models; {os.fspath(path)} is an "
+                             f"{loaded.config.task} model")
+        return load_embedding_model(loaded, tokenizer, config.n_ctx, compile=compile,
+                                    progress=stage("compiling") if compile else None)
     draft_model = None if draft is None else load_model(
-        os.fspath(draft), dtype=dtype, act_quant=llama_rounding, kernel=kernel)
-    engine = Engine(loaded, tokenizer, EngineConfig(
-        parallel=parallel, n_ctx=n_ctx, step_tokens=step_tokens, page_size=page_size,
-        speculative=speculative), draft=draft_model)
+        os.fspath(draft), dtype=dtype, act_quant=llama_rounding, kernel=kernel,
+        progress=stage("loading the draft model"))
+    engine = Engine(loaded, tokenizer, config, draft=draft_model)
+    if compile:
+        engine.compile(progress=stage("compiling"))
+        if engine.drafter is not None:
+            engine.drafter.runner.compile(progress=stage("compiling the draft model"))
     return Model(loaded, tokenizer, engine)

@@ -97,7 +97,8 @@ def in_process_app(tmp_dir: Path) -> Iterator[AppClient]:
 def model_app(path: Path, **load_args) -> Iterator[AppClient]:
     """The app over any GGUF file (kinetic.load(path, **load_args)), ready."""
     import kinetic
-    from kinetic.api.app import ServerConfig, ServerState, create_app
+    from kinetic.api.app import create_app
+    from kinetic.api.core import ServerConfig, ServerState
 
     model = kinetic.load(path, **load_args)
     state = ServerState(ServerConfig(), Path(path).stem)

@@ -18,7 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kinetic.api.app import ServerConfig, ServerState, create_app
+from kinetic.api.app import create_app
+from kinetic.api.core import ServerConfig, ServerState
 from kinetic.api.params import SAMPLING_FIELDS
 from tests.app_client import SERVED_BODIES, assert_error_shape, in_process_app
 

@@ -267,7 +267,8 @@ def test_bad_bodies_are_refused_as_chat_completions_refuse_them(app, body, param
 @pytest.mark.real_model
 def test_a_chat_after_its_prefill_answers_bitwise_as_a_fresh_server(tmp_path):
     import kinetic
-    from kinetic.api.app import ServerConfig, ServerState, create_app
+    from kinetic.api.app import create_app
+    from kinetic.api.core import ServerConfig, ServerState
     from tests.app_client import AppClient
     from tests.conftest import real_model_file
 

@@ -147,7 +147,8 @@ def test_unreadable_receipts_are_unusable():
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    from kinetic.api.app import ServerConfig, ServerState, create_app
+    from kinetic.api.app import create_app
+    from kinetic.api.core import ServerConfig, ServerState
     path = real_model_file("smollm2")
     tmp = tmp_path_factory.mktemp("receipts")
     key = tmp / "sign.pem"

@@ -23,7 +23,8 @@ import types
 import pytest
 
 from kinetic.api import server as server_module
-from kinetic.api.app import ServerConfig, ServerState, create_app
+from kinetic.api.app import create_app
+from kinetic.api.core import ServerConfig, ServerState
 from kinetic.engine.request import GenerationRequest
 from tests import mock_model as mm
 from tests.serve_process import (ServeProcess, raw_request, read_to_end, read_until,

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from kinetic.api.app import ServerState
+from kinetic.api.core import ServerState
 from kinetic.api.errors import APIError, bad_request
 
 MAX_INPUTS = 256

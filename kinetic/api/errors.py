@@ -2,7 +2,7 @@
 
     {"error": {"message": "...", "type": "invalid_request_error", "param": null, "code": null}}
 
-A route raises `APIError`; the app's error handler (kinetic/api/app.py) writes it with its
+A route raises `APIError`; the app's error handler (kinetic/api/access.py) writes it with its
 HTTP status. `param` names the request field at fault, so that a client can point at it.
 """
 

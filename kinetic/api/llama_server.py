@@ -3,7 +3,7 @@
 Scripts and apps written for llama-server work against kinetic unchanged: the routes, request
 fields and answer fields are llama-server's (scripts/llama_server_compat.py lists what still
 differs, docs/compat.md explains why). Errors keep kinetic's OpenAI shape. These routes take
-bodies of any content type, as llama-server does; the Origin rule in app.py keeps web pages of
+bodies of any content type, as llama-server does; the Origin rule in access.py keeps web pages of
 other sites from using them.
 
 A /completion, in order: `json_body` -> `parse_completion` (llama-server's field names,
@@ -27,11 +27,11 @@ from quart import Blueprint, Response
 
 from kinetic import __version__, kernels
 from kinetic.api import embeddings as emb
-from kinetic.api.app import (ServerState, generation, json_body, json_response,
-                             server_state, sse_event, sse_response)
-from kinetic.api.errors import bad_request, engine_error
+from kinetic.api.core import (ServerState, completion_prompt_ids, generation, json_body,
+                              json_response, require_kind, server_state, serves, sse_event,
+                              sse_response)
+from kinetic.api.errors import bad_request, engine_error, unavailable
 from kinetic.api.metrics import Task, metric_values, prometheus_text
-from kinetic.api.openai import completion_prompt_ids, require_kind, serves
 from kinetic.api.receipt import receipt_maker
 from kinetic.api.params import (MAX_STOP_CHARS, MAX_TOKENS_LIMIT, Shape, boolean,
                                 check_prompt_fits, compile_shape, integer, sampling_params,
@@ -270,6 +270,30 @@ async def detokenize():
 
 
 # --- the server ---------------------------------------------------------------------------
+
+@blueprint.get("/health")
+@blueprint.get("/v1/health")
+async def health() -> Response:
+    """{"status": "ok"} and the slots once the model is ready; 503 while it loads, once the
+    engine thread has died, or while its current step has run past `stall_timeout` (a
+    supervisor polling health can then restart the server)."""
+    state = server_state()
+    model = state.require_model()
+    if state.kind != "text":   # an encoder: nothing runs between requests
+        busy = int(state.activity.encoding > 0)
+        return json_response({"status": "ok", "slots_idle": 1 - busy, "slots_processing": busy})
+    engine = model.engine
+    if engine.failure is not None:
+        raise unavailable(f"the engine has stopped ({engine.failure}); restart the server")
+    stalled = engine.stalled_for()
+    if stalled > state.config.stall_timeout:
+        raise unavailable(f"the engine has not finished a step for {stalled:.0f} s (the "
+                          f"limit is {state.config.stall_timeout:g} s); restart the server")
+    slots = engine.stats().slots
+    busy = sum(1 for s in slots if s.busy)
+    return json_response({"status": "ok", "slots_idle": len(slots) - busy,
+                          "slots_processing": busy})
+
 
 @blueprint.get("/props")
 async def props():

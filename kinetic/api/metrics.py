@@ -1,7 +1,7 @@
 """What the server has run: a record of each generation, for /metrics, /slots and the timings
 of llama-server's answers.
 
-`app.generation` opens a `Task` for every request it runs in the engine, whatever the dialect,
+`core.generation` opens a `Task` for every request it runs in the engine, whatever the dialect,
 and `Activity` keeps them: the totals since the server became ready (the warm-up request is
 not one of them), the tasks running now and, per slot, the last task it ran. The engine calls
 a task's `engine_delta` from its own thread, in the step where the task's first token came:

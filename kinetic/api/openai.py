@@ -25,8 +25,9 @@ from quart import Blueprint
 
 from kinetic import __version__
 from kinetic.api import embeddings as emb
-from kinetic.api.app import (ServerState, generation, json_body, json_response,
-                             server_state, sse_event, sse_response)
+from kinetic.api.core import (ServerState, completion_prompt_ids, generation, json_body,
+                              json_response, require_kind, server_state, serves, sse_event,
+                              sse_response)
 from kinetic.api.errors import APIError, bad_request, engine_error
 from kinetic.api.chat_reply import ChatReader, plan_chat, tool_call_objects
 from kinetic.api.params import (Options, check_prompt_fits, compile_shape, parse_chat,
@@ -41,9 +42,6 @@ blueprint = Blueprint("openai", __name__)
 
 FINGERPRINT = f"kinetic-{__version__}"
 FINISH_REASONS = {"stop": "stop", "length": "length", "cancelled": "stop"}
-# what each kind of model serves, to name the right endpoint in a 400
-ENDPOINTS = {"text": "/v1/chat/completions or /v1/completions",
-             "embedding": "/v1/embeddings", "rerank": "/v1/rerank"}
 
 
 # --- models -------------------------------------------------------------------------------
@@ -52,11 +50,6 @@ def _model_object(state: ServerState) -> dict[str, Any]:
     return {"id": state.model_id, "object": "model", "created": state.created,
             "owned_by": "kinetic", "context_length": state.require_model().n_ctx,
             "capabilities": serves(state)}
-
-
-def serves(state: ServerState) -> list[str]:
-    """What the loaded model serves, as /v1/models and /props list it."""
-    return {"text": ["chat", "completion"]}.get(state.kind, [state.kind])
 
 
 @blueprint.get("/v1/models")
@@ -76,14 +69,6 @@ async def get_model(model_id: str):
 
 
 # --- endpoints the loaded model does not serve --------------------------------------------
-
-def require_kind(state: ServerState, kind: str, what: str) -> None:
-    """400 naming the right endpoint when the loaded model is not of `kind`."""
-    if state.kind != kind:
-        article = "an" if state.kind[0] in "aeiou" else "a"
-        raise bad_request(f"the loaded model {state.model_id!r} is {article} {state.kind} model: "
-                          f"it does not serve {what}; use {ENDPOINTS[state.kind]}")
-
 
 @blueprint.post("/v1/embeddings")
 async def embeddings():
@@ -176,18 +161,6 @@ async def chat_completions():
 
 
 # --- completions --------------------------------------------------------------------------
-
-def completion_prompt_ids(model, prompt: str | list[int]) -> list[int]:
-    """A completion's prompt as token ids: ids checked against the vocabulary (400), text
-    tokenized as llama-server does (BOS where the model adds it, special tokens parsed)."""
-    if isinstance(prompt, list):
-        bad = [t for t in prompt if not 0 <= t < model.config.vocab_size]
-        if bad:
-            raise bad_request(f"token id {bad[0]} is outside the vocabulary "
-                              f"(0..{model.config.vocab_size - 1})", "prompt")
-        return list(prompt)
-    return model.prompt_ids(prompt)
-
 
 @blueprint.post("/v1/completions")
 async def completions():

@@ -27,10 +27,9 @@ import dataclasses
 
 from quart import Blueprint
 
-from kinetic.api.app import json_body, json_response, server_state
+from kinetic.api.core import json_body, json_response, require_kind, server_state
 from kinetic.api.chat_reply import chat_prompt
 from kinetic.api.errors import APIError
-from kinetic.api.openai import require_kind
 from kinetic.api.params import ChatRequest, check_prompt_fits, parse_chat
 
 blueprint = Blueprint("prefill", __name__)

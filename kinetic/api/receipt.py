@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from kinetic.api.app import ServerState
+from kinetic.api.core import ServerState
 from kinetic.api.errors import APIError
 from kinetic.engine.request import GenerationRequest
 from kinetic.receipts import ReceiptError, ReceiptMaker, Signer, load_signing_key

@@ -40,7 +40,9 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.utils import wrap_app
 
 from kinetic import kernels
-from kinetic.api.app import ServerConfig, ServerState, create_app, dumps, log
+from kinetic.progress import progress_printer
+from kinetic.api.app import create_app
+from kinetic.api.core import ServerConfig, ServerState, dumps, log
 from kinetic.api.errors import error_body
 from kinetic.engine.engine_config import EngineConfig
 
@@ -67,48 +69,26 @@ class ModelOptions:
 
 
 def build_model(opts: ModelOptions, progress: Callable[[str], Callable[[int, int], None]]):
-    """Load, compile and warm up a kinetic.llm.Model for serving. progress(label) gives the
-    callback for one stage (loading, compiling)."""
-    from kinetic.engine.engine import Engine
+    """A kinetic.llm.Model (or EmbeddingModel) ready to serve: loaded and compiled
+    (llm.open_model), then one short request, so that no client request waits for XLA (the
+    engine thread is idle until then). The request has a grammar, so the token trie for
+    grammar masks is built now too. progress(label) gives the callback of one stage."""
     from kinetic.engine.request import GenerationRequest
     from kinetic.grammar import compile_json_schema
-    from kinetic.llm import Model
-    from kinetic.model.loader import load_model
-    from kinetic.text.tokenizer import Tokenizer
+    from kinetic.llm import open_model
 
-    loaded = load_model(opts.path, dtype=opts.dtype, progress=progress("loading"))
-    tokenizer = Tokenizer.from_metadata(loaded.file.metadata)
-    if loaded.config.task != "text":
-        return _build_encoder(loaded, tokenizer, opts, progress)
-    draft = None if opts.draft is None else load_model(
-        opts.draft, dtype=opts.dtype, progress=progress("loading the draft model"))
-    engine = Engine(loaded, tokenizer, opts.engine, draft=draft)
-    model = Model(loaded, tokenizer, engine)
-    # every step shape and the sampler at every row bucket now, then one short request, so
-    # that no client request waits for XLA (the engine thread is idle until then); the
-    # request has a grammar, so the token trie for grammar masks is built now too
-    engine.compile(progress=progress("compiling"))
-    if engine.drafter is not None:
-        engine.drafter.runner.compile(progress=progress("compiling the draft model"))
+    model = open_model(opts.path, opts.engine, dtype=opts.dtype, draft=opts.draft,
+                       stage=progress, compile=True)
+    tokenizer = model.tokenizer
     first = tokenizer.bos_id if tokenizer.bos_id is not None else 0
+    if model.loaded.config.task != "text":
+        model.encoder.pooled([[first]])   # the host side (pooling, head) once
+        return model
     warm_up = GenerationRequest([first], max_tokens=2, logprobs=1,
                                 grammar=compile_json_schema(True))
-    for delta in engine.generate(warm_up):
+    for delta in model.engine.generate(warm_up):
         if delta.error:
             raise RuntimeError(delta.error)
-    return model
-
-
-def _build_encoder(loaded, tokenizer, opts: ModelOptions, progress):
-    """An embedding or ranking model (kinetic.embedding), every step shape compiled."""
-    from kinetic.embedding import load_embedding_model
-    if opts.draft is not None:
-        raise ValueError("a draft model (--model-draft) is for text models; "
-                         f"{opts.model_id} is an {loaded.config.task} model")
-    model = load_embedding_model(loaded, tokenizer, opts.engine.n_ctx, compile=True,
-                                 progress=progress("compiling"))
-    first = tokenizer.bos_id if tokenizer.bos_id is not None else 0
-    model.encoder.pooled([[first]])   # the host side (pooling, head) once
     return model
 
 
@@ -129,7 +109,6 @@ def run(config: ServerConfig, opts: ModelOptions) -> int:
 
 
 async def _main(config: ServerConfig, opts: ModelOptions) -> int:
-    from kinetic.cli import _progress_printer
 
     loop = asyncio.get_running_loop()
     state = ServerState(config, opts.model_id)
@@ -161,7 +140,7 @@ async def _main(config: ServerConfig, opts: ModelOptions) -> int:
         loop.add_signal_handler(sig, on_signal, sig)
 
     def progress(label: str) -> Callable[[int, int], None]:
-        show = _progress_printer(label)
+        show = progress_printer(label)
 
         def update(done: int, total: int) -> None:
             state.loading = f"Loading model: {label} {100 * done // max(total, 1)}%"

@@ -1,0 +1,131 @@
+"""What every request passes before its route runs, and how every error is written.
+
+`guard`, in order:
+1. a browser `Origin` that is not this computer gets 403, on every route, so that no web page
+   can drive the server, whatever content type it sends;
+2. every route but /health and /v1/health needs the API key when the server has one (401);
+3. POST bodies of the OpenAI routes must be application/json (415) and, on every route, at
+   most `max_body_bytes` (413); a client has `request_timeout` seconds to send its body;
+4. while the model loads, every route but health answers 503.
+A connection past --max-connections never gets here: server.py answers it 503 on accept.
+
+Every error, the router's 404 and 405 included, is written in the OpenAI shape (errors.py).
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+from urllib.parse import urlsplit
+
+from quart import Response, request
+from werkzeug.exceptions import HTTPException
+
+from kinetic.api.core import json_response, log, server_state
+from kinetic.api.errors import APIError
+
+PUBLIC_ENDPOINTS = {"llama_server.health"}     # no API key needed
+JSON_ONLY_BLUEPRINTS = {"openai", "prefill"}   # their POST bodies must be application/json
+LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
+
+
+# --- checks shared by every route ---------------------------------------------------------
+
+async def guard() -> None:
+    state = server_state()
+    origin = request.headers.get("Origin")
+    if origin is not None and not is_local_origin(origin):
+        raise APIError(403, f"requests from web pages of other sites (Origin: {origin}) are "
+                       f"refused")
+    if request.endpoint in PUBLIC_ENDPOINTS:
+        return
+    if state.config.api_keys and not authorized(state.config.api_keys):
+        raise APIError(401, "Invalid API Key: send it as Authorization: Bearer KEY or "
+                       "X-Api-Key: KEY", code="invalid_api_key")
+    if request.url_rule is None:
+        return  # the router answers 404 or 405
+    length = request.content_length
+    if length is not None and length > state.config.max_body_bytes:
+        raise APIError(413, f"the body is {length} bytes; the server takes at most "
+                       f"{state.config.max_body_bytes}", close=True)
+    if (request.method == "POST" and request.blueprint in JSON_ONLY_BLUEPRINTS
+            and request.mimetype != "application/json"):
+        got = request.headers.get("Content-Type") or "none"
+        raise APIError(415, f"the body must be sent as Content-Type: application/json "
+                       f"(got {got})")
+    state.require_model()
+
+
+def is_local_origin(origin: str) -> bool:
+    """Whether a browser's Origin is a page served by this computer (a loopback host)."""
+    try:
+        parts = urlsplit(origin)
+        host = parts.hostname
+    except ValueError:
+        return False
+    if parts.scheme not in ("http", "https") or host is None:
+        return False
+    if host in LOCAL_HOSTS or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def authorized(keys: tuple[str, ...]) -> bool:
+    """Whether the request carries one of `keys` (Bearer or X-Api-Key), compared in constant
+    time."""
+    given = []
+    auth = request.headers.get("Authorization", "")
+    if auth[:7].lower() == "bearer ":
+        given.append(auth[7:].strip())
+    if "X-Api-Key" in request.headers:
+        given.append(request.headers["X-Api-Key"].strip())
+    ok = False
+    for g in given:
+        for k in keys:
+            ok |= hmac.compare_digest(g.encode(), k.encode())
+    return ok
+
+
+# --- errors -------------------------------------------------------------------------------
+
+def error_response(e: APIError) -> Response:
+    resp = json_response(e.body(), e.status)
+    if e.close:
+        resp.headers["Connection"] = "close"
+    if e.status == 401:
+        resp.headers["WWW-Authenticate"] = "Bearer"
+    return resp
+
+
+async def api_error(e: APIError) -> Response:
+    return error_response(e)
+
+
+async def http_error(e: HTTPException) -> Response:
+    status = e.code or 500
+    if status == 404:
+        err = APIError(404, f"no such endpoint: {request.method} {request.path}")
+    elif status == 405:
+        allowed = ", ".join(m for m in (e.valid_methods or []) if m not in ("HEAD", "OPTIONS"))
+        err = APIError(405, f"{request.path} does not take {request.method} (it takes "
+                       f"{allowed or 'no other method'})")
+    elif status == 413:
+        err = APIError(413, f"the body is larger than the {server_state().config.max_body_bytes}"
+                       f" bytes the server takes", close=True)
+    elif status == 408:
+        err = APIError(408, f"the request was not sent within "
+                       f"{server_state().config.request_timeout:g} seconds", close=True)
+    else:
+        err = APIError(status, e.description or e.name)
+    resp = error_response(err)
+    if status == 405 and e.valid_methods:
+        resp.headers["Allow"] = ", ".join(e.valid_methods)
+    return resp
+
+
+async def internal_error(e: Exception) -> Response:
+    log.exception("error in %s %s", request.method, request.path)
+    return error_response(APIError(500, f"internal error: {type(e).__name__}: {e}"))

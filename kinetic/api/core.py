@@ -1,0 +1,193 @@
+"""What every dialect shares: the server's state, request bodies, answers as JSON or
+server-sent events, and the bridge from a route to the engine (`generation`).
+
+Each dialect (openai.py, llama_server.py, prefill.py; Ollama's next) imports this module and
+nothing of another dialect; app.py assembles them into one Quart app, and access.py holds the
+checks every request passes before its route runs and writes every error.
+
+A route, in order: `server_state()` -> `require_kind` (the loaded model serves this kind of
+endpoint) -> `json_body` (strict UTF-8 JSON of valid Unicode, body.py) -> its dialect's
+parser (params.py) -> `generation` runs it in the engine, recorded in `ServerState.activity`
+(metrics.py) for /metrics and /slots -> `json_response` or `sse_response`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, AsyncIterator
+
+from quart import Response, current_app, request
+
+from kinetic.api.body import parse_json_object
+from kinetic.api.errors import APIError, bad_request, unavailable
+from kinetic.api.metrics import Activity, Task
+from kinetic.engine.request import Delta, GenerationRequest
+
+if TYPE_CHECKING:
+    from kinetic.llm import Model
+
+log = logging.getLogger("kinetic.server")
+
+# what each kind of model serves, to name the right endpoint in a 400
+ENDPOINTS = {"text": "/v1/chat/completions or /v1/completions",
+             "embedding": "/v1/embeddings", "rerank": "/v1/rerank"}
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The HTTP side of `kinetic serve` (one flag, one field; engine sizes are EngineConfig's)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    api_keys: tuple[str, ...] = ()     # --api-key / --api-key-file; empty: no authentication
+    max_connections: int = 64          # more open connections are answered 503 and closed
+    request_timeout: float = 30.0      # seconds a client has to send its request
+    stall_timeout: float = 60.0        # /health answers 503 once a step runs longer
+    max_body_bytes: int = 16 << 20
+    sign_key: str | None = None        # --sign-key: kept for signed receipts
+    ollama: bool = False               # --ollama: Ollama's port (its routes come later)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"--port must be between 0 and 65535, got {self.port}")
+        if self.max_connections < 1:
+            raise ValueError(f"--max-connections must be at least 1, got {self.max_connections}")
+        if not self.request_timeout > 0:
+            raise ValueError(f"--timeout must be more than 0 seconds, got {self.request_timeout}")
+        if not self.stall_timeout > 0:
+            raise ValueError(f"--stall-timeout must be more than 0 seconds, got "
+                             f"{self.stall_timeout}")
+        if any(not k for k in self.api_keys):
+            raise ValueError("an API key must not be empty")
+
+
+class ServerState:
+    """What the routes share: the config, the model once it is loaded, how loading goes."""
+
+    def __init__(self, config: ServerConfig, model_id: str):
+        self.config, self.model_id = config, model_id
+        self.model: Model | None = None
+        self.kind = "text"                 # what the model serves: "text" (generation),
+                                           # "embedding" or "rerank" (kinetic.embedding)
+        self.loading = "Loading model"     # the 503 message while loading
+        self.created = int(time.time())
+        self.activity = Activity()         # every generation since ready (metrics.py)
+
+    @property
+    def ready(self) -> bool:
+        return self.model is not None
+
+    def set_ready(self, model: "Model") -> None:
+        """Serve `model` from now on."""
+        self.kind = getattr(model, "kind", "text")
+        self.model = model
+
+    def require_model(self) -> "Model":
+        if self.model is None:
+            raise unavailable(self.loading)
+        return self.model
+
+
+def server_state() -> ServerState:
+    return current_app.extensions["kinetic"]
+
+
+def serves(state: ServerState) -> list[str]:
+    """What the loaded model serves, as /v1/models and /props list it."""
+    return {"text": ["chat", "completion"]}.get(state.kind, [state.kind])
+
+
+def require_kind(state: ServerState, kind: str, what: str) -> None:
+    """400 naming the right endpoint when the loaded model is not of `kind`."""
+    if state.kind != kind:
+        article = "an" if state.kind[0] in "aeiou" else "a"
+        raise bad_request(f"the loaded model {state.model_id!r} is {article} {state.kind} model: "
+                          f"it does not serve {what}; use {ENDPOINTS[state.kind]}")
+
+
+def completion_prompt_ids(model, prompt: str | list[int]) -> list[int]:
+    """A completion's prompt as token ids: ids checked against the vocabulary (400), text
+    tokenized as llama-server does (BOS where the model adds it, special tokens parsed)."""
+    if isinstance(prompt, list):
+        bad = [t for t in prompt if not 0 <= t < model.config.vocab_size]
+        if bad:
+            raise bad_request(f"token id {bad[0]} is outside the vocabulary "
+                              f"(0..{model.config.vocab_size - 1})", "prompt")
+        return list(prompt)
+    return model.prompt_ids(prompt)
+
+
+# --- bodies and answers -------------------------------------------------------------------
+
+INLINE_BODY_BYTES = 64 << 10   # larger bodies are parsed in a worker thread
+
+
+async def json_body() -> dict[str, Any]:
+    """The request body as a JSON object of valid Unicode, at most body.MAX_DEPTH deep (400
+    saying what is wrong, and where, otherwise: body.py). A large body is parsed in a worker
+    thread: 16 MiB take up to seconds, and the event loop streams everyone's tokens."""
+    raw = await request.get_data()
+    if len(raw) > INLINE_BODY_BYTES:
+        return await asyncio.to_thread(parse_json_object, raw)
+    return parse_json_object(raw)
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def json_response(obj: Any, status: int = 200) -> Response:
+    return Response(dumps(obj), status=status, mimetype="application/json")
+
+
+def sse_response(events: AsyncIterator[str]) -> Response:
+    """A server-sent events answer from an async iterator of ready-made `data: ...` events.
+    Closing it (the client went away) closes `events`, which cancels its generation."""
+    resp = Response(events, mimetype="text/event-stream",
+                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    resp.timeout = None  # a stream lasts as long as the generation, not RESPONSE_TIMEOUT
+    return resp
+
+
+def sse_event(obj: Any) -> str:
+    return f"data: {dumps(obj)}\n\n"
+
+
+async def generation(state: ServerState, request_: GenerationRequest, label: str, *,
+                     stream: bool = False, task: Task | None = None) -> AsyncIterator[Delta]:
+    """The engine's deltas for one request, recorded in `state.activity` (as `task` if given:
+    its slot, cached tokens and timings are known once the first delta has come). Iterate it
+    inside `aclosing` (or let Quart close a streamed body): leaving early, by a client that
+    went away or by cancellation, cancels the request in the engine at once, freeing its
+    slot. Nothing runs until it is iterated."""
+    engine = state.require_model().engine
+    if task is None:
+        task = Task(request_, stream)
+    loop = asyncio.get_running_loop()
+    out: asyncio.Queue[Delta] = asyncio.Queue()
+
+    def sink(delta: Delta) -> None:  # on the engine thread
+        task.engine_delta(delta, engine)
+        loop.call_soon_threadsafe(out.put_nowait, delta)
+
+    task.id = engine.start(request_, sink)
+    state.activity.started(task)
+    done = False
+    try:
+        while not done:
+            delta = await out.get()
+            state.activity.saw(task, delta)
+            done = delta.finish_reason is not None
+            if delta.finish_reason == "error":
+                log.error("%s failed: %s", label, delta.error)
+            yield delta
+    finally:
+        state.activity.ended(task)
+        if not done:
+            engine.cancel(task.id)
+            log.info("%s cancelled after %d tokens (the client went away, or the server is "
+                     "stopping)", label, task.n_decoded)
