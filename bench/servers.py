@@ -71,7 +71,8 @@ class KineticServer:
     def __init__(self, gguf: str, *, parallel: int, n_ctx: int, draft: bool,
                  threads: int | None = None, step_tokens: int = 0, dtype: str = "bfloat16",
                  preload: str | None = None, log=None):
-        flags = ["-np", str(parallel), "-c", str(n_ctx), "--cache-ram", "0", "--dtype", dtype]
+        flags = ["-np", str(parallel), "-c", str(n_ctx * parallel), "--cache-ram", "0", "--dtype",
+                 dtype]   # -c: the total of the slots, as llama-server counts it
         if step_tokens:
             flags += ["-ub", str(step_tokens)]
         if not draft:

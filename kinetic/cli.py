@@ -111,11 +111,25 @@ def serve_options(args: argparse.Namespace):
     if args.cache_ram is not None and args.cache_ram < 0:
         raise SystemExit(f"kinetic serve: --cache-ram must be 0 (none) or more MiB, "
                          f"got {args.cache_ram}")
+    if args.context_shift:
+        raise SystemExit("kinetic serve: --context-shift: kinetic never shifts the context "
+                         "(an answer ends with finish_reason length at the context's end); "
+                         "leave the flag out")
+    if args.model and args.model_flag:
+        raise SystemExit("kinetic serve: give the model once (MODEL or -m FILE)")
+    if not (args.model or args.model_flag):
+        raise SystemExit("kinetic serve: which model? give a GGUF file (MODEL or -m FILE)")
     port = args.port if args.port is not None else (11434 if args.ollama else 8080)
-    config = ServerConfig(host=args.host, port=port, api_keys=_api_keys(args),
-                          max_connections=args.max_connections, request_timeout=args.timeout,
-                          stall_timeout=args.stall_timeout, sign_key=args.sign_key,
-                          ollama=args.ollama)
+    config = ServerConfig(  # a ValueError for a bad value: main prints it as one line
+        host=args.host, port=port, api_keys=_api_keys(args),
+        max_connections=args.max_connections, request_timeout=args.timeout,
+        stall_timeout=args.stall_timeout, sign_key=args.sign_key, ollama=args.ollama,
+        aliases=_names(args.alias), tags=_names(args.tags), n_predict=args.n_predict,
+        slots_endpoint=not args.no_slots, slot_save_path=args.slot_save_path,
+        verbose=args.verbose)
+    if args.slot_save_path is not None and not os.path.isdir(args.slot_save_path):
+        raise SystemExit(f"kinetic serve: --slot-save-path {args.slot_save_path}: not a "
+                         f"directory")
     # -b: prompt rows one request may take in a step. EngineConfig refuses -np past 64 or
     # above -ub (a ValueError: main prints it as one line)
     # --draft-max 0: no drafting at all; --cache-ram: evicted prefix pages kept in host memory
@@ -136,12 +150,78 @@ def serve_options(args: argparse.Namespace):
                          f"give both the same one")
     if types:
         given["kv_dtype"] = CACHE_TYPES[types.pop()]
-    engine = EngineConfig(parallel=args.parallel, n_ctx=args.ctx_size or (1 << 30),
+    engine = EngineConfig(parallel=args.parallel, n_ctx=_slot_context(args),
                           step_tokens=args.ubatch_size or 0, chunk_tokens=args.batch_size,
                           **given)
-    model = resolve_model(args.model)
+    model = resolve_model(args.model or args.model_flag)
     draft = resolve_model(args.model_draft) if args.model_draft else None
-    return config, ModelOptions(model, engine, args.dtype, draft)
+    return config, ModelOptions(model, engine, args.dtype, draft, _sampling(args),
+                                _chat_template(args))
+
+
+def _names(value: str | None) -> tuple[str, ...]:
+    """A comma-separated flag value as its names, spaces around them dropped."""
+    return () if value is None else tuple(n.strip() for n in value.split(","))
+
+
+def _slot_context(args: argparse.Namespace) -> int:
+    """Each slot's context from -c, as llama-server counts it: with -np N given, -c is the
+    total of the N slots; with the automatic -np, each slot's (a large number: the model's
+    own, capped at load)."""
+    if args.ctx_size is None:
+        return 4096
+    if args.ctx_size == 0:
+        return 1 << 30
+    if args.ctx_size < 0:
+        raise SystemExit(f"kinetic serve: -c must be 0 (the model's own) or more tokens, "
+                         f"got {args.ctx_size}")
+    if args.parallel > 0:
+        return args.ctx_size // args.parallel
+    return args.ctx_size
+
+
+def _sampling(args: argparse.Namespace) -> dict:
+    """The SamplingParams fields that --temp, --seed... set for requests that give none
+    (checked now: a bad value fails at start)."""
+    from kinetic.engine.sampling_params import SamplingParams
+    given = {field: getattr(args, f"sampling_{field}") for _, field, _ in SAMPLING_FLAGS}
+    given = {k: v for k, v in given.items() if v is not None}
+    if args.seed is not None and args.seed != -1:
+        if not 0 <= args.seed < 1 << 32:
+            raise SystemExit(f"kinetic serve: --seed must be -1 (a fresh one per request) or "
+                             f"0 to {(1 << 32) - 1}, got {args.seed}")
+        given["seed"] = args.seed
+    try:
+        SamplingParams(**given)
+    except ValueError as e:
+        raise SystemExit(f"kinetic serve: {e}") from None
+    return given
+
+
+def _chat_template(args: argparse.Namespace) -> str | None:
+    """--chat-template or --chat-template-file: the Jinja source, checked now."""
+    from kinetic.text.chat_template import ChatTemplate
+    if args.chat_template is not None and args.chat_template_file is not None:
+        raise SystemExit("kinetic serve: give --chat-template or --chat-template-file, not both")
+    source = args.chat_template
+    if args.chat_template_file is not None:
+        try:
+            with open(args.chat_template_file, encoding="utf-8") as f:
+                source = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise SystemExit(f"kinetic serve: --chat-template-file "
+                             f"{args.chat_template_file}: {e}") from None
+    if source is None:
+        return None
+    if "{" not in source and source != "chatml":
+        raise SystemExit(f"kinetic serve: --chat-template {source!r}: kinetic takes a Jinja "
+                         f"template (or \"chatml\"), not llama.cpp's built-in names; give "
+                         f"the template with --chat-template-file")
+    try:
+        ChatTemplate(source)
+    except Exception as e:  # noqa: BLE001 - any template error is the flag's fault
+        raise SystemExit(f"kinetic serve: the chat template cannot be used: {e}") from None
+    return source
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
@@ -214,15 +294,20 @@ def _add_serve(sub) -> None:
         "/v1/completions, /v1/models, /v1/health). The server listens at once and answers "
         "503 while the model loads and compiles, then prints its address. Flags take "
         "llama-server's names. See docs/server.md.")
-    serve.add_argument("model", help="a GGUF file, or a model key from `kinetic models list`")
+    serve.add_argument("model", nargs="?",
+                       help="a GGUF file, or a model key from `kinetic models list`")
+    serve.add_argument("-m", "--model", dest="model_flag", metavar="FILE",
+                       help="the model, as llama-server takes it (instead of MODEL)")
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (default 127.0.0.1; another address lets "
                        "anyone who reaches it use the model: set --api-key)")
     serve.add_argument("--port", type=int, default=None,
                        help="port to listen on (default 8080, 11434 with --ollama; 0 picks a "
                        "free one)")
-    serve.add_argument("-c", "--ctx-size", type=int, default=4096,
-                       help="context per sequence in tokens (default 4096; 0: the model's "
+    serve.add_argument("-c", "--ctx-size", type=int, default=None,
+                       help="context in tokens, as llama-server counts it: with -np N, the "
+                       "total of the N slots, each getting a 1/N share; with the automatic "
+                       "-np, the context of each slot (default: 4096 per slot; 0: the model's "
                        "own; capped by the model's)")
     serve.add_argument("-np", "--parallel", type=int, default=0,
                        help="requests run at once, one slot each, 1 to 64 (default 0: as many "
@@ -294,7 +379,81 @@ def _add_serve(sub) -> None:
                        help="compute type of the weights when they are dequantized (KINETIC_KERNEL=xla, "
                        "or no C++ kernel; default bfloat16); the C++ kernel reads the GGUF "
                        "blocks themselves")
+    _add_llama_server_flags(serve)
     serve.set_defaults(func=cmd_serve)
+
+
+# llama-server's sampling flags -> the SamplingParams field whose server default each sets
+SAMPLING_FLAGS = [("--temp", "temperature", float), ("--top-k", "top_k", int),
+                  ("--top-p", "top_p", float), ("--min-p", "min_p", float),
+                  ("--repeat-penalty", "repeat_penalty", float),
+                  ("--repeat-last-n", "repeat_last_n", int),
+                  ("--presence-penalty", "presence_penalty", float),
+                  ("--frequency-penalty", "frequency_penalty", float)]
+# llama-server flags that kinetic takes and that change nothing: (names, takes a value, why)
+IGNORED_FLAGS = [
+    (("-t", "--threads"), True, "the C++ kernel's pool has one thread per core"),
+    (("-tb", "--threads-batch"), True, "the C++ kernel's pool has one thread per core"),
+    (("-cb", "--cont-batching"), False, "batching is always continuous"),
+    (("--no-mmap", "--mlock", "--mmap"), False, "the weights are read once at load"),
+    (("-fa", "--flash-attn"), True, "attention is kinetic's own (docs/parity.md)"),
+    (("--no-jinja", "--jinja"), False, "chat templates always run in kinetic's sandboxed "
+     "Jinja"),
+    (("--no-context-shift",), False, "kinetic never shifts the context: an answer ends at "
+     "the context's end"),
+    (("--embedding", "--embeddings", "--reranking", "--rerank"), False,
+     "the model file says whether it embeds or ranks"),
+    (("--pooling",), True, "the model file's pooling is used"),
+    (("-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified"), False,
+     "each slot holds its own share of the context"),
+    (("--offline",), False, "kinetic never downloads"),
+    (("--no-repack",), False, "kinetic has no weight repacking"),
+    (("--webui", "--ui", "--no-webui", "--no-ui"), False, "kinetic has no web UI"),
+    (("--draft-min", "--spec-draft-n-min"), True, "drafts are checked whatever their length"),
+    (("--reasoning-format",), True, "reasoning always comes back as reasoning_content"),
+]
+
+
+def _add_llama_server_flags(serve: argparse.ArgumentParser) -> None:
+    """llama-server's flags that scripts pass: those kinetic honours, then the accepted and
+    ignored ones (each listed in --help with why it changes nothing)."""
+    g = serve.add_argument_group("llama-server flags")
+    g.add_argument("-s", "--seed", type=int, default=None,
+                   help="the seed of requests that give none (default: a fresh one per "
+                   "request; -1 too); /props reports it")
+    for flag, field, kind in SAMPLING_FLAGS:
+        g.add_argument(flag, dest=f"sampling_{field}", type=kind, default=None,
+                       metavar="N", help=f"the default {field} of requests (the model "
+                       f"file's, else llama-server's, without it)")
+    g.add_argument("-n", "--n-predict", "--predict", type=int, default=-1, metavar="N",
+                   help="most tokens of any answer: the limit of requests that give none, "
+                   "and a cap on those that do (default -1: none)")
+    g.add_argument("-a", "--alias", metavar="NAMES",
+                   help="the model's names, comma-separated: the first is the id /v1/models "
+                   "shows and answers carry (default: the file name without extension)")
+    g.add_argument("--tags", metavar="TAGS",
+                   help="comma-separated tags shown in /v1/models (informational)")
+    g.add_argument("--no-slots", action="store_true",
+                   help="GET /slots answers 501 (default: on)")
+    g.add_argument("--slot-save-path", metavar="DIR",
+                   help="directory where POST /slots/N?action=save writes a slot's prompt "
+                   "cache and action=restore reads it (default: those actions answer 501)")
+    g.add_argument("--chat-template", metavar="JINJA",
+                   help="a Jinja chat template (or \"chatml\") instead of the model file's")
+    g.add_argument("--chat-template-file", metavar="FILE",
+                   help="read the Jinja chat template from FILE")
+    g.add_argument("-v", "--verbose", "--log-verbose", action="store_true",
+                   help="log each request's method, path, status and time on stderr")
+    g.add_argument("--context-shift", action="store_true",
+                   help="refused: kinetic never shifts the context (an answer ends with "
+                   "finish_reason length at the context's end)")
+    for names, value, why in IGNORED_FLAGS:
+        dest = f"ignored_{names[-1].lstrip('-').replace('-', '_')}"
+        if value:
+            g.add_argument(*names, dest=dest, metavar="X", help=f"accepted and ignored: {why}")
+        else:
+            g.add_argument(*names, dest=dest, action="store_true",
+                           help=f"accepted and ignored: {why}")
 
 
 def build_parser() -> argparse.ArgumentParser:

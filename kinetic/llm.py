@@ -44,12 +44,23 @@ class Model:
         self.loaded, self.tokenizer, self.engine = loaded, tokenizer, engine
         self.config = loaded.config
         self.chat_template = ChatTemplate.from_metadata(loaded.file.metadata)
+        # the template as given (the file's, or use_chat_template's), before kinetic's patches
+        self.template_text = (loaded.file.metadata.get("tokenizer.chat_template")
+                              or self.chat_template.source)
         self.name = os.path.splitext(os.path.basename(loaded.file.path))[0]
         self.default_params = SamplingParams.from_gguf_defaults(loaded.file.metadata)
 
     @property
     def n_ctx(self) -> int:
         return self.engine.max_context
+
+    def use_chat_template(self, source: str) -> None:
+        """Render conversations with this Jinja template (or "chatml") instead of the file's
+        own, keeping the file's BOS and EOS texts."""
+        t = self.chat_template
+        self.template_text = source
+        self.chat_template = ChatTemplate(source, t.bos_token, t.eos_token, add_bos=t.add_bos,
+                                          add_eos=t.add_eos)
 
     def tokenize(self, text: str, add_special: bool = True,
                  parse_special: bool = False) -> list[int]:

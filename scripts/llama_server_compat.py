@@ -22,7 +22,7 @@ For each request it prints what differs, llama-server's answer first:
 Streams are compared by their framing, the fields of their events and the text they add up
 to; /slots by the slot of the last request; /metrics by the names and types of its metrics.
 A summary of the differences by field, over all requests, ends the output. Both servers get
-the same context per slot: llama-server's -c is shared by its slots, kinetic's is per slot.
+the same -c, the total of their slots (each slot gets -c / -np).
 """
 
 from __future__ import annotations
@@ -436,7 +436,7 @@ def main() -> int:
     else:
         llama_argv = [binary, "-m", model, "--port", str(lp), *llama_args]
     kinetic_argv = [sys.executable, "-m", "kinetic.cli", "serve", model, "--port", str(kp),
-                    "-c", str(args.ctx), "-np", str(args.parallel)]
+                    "-c", str(args.ctx * args.parallel), "-np", str(args.parallel)]
     print(f"model: {model}\nllama-server: {' '.join(llama_argv)}\n"
           f"kinetic: {' '.join(kinetic_argv)}\n", flush=True)
     servers = [Server("llama-server", llama_argv, lp), Server("kinetic", kinetic_argv, kp)]

@@ -36,7 +36,7 @@ TIMINGS = ("cache_n", "prompt_n", "prompt_ms", "prompt_per_token_ms", "prompt_pe
 
 @pytest.fixture(scope="module")
 def server():
-    with serving(real_model_file("smollm2"), "-c", str(N_CTX), "-np", "2",
+    with serving(real_model_file("smollm2"), "-c", str(2 * N_CTX), "-np", "2",
                  "--api-key", KEY) as s:
         yield s
 

@@ -31,7 +31,7 @@ PROMPT = ("<|im_start|>user\nWrite a few words about the sea, its waves, its col
 
 @pytest.fixture(scope="module")
 def server():
-    with serving(real_model_file("smollm2"), "-c", str(N_CTX), "-np", "2") as s:
+    with serving(real_model_file("smollm2"), "-c", str(2 * N_CTX), "-np", "2") as s:
         yield s
 
 

@@ -24,7 +24,7 @@ def server(tmp_path_factory):
     template = (DATA / "templates" / "Qwen-Qwen3-0.6B.jinja").read_text()
     path = write_tiny_model(tmp_path_factory.mktemp("qwen3") / "tiny-qwen3.gguf", "qwen3",
                             context_length=1024, chat_template=template)
-    with serving(str(path), "-c", "1024", "-np", "2") as s:
+    with serving(str(path), "-c", "2048", "-np", "2") as s:
         yield s
 
 

@@ -28,7 +28,7 @@ def test_flags_map_to_fields(tmp_path):
     from kinetic.receipts import write_signing_key
     write_signing_key(sign)
     config, model = options(
-        "--host", "0.0.0.0", "--port", "9000", "-c", "2048", "-np", "3", "-ub", "32",
+        "--host", "0.0.0.0", "--port", "9000", "-c", "6144", "-np", "3", "-ub", "32",
         "-b", "64", "--api-key", "k1,k0", "--api-key-file", str(keys), "--timeout", "2.5",
         "--max-connections", "8", "--stall-timeout", "120", "--sign-key", str(sign),
         "--metrics", "--slots", "-ngl", "99")

@@ -30,7 +30,7 @@ QUESTION = [{"role": "user", "content": "Name three colours."}]
 
 @pytest.fixture(scope="module")
 def server():
-    with serving(real_model_file("smollm2"), "-c", str(N_CTX), "-np", "2",
+    with serving(real_model_file("smollm2"), "-c", str(2 * N_CTX), "-np", "2",
                  "--api-key", KEY) as s:
         yield s
 

@@ -21,7 +21,7 @@ CHAT = "/v1/chat/completions"
 
 @pytest.fixture(scope="module")
 def server():
-    with serving(real_model_file("smollm2"), "-c", "128", "-np", "2", "--timeout", "1",
+    with serving(real_model_file("smollm2"), "-c", "256", "-np", "2", "--timeout", "1",
                  "--max-connections", "2") as s:
         yield s
 

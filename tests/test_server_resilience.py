@@ -67,7 +67,7 @@ def tiny_model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(tiny_model):
-    with serving(tiny_model, "-c", "2100", "-np", "2", "--max-connections", str(LIMIT)) as s:
+    with serving(tiny_model, "-c", "4200", "-np", "2", "--max-connections", str(LIMIT)) as s:
         yield s
 
 
@@ -153,7 +153,7 @@ def test_a_stuck_engine_fails_health_and_sigterm_still_ends_the_process(
     A second signal (Ctrl+C again) does not wait at all."""
     script = tmp_path / "stuck_cli.py"
     script.write_text(STUCK_CLI)
-    s = ServeProcess(tiny_model, "-c", "1024", "-np", "2", "--stall-timeout", "1",
+    s = ServeProcess(tiny_model, "-c", "2048", "-np", "2", "--stall-timeout", "1",
                      cli=(str(script),))
     try:
         s.wait_ready()

@@ -30,7 +30,7 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string"},
 
 @pytest.fixture(scope="module")
 def server():
-    with serving(real_model_file("smollm2"), "-c", "2048", "-np", "4") as s:
+    with serving(real_model_file("smollm2"), "-c", "8192", "-np", "4") as s:
         yield s
 
 

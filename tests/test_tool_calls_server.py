@@ -38,7 +38,7 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def server():
-    with serving(real_model_file("qwen25coder"), "-c", "2048", "-np", "2") as s:
+    with serving(real_model_file("qwen25coder"), "-c", "4096", "-np", "2") as s:
         yield s
 
 

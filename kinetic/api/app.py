@@ -3,7 +3,8 @@
 core.py holds what every route shares (the server's state, bodies, answers, the bridge to the
 engine); access.py the checks every request passes before its route runs and the handlers
 that write every error in the OpenAI shape. The dialects are blueprints: `openai`
-(openai.py), `llama_server` (llama_server.py, health included) and `prefill` (prefill.py);
+(openai.py), `llama_server` (llama_server.py, health included), `slot_actions`
+(slot_actions.py: /slots/N?action=..., /apply-template) and `prefill` (prefill.py);
 Ollama's routes register theirs here the same way.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 from quart import Quart
 from werkzeug.exceptions import HTTPException
 
-from kinetic.api import access, llama_server, openai, prefill
+from kinetic.api import access, llama_server, openai, prefill, slot_actions
 from kinetic.api.core import ServerState
 from kinetic.api.errors import APIError
 
@@ -24,10 +25,13 @@ def create_app(state: ServerState) -> Quart:
     app.config.update(MAX_CONTENT_LENGTH=state.config.max_body_bytes,
                       BODY_TIMEOUT=state.config.request_timeout)
     app.before_request(access.guard)
+    app.after_request(access.cors_headers)
+    app.after_request(access.log_request)
     app.errorhandler(APIError)(access.api_error)
     app.errorhandler(HTTPException)(access.http_error)
     app.errorhandler(Exception)(access.internal_error)
     app.register_blueprint(openai.blueprint)
     app.register_blueprint(prefill.blueprint)
     app.register_blueprint(llama_server.blueprint)
+    app.register_blueprint(slot_actions.blueprint)
     return app

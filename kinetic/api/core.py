@@ -50,6 +50,13 @@ class ServerConfig:
     max_body_bytes: int = 16 << 20
     sign_key: str | None = None        # --sign-key: kept for signed receipts
     ollama: bool = False               # --ollama: Ollama's port (its routes come later)
+    aliases: tuple[str, ...] = ()      # --alias: the model's names in answers (the first is
+                                       # its id); empty: the file name without extension
+    tags: tuple[str, ...] = ()         # --tags: shown in /v1/models, nothing more
+    n_predict: int = -1                # --n-predict: most tokens of any answer; -1: no limit
+    slots_endpoint: bool = True        # --no-slots: GET /slots answers 501
+    slot_save_path: str | None = None  # --slot-save-path: where /slots/N?action=save writes
+    verbose: bool = False              # --verbose: a log line per request
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -63,13 +70,19 @@ class ServerConfig:
                              f"{self.stall_timeout}")
         if any(not k for k in self.api_keys):
             raise ValueError("an API key must not be empty")
+        if any(not a for a in self.aliases):
+            raise ValueError("--alias: a name must not be empty")
+        if self.n_predict == 0 or self.n_predict < -1:
+            raise ValueError(f"--n-predict must be -1 (no limit) or at least 1, got "
+                             f"{self.n_predict}")
 
 
 class ServerState:
     """What the routes share: the config, the model once it is loaded, how loading goes."""
 
     def __init__(self, config: ServerConfig, model_id: str):
-        self.config, self.model_id = config, model_id
+        self.config = config
+        self.model_id = config.aliases[0] if config.aliases else model_id
         self.model: Model | None = None
         self.kind = "text"                 # what the model serves: "text" (generation),
                                            # "embedding" or "rerank" (kinetic.embedding)
@@ -94,6 +107,15 @@ class ServerState:
 
 def server_state() -> ServerState:
     return current_app.extensions["kinetic"]
+
+
+def token_limit(state: ServerState, requested: int | None) -> int | None:
+    """The most tokens an answer may have: the request's, capped by --n-predict (which is
+    also the limit of a request that gives none), as llama-server does; None: no limit."""
+    server = state.config.n_predict
+    if server < 0:
+        return requested
+    return server if requested is None else min(requested, server)
 
 
 def serves(state: ServerState) -> list[str]:

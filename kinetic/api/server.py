@@ -24,6 +24,7 @@ after that (Quart's BODY_TIMEOUT, answered 408).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -62,6 +63,9 @@ class ModelOptions:
     engine: EngineConfig = field(default_factory=EngineConfig)
     dtype: str = "bfloat16"
     draft: str | None = None
+    sampling: dict = field(default_factory=dict)   # --temp, --seed...: SamplingParams fields
+                                                   # that replace the model's defaults
+    chat_template: str | None = None               # --chat-template(-file): Jinja source
 
     @property
     def model_id(self) -> str:
@@ -84,6 +88,9 @@ def build_model(opts: ModelOptions, progress: Callable[[str], Callable[[int, int
     if model.loaded.config.task != "text":
         model.encoder.pooled([[first]])   # the host side (pooling, head) once
         return model
+    model.default_params = dataclasses.replace(model.default_params, **opts.sampling)
+    if opts.chat_template is not None:
+        model.use_chat_template(opts.chat_template)
     warm_up = GenerationRequest([first], max_tokens=2, logprobs=1,
                                 grammar=compile_json_schema(True))
     for delta in model.engine.generate(warm_up):

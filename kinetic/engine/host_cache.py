@@ -41,6 +41,14 @@ class HostPageStore:
             _, old = self._pages.popitem(last=False)
             self.used -= sum(a.nbytes for a in old)
 
+    def drop(self, key: bytes) -> bool:
+        """Forget one page; False if it was not here."""
+        data = self._pages.pop(key, None)
+        if data is None:
+            return False
+        self.used -= sum(a.nbytes for a in data)
+        return True
+
     def get(self, key: bytes) -> list[np.ndarray]:
         self._pages.move_to_end(key)
         return self._pages[key]

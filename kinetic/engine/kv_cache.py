@@ -139,6 +139,19 @@ class PageManager:
         self._key_of[page] = key
         return True
 
+    def forget(self, keys: Sequence[bytes]) -> int:
+        """Drop the cached pages named by `keys` that no sequence uses (they become free).
+        Returns how many were dropped; pages in use keep their keys."""
+        dropped = 0
+        for key in keys:
+            page = self._page_of.get(key)
+            if page is None or self._refs[page] > 0:
+                continue
+            del self._evictable[page], self._page_of[key], self._key_of[page]
+            self._free.append(page)
+            dropped += 1
+        return dropped
+
     # --- allocation -------------------------------------------------------------------
     def allocate(self, n: int) -> list[int]:
         """n pages with refcount 1, free pages first, then evicted ones (their keys are

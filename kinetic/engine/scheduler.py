@@ -292,6 +292,16 @@ class Scheduler:
             j += 1
         return j * ps
 
+    def forget(self, tokens: list[int]) -> int:
+        """Drop the prefix cache's whole pages of `tokens` that no running sequence uses, on
+        the device and in host memory. Returns how many tokens' pages were dropped."""
+        ps = self.config.page_size
+        keys = extend_keys([], tokens, ps, len(tokens) // ps)
+        dropped = self.pages.forget(keys)
+        if self.host is not None:
+            dropped = max(dropped, sum(self.host.drop(k) for k in keys))
+        return dropped * ps
+
     def set_draft(self, seq_id: int, draft: list[int]) -> None:
         """Propose `draft` tokens to follow sequence `seq_id`'s newest token; the next step
         that finds it caught up verifies as many as fit (all rows' logits are sampled)."""

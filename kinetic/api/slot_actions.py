@@ -1,0 +1,154 @@
+"""llama-server's slot actions and /apply-template.
+
+POST /slots/{id}?action=save|restore|erase acts on the prompt cache of a slot's last request.
+kinetic's prefix cache is shared by every slot and found by token ids (kinetic/engine/
+kv_cache.py), so a slot's cache is the token ids of its last request (its prompt and the
+answer's tokens that were run), and:
+
+- save writes those ids to a file in --slot-save-path (a small JSON file; the K and V
+  values are not written);
+- restore reads the ids back and computes their whole pages into the prefix cache (the
+  engine's prefill), so that a later prompt that starts with them reuses them, in any slot.
+  Recomputing gives the same values a saved copy would hold: answers never depend on the
+  cache, and the file stays valid across kinetic versions and KV cache types;
+- erase drops the cached pages of those ids that no running request uses.
+
+File names are bare names inside --slot-save-path (no directory parts, no leading dot);
+without --slot-save-path, save and restore answer 501.
+
+POST /apply-template renders a conversation through the chat template, as a chat completion
+would, and answers {"prompt": text} without running the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import time
+
+from quart import Blueprint, request
+
+from kinetic.api.chat_reply import chat_prompt
+from kinetic.api.core import (ServerState, json_body, json_response, require_kind,
+                              server_state)
+from kinetic.api.errors import APIError, bad_request
+from kinetic.api.params import parse_chat
+
+blueprint = Blueprint("slot_actions", __name__)
+
+FILE_FORMAT = "kinetic-slot-cache"
+FILE_VERSION = 1
+MAX_FILE_BYTES = 16 << 20                     # a restore reads at most this much
+NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,254}")
+
+
+@blueprint.post("/slots/<int:id_slot>")
+async def slot_action(id_slot: int):
+    state = server_state()
+    require_kind(state, "text", "slot actions")
+    model = state.require_model()
+    if not 0 <= id_slot < model.engine.config.parallel:
+        raise bad_request(f"there is no slot {id_slot} (this server has "
+                          f"{model.engine.config.parallel})", "id_slot")
+    action = request.args.get("action", "")
+    if action == "erase":
+        tokens = _slot_tokens(state, id_slot)
+        erased = await model.engine.forget(tokens)
+        return json_response({"id_slot": id_slot, "n_erased": erased})
+    if action not in ("save", "restore"):
+        raise bad_request(f"action must be save, restore or erase, not {action!r}", "action")
+    if state.config.slot_save_path is None:
+        raise APIError(501, "slot save and restore are off: start the server with "
+                       "--slot-save-path DIR")
+    body = await json_body() if await request.get_data() else {}
+    path = _file_path(state, body.get("filename"))
+    began = time.perf_counter()
+    if action == "save":
+        tokens = _slot_tokens(state, id_slot)
+        written = await asyncio.to_thread(_write, path, state, tokens)
+        return json_response({"id_slot": id_slot, "filename": os.path.basename(path),
+                              "n_saved": len(tokens), "n_written": written,
+                              "timings": {"save_ms": 1e3 * (time.perf_counter() - began)}})
+    tokens, read = await asyncio.to_thread(_read, path, state)
+    if len(tokens) >= model.n_ctx:
+        raise bad_request(f"the file holds {len(tokens)} tokens; a slot's context holds "
+                          f"{model.n_ctx}", "filename")
+    if tokens:
+        result = await model.engine.submit_prefill(tokens)
+        if result.error is not None:
+            raise APIError(500, result.error)
+    return json_response({"id_slot": id_slot, "filename": os.path.basename(path),
+                          "n_restored": len(tokens), "n_read": read,
+                          "timings": {"restore_ms": 1e3 * (time.perf_counter() - began)}})
+
+
+def _slot_tokens(state: ServerState, id_slot: int) -> list[int]:
+    """The token ids a slot's last request left in the cache: its prompt and the answer's
+    tokens but the last (drawn, never run). A request still running there: 409."""
+    task = state.activity.last.get(id_slot)
+    if task is None:
+        return []
+    if task.t_end is None:
+        raise APIError(409, f"slot {id_slot} is processing a request; try again once it ends")
+    return list(task.request.prompt) + task.output[:-1]
+
+
+def _file_path(state: ServerState, name) -> str:
+    if not isinstance(name, str) or not NAME.fullmatch(name) or ".." in name:
+        raise bad_request("filename must be a plain file name (letters, digits, '_', '-', "
+                          "'.'; no directories, no leading dot)", "filename")
+    return os.path.join(state.config.slot_save_path, name)
+
+
+def _write(path: str, state: ServerState, tokens: list[int]) -> int:
+    data = json.dumps({"format": FILE_FORMAT, "version": FILE_VERSION,
+                       "model": os.path.basename(state.require_model().loaded.file.path),
+                       "vocab_size": state.require_model().config.vocab_size,
+                       "tokens": tokens}).encode()
+    try:
+        with open(path, "wb") as f:
+            f.write(data)
+    except OSError as e:
+        raise APIError(500, f"cannot write {os.path.basename(path)}: {e.strerror or e}") from None
+    return len(data)
+
+
+def _read(path: str, state: ServerState) -> tuple[list[int], int]:
+    name = os.path.basename(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+    except FileNotFoundError:
+        raise bad_request(f"no slot file {name!r} in the save path", "filename") from None
+    except OSError as e:
+        raise APIError(500, f"cannot read {name}: {e.strerror or e}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise bad_request(f"{name} is larger than {MAX_FILE_BYTES} bytes", "filename")
+    try:
+        saved = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        saved = None
+    if not isinstance(saved, dict) or saved.get("format") != FILE_FORMAT:
+        raise bad_request(f"{name} is not a slot file kinetic wrote", "filename")
+    if saved.get("version") != FILE_VERSION:
+        raise bad_request(f"{name} has version {saved.get('version')!r}; this kinetic reads "
+                          f"version {FILE_VERSION}", "filename")
+    vocab = state.require_model().config.vocab_size
+    tokens = saved.get("tokens")
+    if saved.get("vocab_size") != vocab or not isinstance(tokens, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in tokens):
+        raise bad_request(f"{name} was saved from a model with another vocabulary", "filename")
+    return tokens, len(data)
+
+
+@blueprint.post("/apply-template")
+async def apply_template():
+    """The conversation as the chat template renders it for a chat completion."""
+    state = server_state()
+    require_kind(state, "text", "chat templates")
+    model = state.require_model()
+    req = parse_chat(await json_body(), model.default_params)
+    text, _ = await asyncio.to_thread(chat_prompt, model, req)
+    return json_response({"prompt": text})
