@@ -45,6 +45,7 @@ class Task:
     t_first: float | None = None  # first output of the engine (a token, or the end)
     t_end: float | None = None
     slots_seen: list | None = None  # the engine's slots at t_first (set on the engine thread)
+    output: list[int] = field(default_factory=list)   # the answer's token ids so far
 
     @property
     def n_prompt(self) -> int:
@@ -69,6 +70,7 @@ class Task:
                     self.slot, self.n_cached = s.slot, s.n_cached
             self.slots_seen = None
         self.n_decoded += len(delta.token_ids)
+        self.output.extend(delta.token_ids)
         self.has_new_line = self.has_new_line or "\n" in delta.text
         if delta.usage is not None:
             self.usage, self.n_cached = delta.usage, delta.usage.cached_tokens

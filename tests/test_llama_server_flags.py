@@ -1,0 +1,217 @@
+"""llama-server's flags and the routes they switch, as a llama-server script uses them:
+the flags' mapping (no model loaded), then the routes over a tiny model in this process
+(/v1/models names, /props defaults, --n-predict, --no-slots, slot save/restore/erase,
+/apply-template)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from kinetic.api.core import ServerConfig
+from kinetic.cli import IGNORED_FLAGS, build_parser, serve_options
+from tests.app_client import assert_error_shape, model_app
+from tests.tiny_models import DATA, write_tiny_model
+
+N_CTX = 256
+
+
+def options(*argv: str):
+    return serve_options(build_parser().parse_args(["serve", "m.gguf", *argv]))
+
+
+# --- the flags ----------------------------------------------------------------------------
+
+def test_context_counts_as_llama_server_does():
+    # with -np N, -c is the total of the N slots; with the automatic -np, each slot's
+    assert options("-c", "1024", "-np", "2")[1].engine.n_ctx == 512
+    assert options("-c", "1024")[1].engine.n_ctx == 1024
+    assert options()[1].engine.n_ctx == 4096
+
+
+def test_model_can_be_given_with_dash_m():
+    args = build_parser().parse_args(["serve", "-m", "x.gguf"])
+    assert serve_options(args)[1].path == "x.gguf"
+    with pytest.raises(SystemExit, match="which model"):
+        serve_options(build_parser().parse_args(["serve"]))
+    with pytest.raises(SystemExit, match="once"):
+        serve_options(build_parser().parse_args(["serve", "a.gguf", "-m", "b.gguf"]))
+
+
+def test_sampling_defaults_seed_and_limits():
+    config, model = options("--seed", "42", "--temp", "0.5", "--top-k", "7", "-n", "64",
+                            "--alias", "tiny-a, tiny-b", "--tags", "t1,t2", "--no-slots")
+    assert model.sampling == {"seed": 42, "temperature": 0.5, "top_k": 7}
+    assert config.n_predict == 64 and not config.slots_endpoint
+    assert config.aliases == ("tiny-a", "tiny-b") and config.tags == ("t1", "t2")
+    assert options("--seed", "-1")[1].sampling == {}   # -1: a fresh seed per request
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--context-shift"], "never shifts"),
+    (["--seed", str(1 << 32)], "--seed"),
+    (["--top-p", "2"], "top_p"),
+    (["--chat-template", "llama3"], "built-in"),
+    (["--chat-template", "{% for m in messages %}"], "cannot be used"),
+    (["--chat-template-file", "/no/such/template.jinja"], "No such file"),
+    (["--slot-save-path", "/no/such/dir"], "not a directory"),
+])
+def test_refused_flags_say_why(argv, words):
+    with pytest.raises(SystemExit, match=words):
+        options(*argv)
+
+
+@pytest.mark.parametrize("argv", [["-n", "0"], ["-n", "-2"], ["--alias", "a,,b"]])
+def test_bad_values_are_errors(argv):
+    with pytest.raises(ValueError):
+        options(*argv)
+
+
+def test_every_ignored_flag_is_accepted_and_documented():
+    parser = build_parser()
+    for names, value, why in IGNORED_FLAGS:
+        for name in names:
+            serve_options(parser.parse_args(["serve", "m.gguf", name, *(["1"] if value else [])]))
+        assert why
+    serve = parser._subparsers._group_actions[0].choices["serve"]
+    text = serve.format_help()
+    for names, _, _ in IGNORED_FLAGS:
+        assert names[0] in text
+    assert text.count("accepted and ignored") >= len(IGNORED_FLAGS)
+
+
+def test_chat_template_from_a_file(tmp_path):
+    f = tmp_path / "t.jinja"
+    f.write_text("{% for m in messages %}[{{ m.content }}]{% endfor %}")
+    assert options("--chat-template-file", str(f))[1].chat_template == f.read_text()
+
+
+# --- the routes ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory) -> Path:
+    template = (DATA / "templates" / "Qwen-Qwen3-0.6B.jinja").read_text()
+    return write_tiny_model(tmp_path_factory.mktemp("flags") / "tiny-qwen3.gguf", "qwen3",
+                            context_length=N_CTX, chat_template=template)
+
+
+@pytest.fixture(scope="module")
+def saves(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("slot-saves")
+
+
+@pytest.fixture(scope="module")
+def app(tiny_path, saves):
+    config = ServerConfig(aliases=("tiny-a", "tiny-b"), tags=("t1",), n_predict=3,
+                          slot_save_path=str(saves), verbose=True)
+    with model_app(tiny_path, server_config=config, n_ctx=N_CTX, parallel=2) as client:
+        client.app.extensions["kinetic"].model.default_params = \
+            client.app.extensions["kinetic"].model.default_params.__class__(seed=42,
+                                                                            temperature=0.0)
+        yield client
+
+
+def test_models_show_aliases_and_tags(app):
+    status, body = app.get("/v1/models")
+    assert status == 200
+    m = body["data"][0]
+    assert (m["id"], m["aliases"], m["tags"]) == ("tiny-a", ["tiny-a", "tiny-b"], ["t1"])
+    assert app.get("/v1/models/tiny-b")[0] == 200
+    status, body = app.post("/v1/completions", json.dumps(
+        {"prompt": "hi", "max_tokens": 1}).encode())
+    assert status == 200 and body["model"] == "tiny-a"
+
+
+def test_props_show_the_server_defaults(app):
+    status, body = app.get("/props")
+    assert status == 200
+    params = body["default_generation_settings"]["params"]
+    assert params["seed"] == 42 and params["n_predict"] == 3
+    assert body["default_generation_settings"]["n_ctx"] == N_CTX
+    assert body["model_alias"] == "tiny-a" and body["endpoint_slots"] is True
+
+
+def test_n_predict_is_the_default_and_the_cap(app):
+    for body in ({"prompt": "hi"}, {"prompt": "hi", "max_tokens": 50}):
+        status, answer = app.post("/v1/completions", json.dumps(body).encode())
+        assert status == 200 and answer["usage"]["completion_tokens"] <= 3
+    status, answer = app.post("/v1/completions", json.dumps(
+        {"prompt": "hi", "max_tokens": 2, "temperature": 0}).encode())
+    assert status == 200 and answer["usage"]["completion_tokens"] <= 2
+
+
+def test_verbose_logs_each_request(app, caplog):
+    with caplog.at_level(logging.INFO, logger="kinetic.server"):
+        app.get("/health")
+    assert any("GET /health -> 200" in r.getMessage() for r in caplog.records)
+
+
+def test_apply_template_renders_what_a_chat_completion_runs(app):
+    messages = [{"role": "user", "content": "hello there"}]
+    status, body = app.post("/apply-template", json.dumps({"messages": messages}).encode())
+    assert status == 200
+    model = app.app.extensions["kinetic"].model
+    assert body["prompt"] == model.apply_chat_template(messages)
+    status, body = app.post("/apply-template", b'{"messages": "nope"}')
+    assert_error_shape(status, body)
+
+
+def _completion(app, prompt: str) -> dict:
+    status, body = app.post("/completion", json.dumps(
+        {"prompt": prompt, "n_predict": 2, "temperature": 0}).encode())
+    assert status == 200, body
+    return body
+
+
+def test_slot_save_restore_erase(app, saves):
+    prompt = "the quick brown fox jumps over the lazy dog " * 6
+    first = _completion(app, prompt)
+    slot = first["id_slot"]
+    status, saved = app.post(f"/slots/{slot}?action=save", b'{"filename": "one.bin"}')
+    assert status == 200, saved
+    ids = app.app.extensions["kinetic"].model.prompt_ids(prompt)
+    assert saved["n_saved"] >= len(ids) and saved["n_written"] == (saves / "one.bin").stat().st_size
+    # erase: the prompt's pages leave the cache, so the same prompt runs in full again
+    status, erased = app.post(f"/slots/{slot}?action=erase", b"")
+    assert status == 200 and erased["n_erased"] >= 16
+    assert _completion(app, prompt)["timings"]["cache_n"] == 0
+    app.post(f"/slots/{slot}?action=erase", b"")
+    # restore: recomputed into the cache, so the prompt's whole pages are found again
+    status, restored = app.post("/slots/0?action=restore", b'{"filename": "one.bin"}')
+    assert status == 200 and restored["n_restored"] == saved["n_saved"]
+    again = _completion(app, prompt)
+    assert again["timings"]["cache_n"] >= 16
+    assert again["content"] == first["content"]
+
+
+@pytest.mark.parametrize("path,body,status", [
+    ("/slots/0?action=save", b'{"filename": "../x"}', 400),
+    ("/slots/0?action=save", b'{"filename": ".hidden"}', 400),
+    ("/slots/0?action=save", b'{}', 400),
+    ("/slots/0?action=restore", b'{"filename": "missing.bin"}', 400),
+    ("/slots/9?action=erase", b"", 400),
+    ("/slots/0?action=dance", b"", 400),
+])
+def test_slot_actions_refuse_bad_requests(app, path, body, status):
+    got, answer = app.post(path, body)
+    assert got == status
+    assert_error_shape(got, answer, path)
+
+
+def test_restore_refuses_a_file_it_did_not_write(app, saves):
+    (saves / "alien.bin").write_bytes(b"\x00GGUF not a slot")
+    status, body = app.post("/slots/0?action=restore", b'{"filename": "alien.bin"}')
+    assert status == 400 and "not a slot file" in body["error"]["message"]
+
+
+def test_no_slots_and_no_save_path_answer_501(tiny_path):
+    config = ServerConfig(slots_endpoint=False)
+    with model_app(tiny_path, server_config=config, n_ctx=N_CTX, parallel=1) as client:
+        status, body = client.get("/slots")
+        assert status == 501 and body["error"]["type"] == "not_supported_error"
+        status, body = client.post("/slots/0?action=save", b'{"filename": "a.bin"}')
+        assert status == 501 and "--slot-save-path" in body["error"]["message"]
+        assert client.get("/props")[1]["endpoint_slots"] is False
