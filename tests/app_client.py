@@ -73,12 +73,12 @@ class AppClient:
 
     def request(self, method: str, path: str, body: bytes = b"",
                 headers: dict[str, str] | None = None,
-                timeout: float = TIMEOUT) -> tuple[int, dict[str, str], Any]:
-        """Any method with any headers: (status, the answer's headers, the answer parsed as
-        JSON, or its raw bytes when it is not JSON)."""
+                timeout: float = TIMEOUT) -> tuple[int, Any, Any]:
+        """Any method with any headers: (status, the answer's headers (case-insensitive), the
+        answer parsed as JSON, or its raw bytes when it is not JSON)."""
         async def send():
             resp = await self.client.open(path, method=method, data=body, headers=headers or {})
-            return resp.status_code, dict(resp.headers), await resp.get_data()
+            return resp.status_code, resp.headers, await resp.get_data()
         status, head, data = asyncio.run_coroutine_threadsafe(send(), self.loop).result(timeout)
         try:
             return status, head, json.loads(data)

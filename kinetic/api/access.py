@@ -1,6 +1,9 @@
 """What every request passes before its route runs, and how every error is written.
 
 `guard`, in order:
+0. an OPTIONS request is a browser's CORS preflight: answered 200 at once, as llama-server
+   answers it (`preflight`), for any Origin; it runs nothing, and a foreign page that goes on
+   to send its request still meets rule 1;
 1. a browser `Origin` that is not this computer gets 403, on every route, so that no web page
    can drive the server, whatever content type it sends;
 2. every route but /health and /v1/health needs the API key when the server has one (401);
@@ -10,15 +13,18 @@
 A connection past --max-connections never gets here: server.py answers it 503 on accept.
 
 Every error, the router's 404 and 405 included, is written in the OpenAI shape (errors.py).
+Every answer to a page of this computer (a local Origin) carries Access-Control-Allow-Origin
+for it (`cors_headers`), so that local web apps can read it.
 """
 
 from __future__ import annotations
 
 import hmac
+import time
 import ipaddress
 from urllib.parse import urlsplit
 
-from quart import Response, request
+from quart import Response, g, request
 from werkzeug.exceptions import HTTPException
 
 from kinetic.api.core import json_response, log, server_state
@@ -27,13 +33,17 @@ from kinetic.api.errors import APIError
 PUBLIC_ENDPOINTS = {"llama_server.health"}     # no API key needed
 JSON_ONLY_BLUEPRINTS = {"openai", "prefill"}   # their POST bodies must be application/json
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
+CORS_METHODS = "GET, POST"   # every method a route takes
 
 
 # --- checks shared by every route ---------------------------------------------------------
 
-async def guard() -> None:
+async def guard() -> Response | None:
     state = server_state()
+    g.began = time.monotonic()
     origin = request.headers.get("Origin")
+    if request.method == "OPTIONS":
+        return preflight(origin)
     if origin is not None and not is_local_origin(origin):
         raise APIError(403, f"requests from web pages of other sites (Origin: {origin}) are "
                        f"refused")
@@ -54,6 +64,44 @@ async def guard() -> None:
         raise APIError(415, f"the body must be sent as Content-Type: application/json "
                        f"(got {got})")
     state.require_model()
+
+
+async def log_request(response: Response) -> Response:
+    """--verbose: one line per answered request (method, path, status, seconds to the answer's
+    head; a stream goes on after it)."""
+    if server_state().config.verbose:
+        began = getattr(g, "began", None)
+        took = f" {time.monotonic() - began:.3f} s" if began is not None else ""
+        log.info("%s %s -> %d%s", request.method, request.path, response.status_code, took)
+    return response
+
+
+def preflight(origin: str | None) -> Response:
+    """A CORS preflight's answer, in llama-server's shape: 200, the Origin echoed, credentials
+    allowed. It needs no API key (browsers never send one on a preflight) and holds for any
+    Origin, as llama-server's does: it only lets the browser send the request, which the
+    guard then refuses from another site's page. Allowed headers are the ones the preflight
+    asks for rather than llama-server's bare "*", which browsers never read as covering
+    Authorization (nor anything, with credentials), so a local page could not send its key."""
+    resp = Response("", status=200)
+    if origin is not None:
+        resp.headers["Access-Control-Allow-Origin"] = origin
+        resp.headers["Vary"] = "Origin"
+    resp.headers["Access-Control-Allow-Credentials"] = "true"
+    resp.headers["Access-Control-Allow-Methods"] = CORS_METHODS
+    resp.headers["Access-Control-Allow-Headers"] = (
+        request.headers.get("Access-Control-Request-Headers") or "*")
+    return resp
+
+
+async def cors_headers(response: Response) -> Response:
+    """Let a page of this computer read the answer (the guard has refused any other page)."""
+    origin = request.headers.get("Origin")
+    if origin is not None and request.method != "OPTIONS" and is_local_origin(origin):
+        response.headers["Access-Control-Allow-Origin"] = origin
+        response.headers["Access-Control-Allow-Credentials"] = "true"
+        response.vary.add("Origin")
+    return response
 
 
 def is_local_origin(origin: str) -> bool:

@@ -4,6 +4,8 @@
 
 A route raises `APIError`; the app's error handler (kinetic/api/access.py) writes it with its
 HTTP status. `param` names the request field at fault, so that a client can point at it.
+`extra` adds fields to the error object where llama-server's clients read some: a prompt
+longer than the context is type `exceed_context_size_error` with `n_prompt_tokens` and `n_ctx`.
 """
 
 from __future__ import annotations
@@ -27,24 +29,37 @@ ERROR_TYPES = {
 
 
 class APIError(Exception):
-    """An error answer: status, message and the OpenAI type/param/code. `close` asks the
-    server to close the connection after answering (a client it will not serve further)."""
+    """An error answer: status, message and the OpenAI type/param/code, and `extra` fields
+    for the error object. `close` asks the server to close the connection after answering
+    (a client it will not serve further)."""
 
     def __init__(self, status: int, message: str, type: str | None = None,
-                 param: str | None = None, code: str | None = None, close: bool = False):
+                 param: str | None = None, code: str | None = None, close: bool = False,
+                 extra: dict[str, Any] | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.type = type or ERROR_TYPES.get(status, "invalid_request_error" if status < 500
                                             else "server_error")
-        self.close = close
+        self.close, self.extra = close, extra or {}
 
     def body(self) -> dict[str, Any]:
-        return error_body(self.message, self.type, self.param, self.code)
+        return error_body(self.message, self.type, self.param, self.code, self.extra)
 
 
-def error_body(message: str, type: str, param: str | None = None,
-               code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+def error_body(message: str, type: str, param: str | None = None, code: str | None = None,
+               extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code,
+                      **(extra or {})}}
+
+
+def context_exceeded(n_tokens: int, n_ctx: int, param: str) -> APIError:
+    """400 for a prompt that leaves no room in the context, in llama-server's shape (its type,
+    `n_prompt_tokens` and `n_ctx`) with OpenAI's code for the same error."""
+    return APIError(400, f"the request ({n_tokens} tokens) exceeds the available context size "
+                    f"({n_ctx} tokens); start the server with a larger -c",
+                    type="exceed_context_size_error", param=param,
+                    code="context_length_exceeded",
+                    extra={"n_prompt_tokens": n_tokens, "n_ctx": n_ctx})
 
 
 def bad_request(message: str, param: str | None = None) -> APIError:

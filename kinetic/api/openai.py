@@ -314,37 +314,50 @@ class _Job:
 
     def chat_events(self, gen: GenerationRequest, reader: ChatReader) -> AsyncIterator[str]:
         """Reasoning streams as delta.reasoning_content and the answer as delta.content, as
-        the reader releases them; tool calls come whole in one delta.tool_calls chunk."""
-        want = self.opts.logprobs is not None
+        the reader releases them; tool calls come whole in one delta.tool_calls chunk.
+        Framed as llama-server frames it: a first chunk with the role and content null, then
+        only chunks that carry text (never an empty delta), the finish chunk with an empty
+        delta. A token's log-probability waits with its text when that is held back (part of
+        a UTF-8 character, a possible tag or call) and comes in the next chunk that carries
+        text; those of the tokens that became calls come with the calls, any left with the
+        finish chunk, so the stream's entries add up to the whole answer's."""
+        held: list[TokenLogprob] = []   # log-probabilities not sent yet
 
-        def choice(reasoning: str, content: str, lps=()) -> dict[str, Any]:
+        def logprobs(always: bool = True) -> dict[str, Any] | None:
+            if self.opts.logprobs is None or not (always or held):
+                return None
+            out = {"content": chat_logprobs(self.tok, held)}
+            held.clear()
+            return out
+
+        def choice(reasoning: str, content: str) -> dict[str, Any]:
             delta = {}
             if reasoning:
                 delta["reasoning_content"] = reasoning
-            if content or not reasoning:
+            if content:
                 delta["content"] = content
-            return {"delta": delta, "finish_reason": None,
-                    "logprobs": {"content": chat_logprobs(self.tok, lps)} if want else None}
+            return {"delta": delta, "finish_reason": None, "logprobs": logprobs()}
 
         def pieces(d: Delta) -> list[dict[str, Any]]:
+            held.extend(d.logprobs)
             out = []
             reasoning, content = reader.feed(d.text)
-            if reasoning or content or d.logprobs:
-                out.append(choice(reasoning, content, d.logprobs))
+            if reasoning or content:
+                out.append(choice(reasoning, content))
             if d.finish_reason is not None:
                 reasoning, content, calls = reader.finish()
                 if reasoning or content:
                     out.append(choice(reasoning, content))
                 if calls:
                     out.append({"delta": {"tool_calls": tool_call_objects(calls, streamed=True)},
-                                "finish_reason": None, "logprobs": None})
-                out.append({"delta": {}, "logprobs": None,
+                                "finish_reason": None, "logprobs": logprobs(always=False)})
+                out.append({"delta": {}, "logprobs": logprobs(always=False),
                             "finish_reason": _finish_reason(d.finish_reason, calls)})
             return out
 
         async def events() -> AsyncIterator[str]:
             yield self._chunk("chat.completion.chunk", {
-                "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                "delta": {"role": "assistant", "content": None}, "logprobs": None,
                 "finish_reason": None})
             async with aclosing(self._events(gen, "chat.completion.chunk", pieces)) as rest:
                 async for event in rest:
@@ -352,15 +365,25 @@ class _Job:
         return events()
 
     def completion_events(self, gen: GenerationRequest) -> AsyncIterator[str]:
+        """Chunks that carry text, then the finish chunk; log-probabilities of held-back text
+        wait for it, as in `chat_events`."""
         legacy = LegacyLogprobs(self.tok) if self.opts.logprobs is not None else None
+        held: list[TokenLogprob] = []
+
+        def logprobs(always: bool = True) -> dict[str, list] | None:
+            if legacy is None or not (always or held):
+                return None
+            out = legacy.take(tuple(held))
+            held.clear()
+            return out
 
         def pieces(d: Delta) -> list[dict[str, Any]]:
+            held.extend(d.logprobs)
             out = []
-            if d.text or d.logprobs:
-                out.append({"text": d.text, "finish_reason": None,
-                            "logprobs": legacy.take(d.logprobs) if legacy else None})
+            if d.text:
+                out.append({"text": d.text, "finish_reason": None, "logprobs": logprobs()})
             if d.finish_reason is not None:
-                out.append({"text": "", "logprobs": None,
+                out.append({"text": "", "logprobs": logprobs(always=False),
                             "finish_reason": _finish_reason(d.finish_reason, ())})
             return out
         return self._events(gen, "text_completion", pieces)

@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from kinetic.api.errors import APIError, bad_request, not_supported
+from kinetic.api.errors import bad_request, context_exceeded, not_supported
 from kinetic.engine.request import MAX_LOGPROBS, MAX_STOP_STRINGS
 from kinetic.engine.sampling_params import MAX_LOGIT_BIAS, SamplingParams
 from kinetic.grammar import (Grammar, GrammarError, GrammarTooCostly, UnsupportedSchema,
@@ -532,6 +532,4 @@ def parse_completion(body: dict, defaults: SamplingParams) -> CompletionRequest:
 def check_prompt_fits(n_tokens: int, n_ctx: int, param: str) -> None:
     """400 when the prompt leaves no room in the context for one generated token."""
     if n_tokens >= n_ctx:
-        raise APIError(400, f"the prompt is {n_tokens} tokens long; the context holds {n_ctx} "
-                       f"(start the server with a larger -c)", param=param,
-                       code="context_length_exceeded")
+        raise context_exceeded(n_tokens, n_ctx, param)
