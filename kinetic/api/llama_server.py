@@ -6,12 +6,15 @@ differs, docs/compat.md explains why). Errors keep kinetic's OpenAI shape. These
 bodies of any content type, as llama-server does; the Origin rule in access.py keeps web pages of
 other sites from using them.
 
-A /completion, in order: `json_body` -> `parse_completion` (llama-server's field names,
-checked like the OpenAI ones, 400 naming the field) -> the prompt's token ids (text is
-tokenized with BOS and special tokens, as llama-server does) -> `generation` runs it, recorded
-as a `Task` (metrics.py) whose slot and timings the answer reports. Streamed, each delta's text
-is one `data: {"content": ..., "stop": false}` event and the last event is the whole answer
-object with empty content and "stop": true; otherwise the deltas are folded into that object.
+A /completion, in order: `json_body` -> `parse_completion` (llama_completion.py:
+llama-server's field names and prompt forms, checked like the OpenAI ones, 400 naming the
+field) -> each prompt's token ids (text is tokenized with BOS and special tokens, as
+llama-server does) -> `generation` runs each, recorded as a `Task` (metrics.py) whose slot,
+cached tokens and timings the answer reports. Streamed, each delta the engine sends is one
+`data: {"content": ..., "tokens": [...], "stop": false}` event (with n_probs, its tokens'
+probabilities) and the last event is the whole answer object with empty content and
+"stop": true; the events of several prompts come interleaved, each naming its `index`.
+Otherwise the deltas are folded into that object, or a list of them for several prompts.
 """
 
 from __future__ import annotations
@@ -20,24 +23,23 @@ import asyncio
 import dataclasses
 import secrets
 from contextlib import aclosing
-from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from quart import Blueprint, Response
 
 from kinetic import __version__, kernels
 from kinetic.api import embeddings as emb
-from kinetic.api.core import (ServerState, completion_prompt_ids, generation, json_body,
-                              json_response, require_kind, server_state, serves, sse_event,
-                              sse_response)
-from kinetic.api.errors import bad_request, engine_error, unavailable
+from kinetic.api.core import (ServerState, generation, json_body, json_response,
+                              require_kind, server_state, serves, sse_event, sse_response,
+                              token_limit)
+from kinetic.api.errors import APIError, bad_request, engine_error, unavailable
+from kinetic.api.llama_completion import (LlamaCompletion, parse_completion, pick_fields,
+                                          probabilities, progress, prompt_ids)
 from kinetic.api.metrics import Task, metric_values, prometheus_text
 from kinetic.api.receipt import receipt_maker
-from kinetic.api.params import (MAX_STOP_CHARS, MAX_TOKENS_LIMIT, Shape, boolean,
-                                check_prompt_fits, compile_shape, integer, sampling_params,
-                                shape, strings)
+from kinetic.api.params import boolean, check_prompt_fits, compile_shape
 from kinetic.engine.encoder import normalize
-from kinetic.engine.request import MAX_STOP_STRINGS, Delta, GenerationRequest
+from kinetic.engine.request import Delta, GenerationRequest
 from kinetic.engine.sampling_params import SamplingParams
 from kinetic.text.tokenizer import Tokenizer
 
@@ -54,55 +56,11 @@ NOT_IN_PARAMS = ("dry_sequence_breakers", "stop", "logit_bias", "grammar")
 
 # --- /completion ------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class LlamaCompletion:
-    """A /completion body, checked."""
-
-    prompt: str | list[int]
-    params: SamplingParams
-    n_predict: int | None      # None: until the answer ends or the context is full
-    stop: tuple[str, ...]
-    stream: bool
-    return_tokens: bool
-    n_probs: int
-    shape: Shape | None        # grammar or json_schema (or response_format)
-    receipt: bool = False      # add the answer's receipt (kinetic/api/receipt.py)
-
-
-def parse_completion(body: dict, defaults: SamplingParams) -> LlamaCompletion:
-    """llama-server's /completion fields. Raises APIError (400) naming the field at fault."""
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
-    if isinstance(prompt, list):
-        if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            raise bad_request("prompt must be a string or a list of token ids (one prompt "
-                              "per request)", "prompt")
-    elif not isinstance(prompt, str):
-        raise bad_request("prompt must be a string or a list of token ids", "prompt")
-    n_predict = integer(body, "n_predict", -1, MAX_TOKENS_LIMIT)
-    if n_predict is None:
-        n_predict = integer(body, "max_tokens", -1, MAX_TOKENS_LIMIT)
-    if n_predict == 0:
-        raise bad_request("n_predict must be -1 (no limit) or at least 1", "n_predict")
-    boolean(body, "cache_prompt")  # always on: checked, nothing more
-    return LlamaCompletion(
-        prompt=prompt,
-        params=sampling_params(body, defaults),
-        n_predict=None if n_predict in (None, -1) else n_predict,
-        stop=strings(body, "stop", MAX_STOP_STRINGS, MAX_STOP_CHARS) or (),
-        stream=bool(boolean(body, "stream")),
-        return_tokens=bool(boolean(body, "return_tokens")),
-        n_probs=integer(body, "n_probs", 0) or 0,  # accepted; probabilities not returned yet
-        shape=shape(body),
-        receipt=bool(boolean(body, "receipt")),
-    )
-
-
 def generation_settings(p: SamplingParams, *, seed: int | None = None,
                         n_predict: int | None = None, stop: tuple[str, ...] = (),
                         stream: bool = False, n_probs: int = 0,
-                        grammar: str = "") -> dict[str, Any]:
+                        grammar: str = "", timings_per_token: bool = False,
+                        post_sampling_probs: bool = False) -> dict[str, Any]:
     """A request's settings under llama-server's names, in its order. seed: the one used
     (llama-server reports 4294967295 when none was given); grammar: the request's GBNF."""
     if seed is None:
@@ -124,6 +82,7 @@ def generation_settings(p: SamplingParams, *, seed: int | None = None,
         "logit_bias": [[t, b] for t, b in p.logit_bias], "n_probs": n_probs,
         "min_keep": p.min_keep, "grammar": grammar,
         "samplers": MIROSTAT_SAMPLERS if p.mirostat else SAMPLERS,
+        "timings_per_token": timings_per_token, "post_sampling_probs": post_sampling_probs,
     }
 
 
@@ -134,93 +93,190 @@ async def completion():
     require_kind(state, "text", "completions")
     model = state.require_model()
     req = parse_completion(await json_body(), model.default_params)
-    ids = await asyncio.to_thread(completion_prompt_ids, model, req.prompt)
-    if not ids:
-        raise bad_request("the prompt is empty", "prompt")
-    check_prompt_fits(len(ids), model.n_ctx, "prompt")
+    prompts = await asyncio.to_thread(_prompts_ids, model, req)
     grammar = None
     if req.shape is not None:
         grammar = await asyncio.to_thread(compile_shape, req.shape, model)
-    gen = GenerationRequest(ids, req.params, req.n_predict, req.stop, grammar=grammar)
-    # the prompt as run, as llama-server shows it: BOS and special tokens written out
-    answer = _Answer(state, req, gen, model.tokenizer.decode_pieces(ids))
-    if req.receipt:
-        answer.receipt = await receipt_maker(state, gen)
+    if req.post_sampling_probs and req.n_probs:
+        await asyncio.to_thread(model.engine.prepare_post_sampling)   # once: seconds
+    limit = token_limit(state, req.n_predict)
+    answers = []
+    for index, ids in enumerate(prompts):
+        gen = GenerationRequest(ids, req.params, limit, req.stop, logprobs=req.n_probs or None,
+                                post_sampling=req.post_sampling_probs and req.n_probs > 0,
+                                grammar=grammar)
+        # the prompt as run, as llama-server shows it: BOS and special tokens written out
+        answer = _Answer(state, req, gen, model.tokenizer.decode_pieces(ids), index)
+        if req.receipt:
+            answer.receipt = await receipt_maker(state, gen)
+        answers.append(answer)
     if req.stream:
-        return sse_response(answer.events())
-    return json_response(await answer.whole())
+        return sse_response(answers[0].events() if len(answers) == 1
+                            else _interleaved([a.events() for a in answers]))
+    if len(answers) == 1:
+        return json_response(await answers[0].whole())
+    running = [asyncio.ensure_future(a.whole()) for a in answers]
+    try:
+        return json_response(list(await asyncio.gather(*running)))
+    finally:   # one failed (its error is the answer), or the client went away
+        for r in running:
+            r.cancel()
+
+
+def _prompts_ids(model, req: LlamaCompletion) -> list[list[int]]:
+    """Each prompt's token ids, checked: not empty, and room left in the context (400 naming
+    the prompt). Blocking: a worker thread."""
+    out = []
+    for i, prompt in enumerate(req.prompts):
+        at = "prompt" if len(req.prompts) == 1 else f"prompt[{i}]"
+        ids = prompt_ids(model, prompt, at)
+        if not ids:
+            raise bad_request("the prompt is empty", at)
+        check_prompt_fits(len(ids), model.n_ctx, at)
+        out.append(ids)
+    return out
+
+
+async def _interleaved(streams: list[AsyncIterator[str]]) -> AsyncIterator[str]:
+    """The events of several answers' streams as each comes, as llama-server streams several
+    prompts (each event names its prompt by `index`). Closing it (the client went away)
+    cancels every stream, which cancels their generations."""
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(events: AsyncIterator[str]) -> None:
+        try:
+            async with aclosing(events):
+                async for event in events:
+                    queue.put_nowait(event)
+        except Exception as e:   # handed to the reader, which raises it
+            queue.put_nowait(e)
+        finally:
+            queue.put_nowait(done)
+
+    tasks = [asyncio.create_task(pump(s)) for s in streams]
+    try:
+        left = len(tasks)
+        while left:
+            item = await queue.get()
+            if item is done:
+                left -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class _Answer:
-    """One /completion's answer, whole or streamed."""
+    """One prompt's answer, whole or streamed."""
 
     def __init__(self, state: ServerState, req: LlamaCompletion, gen: GenerationRequest,
-                 prompt_text: str):
+                 prompt_text: str, index: int = 0):
         self.state, self.req, self.gen, self.prompt_text = state, req, gen, prompt_text
+        self.index = index
+        self.tok = state.require_model().tokenizer
         self.task = Task(gen, req.stream)
         self.label = f"completion-{secrets.token_hex(6)}"
         self.receipt = None   # a ReceiptMaker when the request asks for a receipt
 
-    def final(self, content: str, tokens: list[int], last: Delta) -> dict[str, Any]:
-        """The answer object: llama-server's fields, in its order."""
-        t = self.task
+    def final(self, content: str, tokens: list[int], last: Delta,
+              probs: list | None = None) -> dict[str, Any]:
+        """The answer object: llama-server's fields, in its order (only response_fields', if
+        the request lists them)."""
+        t, req = self.task, self.req
         limit = last.finish_reason == "length"
+        word = last.stop_word if last.finish_reason == "stop" else None
         answer = {
-            "index": 0, "content": content, "tokens": tokens if self.req.return_tokens else [],
+            "index": self.index, "content": content,
+            "tokens": tokens if req.return_tokens else [],
             "id_slot": t.slot, "stop": True, "model": self.state.model_id,
             "tokens_predicted": t.n_decoded, "tokens_evaluated": t.n_prompt,
             "generation_settings": generation_settings(
-                self.req.params, seed=last.usage.seed if last.usage else None,
-                n_predict=self.req.n_predict, stop=self.req.stop, stream=self.req.stream,
-                n_probs=self.req.n_probs,
-                grammar=self.req.shape.value if self.req.shape and self.req.shape.kind == "gbnf"
-                else ""),
-            "prompt": self.prompt_text, "has_new_line": t.has_new_line, "truncated": False,
-            # kinetic does not tell a stop string from the end of generation (SPEC.md)
-            "stop_type": "limit" if limit else "eos", "stopping_word": "",
-            # this request's tokens in the slot's cache: a token drawn at the limit is never
-            # run (the end-of-generation token is neither run nor counted)
-            "tokens_cached": t.n_prompt + t.n_decoded - (1 if limit else 0),
+                req.params, seed=last.usage.seed if last.usage else None,
+                n_predict=self.gen.max_tokens, stop=req.stop, stream=req.stream,
+                n_probs=req.n_probs,
+                grammar=req.shape.value if req.shape and req.shape.kind == "gbnf" else "",
+                timings_per_token=req.timings_per_token,
+                post_sampling_probs=req.post_sampling_probs),
+            "prompt": self.prompt_text, "has_new_line": t.has_new_line,
+            # the context ran out before n_predict
+            "truncated": limit and (self.gen.max_tokens is None
+                                    or t.n_decoded < self.gen.max_tokens),
+            "stop_type": "limit" if limit else "word" if word else "eos",
+            "stopping_word": word or "",
+            # this request's tokens in the slot's cache: the last token drawn is never run,
+            # unless the end-of-generation token came after it (that one is not counted)
+            "tokens_cached": t.n_prompt + t.n_decoded - (1 if limit or word else 0),
             "timings": t.timings(),
         }
+        if probs:
+            answer["completion_probabilities"] = probs
         if self.receipt is not None:
             answer["receipt"] = self.receipt.receipt()
-        return answer
+        return pick_fields(answer, req.response_fields) if req.response_fields else answer
+
+    def piece(self, text: str, tokens: tuple[int, ...], entries: tuple = (),
+              n_decoded: int | None = None) -> dict[str, Any]:
+        """A streamed event before the last: llama-server's fields, in its order."""
+        event = {"index": self.index, "content": text, "tokens": list(tokens), "stop": False,
+                 "id_slot": -1, "tokens_predicted": self.task.n_decoded if n_decoded is None
+                 else n_decoded, "tokens_evaluated": self.task.n_prompt}
+        if self.req.timings_per_token:
+            event["timings"] = self.task.timings()
+        if entries:
+            event["completion_probabilities"] = probabilities(
+                self.tok, entries, self.req.post_sampling_probs)
+        return event
 
     async def whole(self) -> dict[str, Any]:
-        text, tokens, last = [], [], None
+        text, tokens, entries, last = [], [], [], None
         async with aclosing(generation(self.state, self.gen, self.label,
                                        task=self.task)) as deltas:
             async for d in deltas:
                 text.append(d.text)
                 tokens.extend(d.token_ids)
+                entries.extend(d.logprobs)
                 last = d
                 if self.receipt is not None:
                     self.receipt.feed(d)
         if last is None or last.finish_reason == "error":
             raise engine_error(last)
-        return self.final("".join(text), tokens, last)
+        if last.stop_word and entries:
+            # as llama-server: the entries of as many tokens as the stop string has are
+            # left out (the stop string is not part of the content)
+            n = len(self.tok.encode(last.stop_word, add_special=False))
+            entries = entries[:len(entries) - min(n, len(entries))]
+        probs = probabilities(self.tok, entries, self.req.post_sampling_probs)
+        return self.final("".join(text), tokens, last, probs)
 
     async def events(self) -> AsyncIterator[str]:
-        """A `data:` event per piece of text (no token ids: a piece's text and its tokens
-        need not line up when a stop string is held back), then the answer object."""
-        tokens: list[int] = []
+        """An event per delta the engine sends (its text, token ids and their
+        probabilities; text held back for a possible stop string comes in a later event),
+        after the prompt's progress if asked for, then the answer object."""
+        started = False
         async with aclosing(generation(self.state, self.gen, self.label, stream=True,
                                        task=self.task)) as deltas:
             async for d in deltas:
                 if d.finish_reason == "error":
                     yield sse_event(engine_error(d).body())
                     return
-                tokens.extend(d.token_ids)
+                if not started and self.req.return_progress:
+                    # the engine tells of a prompt once it is done: one event, at 100%
+                    event = self.piece("", (), n_decoded=0)
+                    event["prompt_progress"] = progress(self.task.n_prompt, self.task.n_cached,
+                                                        self.task.timings()["prompt_ms"])
+                    yield sse_event(event)
+                started = True
                 if self.receipt is not None:
                     self.receipt.feed(d)
-                if d.text:
-                    yield sse_event({"index": 0, "content": d.text, "tokens": [],
-                                     "stop": False, "id_slot": -1,
-                                     "tokens_predicted": self.task.n_decoded,
-                                     "tokens_evaluated": self.task.n_prompt})
-                if d.finish_reason is not None:
-                    yield sse_event(self.final("", tokens, d))
+                if d.token_ids or d.text:
+                    yield sse_event(self.piece(d.text, d.token_ids, d.logprobs))
+                if d.finish_reason is not None:   # its text and tokens are sent already
+                    yield sse_event(self.final("", [], d))
 
 
 # --- tokens -------------------------------------------------------------------------------

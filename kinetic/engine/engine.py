@@ -134,6 +134,8 @@ class Engine:
         self._full_masks: dict[int, jax.Array] = {}
         self._zero_biases: dict[int, sampler.Sparse] = {}
         self._zero_dries: dict[int, sampler.Sparse] = {}
+        self._post_sampling_lock = threading.Lock()
+        self._post_sampling_ready = False
         self._no_histories: dict[int, jax.Array] = {}
         self._last_bias: tuple | None = None   # (T, the jobs' bias pairs, their device Sparse)
         self._vocab: TokenVocab | None = None   # the token trie, built for the first grammar
@@ -323,6 +325,26 @@ class Engine:
             release_memory()
         # the decode-step loops take _run_decode_steps' bias pairs (_bias at the row bucket)
         self.runner.compile(progress=_releasing(progress), bias=self._zero_bias)
+
+    def prepare_post_sampling(self) -> None:
+        """Compile sampler.distribution (post-sampling probabilities) at every sampler
+        bucket, once. Seconds per bucket, so not at start-up: call it in a worker thread
+        before starting the first request with post_sampling, which would otherwise compile
+        it on the engine thread and stall every stream meanwhile."""
+        with self._post_sampling_lock:
+            if self._post_sampling_ready:
+                return
+            for B in self.sample_buckets:   # the arguments exactly as _sample passes them
+                params = sampler.make_row_params([SamplingParams(temperature=0.8)] * B,
+                                                 [0] * B, [1] * B, [None] * B,
+                                                 n_ctx=self.max_context)
+                logits = jnp.zeros((B, self.vocab_size), jnp.float32)
+                jnp.log(sampler.distribution(logits, params, self._no_history(B),
+                                             self._zero_bias(B), self._full_mask(B),
+                                             self._zero_dry(B))).block_until_ready()
+                del logits
+                release_memory()
+            self._post_sampling_ready = True
 
     @property
     def sample_buckets(self) -> list[int]:
@@ -710,6 +732,7 @@ class Engine:
         # the sampled rows of the logits: often all of them, in order (no copy then)
         same = logits.shape[0] == T and (idx == np.arange(T)).all()
         picked = logits if same else sampler.pick_rows(logits, jnp.asarray(idx))
+        chain = None   # sample's arguments, for post-sampling probabilities
         if all(sampler.plain_greedy(p) for p in params):   # no row parameters, history or DRY
             tokens = sampler.greedy(picked, bias, masks)
             new_mu = [sampler.initial_mu(p) if m is None else m for p, m in zip(params, mus)]
@@ -728,9 +751,11 @@ class Engine:
             hist = (jnp.asarray(history_rows(histories + [[]] * (T - len(order)),
                                              self._history_width))
                     if any(sampler.penalties_on(p) for p in params) else self._no_history(T))
-            tokens, new_mu = sampler.sample(picked, row_params, hist, bias, masks,
-                                            self._dry(order, histories, T))
+            chain = (picked, row_params, hist, bias, masks, self._dry(order, histories, T))
+            tokens, new_mu = sampler.sample(*chain)
         lp_at = self._logprobs(logits, picked, idx, tokens, order)
+        if any(self._jobs[sid].request.post_sampling for sid, _ in order):
+            lp_at.update(self._post_sampling(order, tokens, chain))
         tokens, new_mu = np.asarray(tokens), np.asarray(new_mu)
         out: dict[int, tuple[list[int], list | None]] = {}
         for i, (sid, _) in enumerate(order):
@@ -750,7 +775,8 @@ class Engine:
         otherwise over their rows picked from the step's `logits` (idx maps a sampled row to
         its row there). Returns sampled row -> (chosen logprob, top ids, top logprobs)."""
         rows = [i for i, (sid, _) in enumerate(order)
-                if self._jobs[sid].request.logprobs is not None]
+                if self._jobs[sid].request.logprobs is not None
+                and not self._jobs[sid].request.post_sampling]
         if not rows:
             return {}
         if len(rows) == len(order):   # then at the bucket of `picked` already
@@ -766,6 +792,22 @@ class Engine:
         chosen, top_ids, top_lp = (np.asarray(a) for a in
                                    sampler.logprobs(lp_logits, lp_tokens, MAX_LOGPROBS))
         return {r: (float(chosen[j]), top_ids[j], top_lp[j]) for j, r in enumerate(rows)}
+
+    def _post_sampling(self, order, tokens, chain) -> dict:
+        """_logprobs' entries for the sampled rows whose request asks for post-sampling
+        probabilities: the log of the distribution each token was drawn from, after the whole
+        chain (sampler.distribution over `chain`, sample's own arguments; -inf for tokens the
+        chain dropped). With no chain (every row plain greedy) the draw took the argmax: p 1.
+        `distribution` is compiled by prepare_post_sampling, before such a request starts."""
+        rows = [i for i, (sid, _) in enumerate(order) if self._jobs[sid].request.post_sampling]
+        if chain is None:
+            drawn = np.asarray(tokens)
+            return {i: (0.0 if drawn[i] >= 0 else float("-inf"), drawn[i:i + 1], np.zeros(1))
+                    for i in rows}
+        logp = jnp.log(sampler.distribution(*chain))   # logprobs' log-softmax keeps it as it is
+        chosen, top_ids, top_lp = (np.asarray(a) for a in
+                                   sampler.logprobs(logp, tokens, MAX_LOGPROBS))
+        return {i: (float(chosen[i]), top_ids[i], top_lp[i]) for i in rows}
 
     def _bias(self, order, T: int) -> sampler.Sparse:
         """The sampled rows' logit bias (and ignore_eos bans) as _bias_width pairs a row."""

@@ -76,7 +76,8 @@ class Job:
     def finish(self, reason: str, usage: Usage) -> None:
         tail = "" if self.stops.stopped is not None else self.stops.feed(self.decoder.flush())
         tail += self.stops.flush()
-        self.send(Delta(text=tail, finish_reason=reason, usage=usage))
+        self.send(Delta(text=tail, finish_reason=reason, usage=usage,
+                        stop_word=self.stops.stopped if reason == "stop" else None))
 
     def fail(self, message: str, busy: bool = False) -> None:
         """End the request with an error (`busy`: it overran a budget of its own)."""

@@ -18,7 +18,9 @@ MAX_LOGPROBS = 20
 @dataclass(frozen=True)
 class GenerationRequest:
     """prompt: token ids; max_tokens None means until the answer ends or the context is full;
-    logprobs None means none, n >= 0 the chosen token's plus n alternatives. grammar: every
+    logprobs None means none, n >= 0 the chosen token's plus n alternatives; post_sampling: they
+    are those of the distribution the token was drawn from, after the whole sampler chain
+    (llama-server's post_sampling_probs), instead of the raw logits'. grammar: every
     token drawn (and every drafted token kept) follows it, and end-of-generation is allowed
     only where it may end. special_text: control tokens come out as their text (always so with
     a grammar, which matches them by their text; tool-call markers need it too)."""
@@ -28,6 +30,7 @@ class GenerationRequest:
     max_tokens: int | None = None
     stop: tuple[str, ...] = ()
     logprobs: int | None = None
+    post_sampling: bool = False
     speculative: bool = True
     grammar: Grammar | None = None
     special_text: bool = False
@@ -41,11 +44,14 @@ class GenerationRequest:
             raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"top_logprobs must be between 0 and {MAX_LOGPROBS}")
+        if self.post_sampling and self.logprobs is None:
+            raise ValueError("post_sampling needs logprobs")
 
 
 @dataclass(frozen=True)
 class TokenLogprob:
-    """A generated token's log-probability under the raw logits, and the top alternatives."""
+    """A generated token's log-probability under the raw logits (or the sampler chain's
+    distribution: GenerationRequest.post_sampling), and the top alternatives."""
 
     token: int
     logprob: float
@@ -69,6 +75,8 @@ class Delta:
     text: str = ""
     logprobs: tuple[TokenLogprob, ...] = ()
     finish_reason: str | None = None   # "stop", "length", "cancelled" or "error"
+    stop_word: str | None = None       # with "stop": the stop string that ended the answer
+                                       # (None: an end-of-generation token)
     usage: Usage | None = None
     error: str | None = None           # with finish_reason "error": what went wrong
     busy: bool = False                 # with "error": this request alone overran a budget
