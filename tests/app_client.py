@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -86,8 +87,10 @@ class AppClient:
             return status, head, data
 
     def post_routes(self) -> list[str]:
-        """Every POST route of the app, so that a new one is walked too."""
-        return sorted(r.rule for r in self.app.url_map.iter_rules() if "POST" in r.methods)
+        """Every POST route of the app, so that a new one is walked too; a number in the path
+        (/slots/<int:id_slot>) is 0."""
+        return sorted(re.sub(r"<int:\w+>", "0", r.rule)
+                      for r in self.app.url_map.iter_rules() if "POST" in r.methods)
 
     def endpoint(self, path: str) -> str:
         return self.app.url_map.bind("localhost").match(path, method="POST")[0]

@@ -358,19 +358,19 @@ async def props():
     if state.kind != "text":
         return json_response(_encoder_props(state, model))
     engine, tok = model.engine, model.tokenizer
-    meta = model.loaded.file.metadata
 
     def token_text(tid: int | None) -> str:
         return "" if tid is None else tok.token_piece(tid, special=True)
     return json_response({
         "default_generation_settings": {"params": _params(generation_settings(
-            model.default_params)), "n_ctx": model.n_ctx},
+            model.default_params, n_predict=token_limit(state, None))), "n_ctx": model.n_ctx},
         "total_slots": engine.config.parallel,
         "model_alias": state.model_id,
         "model_path": model.loaded.file.path,
         "modalities": {"vision": False, "video": False, "audio": False},
-        "endpoint_slots": True, "endpoint_props": False, "endpoint_metrics": True,
-        "chat_template": meta.get("tokenizer.chat_template") or model.chat_template.source,
+        "endpoint_slots": state.config.slots_endpoint, "endpoint_props": False,
+        "endpoint_metrics": True,
+        "chat_template": model.template_text,
         "chat_template_caps": dataclasses.asdict(model.chat_template.caps),
         "bos_token": token_text(tok.bos_id), "eos_token": token_text(tok.eos_id),
         "build_info": f"kinetic-{__version__}",
@@ -401,8 +401,12 @@ def _encoder_props(state: ServerState, model) -> dict[str, Any]:
 
 @blueprint.get("/slots")
 async def slots():
-    """Each slot with its current or last request (llama-server's fields)."""
+    """Each slot with its current or last request (llama-server's fields); 501 with
+    --no-slots."""
     state = server_state()
+    if not state.config.slots_endpoint:
+        raise APIError(501, "this server's slots endpoint is off (--no-slots); start it "
+                       "without --no-slots")
     model = state.require_model()
     if state.kind != "text":   # one encoder runs a batch at a time: one slot
         return json_response([{"id": 0, "n_ctx": model.n_ctx, "speculative": False,

@@ -27,7 +27,7 @@ from kinetic import __version__
 from kinetic.api import embeddings as emb
 from kinetic.api.core import (ServerState, completion_prompt_ids, generation, json_body,
                               json_response, require_kind, server_state, serves, sse_event,
-                              sse_response)
+                              sse_response, token_limit)
 from kinetic.api.errors import APIError, bad_request, engine_error
 from kinetic.api.chat_reply import ChatReader, plan_chat, tool_call_objects
 from kinetic.api.params import (Options, check_prompt_fits, compile_shape, parse_chat,
@@ -47,9 +47,14 @@ FINISH_REASONS = {"stop": "stop", "length": "length", "cancelled": "stop"}
 # --- models -------------------------------------------------------------------------------
 
 def _model_object(state: ServerState) -> dict[str, Any]:
-    return {"id": state.model_id, "object": "model", "created": state.created,
-            "owned_by": "kinetic", "context_length": state.require_model().n_ctx,
-            "capabilities": serves(state)}
+    model = {"id": state.model_id, "object": "model", "created": state.created,
+             "owned_by": "kinetic", "context_length": state.require_model().n_ctx,
+             "capabilities": serves(state)}
+    if state.config.aliases:
+        model["aliases"] = list(state.config.aliases)
+    if state.config.tags:
+        model["tags"] = list(state.config.tags)
+    return model
 
 
 @blueprint.get("/v1/models")
@@ -62,7 +67,7 @@ async def list_models():
 @blueprint.get("/models/<path:model_id>")
 async def get_model(model_id: str):
     state = server_state()
-    if model_id != state.model_id:
+    if model_id != state.model_id and model_id not in state.config.aliases:
         raise APIError(404, f"no model {model_id!r}: this server serves {state.model_id!r}",
                        param="model", code="model_not_found")
     return json_response(_model_object(state))
@@ -131,12 +136,13 @@ async def rerank():
 
 # --- chat completions ---------------------------------------------------------------------
 
-def _generation_request(prompt: list[int], opts: Options, param: str,
+def _generation_request(state: ServerState, prompt: list[int], opts: Options, param: str,
                         grammar: Grammar | None = None,
                         special_text: bool = False) -> GenerationRequest:
     try:
-        return GenerationRequest(prompt, opts.params, opts.max_tokens, opts.stop, opts.logprobs,
-                                 grammar=grammar, special_text=special_text)
+        return GenerationRequest(prompt, opts.params, token_limit(state, opts.max_tokens),
+                                 opts.stop, opts.logprobs, grammar=grammar,
+                                 special_text=special_text)
     except ValueError as e:
         raise bad_request(str(e), param) from None
 
@@ -151,7 +157,7 @@ async def chat_completions():
     plan = await asyncio.to_thread(plan_chat, model, req)
     check_prompt_fits(len(plan.prompt), model.n_ctx, "messages")
     job = _Job("chatcmpl", state, model.tokenizer, req.options)
-    gen = _generation_request(plan.prompt, req.options, "messages", plan.grammar,
+    gen = _generation_request(state, plan.prompt, req.options, "messages", plan.grammar,
                               special_text=plan.calls is not None)
     if req.options.receipt:
         job.receipt = await receipt_maker(state, gen)
@@ -174,7 +180,7 @@ async def completions():
     if req.options.shape is not None:
         grammar = await asyncio.to_thread(compile_shape, req.options.shape, model)
     job = _Job("cmpl", state, model.tokenizer, req.options)
-    gen = _generation_request(prompt, req.options, "prompt", grammar)
+    gen = _generation_request(state, prompt, req.options, "prompt", grammar)
     if req.options.receipt:
         job.receipt = await receipt_maker(state, gen)
     if req.options.stream:

@@ -246,6 +246,18 @@ class Engine:
             if not answered:
                 self.cancel(seq_id)
 
+    async def forget(self, tokens: list[int]) -> int:
+        """Drop the prefix cache's pages of `tokens` that no request is using (llama-server's
+        slot erase), on the engine thread. Returns the tokens whose pages were dropped."""
+        if self._dead:
+            raise RuntimeError(self._dead)
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
+        self._inbox.put(("forget", (list(tokens),
+                                    lambda n: loop.call_soon_threadsafe(done.set_result, n))))
+        self._wake.set()
+        return await done
+
     def generate(self, request: GenerationRequest) -> Iterator[Delta]:
         """The request's deltas, synchronously (for notebooks and tests)."""
         out: queue.SimpleQueue = queue.SimpleQueue()
@@ -434,6 +446,9 @@ class Engine:
                 seq_id, tokens, sink = item
                 self._prefills[seq_id] = sink
                 self.scheduler.add_prefill(seq_id, tokens)
+            elif kind == "forget":
+                tokens, answer = item
+                self._answer(answer, self.scheduler.forget(tokens))
             elif kind == "cancel" and item in self._jobs:
                 self._jobs[item].finish("cancelled", self._usage(item))
                 self._drop(item)
