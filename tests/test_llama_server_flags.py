@@ -215,3 +215,116 @@ def test_no_slots_and_no_save_path_answer_501(tiny_path):
         status, body = client.post("/slots/0?action=save", b'{"filename": "a.bin"}')
         assert status == 501 and "--slot-save-path" in body["error"]["message"]
         assert client.get("/props")[1]["endpoint_slots"] is False
+
+
+# --- resumable streams (X-Conversation-Id) -----------------------------------------------
+
+def _stream(app, path: str, body: dict, headers: dict) -> bytes:
+    import asyncio
+
+    async def send():
+        resp = await app.client.post(path, json=body, headers=headers)
+        return resp.status_code, await resp.get_data()
+    status, data = asyncio.run_coroutine_threadsafe(send(), app.loop).result(60)
+    assert status == 200, data
+    return data
+
+
+def _request(app, method: str, path: str):
+    import asyncio
+
+    async def send():
+        resp = await app.client.open(path, method=method)
+        return resp.status_code, await resp.get_data()
+    return asyncio.run_coroutine_threadsafe(send(), app.loop).result(60)
+
+
+def test_a_recorded_stream_replays_from_any_byte_and_stops(app):
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+            "stream": True, "temperature": 0}
+    live = _stream(app, "/v1/chat/completions", body, {"X-Conversation-Id": "c/1:x"})
+    assert live.endswith(b"data: [DONE]\n\n")
+    status, replay = _request(app, "GET", "/v1/stream?conv_id=c%2F1%3Ax&from=0")
+    assert status == 200 and replay == live
+    status, tail = _request(app, "GET", "/v1/stream?conv_id=c%2F1%3Ax&from=3")
+    assert status == 200 and tail == live[3:]
+    assert _request(app, "DELETE", "/v1/stream?conv_id=c%2F1%3Ax")[0] == 204
+    assert _request(app, "GET", "/v1/stream?conv_id=c%2F1%3Ax&from=0")[0] == 404
+    assert _request(app, "DELETE", "/v1/stream?conv_id=never")[0] == 204
+
+
+def test_only_streams_with_an_id_are_recorded(app):
+    _stream(app, "/completion", {"prompt": "hi", "n_predict": 2, "stream": True}, {})
+    app.post("/v1/completions", json.dumps({"prompt": "hi", "max_tokens": 1}).encode())
+    assert _request(app, "GET", "/v1/stream?conv_id=&from=0")[0] == 400
+    status, body = _request(app, "GET", "/v1/stream?conv_id=c9&from=-1")
+    assert status == 400
+
+
+def test_a_conversation_id_is_bounded(app):
+    import asyncio
+
+    async def send():
+        resp = await app.client.post("/completion", json={"prompt": "hi", "stream": True},
+                                     headers={"X-Conversation-Id": "x" * 300})
+        return resp.status_code, await resp.get_data()
+    status, data = asyncio.run_coroutine_threadsafe(send(), app.loop).result(60)
+    assert_error_shape(status, json.loads(data))
+
+
+def test_the_store_runs_a_stream_without_its_reader_and_stops_it():
+    import asyncio
+
+    from kinetic.api import stream_store
+
+    async def main():
+        closed = asyncio.Event()
+        release = asyncio.Event()
+
+        async def events():
+            try:
+                yield "data: 1\n\n"
+                await release.wait()     # a generation that goes on after its reader left
+                yield "data: 2\n\n"
+                await asyncio.Event().wait()
+            finally:
+                closed.set()
+
+        store = stream_store.StreamStore()
+        session = store.record("c", events())
+        reader = session.read(0)
+        assert await reader.__anext__() == b"data: 1\n\n"
+        await reader.aclose()            # the client goes away
+        release.set()
+        for _ in range(100):
+            if len(session.data) > 9:
+                break
+            await asyncio.sleep(0)
+        assert bytes(session.data) == b"data: 1\n\ndata: 2\n\n" and not closed.is_set()
+        assert store.stop("c") and store.get("c") is None
+        await asyncio.wait_for(closed.wait(), 5)   # stopping closed the generation
+        assert not store.stop("c")
+    asyncio.run(main())
+
+
+def test_the_store_refuses_past_its_running_sessions(monkeypatch):
+    import asyncio
+
+    from kinetic.api import stream_store
+    monkeypatch.setattr(stream_store, "MAX_SESSIONS", 2)
+
+    async def forever():
+        yield "data: x\n\n"
+        await asyncio.Event().wait()
+
+    async def main():
+        store = stream_store.StreamStore()
+        store.record("a", forever())
+        store.record("b", forever())
+        with pytest.raises(LookupError):
+            store.record("c", forever())
+        store.stop("a")
+        store.record("c", forever())
+        for k in ("b", "c"):
+            store.stop(k)
+    asyncio.run(main())

@@ -25,6 +25,7 @@ from quart import Response, current_app, request
 from kinetic.api.body import parse_json_object
 from kinetic.api.errors import APIError, bad_request, unavailable
 from kinetic.api.metrics import Activity, Task
+from kinetic.api.stream_store import MAX_ID_CHARS, StreamStore
 from kinetic.engine.request import Delta, GenerationRequest
 
 if TYPE_CHECKING:
@@ -89,6 +90,7 @@ class ServerState:
         self.loading = "Loading model"     # the 503 message while loading
         self.created = int(time.time())
         self.activity = Activity()         # every generation since ready (metrics.py)
+        self.streams = StreamStore()       # resumable streams (X-Conversation-Id)
 
     @property
     def ready(self) -> bool:
@@ -166,9 +168,20 @@ def json_response(obj: Any, status: int = 200) -> Response:
     return Response(dumps(obj), status=status, mimetype="application/json")
 
 
-def sse_response(events: AsyncIterator[str]) -> Response:
+def sse_response(events: AsyncIterator[str], resumable: bool = True) -> Response:
     """A server-sent events answer from an async iterator of ready-made `data: ...` events.
-    Closing it (the client went away) closes `events`, which cancels its generation."""
+    Closing it (the client went away) closes `events`, which cancels its generation; unless
+    the request has an X-Conversation-Id: then the answer is recorded and goes on without
+    the client, who can resume it from any byte (stream_store.py). resumable=False: never
+    recorded (a resumed stream itself)."""
+    conv_id = request.headers.get("X-Conversation-Id") if resumable else None
+    if conv_id is not None:
+        if not 0 < len(conv_id) <= MAX_ID_CHARS:
+            raise bad_request(f"X-Conversation-Id must have 1 to {MAX_ID_CHARS} characters")
+        try:
+            events = server_state().streams.record(conv_id, events).read(0)
+        except LookupError as e:
+            raise unavailable(f"{e}; try again later") from None
     resp = Response(events, mimetype="text/event-stream",
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     resp.timeout = None  # a stream lasts as long as the generation, not RESPONSE_TIMEOUT

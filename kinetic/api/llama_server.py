@@ -25,7 +25,7 @@ import secrets
 from contextlib import aclosing
 from typing import Any, AsyncIterator
 
-from quart import Blueprint, Response
+from quart import Blueprint, Response, request
 
 from kinetic import __version__, kernels
 from kinetic.api import embeddings as emb
@@ -326,6 +326,37 @@ async def detokenize():
 
 
 # --- the server ---------------------------------------------------------------------------
+
+# --- resumable streams (stream_store.py) --------------------------------------------------
+
+def _conv_id() -> str:
+    conv_id = request.args.get("conv_id")
+    if not conv_id:
+        raise bad_request("conv_id is missing: GET or DELETE /v1/stream?conv_id=ID", "conv_id")
+    return conv_id
+
+
+@blueprint.get("/v1/stream")
+async def resume_stream():
+    """A recorded stream from byte `from` (default 0), followed live until it ends; 404 for
+    an id with no recording."""
+    session = server_state().streams.get(_conv_id())
+    start = request.args.get("from", "0")
+    if not start.isdigit() or len(start) > 18:
+        raise bad_request("from must be a byte offset: a whole number of at least 0", "from")
+    if session is None:
+        raise APIError(404, "no stream is recorded under this conv_id (it ended more than "
+                       "10 minutes ago, was stopped, or never had an X-Conversation-Id)",
+                       param="conv_id")
+    return sse_response(session.read(int(start)), resumable=False)
+
+
+@blueprint.delete("/v1/stream")
+async def stop_stream():
+    """Stop a recorded stream's generation and forget it: 204, known or not."""
+    server_state().streams.stop(_conv_id())
+    return Response(status=204)
+
 
 @blueprint.get("/health")
 @blueprint.get("/v1/health")
