@@ -126,7 +126,7 @@ def serve_options(args: argparse.Namespace):
         stall_timeout=args.stall_timeout, sign_key=args.sign_key, ollama=args.ollama,
         aliases=_names(args.alias), tags=_names(args.tags), n_predict=args.n_predict,
         slots_endpoint=not args.no_slots, slot_save_path=args.slot_save_path,
-        verbose=args.verbose)
+        verbose=args.verbose, webui=not args.no_webui)
     if args.slot_save_path is not None and not os.path.isdir(args.slot_save_path):
         raise SystemExit(f"kinetic serve: --slot-save-path {args.slot_save_path}: not a "
                          f"directory")
@@ -408,7 +408,6 @@ IGNORED_FLAGS = [
      "each slot holds its own share of the context"),
     (("--offline",), False, "kinetic never downloads"),
     (("--no-repack",), False, "kinetic has no weight repacking"),
-    (("--webui", "--ui", "--no-webui", "--no-ui"), False, "kinetic has no web UI"),
     (("--draft-min", "--spec-draft-n-min"), True, "drafts are checked whatever their length"),
     (("--reasoning-format",), True, "reasoning always comes back as reasoning_content"),
 ]
@@ -444,6 +443,11 @@ def _add_llama_server_flags(serve: argparse.ArgumentParser) -> None:
                    help="read the Jinja chat template from FILE")
     g.add_argument("-v", "--verbose", "--log-verbose", action="store_true",
                    help="log each request's method, path, status and time on stderr")
+    g.add_argument("--no-webui", "--no-ui", action="store_true",
+                   help="no web page at / (default: a chat page, for a browser on this "
+                   "computer)")
+    g.add_argument("--webui", "--ui", dest="ignored_webui", action="store_true",
+                   help="accepted and ignored: the page is on by default")
     g.add_argument("--context-shift", action="store_true",
                    help="refused: kinetic never shifts the context (an answer ends with "
                    "finish_reason length at the context's end)")

@@ -72,7 +72,7 @@ def test_preflight_is_answered_as_llama_server_answers_it(app, origin):
     assert status == 200 and body == b""
     assert head["Access-Control-Allow-Origin"] == origin
     assert head["Access-Control-Allow-Credentials"] == "true"
-    assert head["Access-Control-Allow-Methods"] == "GET, POST"
+    assert head["Access-Control-Allow-Methods"] == "GET, POST, DELETE, OPTIONS"
     assert head["Access-Control-Allow-Headers"] == "*"
     assert "Origin" in head["Vary"]
 

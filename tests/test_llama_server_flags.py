@@ -328,3 +328,30 @@ def test_the_store_refuses_past_its_running_sessions(monkeypatch):
         for k in ("b", "c"):
             store.stop(k)
     asyncio.run(main())
+
+
+# --- the web page -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path,kind", [("/", "text/html"), ("/index.html", "text/html"),
+                                       ("/bundle.js", "text/javascript"),
+                                       ("/bundle.css", "text/css")])
+def test_the_web_page_is_served_without_a_key(tiny_path, path, kind):
+    import asyncio
+    config = ServerConfig(api_keys=("secret",))
+    with model_app(tiny_path, server_config=config, n_ctx=N_CTX, parallel=1) as client:
+        async def send():
+            resp = await client.client.get(path)
+            return resp.status_code, resp.mimetype, await resp.get_data()
+        status, mimetype, data = asyncio.run_coroutine_threadsafe(send(), client.loop).result(60)
+        assert status == 200 and mimetype == kind
+        if kind == "text/html":
+            assert data.lower().startswith(b"<!doctype html>") and b"bundle.js" in data
+        assert client.get("/v1/models")[0] == 401   # the API still needs the key
+
+
+def test_no_webui_turns_the_page_off(tiny_path):
+    config = ServerConfig(webui=False)
+    with model_app(tiny_path, server_config=config, n_ctx=N_CTX, parallel=1) as client:
+        for path in ("/", "/bundle.js"):
+            status, body = client.get(path)
+            assert status == 404 and "--no-webui" in body["error"]["message"]

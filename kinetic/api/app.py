@@ -13,7 +13,7 @@ from __future__ import annotations
 from quart import Quart
 from werkzeug.exceptions import HTTPException
 
-from kinetic.api import access, llama_server, openai, prefill, slot_actions
+from kinetic.api import access, llama_server, openai, prefill, slot_actions, webui
 from kinetic.api.core import ServerState
 from kinetic.api.errors import APIError
 
@@ -34,4 +34,5 @@ def create_app(state: ServerState) -> Quart:
     app.register_blueprint(prefill.blueprint)
     app.register_blueprint(llama_server.blueprint)
     app.register_blueprint(slot_actions.blueprint)
+    app.register_blueprint(webui.blueprint)
     return app

@@ -58,6 +58,7 @@ class ServerConfig:
     slots_endpoint: bool = True        # --no-slots: GET /slots answers 501
     slot_save_path: str | None = None  # --slot-save-path: where /slots/N?action=save writes
     verbose: bool = False              # --verbose: a log line per request
+    webui: bool = True                 # --no-webui: no page at /
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
