@@ -346,7 +346,15 @@ def run_file(target: str, name: str, dest: Path, work: Path, shim: Path, python:
     junit.parent.mkdir(parents=True, exist_ok=True)
     log = work / "logs" / target / f"pytest-{name}.log"
     starts = work / "logs" / target / f"starts-{name}.jsonl"
-    cmd = [python, "-m", "pytest", f"unit/{name}.py", "-p", "no:cacheprovider",
+    targets = [f"unit/{name}.py"]
+    if args.only_passing is not None:
+        targets = [f"unit/{name}.py::{tid.partition('::')[2]}"
+                   for tid, r in args.only_passing.items()
+                   if tid.startswith(f"{name}::") and r["outcome"] == "passed"]
+        if not targets:
+            return dict(results={}, starts=[], invocations=[], seconds=0.0, rc=0,
+                        pytest_log="")
+    cmd = [python, "-m", "pytest", *targets, "-p", "no:cacheprovider",
            "-p", "llama_server_tests_plugin", f"--junitxml={junit}", "-rA", "-v"]
     if args.test_timeout and importlib.util.find_spec("pytest_timeout") is not None:
         cmd.append(f"--timeout={args.test_timeout}")
@@ -590,6 +598,9 @@ def main() -> int:
     ap.add_argument("--files", nargs="+", default=DEFAULT_FILES,
                     help="test files, as test_basic (default: %(default)s)")
     ap.add_argument("-k", help="pytest -k expression")
+    ap.add_argument("--only-passing", type=Path, metavar="JSON",
+                    help="run only the tests that passed on llama-server in this saved run "
+                    "(--json of a --target llama-server run): the ones kinetic must pass")
     ap.add_argument("--templates", type=Path, default=DEFAULT_TEMPLATES,
                     help="chat templates for models/templates (default %(default)s)")
     ap.add_argument("--start-timeout", type=float, default=180,
@@ -615,6 +626,8 @@ def main() -> int:
         if args.json:
             args.json.write_text(json.dumps(data, indent=1))
         return 0
+    if args.only_passing is not None:
+        args.only_passing = json.loads(args.only_passing.read_text())["results"]["llama-server"]
     if not args.tests or not args.model:
         ap.error("--tests and --model are needed (or --merge)")
     for attr in ("model", "embedding_model", "rerank_model", "llama_server"):
