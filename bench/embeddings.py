@@ -25,7 +25,6 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,10 +38,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.probes import OtherLoad, cpu_has, cpu_name, load_note, wait_quiet   # noqa: E402
-from bench.servers import (KineticServer, LlamaServer, find_llama_server,   # noqa: E402
-                           link_shared_libraries, resolve_server_binary)
-from tests.serve_process import ServeProcess, free_port   # noqa: E402
+from bench.probes import OtherLoad, cpu_name, load_note, wait_quiet   # noqa: E402
+from bench.servers import KineticServer, LlamaServer, find_llama_server   # noqa: E402
+from tests.serve_process import ServeProcess   # noqa: E402
 
 DEFAULT_MODEL = ROOT.parent / "shared" / "models" / "all-MiniLM-L6-v2-f16.gguf"
 MAX_TEXTS = 256   # kinetic's limit of inputs a request (kinetic/api/embeddings.py)
@@ -80,25 +78,6 @@ class Kinetic(KineticServer):
         self.url, self.pid = self.serve.url, self.serve.proc.pid
         self.cmd = [sys.executable, "-m", "kinetic.cli", "serve", gguf,
                     "--port", str(self.serve.port)]
-
-
-class LlamaEmbeddings(LlamaServer):
-    """`llama-server -m GGUF --embeddings -t THREADS`, its default context and batch sizes
-    (LlamaServer's wait_ready, pid, peak_rss and close)."""
-
-    def __init__(self, path: str, gguf: str, threads: int, log=None):
-        binary, wrapper = resolve_server_binary(path)
-        if not wrapper:
-            link_shared_libraries(binary)
-        self.port, self.binary, self.wrapper = free_port(), binary, wrapper
-        flags = ["--embeddings", "-t", str(threads)]
-        if cpu_has("amx_tile"):
-            flags += ["--no-repack"]
-        self.cmd = ([binary, "-m", gguf, "--host", "127.0.0.1", "--port", str(self.port)]
-                    + (["--"] if wrapper else []) + flags)
-        self.proc = subprocess.Popen(self.cmd, stdout=log or subprocess.DEVNULL,
-                                     stderr=subprocess.STDOUT)
-        self.url = f"http://127.0.0.1:{self.port}"
 
 
 def embed(url: str, texts: list[str]) -> dict:
@@ -215,7 +194,8 @@ def main(argv=None) -> int:
     print(f"servers' log: {log.name}")
     starts = {"kinetic": lambda: Kinetic(str(model), log=log)}
     if llama:
-        starts["llama-server"] = lambda: LlamaEmbeddings(llama, str(model), args.threads, log)
+        starts["llama-server"] = lambda: LlamaServer(llama, str(model), threads=args.threads,
+                                                     flags=["--embeddings"], log=log)
     servers = {}
     try:
         for name, start in starts.items():   # both up; only one works at a time

@@ -184,21 +184,24 @@ def link_shared_libraries(binary: str) -> None:
 
 class LlamaServer:
     """llama.cpp's server on `gguf`: -c n_ctx*parallel -np parallel -t threads, no RAM
-    prompt cache, no weight repacking on an AMX CPU. Its output goes to `log`."""
+    prompt cache, no weight repacking on an AMX CPU; or, given `flags`, those and -t threads
+    (its own default sizes). Its output goes to `log`."""
 
-    def __init__(self, path: str, gguf: str, *, parallel: int, n_ctx: int, threads: int,
-                 log=None):
+    def __init__(self, path: str, gguf: str, *, threads: int, parallel: int = 1,
+                 n_ctx: int = 0, flags: list[str] | None = None, log=None):
         binary, wrapper = resolve_server_binary(path)
         if not wrapper:
             link_shared_libraries(binary)
         self.port = free_port()
-        flags = ["-c", str(n_ctx * parallel), "-np", str(parallel), "-t", str(threads)]
+        given = flags is not None
+        flags = ([*flags, "-t", str(threads)] if given else
+                 ["-c", str(n_ctx * parallel), "-np", str(parallel), "-t", str(threads)])
         try:
             helptext = subprocess.run([binary, "--help"], capture_output=True, text=True,
                                       timeout=60).stdout if not wrapper else ""
         except (OSError, subprocess.SubprocessError):
             helptext = ""
-        if "--cache-ram" in helptext:   # newer servers keep a RAM prompt cache: off
+        if "--cache-ram" in helptext and not given:   # newer servers keep a RAM prompt cache: off
             flags += ["--cache-ram", "0"]
         if cpu_has("amx_tile") and "--no-repack" in helptext:
             flags += ["--no-repack"]
