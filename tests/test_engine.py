@@ -202,10 +202,11 @@ def test_shared_prefix_is_taken_from_the_cache_and_changes_nothing(engine):
     # exactly 3 full pages: the last token is always computed, so 2 pages are reused
     r = run(engine, GenerationRequest(prompt[:12], max_tokens=6))
     assert r.usage.cached_tokens == 8 and r.tokens == greedy(prompt[:12], 6)[0]
-    # the answer's own pages were kept too: prompt + its answer reuses 4 pages
+    # the answer's own rows were kept too: prompt + its answer reuses 4 whole pages and the
+    # 2 rows of the partly filled fifth (host memory keeps a finished request's last page)
     longer = prompt + expected
     r = run(engine, GenerationRequest(longer, max_tokens=6))
-    assert r.usage.cached_tokens == 16 and r.tokens == greedy(longer, 6)[0]
+    assert r.usage.cached_tokens == 18 and r.tokens == greedy(longer, 6)[0]
 
 
 @pytest.mark.parametrize("host_cache_mb", [0, 1])
@@ -216,7 +217,9 @@ def test_evicted_prefix_comes_back_from_host_memory(make_engine, host_cache_mb):
     first = run(e, GenerationRequest(prompt, max_tokens=3))  # 3 full prompt pages kept
     filler = [30] * 29  # 29 + 2 tokens: every page
     assert run(e, GenerationRequest(filler, max_tokens=2)).tokens == greedy(filler, 2)[0]
-    assert e.counters()["pages_to_host"] == (3 if host_cache_mb else 0)
+    # the 3 whole pages evicted, and the first request's partly filled last page, kept when
+    # it finished
+    assert e.counters()["pages_to_host"] == (4 if host_cache_mb else 0)
     again = run(e, GenerationRequest(prompt, max_tokens=3))
     assert again.tokens == first.tokens == greedy(prompt, 3)[0]
     assert again.usage.cached_tokens == (12 if host_cache_mb else 0)

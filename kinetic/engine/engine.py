@@ -114,6 +114,7 @@ class Engine:
             self.runner.config, chunk_tokens=config.chunk_tokens))
         if config.host_cache_mb > 0:
             self.scheduler.host = self.host_pages
+        self.scheduler.keep_partial = self.drafter is None
         self.vocab_size = model.config.vocab_size
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -575,17 +576,24 @@ class Engine:
 
     def _sync_host_pages(self, plan) -> None:
         """Save pages evicted while planning (still intact on the device) to host memory,
-        then copy back the ones the plan restores. The draft model's cache goes along."""
+        then copy back the ones the plan restores (a page saved in this same plan too: a
+        finished sequence's partial page, reused at once). The restores' data is taken before
+        the saves, which could push it out of the host store. The draft model's cache goes
+        along."""
         runners = [self.runner] + ([self.drafter.runner] if self.drafter else [])
+        saved: dict[bytes, list] = {}
         if plan.evicted and self.scheduler.host is not None:
             pages = [p for p, _ in plan.evicted]
             copies = [r.read_pages(pages) for r in runners]
             for i, (_, key) in enumerate(plan.evicted):
-                self.host_pages.put(key, [a for c in copies for a in c[i]])
+                saved[key] = [a for c in copies for a in c[i]]
             self._counters["pages_to_host"] += len(pages)
+        data = [saved[key] if key in saved else self.host_pages.get(key)
+                for _, key in plan.restores]
+        for key, arrays in saved.items():
+            self.host_pages.put(key, arrays)
         if plan.restores:
             pages = [p for p, _ in plan.restores]
-            data = [self.host_pages.get(key) for _, key in plan.restores]
             start = 0
             for r in runners:
                 n = 2 * len(r.cache)

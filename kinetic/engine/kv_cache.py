@@ -44,6 +44,15 @@ def page_key(parent: bytes | None, tokens: Sequence[int]) -> bytes:
     return h.digest()
 
 
+def partial_key(parent: bytes | None, tokens: Sequence[int]) -> bytes:
+    """Key of the first len(tokens) < page_size rows of a page (a finished sequence's last,
+    partly filled page), after the page with key `parent`. The hashed bytes are 7 mod 8 long,
+    so they never equal a full page's (0 mod 8)."""
+    h = hashlib.sha256(b"partial" + (parent or b""))
+    h.update(array("q", tokens).tobytes())
+    return h.digest()
+
+
 def extend_keys(keys: list[bytes], tokens: Sequence[int], page_size: int,
                 num_pages: int) -> list[bytes]:
     """Extend `keys` (the chain for the first len(keys) pages of `tokens`) in place to the

@@ -48,13 +48,15 @@ in the cache, and its `Prefilled` record in `ended` for the engine to answer.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from enum import Enum
 
 import numpy as np
 
-from kinetic.engine.kv_cache import PageManager, extend_keys
+from kinetic.engine.kv_cache import PageManager, extend_keys, partial_key
+
+MAX_PARTIAL_KEYS = 1 << 14   # leading runs of kept partial pages the scheduler remembers
 
 
 class ContextOverflow(ValueError):
@@ -231,6 +233,12 @@ class Scheduler:
         self._budget = 0                       # while planning: rows left in the step
         self._taken: dict[int, tuple[int, int]] = {}   # while planning: seq id -> (rows, drafts)
         self.host = None       # a container of page keys held in host memory (engine's tier)
+        self.keep_partial = True   # a finished sequence's partly filled last page goes to
+                                   # host memory too (the engine turns it off with a draft
+                                   # model, whose cache need not hold the same rows)
+        # every leading run of a kept partial page's tokens -> the key its page is kept
+        # under in host memory (most recent last; at most MAX_PARTIAL_KEYS)
+        self._partials: OrderedDict[bytes, bytes] = OrderedDict()
         self.restores: list[tuple[int, bytes]] = []  # pages to fill from host this step
 
     # --- requests ---------------------------------------------------------------------
@@ -312,6 +320,7 @@ class Scheduler:
         released at once and it leaves the scheduler. Returns it."""
         seq = self.sequences.pop(seq_id)
         if seq.status is Status.RUNNING:
+            self._keep_partial_page(seq)
             self._release(seq)
             (self.filling if seq.prefill else self.running).remove(seq)
         else:
@@ -627,6 +636,10 @@ class Scheduler:
                 from_host.append(key)
             from_host = from_host[:max(0, self.pages.available - revived - 1)]
         computed = (len(hits) + len(from_host)) * ps
+        partial = self._partial_hit(seq, keys[:len(hits) + len(from_host)], last,
+                                    self.pages.available - revived - len(from_host))
+        if partial is not None:
+            computed += partial[1]
         n = min(len(seq.tokens) - computed, self.config.chunk_tokens, budget)
         n = min(n, (len(hits) + self.pages.available - revived) * ps - computed)
         if n < 1:
@@ -639,6 +652,10 @@ class Scheduler:
                 self.restores.append((page, key))
             hits = hits + restored
         seq.pages, seq.num_computed, seq.num_registered = hits, computed, len(hits)
+        if partial is not None:   # a private copy: this sequence writes on into the page
+            page = self.pages.allocate(1)[0]
+            self.restores.append((page, partial[0]))
+            seq.pages = hits + [page]
         if seq.status is Status.WAITING:
             seq.num_cached = computed
         self._grow(seq, n)
@@ -651,6 +668,46 @@ class Scheduler:
         later = [i for i, s in enumerate(self.running) if s.arrival > seq.arrival]
         self.running.insert(later[0] if later else len(self.running), seq)
         return n
+
+    def _partial_hit(self, seq: Sequence, keys: list[bytes], last: int,
+                     pages_left: int) -> tuple[bytes, int] | None:
+        """(key, rows) of the longest partly filled page in host memory that continues the
+        cached whole pages `keys` with seq's next tokens (leaving `last` tokens to compute),
+        if a page is left to copy it into; else None."""
+        if (self.host is None or not self.keep_partial or not seq.use_prefix_cache
+                or seq.prefill or pages_left < 1):
+            return None
+        ps, start = self.config.page_size, len(keys) * self.config.page_size
+        parent = keys[-1] if keys else None
+        pending = {key for _, key in self.pages.evicted}   # saved before this plan's restores
+        for k in range(min(ps - 1, len(seq.tokens) - last - start), 0, -1):
+            kept = self._partials.get(partial_key(parent, seq.tokens[start:start + k]))
+            if kept is not None and (kept in self.host or kept in pending):
+                return kept, k
+        return None
+
+    def _keep_partial_page(self, seq: Sequence) -> None:
+        """Send the partly filled last page of a finishing sequence to host memory (as an
+        evicted page is sent: the engine copies it before the next step writes anywhere), so
+        that a later prompt that starts the same reuses those rows too, not only whole pages."""
+        if self.host is None or not self.keep_partial or not seq.use_prefix_cache or seq.prefill:
+            return
+        ps = self.config.page_size
+        full, k = divmod(seq.num_computed, ps)
+        if k == 0 or full >= len(seq.pages):
+            return
+        extend_keys(seq.page_keys, seq.tokens, ps, full)
+        parent = seq.page_keys[full - 1] if full else None
+        tail = seq.tokens[full * ps:full * ps + k]
+        kept = partial_key(parent, tail)
+        if kept not in self.host:
+            self.pages.evicted.append((seq.pages[full], kept))
+        for i in range(1, k + 1):
+            run = partial_key(parent, tail[:i])
+            self._partials.pop(run, None)
+            self._partials[run] = kept
+        while len(self._partials) > MAX_PARTIAL_KEYS:
+            self._partials.popitem(last=False)
 
     def _grow(self, seq: Sequence, n: int) -> None:
         need = _cdiv(seq.num_computed + n, self.config.page_size) - len(seq.pages)
