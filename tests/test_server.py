@@ -459,3 +459,16 @@ def test_closed_connections_stop_counting(server):
     closes it, so none is refused."""
     statuses = {server.request("GET", "/health")[0] for _ in range(80)}
     assert statuses == {200}
+
+
+def test_header_names_are_written_as_llama_server_writes_them(server):
+    """Title case on the wire (HTTP does not care; scripts that put headers in a plain dict
+    look them up as llama-server spells them)."""
+    with server.connect() as sock:
+        sock.sendall(raw_request("OPTIONS", "/completion", {
+            "Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST"}))
+        head = read_until(sock, b"\r\n\r\n").decode("latin1")
+    assert head.startswith("HTTP/1.1 200")
+    for name in ("Access-Control-Allow-Origin", "Access-Control-Allow-Methods",
+                 "Access-Control-Allow-Credentials", "Content-Type"):
+        assert f"\r\n{name}: " in head, head

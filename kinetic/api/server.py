@@ -253,12 +253,26 @@ async def _refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
         writer.close()
 
 
+def title_case_headers(app):
+    """The ASGI app with its answers' header names written as llama-server writes them
+    (Content-Type, Access-Control-Allow-Origin): ASGI hands them on lowercased, and scripts
+    that read headers into a plain dict look them up by llama-server's spelling."""
+    async def asgi(scope, receive, send):
+        async def send_titled(message):
+            if message["type"] == "http.response.start":
+                message = dict(message, headers=[(b"-".join(w.capitalize() for w in n.split(b"-")), v)
+                                                 for n, v in message.get("headers", ())])
+            await send(message)
+        await app(scope, receive, send_titled)
+    return asgi
+
+
 async def _serve(app, hconfig: HypercornConfig, sockets, max_connections: int,
                  stop: asyncio.Event) -> None:
     """Hypercorn's worker loop (hypercorn.asyncio.run.worker_serve) with a count of open
     connections: each one past `max_connections` is refused at once (`_refuse`)."""
     loop = asyncio.get_running_loop()
-    asgi = wrap_app(app, hconfig.wsgi_max_body_size, "asgi")
+    asgi = wrap_app(title_case_headers(app), hconfig.wsgi_max_body_size, "asgi")
     lifespan_state: dict = {}
     lifespan = Lifespan(asgi, hconfig, loop, lifespan_state)
     lifespan_task = loop.create_task(lifespan.handle_lifespan())
