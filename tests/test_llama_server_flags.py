@@ -213,7 +213,7 @@ def test_no_slots_and_no_save_path_answer_501(tiny_path):
         status, body = client.get("/slots")
         assert status == 501 and body["error"]["type"] == "not_supported_error"
         status, body = client.post("/slots/0?action=save", b'{"filename": "a.bin"}')
-        assert status == 501 and "--slot-save-path" in body["error"]["message"]
+        assert status == 501 and "`--slot-save-path`" in body["error"]["message"]
         assert client.get("/props")[1]["endpoint_slots"] is False
 
 
@@ -355,3 +355,26 @@ def test_no_webui_turns_the_page_off(tiny_path):
         for path in ("/", "/bundle.js"):
             status, body = client.get(path)
             assert status == 404 and "--no-webui" in body["error"]["message"]
+
+
+def test_fail_on_no_slot_answers_503_only_when_every_slot_is_busy(app):
+    from kinetic.engine.request import GenerationRequest
+    from kinetic.engine.sampling_params import SamplingParams
+    from tests.mock_model import Collector, Gate
+    status, body = app.get("/slots?fail_on_no_slot=0")   # idle: the list, whatever the value
+    assert status == 200 and len(body) == 2
+    engine = app.app.extensions["kinetic"].model.engine
+    params = SamplingParams(temperature=0.0, ignore_eos=True)
+    first, gate = Collector(), Gate(at=2)
+    ids = [engine.start(GenerationRequest([5, 6, 7], params, 60, speculative=False), sink)
+           for sink in (first, gate)]
+    gate.wait_reached()   # held in the second's second token: the first (60 tokens) runs too
+    try:
+        status, body = app.get("/slots?fail_on_no_slot=0")
+        assert status == 503 and body["error"]["message"] == "no slot available"
+        assert app.get("/slots")[0] == 200
+    finally:
+        for i in ids:
+            engine.cancel(i)
+        gate.release()
+        first.wait()

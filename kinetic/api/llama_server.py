@@ -433,12 +433,18 @@ def _encoder_props(state: ServerState, model) -> dict[str, Any]:
 @blueprint.get("/slots")
 async def slots():
     """Each slot with its current or last request (llama-server's fields); 501 with
-    --no-slots."""
+    --no-slots (llama-server's message); with ?fail_on_no_slot (any value), 503 when no slot
+    is idle."""
     state = server_state()
     if not state.config.slots_endpoint:
-        raise APIError(501, "this server's slots endpoint is off (--no-slots); start it "
-                       "without --no-slots")
+        raise APIError(501, "This server does not support slots endpoint. Start it with "
+                       "`--slots`")
     model = state.require_model()
+    if "fail_on_no_slot" in request.args:
+        busy = ([state.activity.encoding > 0] if state.kind != "text"
+                else [s.busy for s in model.engine.stats().slots])
+        if all(busy):
+            raise unavailable("no slot available")
     if state.kind != "text":   # one encoder runs a batch at a time: one slot
         return json_response([{"id": 0, "n_ctx": model.n_ctx, "speculative": False,
                                "is_processing": state.activity.encoding > 0}])

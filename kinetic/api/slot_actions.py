@@ -60,8 +60,8 @@ async def slot_action(id_slot: int):
     if action not in ("save", "restore"):
         raise bad_request(f"action must be save, restore or erase, not {action!r}", "action")
     if state.config.slot_save_path is None:
-        raise APIError(501, "slot save and restore are off: start the server with "
-                       "--slot-save-path DIR")
+        raise APIError(501, "This server does not support slots action. Start it with "
+                       "`--slot-save-path`")
     body = await json_body() if await request.get_data() else {}
     path = _file_path(state, body.get("filename"))
     began = time.perf_counter()
