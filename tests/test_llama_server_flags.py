@@ -378,3 +378,13 @@ def test_fail_on_no_slot_answers_503_only_when_every_slot_is_busy(app):
             engine.cancel(i)
         gate.release()
         first.wait()
+
+
+def test_openai_routes_take_llama_servers_n_predict(app):
+    status, body = app.post("/v1/completions", json.dumps(
+        {"prompt": "hi", "n_predict": 2, "temperature": 0}).encode())
+    assert status == 200 and body["usage"]["completion_tokens"] <= 2
+    status, body = app.post("/v1/chat/completions", json.dumps(
+        {"messages": [{"role": "user", "content": "hi"}], "n_predict": 0}).encode())
+    assert_error_shape(status, body)
+    assert body["error"]["param"] == "n_predict"

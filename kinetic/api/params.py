@@ -412,6 +412,11 @@ def options(body: dict, defaults: SamplingParams, logprobs: int | None) -> Optio
     max_tokens = integer(body, "max_completion_tokens", 1, MAX_TOKENS_LIMIT)
     if max_tokens is None:
         max_tokens = integer(body, "max_tokens", 1, MAX_TOKENS_LIMIT)
+    if max_tokens is None:   # llama-server's name, which its OpenAI routes take too
+        n_predict = integer(body, "n_predict", -1, MAX_TOKENS_LIMIT)
+        if n_predict == 0:
+            raise bad_request("n_predict must be -1 (no limit) or at least 1", "n_predict")
+        max_tokens = None if n_predict == -1 else n_predict
     stream = bool(boolean(body, "stream"))
     stream_options = obj(body, "stream_options") or {}
     include_usage = stream_options.get("include_usage")
