@@ -132,6 +132,7 @@ def test_props_show_the_server_defaults(app):
     assert params["seed"] == 42 and params["n_predict"] == 3
     assert body["default_generation_settings"]["n_ctx"] == N_CTX
     assert body["model_alias"] == "tiny-a" and body["endpoint_slots"] is True
+    assert body["ui"] is True
 
 
 def test_n_predict_is_the_default_and_the_cap(app):

@@ -400,7 +400,7 @@ async def props():
         "model_path": model.loaded.file.path,
         "modalities": {"vision": False, "video": False, "audio": False},
         "endpoint_slots": state.config.slots_endpoint, "endpoint_props": False,
-        "endpoint_metrics": True,
+        "endpoint_metrics": True, "ui": state.config.webui,
         "chat_template": model.template_text,
         "chat_template_caps": dataclasses.asdict(model.chat_template.caps),
         "bos_token": token_text(tok.bos_id), "eos_token": token_text(tok.eos_id),
