@@ -74,7 +74,8 @@ class ServeProcess:
 
     def request(self, method: str, path: str, body=None, headers: dict | None = None,
                 timeout: float = 300.0):
-        """(status, headers, parsed JSON or raw bytes) of one request on a new connection."""
+        """(status, headers (lower-case names), parsed JSON or raw bytes) of one request on a
+        new connection."""
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         try:
             hdrs = dict(headers or {})
@@ -88,7 +89,7 @@ class ServeProcess:
                 parsed = json.loads(data)
             except ValueError:
                 parsed = data
-            return resp.status, dict(resp.getheaders()), parsed
+            return resp.status, {k.lower(): v for k, v in resp.getheaders()}, parsed
         finally:
             conn.close()
 

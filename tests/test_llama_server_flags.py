@@ -389,3 +389,25 @@ def test_openai_routes_take_llama_servers_n_predict(app):
         {"messages": [{"role": "user", "content": "hi"}], "n_predict": 0}).encode())
     assert_error_shape(status, body)
     assert body["error"]["param"] == "n_predict"
+
+
+def _events(data: bytes) -> list:
+    return [json.loads(line[6:]) for line in data.decode().split("\n")
+            if line.startswith("data: {")]
+
+
+def test_openai_answers_carry_llama_servers_timings(app):
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+            "temperature": 0}
+    status, whole = app.post("/v1/chat/completions", json.dumps(body).encode())
+    assert status == 200 and whole["timings"]["predicted_n"] == \
+        whole["usage"]["completion_tokens"]
+    stream = dict(body, stream=True, stream_options={"include_usage": True})
+    plain = _events(_stream(app, "/v1/chat/completions", stream, {}))
+    assert [("timings" in e) for e in plain] == [False] * (len(plain) - 1) + [True]
+    assert plain[-1]["choices"] == [] and plain[-1]["timings"]["predicted_n"] <= 4
+    each = _events(_stream(app, "/v1/chat/completions", dict(stream, timings_per_token=True),
+                           {}))
+    assert "timings" not in each[0] and all("timings" in e for e in each[1:])
+    for key in ("prompt_per_second", "predicted_per_second", "predicted_n"):
+        assert key in each[-1]["timings"]

@@ -29,6 +29,7 @@ from kinetic.api.core import (ServerState, completion_prompt_ids, generation, js
                               json_response, require_kind, server_state, serves, sse_event,
                               sse_response, token_limit)
 from kinetic.api.errors import APIError, bad_request, engine_error
+from kinetic.api.metrics import Task
 from kinetic.api.chat_reply import ChatReader, plan_chat, tool_call_objects
 from kinetic.api.params import (Options, check_prompt_fits, compile_shape, parse_chat,
                                 parse_completion)
@@ -236,6 +237,7 @@ class _Job:
         self.state = state
         self.tok, self.opts = tok, opts
         self.receipt = None   # a ReceiptMaker when the request asks for a receipt
+        self.task: Task | None = None   # the generation's record: llama-server's timings
 
     def _head(self, kind: str) -> dict[str, Any]:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model_id,
@@ -243,7 +245,8 @@ class _Job:
 
     async def _fold(self, gen: GenerationRequest) -> tuple[str, list, Delta]:
         text, lps, last = [], [], None
-        async with aclosing(generation(self.state, gen, self.id)) as deltas:
+        self.task = Task(gen)
+        async with aclosing(generation(self.state, gen, self.id, task=self.task)) as deltas:
             async for d in deltas:
                 text.append(d.text)
                 lps.extend(d.logprobs)
@@ -255,6 +258,8 @@ class _Job:
         return "".join(text), lps, last
 
     def _with_receipt(self, answer: dict[str, Any]) -> dict[str, Any]:
+        """The whole answer with llama-server's timings, and its receipt if asked for."""
+        answer["timings"] = self.task.timings()
         if self.receipt is not None:
             answer["receipt"] = self.receipt.receipt()
         return answer
@@ -300,7 +305,9 @@ class _Job:
         last delta they end with the choice that carries the finish reason), the usage chunk
         if asked for (the receipt, if asked for, in the last of these), then [DONE]. An
         engine error ends it with an error event."""
-        async with aclosing(generation(self.state, gen, self.id, stream=True)) as deltas:
+        self.task = Task(gen, stream=True)
+        async with aclosing(generation(self.state, gen, self.id, stream=True,
+                                       task=self.task)) as deltas:
             async for d in deltas:
                 if d.finish_reason == "error":
                     yield sse_event(engine_error(d).body())
@@ -310,6 +317,12 @@ class _Job:
                     if self.opts.include_usage:
                         chunks.append(dict(self._head(kind), choices=[],
                                            usage=usage_object(d.usage)))
+                if chunks and (self.opts.timings_per_token or d.finish_reason is not None):
+                    # llama-server's timings: in the last chunk, and with timings_per_token
+                    # in every chunk after the role chunk
+                    timings = self.task.timings()
+                    for chunk in (chunks if self.opts.timings_per_token else chunks[-1:]):
+                        chunk["timings"] = timings
                 if self.receipt is not None:
                     self.receipt.feed(d)
                     if d.finish_reason is not None and chunks:

@@ -64,6 +64,7 @@ class Options:
     include_usage: bool = False
     shape: "Shape | None" = None
     receipt: bool = False            # add a receipt of the answer (kinetic/api/receipt.py)
+    timings_per_token: bool = False  # llama-server's timings in every streamed chunk
 
 
 @dataclass(frozen=True)
@@ -432,6 +433,7 @@ def options(body: dict, defaults: SamplingParams, logprobs: int | None) -> Optio
         include_usage=bool(include_usage),
         shape=shape(body),
         receipt=bool(boolean(body, "receipt")),
+        timings_per_token=bool(boolean(body, "timings_per_token")),
     )
 
 
