@@ -284,7 +284,9 @@ def shape(body: dict) -> Shape | None:
             inner = fmt.get("schema")   # llama-server also takes a schema here
             if inner is not None:
                 check_json_schema(inner, "response_format.schema")
-            given.append(Shape("json_schema", inner if inner else True, "response_format"))
+            # JSON mode answers an object (OpenAI's json_object, and llama-server's)
+            given.append(Shape("json_schema", inner if inner else {"type": "object"},
+                               "response_format"))
         elif kind == "json_schema":
             spec = fmt.get("json_schema")
             if not isinstance(spec, dict):
