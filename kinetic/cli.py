@@ -425,8 +425,8 @@ def _add_llama_server_flags(serve: argparse.ArgumentParser) -> None:
                        metavar="N", help=f"the default {field} of requests (the model "
                        f"file's, else llama-server's, without it)")
     g.add_argument("-n", "--n-predict", "--predict", type=int, default=-1, metavar="N",
-                   help="most tokens of any answer: the limit of requests that give none, "
-                   "and a cap on those that do (default -1: none)")
+                   help="most tokens of an answer whose request gives no limit (default -1: "
+                   "none); a request's own max_tokens or n_predict wins, as in llama-server")
     g.add_argument("-a", "--alias", metavar="NAMES",
                    help="the model's names, comma-separated: the first is the id /v1/models "
                    "shows and answers carry (default: the file name without extension)")

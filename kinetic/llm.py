@@ -66,6 +66,10 @@ class Model:
                  parse_special: bool = False) -> list[int]:
         return self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
 
+    def text_tokens(self, text: str) -> list[int]:
+        """The token ids of plain text: no BOS, special tokens' text left as text."""
+        return self.tokenizer.encode(text, add_special=False, parse_special=False)
+
     def detokenize(self, ids: list[int]) -> str:
         return self.tokenizer.decode(list(ids))
 

@@ -113,12 +113,10 @@ def server_state() -> ServerState:
 
 
 def token_limit(state: ServerState, requested: int | None) -> int | None:
-    """The most tokens an answer may have: the request's, capped by --n-predict (which is
-    also the limit of a request that gives none), as llama-server does; None: no limit."""
+    """The most tokens an answer may have: the request's, else --n-predict's, as llama-server
+    does (its --n-predict is the default of requests, not a cap); None: no limit."""
     server = state.config.n_predict
-    if server < 0:
-        return requested
-    return server if requested is None else min(requested, server)
+    return requested if requested is not None or server < 0 else server
 
 
 def serves(state: ServerState) -> list[str]:

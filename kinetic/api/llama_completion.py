@@ -21,8 +21,8 @@ from typing import Any, Union
 
 from kinetic.api.embeddings import MAX_INPUTS
 from kinetic.api.errors import bad_request
-from kinetic.api.params import (MAX_STOP_CHARS, MAX_TOKENS_LIMIT, Shape, boolean, integer,
-                                sampling_params, shape, strings)
+from kinetic.api.params import (MAX_STOP_CHARS, MAX_TOKENS_LIMIT, Shape, Tokenize, boolean,
+                                integer, sampling_params, shape, strings)
 from kinetic.engine.request import MAX_LOGPROBS, MAX_STOP_STRINGS, TokenLogprob
 from kinetic.engine.sampling_params import SamplingParams
 
@@ -40,7 +40,8 @@ class LlamaCompletion:
     prompts: tuple[Prompt, ...]
     many: bool                 # answer with a list (more than one prompt)
     params: SamplingParams
-    n_predict: int | None      # None: until the answer ends or the context is full
+    n_predict: int | None      # None: not given (--n-predict's); -1: until the answer ends or
+                               # the context is full
     stop: tuple[str, ...]
     stream: bool
     return_tokens: bool
@@ -53,7 +54,8 @@ class LlamaCompletion:
     receipt: bool = False      # add the answer's receipt (kinetic/api/receipt.py)
 
 
-def parse_completion(body: dict, defaults: SamplingParams) -> LlamaCompletion:
+def parse_completion(body: dict, defaults: SamplingParams,
+                     tokenize: Tokenize | None = None) -> LlamaCompletion:
     """llama-server's /completion fields. Raises APIError (400) naming the field at fault."""
     prompts = parse_prompts(body.get("prompt"))
     n_predict = integer(body, "n_predict", -1, MAX_TOKENS_LIMIT)
@@ -65,8 +67,8 @@ def parse_completion(body: dict, defaults: SamplingParams) -> LlamaCompletion:
     return LlamaCompletion(
         prompts=tuple(prompts),
         many=len(prompts) > 1,
-        params=sampling_params(body, defaults),
-        n_predict=None if n_predict in (None, -1) else n_predict,
+        params=sampling_params(body, defaults, tokenize),
+        n_predict=n_predict,
         stop=strings(body, "stop", MAX_STOP_STRINGS, MAX_STOP_CHARS) or (),
         stream=bool(boolean(body, "stream")),
         return_tokens=bool(boolean(body, "return_tokens")),

@@ -92,14 +92,14 @@ async def completion():
     state = server_state()
     require_kind(state, "text", "completions")
     model = state.require_model()
-    req = parse_completion(await json_body(), model.default_params)
+    req = parse_completion(await json_body(), model.default_params, model.text_tokens)
     prompts = await asyncio.to_thread(_prompts_ids, model, req)
     grammar = None
     if req.shape is not None:
         grammar = await asyncio.to_thread(compile_shape, req.shape, model)
     if req.post_sampling_probs and req.n_probs:
         await asyncio.to_thread(model.engine.prepare_post_sampling)   # once: seconds
-    limit = token_limit(state, req.n_predict)
+    limit = None if req.n_predict == -1 else token_limit(state, req.n_predict)
     answers = []
     for index, ids in enumerate(prompts):
         gen = GenerationRequest(ids, req.params, limit, req.stop, logprobs=req.n_probs or None,

@@ -154,7 +154,7 @@ async def chat_completions():
     state = server_state()
     require_kind(state, "text", "chat completions")
     model = state.require_model()
-    req = parse_chat(await json_body(), model.default_params)
+    req = parse_chat(await json_body(), model.default_params, model.text_tokens)
     plan = await asyncio.to_thread(plan_chat, model, req)
     check_prompt_fits(len(plan.prompt), model.n_ctx, "messages")
     job = _Job("chatcmpl", state, model.tokenizer, req.options)
@@ -174,7 +174,7 @@ async def completions():
     state = server_state()
     require_kind(state, "text", "completions")
     model = state.require_model()
-    req = parse_completion(await json_body(), model.default_params)
+    req = parse_completion(await json_body(), model.default_params, model.text_tokens)
     prompt = await asyncio.to_thread(completion_prompt_ids, model, req.prompt)
     check_prompt_fits(len(prompt), model.n_ctx, "prompt")
     grammar = None

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from kinetic.api.errors import bad_request, context_exceeded, not_supported
 from kinetic.engine.request import MAX_LOGPROBS, MAX_STOP_STRINGS
@@ -194,7 +194,12 @@ SAMPLING_FIELDS = [
 ]
 
 
-def sampling_params(body: dict, defaults: SamplingParams) -> SamplingParams:
+# a model's tokenizer for text in a request's fields (logit_bias keys), without special tokens
+Tokenize = Callable[[str], list[int]]
+
+
+def sampling_params(body: dict, defaults: SamplingParams,
+                    tokenize: Tokenize | None = None) -> SamplingParams:
     """`defaults` (the model's recommended sampling) with the request's fields applied."""
     overrides: dict[str, Any] = {}
     for name, field, read in SAMPLING_FIELDS:
@@ -203,7 +208,7 @@ def sampling_params(body: dict, defaults: SamplingParams) -> SamplingParams:
             overrides[field] = value
     if overrides.get("dry_sequence_breakers") == ():
         raise bad_request("dry_sequence_breakers must not be empty", "dry_sequence_breakers")
-    bias = logit_bias(body)
+    bias = logit_bias(body, tokenize)
     if bias is not None:
         overrides["logit_bias"] = bias
     try:
@@ -214,8 +219,11 @@ def sampling_params(body: dict, defaults: SamplingParams) -> SamplingParams:
         raise bad_request(str(e), first if first in names else None) from None
 
 
-def logit_bias(body: dict) -> tuple[tuple[int, float], ...] | None:
-    """{"token id": bias} (or llama-server's [[id, bias], ...]); bias -100..100."""
+def logit_bias(body: dict, tokenize: Tokenize | None = None
+               ) -> tuple[tuple[int, float], ...] | None:
+    """{"token id": bias} (or llama-server's [[id, bias], ...]); bias -100..100. As in
+    llama-server, a key may also be text: the bias applies to each of its tokens (with
+    `tokenize`, the model's tokenizer)."""
     value = _get(body, "logit_bias")
     if value is None:
         return None
@@ -230,18 +238,26 @@ def logit_bias(body: dict) -> tuple[tuple[int, float], ...] | None:
                           "logit_bias")
     out = []
     for key, bias in items:
-        token = key
+        tokens = [key]
         if isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 10:
-            token = int(key)  # not "²" or "１" (str.isdigit takes them), nor 5000 digits
-        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token <= INT32_MAX:
-            raise bad_request(f"logit_bias keys must be token ids (integers 0 to {INT32_MAX}), "
-                              f"got {key!r}", "logit_bias")
+            tokens = [int(key)]  # not "²" or "１" (str.isdigit takes them), nor 5000 digits
+        elif isinstance(key, str) and tokenize is not None and 0 < len(key) <= MAX_STOP_CHARS:
+            tokens = tokenize(key)
+        for token in tokens:
+            if isinstance(token, bool) or not isinstance(token, int) \
+                    or not 0 <= token <= INT32_MAX:
+                raise bad_request(f"logit_bias keys must be token ids (integers 0 to "
+                                  f"{INT32_MAX}) or text of at most {MAX_STOP_CHARS} "
+                                  f"characters, got {key!r}", "logit_bias")
         # compared, not math.isfinite()'d: an integer past 1e308 cannot become a float
         if isinstance(bias, bool) or not isinstance(bias, (int, float)) \
                 or not -100 <= bias <= 100:
             raise bad_request(f"logit_bias for token {token} must be a number between -100 "
                               f"and 100, got {bias!r}", "logit_bias")
-        out.append((token, float(bias)))
+        out.extend((t, float(bias)) for t in tokens)
+    if len(out) > MAX_LOGIT_BIAS:
+        raise bad_request(f"logit_bias takes at most {MAX_LOGIT_BIAS} tokens, got {len(out)} "
+                          f"(its texts' tokens counted)", "logit_bias")
     return tuple(out)
 
 
@@ -410,7 +426,8 @@ def tools(body: dict) -> tuple[list[dict] | None, str | None, bool]:
     return (offered or None), (None if choice in (None, "none") else choice), parallel
 
 
-def options(body: dict, defaults: SamplingParams, logprobs: int | None) -> Options:
+def options(body: dict, defaults: SamplingParams, logprobs: int | None,
+            tokenize: Tokenize | None = None) -> Options:
     _refuse_unsupported(body)
     max_tokens = integer(body, "max_completion_tokens", 1, MAX_TOKENS_LIMIT)
     if max_tokens is None:
@@ -427,7 +444,7 @@ def options(body: dict, defaults: SamplingParams, logprobs: int | None) -> Optio
         raise bad_request("stream_options.include_usage must be true or false",
                           "stream_options.include_usage")
     return Options(
-        params=sampling_params(body, defaults),
+        params=sampling_params(body, defaults, tokenize),
         max_tokens=max_tokens,
         stop=strings(body, "stop", MAX_STOP_STRINGS, MAX_STOP_CHARS) or (),
         logprobs=logprobs,
@@ -491,7 +508,8 @@ def _check_part(part: Any, at: str) -> None:
         raise bad_request(f"{at}.text must be a string", f"{at}.text")
 
 
-def parse_chat(body: dict, defaults: SamplingParams) -> ChatRequest:
+def parse_chat(body: dict, defaults: SamplingParams,
+               tokenize: Tokenize | None = None) -> ChatRequest:
     """A /v1/chat/completions body. Raises APIError (400) naming the field at fault."""
     messages = _get(body, "messages")
     if not isinstance(messages, list) or not messages:
@@ -507,7 +525,7 @@ def parse_chat(body: dict, defaults: SamplingParams) -> ChatRequest:
     if top is not None and not want:
         raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
     logprobs = (top or 0) if want else None
-    opts = options(body, defaults, logprobs)
+    opts = options(body, defaults, logprobs, tokenize)
     offered, choice, parallel = tools(body)
     req = ChatRequest(messages, dict(kwargs), opts, offered, choice, parallel)
     if req.forced_call and opts.shape is not None:
@@ -516,7 +534,8 @@ def parse_chat(body: dict, defaults: SamplingParams) -> ChatRequest:
     return req
 
 
-def parse_completion(body: dict, defaults: SamplingParams) -> CompletionRequest:
+def parse_completion(body: dict, defaults: SamplingParams,
+                     tokenize: Tokenize | None = None) -> CompletionRequest:
     """A /v1/completions body: prompt is a string, a list of one string, or token ids."""
     prompt = _get(body, "prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
@@ -535,7 +554,7 @@ def parse_completion(body: dict, defaults: SamplingParams) -> CompletionRequest:
     if best_of is not None and best_of != 1:
         raise not_supported("best_of other than 1", "best_of")
     logprobs = integer(body, "logprobs", 0, MAX_LOGPROBS)
-    return CompletionRequest(prompt, options(body, defaults, logprobs))
+    return CompletionRequest(prompt, options(body, defaults, logprobs, tokenize))
 
 
 def check_prompt_fits(n_tokens: int, n_ctx: int, param: str) -> None:

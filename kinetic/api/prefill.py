@@ -43,7 +43,7 @@ async def prefill():
     state = server_state()
     require_kind(state, "text", "prefills")
     model = state.require_model()
-    req = parse_chat(await json_body(), model.default_params)
+    req = parse_chat(await json_body(), model.default_params, model.text_tokens)
     prompt, cut = await asyncio.to_thread(prefill_prompt, model, req)
     check_prompt_fits(len(prompt), model.n_ctx, "messages")   # the completion would fail too
     result = await model.engine.submit_prefill(prompt[:cut])

@@ -149,6 +149,6 @@ async def apply_template():
     state = server_state()
     require_kind(state, "text", "chat templates")
     model = state.require_model()
-    req = parse_chat(await json_body(), model.default_params)
+    req = parse_chat(await json_body(), model.default_params, model.text_tokens)
     text, _ = await asyncio.to_thread(chat_prompt, model, req)
     return json_response({"prompt": text})
