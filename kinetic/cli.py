@@ -156,7 +156,7 @@ def serve_options(args: argparse.Namespace):
     model = resolve_model(args.model or args.model_flag)
     draft = resolve_model(args.model_draft) if args.model_draft else None
     return config, ModelOptions(model, engine, args.dtype, draft, _sampling(args),
-                                _chat_template(args))
+                                _chat_template(args), args.pooling)
 
 
 def _names(value: str | None) -> tuple[str, ...]:
@@ -403,7 +403,6 @@ IGNORED_FLAGS = [
      "the context's end"),
     (("--embedding", "--embeddings", "--reranking", "--rerank"), False,
      "the model file says whether it embeds or ranks"),
-    (("--pooling",), True, "the model file's pooling is used"),
     (("-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified"), False,
      "each slot holds its own share of the context"),
     (("--offline",), False, "kinetic never downloads"),
@@ -443,6 +442,9 @@ def _add_llama_server_flags(serve: argparse.ArgumentParser) -> None:
                    help="read the Jinja chat template from FILE")
     g.add_argument("-v", "--verbose", "--log-verbose", action="store_true",
                    help="log each request's method, path, status and time on stderr")
+    g.add_argument("--pooling", choices=["none", "mean", "cls", "last"],
+                   help="an embedding model's pooling instead of its file's (none: a vector "
+                   "per token, on /embedding); refused for text and ranking models")
     g.add_argument("--no-webui", "--no-ui", action="store_true",
                    help="no web page at / (default: a chat page, for a browser on this "
                    "computer)")

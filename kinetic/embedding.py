@@ -56,10 +56,17 @@ class EmbeddingModel:
 
     def input_ids(self, item: Input) -> list[int]:
         """A text's token ids as llama-server tokenizes an embedding input (special tokens
-        added and parsed), or token ids as given."""
+        added and parsed), token ids as given, or, for a list mixing ids and texts, each text
+        tokenized where it stands (special tokens added only to a text that starts it)."""
         if isinstance(item, str):
             return self.tokenize(item, add_special=True, parse_special=True)
-        return [int(t) for t in item]
+        out: list[int] = []
+        for i, part in enumerate(item):
+            if isinstance(part, str):
+                out += self.tokenize(part, add_special=i == 0, parse_special=True)
+            else:
+                out.append(int(part))
+        return out
 
     def embed(self, inputs: Input | Sequence[Input], normalize_kind: int = 2) -> np.ndarray:
         """One pooled vector per input (a text or token ids; one input or a list): float32

@@ -197,22 +197,31 @@ def load(path: str | os.PathLike[str], *, n_ctx: int = 4096, dtype: str = "bfloa
 
 
 Stage = Callable[[str], "Callable[[int, int], None] | None"]
+EMBEDDING_POOLINGS = ("none", "mean", "cls", "last")
 
 
 def open_model(path: str | os.PathLike[str], config: EngineConfig, *, dtype: str = "bfloat16",
                draft: str | os.PathLike[str] | None = None, llama_rounding: bool = True,
                kernel: str = "auto", stage: Stage | None = None,
-               compile: bool = False) -> "Model | EmbeddingModel":
+               compile: bool = False, pooling: str | None = None) -> "Model | EmbeddingModel":
     """A GGUF file ready to run, the one set-up of `load` and `kinetic serve`: the file read,
     its tokenizer, then an Engine over `config` for a text model (with `draft` for
     speculative decoding) or an Encoder for an embedding or ranking model. compile: every
     step shape compiled now, so that no request waits for XLA. stage(label) gives the
     progress callback of one stage ("loading", "loading the draft model", "compiling",
-    "compiling the draft model"), or None."""
+    "compiling the draft model"), or None. pooling: an embedding model's pooling instead of
+    the file's ("none", "mean", "cls" or "last"; llama-server's --pooling)."""
     stage = stage or (lambda label: None)
     loaded = load_model(os.fspath(path), dtype=dtype, act_quant=llama_rounding,
                         progress=stage("loading"), kernel=kernel)
     tokenizer = Tokenizer.from_metadata(loaded.file.metadata)
+    if pooling is not None and pooling != loaded.config.pooling:
+        if loaded.config.task != "embedding" or pooling not in EMBEDDING_POOLINGS:
+            raise ValueError(f"pooling {pooling!r}: {os.fspath(path)} is "
+                             f"{'a text' if loaded.config.task == 'text' else 'a ranking'} "
+                             f"model; another pooling is for embedding models (none, mean, "
+                             f"cls, last)")
+        loaded.config = dataclasses.replace(loaded.config, pooling=pooling)
     if loaded.config.task != "text":
         from kinetic.embedding import load_embedding_model
         if draft is not None:

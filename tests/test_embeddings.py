@@ -341,3 +341,34 @@ def test_embedding_and_rerank_routes_survive_fuzzing(files):
                     err = assert_error_shape(status, answer, f"{path} {body!r:.200}")
                     assert status == 400, err
             check()
+
+
+def test_pooling_flag_overrides_an_embedding_models_own(tmp_path):
+    """llama-server's --pooling: an embedding model pools as asked; a text model refuses."""
+    from kinetic.engine.engine_config import EngineConfig
+    from kinetic.llm import open_model
+    from tests.embedding_models import write_bert
+    path = write_bert(tmp_path / "bert.gguf")
+    model = open_model(path, EngineConfig(n_ctx=64), pooling="none")
+    assert model.pooling == "none"
+    vectors = model.token_vectors(["hello world"])
+    assert vectors[0].shape[0] == len(model.input_ids("hello world"))
+    assert open_model(path, EngineConfig(n_ctx=64), pooling="cls").pooling == "cls"
+
+
+def test_pooling_flag_is_refused_for_a_text_model(tmp_path):
+    from kinetic.engine.engine_config import EngineConfig
+    from kinetic.llm import open_model
+    from tests.tiny_models import write_tiny_model
+    path = write_tiny_model(tmp_path / "t.gguf", "qwen3", context_length=64)
+    with pytest.raises(ValueError, match="text model"):
+        open_model(path, EngineConfig(n_ctx=64), pooling="mean")
+
+
+def test_inputs_may_mix_ids_and_texts(tmp_path):
+    from kinetic.api.embeddings import parse_inputs
+    assert parse_inputs([12, 34, "text", 56], "input") == [[12, 34, "text", 56]]
+    assert parse_inputs([[12, 34], [12, "t", 34]], "input") == [[12, 34], [12, "t", 34]]
+    for bad in ([12, ""], [[None]]):
+        with pytest.raises(Exception):
+            parse_inputs(bad, "input")

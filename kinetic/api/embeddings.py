@@ -22,16 +22,17 @@ from kinetic.api.errors import APIError, bad_request
 
 MAX_INPUTS = 256
 
-Item = str | list[int]
+Item = str | list[int | str]   # a text, token ids, or ids and texts in one sequence
 
 
 def parse_inputs(value: Any, param: str) -> list[Item]:
-    """An embedding input: a string, a list of strings, a list of token ids, or a list of
-    such lists (strings and id lists may mix). 400 for anything else, an empty list or
+    """An embedding input: a string, a list of strings, a list of token ids (texts may stand
+    among the ids, as llama-server takes them: [12, 34, "text", 56] is one input), or a list
+    of such lists (strings and id lists may mix). 400 for anything else, an empty list or
     string, or more than MAX_INPUTS."""
     if isinstance(value, str):
         items: list[Any] = [value]
-    elif isinstance(value, list) and value and all(_is_id(t) for t in value):
+    elif isinstance(value, list) and value and any(_is_id(t) for t in value):
         items = [value]
     elif isinstance(value, list):
         items = value
@@ -47,9 +48,10 @@ def parse_inputs(value: Any, param: str) -> list[Item]:
         if isinstance(item, str):
             if not item:
                 raise bad_request(f"{param}[{i}] is an empty string", param)
-        elif not (isinstance(item, list) and item and all(_is_id(t) for t in item)):
+        elif not (isinstance(item, list) and any(_is_id(t) for t in item)
+                  and all(_is_id(t) or (isinstance(t, str) and t) for t in item)):
             raise bad_request(f"{param}[{i}] must be a non-empty string or a non-empty list of "
-                              f"token ids", param)
+                              f"token ids (non-empty texts may stand among them)", param)
     return items
 
 
@@ -93,8 +95,8 @@ def token_ids(state: ServerState, items: list[Item], param: str,
                               f"(0..{vocab - 1})", param)
         if len(ids) > n_ctx:
             if not truncate:
-                raise APIError(400, f"{param}[{i}] is {len(ids)} tokens long; the context holds "
-                               f"{n_ctx} (send truncate: true to cut it)", param=param,
+                raise APIError(400, f"{param}[{i}] is too large: {len(ids)} tokens; the context "
+                               f"holds {n_ctx} (send truncate: true to cut it)", param=param,
                                code="context_length_exceeded")
             ids = ids[:n_ctx]
         out.append(ids)
