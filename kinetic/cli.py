@@ -213,10 +213,14 @@ def _chat_template(args: argparse.Namespace) -> str | None:
                              f"{args.chat_template_file}: {e}") from None
     if source is None:
         return None
-    if "{" not in source and source != "chatml":
-        raise SystemExit(f"kinetic serve: --chat-template {source!r}: kinetic takes a Jinja "
-                         f"template (or \"chatml\"), not llama.cpp's built-in names; give "
-                         f"the template with --chat-template-file")
+    from kinetic.text.builtin_templates import BUILTIN
+    if args.chat_template_file is None and source in BUILTIN:
+        source = BUILTIN[source]
+    elif "{" not in source and source != "chatml":
+        names = ", ".join(sorted([*BUILTIN, "chatml"]))
+        raise SystemExit(f"kinetic serve: --chat-template {source!r}: not a Jinja template "
+                         f"nor a format kinetic knows by name ({names}); give the template "
+                         f"with --chat-template-file")
     try:
         ChatTemplate(source)
     except Exception as e:  # noqa: BLE001 - any template error is the flag's fault
@@ -437,7 +441,9 @@ def _add_llama_server_flags(serve: argparse.ArgumentParser) -> None:
                    help="directory where POST /slots/N?action=save writes a slot's prompt "
                    "cache and action=restore reads it (default: those actions answer 501)")
     g.add_argument("--chat-template", metavar="JINJA",
-                   help="a Jinja chat template (or \"chatml\") instead of the model file's")
+                   help="a Jinja chat template instead of the model file's, or one of "
+                   "llama-server's named formats: chatml, command-r, deepseek3, gemma, "
+                   "llama2, llama3, mistral-v7, phi3, phi4, vicuna, zephyr")
     g.add_argument("--chat-template-file", metavar="FILE",
                    help="read the Jinja chat template from FILE")
     g.add_argument("-v", "--verbose", "--log-verbose", action="store_true",

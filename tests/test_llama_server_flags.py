@@ -54,7 +54,7 @@ def test_sampling_defaults_seed_and_limits():
     (["--context-shift"], "never shifts"),
     (["--seed", str(1 << 32)], "--seed"),
     (["--top-p", "2"], "top_p"),
-    (["--chat-template", "llama3"], "built-in"),
+    (["--chat-template", "monarch"], "nor a format kinetic knows"),
     (["--chat-template", "{% for m in messages %}"], "cannot be used"),
     (["--chat-template-file", "/no/such/template.jinja"], "No such file"),
     (["--slot-save-path", "/no/such/dir"], "not a directory"),
@@ -81,6 +81,12 @@ def test_every_ignored_flag_is_accepted_and_documented():
     for names, _, _ in IGNORED_FLAGS:
         assert names[0] in text
     assert text.count("accepted and ignored") >= len(IGNORED_FLAGS)
+
+
+def test_chat_template_by_name():
+    from kinetic.text.builtin_templates import BUILTIN
+    assert options("--chat-template", "command-r")[1].chat_template == BUILTIN["command-r"]
+    assert options("--chat-template", "chatml")[1].chat_template == "chatml"
 
 
 def test_chat_template_from_a_file(tmp_path):
