@@ -125,6 +125,8 @@ def test_models_show_aliases_and_tags(app):
     assert status == 200
     m = body["data"][0]
     assert (m["id"], m["aliases"], m["tags"]) == ("tiny-a", ["tiny-a", "tiny-b"], ["t1"])
+    props = app.get("/props")[1]   # the tiny file has no general.file_type: ""
+    assert props["model_ftype"] == "" and props["is_sleeping"] is False
     assert app.get("/v1/models/tiny-b")[0] == 200
     status, body = app.post("/v1/completions", json.dumps(
         {"prompt": "hi", "max_tokens": 1}).encode())

@@ -398,7 +398,9 @@ async def props():
         "total_slots": engine.config.parallel,
         "model_alias": state.model_id,
         "model_path": model.loaded.file.path,
+        "model_ftype": file_type(model.loaded.file.metadata),
         "modalities": {"vision": False, "video": False, "audio": False},
+        "is_sleeping": False,
         "endpoint_slots": state.config.slots_endpoint, "endpoint_props": False,
         "endpoint_metrics": True, "ui": state.config.webui,
         "chat_template": model.template_text,
@@ -408,6 +410,16 @@ async def props():
         "kernel": kernels.describe(model.loaded.config.kernel),
         "capabilities": serves(state),
     })
+
+
+def file_type(metadata: dict) -> str:
+    """The GGUF file's general.file_type by llama.cpp's name (Q4_1, Q4_K_M...); "" if unknown."""
+    import gguf
+    try:
+        return gguf.LlamaFileType(int(metadata.get("general.file_type"))).name.removeprefix(
+            "MOSTLY_")
+    except (TypeError, ValueError):
+        return ""
 
 
 def _encoder_props(state: ServerState, model) -> dict[str, Any]:

@@ -51,10 +51,8 @@ def _model_object(state: ServerState) -> dict[str, Any]:
     model = {"id": state.model_id, "object": "model", "created": state.created,
              "owned_by": "kinetic", "context_length": state.require_model().n_ctx,
              "capabilities": serves(state)}
-    if state.config.aliases:
-        model["aliases"] = list(state.config.aliases)
-    if state.config.tags:
-        model["tags"] = list(state.config.tags)
+    model["aliases"] = list(state.config.aliases or (state.model_id,))   # as llama-server lists
+    model["tags"] = list(state.config.tags)
     return model
 
 
