@@ -150,6 +150,8 @@ def serve_options(args: argparse.Namespace):
                          f"give both the same one")
     if types:
         given["kv_dtype"] = CACHE_TYPES[types.pop()]
+    if args.kv_unified and args.ctx_size:   # one pool of -c tokens, any slot may fill it
+        given["num_pages"] = -(-args.ctx_size // EngineConfig.page_size) + 1
     engine = EngineConfig(parallel=args.parallel, n_ctx=_slot_context(args),
                           step_tokens=args.ubatch_size or 0, chunk_tokens=args.batch_size,
                           **given)
@@ -175,7 +177,7 @@ def _slot_context(args: argparse.Namespace) -> int:
     if args.ctx_size < 0:
         raise SystemExit(f"kinetic serve: -c must be 0 (the model's own) or more tokens, "
                          f"got {args.ctx_size}")
-    if args.parallel > 0:
+    if args.parallel > 0 and not args.kv_unified:
         return args.ctx_size // args.parallel
     return args.ctx_size
 
@@ -407,8 +409,7 @@ IGNORED_FLAGS = [
      "the context's end"),
     (("--embedding", "--embeddings", "--reranking", "--rerank"), False,
      "the model file says whether it embeds or ranks"),
-    (("-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified"), False,
-     "each slot holds its own share of the context"),
+    (("-no-kvu", "--no-kv-unified"), False, "each slot holding its own share is the default"),
     (("--offline",), False, "kinetic never downloads"),
     (("--no-repack",), False, "kinetic has no weight repacking"),
     (("--draft-min", "--spec-draft-n-min"), True, "drafts are checked whatever their length"),
@@ -448,6 +449,10 @@ def _add_llama_server_flags(serve: argparse.ArgumentParser) -> None:
                    help="read the Jinja chat template from FILE")
     g.add_argument("-v", "--verbose", "--log-verbose", action="store_true",
                    help="log each request's method, path, status and time on stderr")
+    g.add_argument("-kvu", "--kv-unified", action="store_true",
+                   help="one KV cache of -c tokens shared by all slots, each of which may "
+                   "use all of it (default: each slot has its own -c / -np); a request that "
+                   "finds no room waits for the pages others free")
     g.add_argument("--pooling", choices=["none", "mean", "cls", "last"],
                    help="an embedding model's pooling instead of its file's (none: a vector "
                    "per token, on /embedding); refused for text and ranking models")

@@ -435,3 +435,34 @@ def test_logit_bias_keys_may_be_text(app):
     status, body = app.post("/completion", json.dumps(
         {"prompt": "hi", "logit_bias": [["x" * 5000, -100]]}).encode())
     assert_error_shape(status, body)
+
+
+def test_kv_unified_shares_one_pool_of_c_tokens():
+    engine = options("-c", "256", "-np", "4", "--kv-unified")[1].engine
+    assert engine.n_ctx == 256 and engine.num_pages == 256 // 16 + 1
+    plain = options("-c", "256", "-np", "4")[1].engine
+    assert plain.n_ctx == 64 and plain.num_pages == 0   # 0: every slot its own share
+
+
+def test_kv_unified_runs_every_request_in_a_pool_smaller_than_their_sum(tiny_path):
+    """Four answers that together need more pages than the pool holds all finish: a request
+    that finds no room waits for pages, and its answer is the one it gives alone."""
+    from kinetic.engine.engine_config import EngineConfig
+    from kinetic.engine.request import GenerationRequest
+    from kinetic.engine.sampling_params import SamplingParams
+    from kinetic.llm import open_model
+    from tests.mock_model import Collector
+    params = SamplingParams(temperature=0.0, ignore_eos=True)
+    # -c 96 -np 4 --kv-unified: each slot may hold 96 tokens, 6 pages in all
+    shared = open_model(tiny_path, EngineConfig(parallel=4, n_ctx=96,
+                                                num_pages=96 // 16 + 1)).engine
+    try:
+        alone = [list(t for d in shared.generate(GenerationRequest([5 + i], params, 40))
+                      for t in d.token_ids) for i in range(4)]
+        sinks = [Collector() for _ in range(4)]
+        for i, sink in enumerate(sinks):
+            shared.start(GenerationRequest([5 + i], params, 40), sink)
+        together = [sink.wait().tokens for sink in sinks]
+        assert together == alone
+    finally:
+        shared.close()
