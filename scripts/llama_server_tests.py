@@ -102,10 +102,39 @@ EMBEDDING_PATTERNS = ["bert", "bge", "embed", "minilm", "nomic", "e5-", "gte-"]
 CATEGORIES = ("kinetic lacks it", "behaves differently (SPEC)", "model-specific text",
               "flags outside SPEC")
 
-# test-id pattern (fnmatch on "file::test[param]") -> (category, reason), first match wins;
+# test-id pattern (fnmatch on "file::test[param]": write a literal "[" as "[[]") ->
+# (category, reason), first match wins;
 # filled in after looking at the results, e.g.
 #   "test_basic::test_no_webui": ("kinetic lacks it", "no web UI at /"),
 REASONS: dict[str, tuple[str, str]] = {
+    # what still fails on kinetic and passes on llama-server, SmolLM2-135M Q4_1, 2026-12-02
+    "test_security::test_cors_options[[]*-Access-Control-Allow-Headers-*": (
+        "behaves differently (SPEC)",
+        "a preflight is allowed the headers it asks for (Authorization here), not a bare '*', "
+        "which browsers never read as covering Authorization: a local page could not send "
+        "--api-key's key"),
+    "test_ctx_shift::test_ctx_shift_disabled_stream": (
+        "model-specific text",
+        "at temperature 0.8 with seed 42 kinetic's draws (its own generator, SPEC.md) end "
+        "the story with the end-of-generation token before the context fills; the test "
+        "accepts only a 'length' finish"),
+    "test_completion::test_completion_parallel_slots[[]*": (
+        "model-specific text",
+        "at temperature 1.0 with seed 42 kinetic's first draw for 'The sky is blue and I love "
+        "it.' is the end-of-generation token, so that answer is empty (checked alone with "
+        "kinetic.load: the same draw)"),
+    "test_completion::test_completion_unified[[]*-n_predict_vals1-*": (
+        "behaves differently (SPEC)",
+        "--kv-unified: a request that finds no room in the shared cache waits for pages and "
+        "finishes (preempted and resumed; its answer does not change), where llama-server "
+        "fails it with a 500: SPEC.md, an answer never depends on load"),
+    "test_completion::test_completion_unified[[]*-n_predict_vals2-*": (
+        "behaves differently (SPEC)",
+        "as test_completion_unified[...vals1...]: kinetic finishes every request"),
+    "test_embedding::test_embedding_mixed_input[[]-False]": (
+        "behaves differently (SPEC)",
+        "an empty string to embed is a 400, as in the OpenAI API; llama-server embeds its "
+        "special tokens alone"),
 }
 
 
