@@ -466,3 +466,14 @@ def test_kv_unified_runs_every_request_in_a_pool_smaller_than_their_sum(tiny_pat
         assert together == alone
     finally:
         shared.close()
+
+
+def test_erase_drops_a_short_prompts_partly_filled_page(app):
+    """A prompt shorter than a page is cached only as a partly filled page: erase drops it."""
+    first = _completion(app, "hello there")
+    again = _completion(app, "hello there")
+    assert again["timings"]["cache_n"] > 0
+    status, erased = app.post(f"/slots/{again['id_slot']}?action=erase", b"")
+    assert status == 200 and erased["n_erased"] > 0
+    after = _completion(app, "hello there")
+    assert after["timings"]["cache_n"] == 0 and after["content"] == first["content"]

@@ -301,14 +301,21 @@ class Scheduler:
         return j * ps
 
     def forget(self, tokens: list[int]) -> int:
-        """Drop the prefix cache's whole pages of `tokens` that no running sequence uses, on
-        the device and in host memory. Returns how many tokens' pages were dropped."""
+        """Drop the prefix cache's pages of `tokens` that no running sequence uses, on the
+        device and in host memory: the whole pages, and the partly filled page kept for the
+        tokens past them (_keep_partial_page). Returns how many tokens' pages were dropped."""
         ps = self.config.page_size
-        keys = extend_keys([], tokens, ps, len(tokens) // ps)
-        dropped = self.pages.forget(keys)
+        full = len(tokens) // ps
+        keys = extend_keys([], tokens, ps, full)
+        dropped = self.pages.forget(keys) * ps
         if self.host is not None:
-            dropped = max(dropped, sum(self.host.drop(k) for k in keys))
-        return dropped * ps
+            dropped = max(dropped, sum(self.host.drop(k) for k in keys) * ps)
+            tail, parent = tokens[full * ps:], keys[-1] if keys else None
+            runs = [self._partials.pop(partial_key(parent, tail[:i]), None)
+                    for i in range(1, len(tail) + 1)]
+            if [self.host.drop(kept) for kept in set(runs) - {None}].count(True):
+                dropped += len(tail)
+        return dropped
 
     def set_draft(self, seq_id: int, draft: list[int]) -> None:
         """Propose `draft` tokens to follow sequence `seq_id`'s newest token; the next step
