@@ -39,14 +39,20 @@ class ChatPlan:
         return ChatReader(self)
 
 
-def chat_prompt(model, req: ChatRequest) -> tuple[str, list[int]]:
-    """The prompt of a chat request, as text and token ids: its messages and tools through
-    the model's chat template, with the generation prompt (a prefill renders it the same
-    way: kinetic/api/prefill.py). Raises APIError 400 for messages the template refuses."""
+def chat_text(model, req: ChatRequest) -> str:
+    """The prompt text of a chat request: its messages and tools through the model's chat
+    template, with the generation prompt. Raises APIError 400 for messages the template
+    refuses."""
     try:
-        text = model.apply_chat_template(req.messages, tools=req.tools, **req.template_kwargs)
+        return model.apply_chat_template(req.messages, tools=req.tools, **req.template_kwargs)
     except ChatTemplateError as e:
         raise bad_request(f"the chat template refused the messages: {e}", "messages") from None
+
+
+def chat_prompt(model, req: ChatRequest) -> tuple[str, list[int]]:
+    """The prompt of a chat request, as text (chat_text) and token ids (a prefill renders it
+    the same way: kinetic/api/prefill.py)."""
+    text = chat_text(model, req)
     return text, model.tokenize(text, add_special=True, parse_special=True)
 
 

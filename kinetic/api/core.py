@@ -124,12 +124,14 @@ def serves(state: ServerState) -> list[str]:
     return {"text": ["chat", "completion"]}.get(state.kind, [state.kind])
 
 
-def require_kind(state: ServerState, kind: str, what: str) -> None:
-    """400 naming the right endpoint when the loaded model is not of `kind`."""
+def require_kind(state: ServerState, kind: str, what: str):
+    """The loaded model, which must be of `kind`: 400 naming the right endpoint otherwise (503
+    while it loads)."""
     if state.kind != kind:
         article = "an" if state.kind[0] in "aeiou" else "a"
         raise bad_request(f"the loaded model {state.model_id!r} is {article} {state.kind} model: "
                           f"it does not serve {what}; use {ENDPOINTS[state.kind]}")
+    return state.require_model()
 
 
 def completion_prompt_ids(model, prompt: str | list[int]) -> list[int]:

@@ -90,8 +90,7 @@ def generation_settings(p: SamplingParams, *, seed: int | None = None,
 @blueprint.post("/completions")
 async def completion():
     state = server_state()
-    require_kind(state, "text", "completions")
-    model = state.require_model()
+    model = require_kind(state, "text", "completions")
     req = parse_completion(await json_body(), model.default_params, model.text_tokens)
     prompts = await asyncio.to_thread(_prompts_ids, model, req)
     grammar = None
@@ -528,7 +527,7 @@ async def embedding():
     scaled as `embd_normalize` says (encoder.normalize: 2, Euclidean, by default; -1 none), or
     one per token, as they are, when the model's pooling is none."""
     state = server_state()
-    require_kind(state, "embedding", "embeddings")
+    model = require_kind(state, "embedding", "embeddings")
     body = await json_body()
     param = "content" if "content" in body else "input"
     kind = body.get("embd_normalize", 2)
@@ -537,7 +536,6 @@ async def embedding():
                           "1: taxicab, 2: Euclidean, p > 2: p-norm)", "embd_normalize")
     ids = emb.token_ids(state, emb.parse_inputs(body.get(param), param), param,
                         emb.flag(body, "truncate"))
-    model = state.require_model()
     if model.pooling == "none":   # as llama-server: token vectors are never normalized
         vectors = [h.tolist() for h in await emb.encode(state, ids, model.encoder.hidden)]
     else:

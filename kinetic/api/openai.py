@@ -78,9 +78,8 @@ async def get_model(model_id: str):
 async def embeddings():
     """OpenAI's embeddings: one L2-normalized vector per input (embeddings.py reads them)."""
     state = server_state()
-    require_kind(state, "embedding", "embeddings")
+    model = require_kind(state, "embedding", "embeddings")
     body = await json_body()
-    model = state.require_model()
     if model.pooling == "none":
         raise bad_request("the model's pooling is none (a vector per token), which the OpenAI "
                           "API cannot answer; use /embedding")
@@ -108,7 +107,7 @@ async def rerank():
     """Documents scored against a query, most relevant first (llama-server's and Jina's
     shape)."""
     state = server_state()
-    require_kind(state, "rerank", "reranking")
+    model = require_kind(state, "rerank", "reranking")
     body = await json_body()
     query = body.get("query")
     if not isinstance(query, str) or not query:
@@ -118,7 +117,6 @@ async def rerank():
     if not isinstance(top_n, int) or isinstance(top_n, bool) or top_n < 0:
         raise bad_request("top_n must be a whole number of at least 0", "top_n")
     with_docs = emb.flag(body, "return_documents")
-    model = state.require_model()
     prompts = [model.rank_prompt(query, d) for d in docs]
     ids = emb.token_ids(state, prompts, "documents", emb.flag(body, "truncate"))
     scores = await emb.encode(state, ids, model.encoder.scores)
@@ -150,8 +148,7 @@ def _generation_request(state: ServerState, prompt: list[int], opts: Options, pa
 @blueprint.post("/chat/completions")
 async def chat_completions():
     state = server_state()
-    require_kind(state, "text", "chat completions")
-    model = state.require_model()
+    model = require_kind(state, "text", "chat completions")
     req = parse_chat(await json_body(), model.default_params, model.text_tokens)
     plan = await asyncio.to_thread(plan_chat, model, req)
     check_prompt_fits(len(plan.prompt), model.n_ctx, "messages")
@@ -170,8 +167,7 @@ async def chat_completions():
 @blueprint.post("/v1/completions")
 async def completions():
     state = server_state()
-    require_kind(state, "text", "completions")
-    model = state.require_model()
+    model = require_kind(state, "text", "completions")
     req = parse_completion(await json_body(), model.default_params, model.text_tokens)
     prompt = await asyncio.to_thread(completion_prompt_ids, model, req.prompt)
     check_prompt_fits(len(prompt), model.n_ctx, "prompt")

@@ -41,8 +41,7 @@ SENTINEL = "\x01"   # stands for "another last word": a control character no tex
 @blueprint.post("/prefill")
 async def prefill():
     state = server_state()
-    require_kind(state, "text", "prefills")
-    model = state.require_model()
+    model = require_kind(state, "text", "prefills")
     req = parse_chat(await json_body(), model.default_params, model.text_tokens)
     prompt, cut = await asyncio.to_thread(prefill_prompt, model, req)
     check_prompt_fits(len(prompt), model.n_ctx, "messages")   # the completion would fail too

@@ -30,7 +30,7 @@ import time
 
 from quart import Blueprint, request
 
-from kinetic.api.chat_reply import chat_prompt
+from kinetic.api.chat_reply import chat_text
 from kinetic.api.core import (ServerState, json_body, json_response, require_kind,
                               server_state)
 from kinetic.api.errors import APIError, bad_request
@@ -47,8 +47,7 @@ NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,254}")
 @blueprint.post("/slots/<int:id_slot>")
 async def slot_action(id_slot: int):
     state = server_state()
-    require_kind(state, "text", "slot actions")
-    model = state.require_model()
+    model = require_kind(state, "text", "slot actions")
     if not 0 <= id_slot < model.engine.config.parallel:
         raise bad_request(f"there is no slot {id_slot} (this server has "
                           f"{model.engine.config.parallel})", "id_slot")
@@ -147,8 +146,6 @@ def _read(path: str, state: ServerState) -> tuple[list[int], int]:
 async def apply_template():
     """The conversation as the chat template renders it for a chat completion."""
     state = server_state()
-    require_kind(state, "text", "chat templates")
-    model = state.require_model()
+    model = require_kind(state, "text", "chat templates")
     req = parse_chat(await json_body(), model.default_params, model.text_tokens)
-    text, _ = await asyncio.to_thread(chat_prompt, model, req)
-    return json_response({"prompt": text})
+    return json_response({"prompt": await asyncio.to_thread(chat_text, model, req)})
