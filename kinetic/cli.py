@@ -374,10 +374,6 @@ def _add_serve(sub) -> None:
     serve.add_argument("--ollama", action="store_true",
                        help="listen on Ollama's port 11434 unless --port is given (Ollama's "
                        "routes come in a later version)")
-    serve.add_argument("--metrics", action="store_true",
-                       help="accepted for llama-server compatibility; changes nothing")
-    serve.add_argument("--slots", action="store_true",
-                       help="accepted for llama-server compatibility; changes nothing")
     serve.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", type=int, metavar="N",
                        help="accepted for llama-server compatibility: kinetic places the whole "
                        "model on JAX's default device (ignored on a CPU)")
@@ -410,6 +406,9 @@ IGNORED_FLAGS = [
     (("--embedding", "--embeddings", "--reranking", "--rerank"), False,
      "the model file says whether it embeds or ranks"),
     (("-no-kvu", "--no-kv-unified"), False, "each slot holding its own share is the default"),
+    (("--metrics",), False, "/metrics is always on"),
+    (("--slots",), False, "/slots is on unless --no-slots"),
+    (("--webui", "--ui"), False, "the page at / is on unless --no-webui"),
     (("--offline",), False, "kinetic never downloads"),
     (("--no-repack",), False, "kinetic has no weight repacking"),
     (("--draft-min", "--spec-draft-n-min"), True, "drafts are checked whatever their length"),
@@ -459,8 +458,6 @@ def _add_llama_server_flags(serve: argparse.ArgumentParser) -> None:
     g.add_argument("--no-webui", "--no-ui", action="store_true",
                    help="no web page at / (default: a chat page, for a browser on this "
                    "computer)")
-    g.add_argument("--webui", "--ui", dest="ignored_webui", action="store_true",
-                   help="accepted and ignored: the page is on by default")
     g.add_argument("--context-shift", action="store_true",
                    help="refused: kinetic never shifts the context (an answer ends with "
                    "finish_reason length at the context's end)")
