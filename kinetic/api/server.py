@@ -258,10 +258,13 @@ def title_case_headers(app):
     """The ASGI app with its answers' header names written as llama-server writes them
     (Content-Type, Access-Control-Allow-Origin): ASGI hands them on lowercased, and scripts
     that read headers into a plain dict look them up by llama-server's spelling."""
+    def title(name: bytes) -> bytes:
+        return b"-".join(word.capitalize() for word in name.split(b"-"))
+
     async def asgi(scope, receive, send):
         async def send_titled(message):
             if message["type"] == "http.response.start":
-                message = dict(message, headers=[(b"-".join(w.capitalize() for w in n.split(b"-")), v)
+                message = dict(message, headers=[(title(n), v)
                                                  for n, v in message.get("headers", ())])
             await send(message)
         await app(scope, receive, send_titled)
