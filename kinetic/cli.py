@@ -308,8 +308,8 @@ def _add_serve(sub) -> None:
                        help="address to listen on (default 127.0.0.1; another address lets "
                        "anyone who reaches it use the model: set --api-key)")
     serve.add_argument("--port", type=int, default=None,
-                       help="port to listen on (default 8080, 11434 with --ollama; 0 picks a "
-                       "free one)")
+                       help="port to listen on (default 8080; with --ollama and no --port, only "
+                       "11434; 0 picks a free one)")
     serve.add_argument("-c", "--ctx-size", type=int, default=None,
                        help="context in tokens, as llama-server counts it: with -np N, the "
                        "total of the N slots, each getting a 1/N share; with the automatic "
@@ -372,8 +372,8 @@ def _add_serve(sub) -> None:
     serve.add_argument("--mmproj", metavar="FILE",
                        help="vision projector: refused, vision models are not supported yet")
     serve.add_argument("--ollama", action="store_true",
-                       help="listen on Ollama's port 11434 unless --port is given (Ollama's "
-                       "routes come in a later version)")
+                       help="also listen on Ollama's port 11434, for apps written for Ollama "
+                       "(its /api routes are always served; without --port, only 11434)")
     serve.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", type=int, metavar="N",
                        help="accepted for llama-server compatibility: kinetic places the whole "
                        "model on JAX's default device (ignored on a CPU)")

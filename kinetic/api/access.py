@@ -12,7 +12,8 @@
 4. while the model loads, every route but health answers 503.
 A connection past --max-connections never gets here: server.py answers it 503 on accept.
 
-Every error, the router's 404 and 405 included, is written in the OpenAI shape (errors.py).
+Every error, the router's 404 and 405 included, is written in the OpenAI shape (errors.py),
+except under /api/, Ollama's paths, where it is Ollama's `{"error": "..."}`.
 Every answer to a page of this computer (a local Origin) carries Access-Control-Allow-Origin
 for it (`cors_headers`), so that local web apps can read it.
 """
@@ -121,6 +122,11 @@ def is_local_origin(origin: str) -> bool:
         return False
 
 
+def is_ollama_path(path: str) -> bool:
+    """Ollama's routes (kinetic/api/ollama.py), whose errors are in Ollama's shape."""
+    return path == "/api" or path.startswith("/api/")
+
+
 def authorized(keys: tuple[str, ...]) -> bool:
     """Whether the request carries one of `keys` (Bearer or X-Api-Key), compared in constant
     time."""
@@ -131,16 +137,18 @@ def authorized(keys: tuple[str, ...]) -> bool:
     if "X-Api-Key" in request.headers:
         given.append(request.headers["X-Api-Key"].strip())
     ok = False
-    for g in given:
+    for key in given:
         for k in keys:
-            ok |= hmac.compare_digest(g.encode(), k.encode())
+            ok |= hmac.compare_digest(key.encode(), k.encode())
     return ok
 
 
 # --- errors -------------------------------------------------------------------------------
 
 def error_response(e: APIError) -> Response:
-    resp = json_response(e.body(), e.status)
+    """The error in the OpenAI shape, or in Ollama's ({"error": "..."}) on its paths."""
+    body = {"error": e.message} if is_ollama_path(request.path) else e.body()
+    resp = json_response(body, e.status)
     if e.close:
         resp.headers["Connection"] = "close"
     if e.status == 401:

@@ -4,8 +4,8 @@ core.py holds what every route shares (the server's state, bodies, answers, the 
 engine); access.py the checks every request passes before its route runs and the handlers
 that write every error in the OpenAI shape. The dialects are blueprints: `openai`
 (openai.py), `llama_server` (llama_server.py, health included), `slot_actions`
-(slot_actions.py: /slots/N?action=..., /apply-template) and `prefill` (prefill.py);
-Ollama's routes register theirs here the same way.
+(slot_actions.py: /slots/N?action=..., /apply-template), `prefill` (prefill.py) and
+`ollama` (ollama.py: /api/*).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from quart import Quart
 from werkzeug.exceptions import HTTPException
 
-from kinetic.api import access, llama_server, openai, prefill, slot_actions, webui
+from kinetic.api import access, llama_server, ollama, openai, prefill, slot_actions, webui
 from kinetic.api.core import ServerState
 from kinetic.api.errors import APIError
 
@@ -34,5 +34,6 @@ def create_app(state: ServerState) -> Quart:
     app.register_blueprint(prefill.blueprint)
     app.register_blueprint(llama_server.blueprint)
     app.register_blueprint(slot_actions.blueprint)
+    app.register_blueprint(ollama.blueprint)
     app.register_blueprint(webui.blueprint)
     return app

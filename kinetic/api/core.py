@@ -1,7 +1,7 @@
 """What every dialect shares: the server's state, request bodies, answers as JSON or
 server-sent events, and the bridge from a route to the engine (`generation`).
 
-Each dialect (openai.py, llama_server.py, prefill.py; Ollama's next) imports this module and
+Each dialect (openai.py, llama_server.py, prefill.py, ollama.py) imports this module and
 nothing of another dialect; app.py assembles them into one Quart app, and access.py holds the
 checks every request passes before its route runs and writes every error.
 
@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 from quart import Response, current_app, request
 
 from kinetic.api.body import parse_json_object
-from kinetic.api.errors import APIError, bad_request, unavailable
+from kinetic.api.errors import bad_request, unavailable
 from kinetic.api.metrics import Activity, Task
 from kinetic.api.stream_store import MAX_ID_CHARS, StreamStore
-from kinetic.engine.request import Delta, GenerationRequest
+from kinetic.engine.request import Delta, GenerationRequest, TokenLogprob
 
 if TYPE_CHECKING:
     from kinetic.llm import Model
@@ -50,7 +50,7 @@ class ServerConfig:
     stall_timeout: float = 60.0        # /health answers 503 once a step runs longer
     max_body_bytes: int = 16 << 20
     sign_key: str | None = None        # --sign-key: kept for signed receipts
-    ollama: bool = False               # --ollama: Ollama's port (its routes come later)
+    ollama: bool = False               # --ollama: also listen on Ollama's port, 11434
     aliases: tuple[str, ...] = ()      # --alias: the model's names in answers (the first is
                                        # its id); empty: the file name without extension
     tags: tuple[str, ...] = ()         # --tags: shown in /v1/models, nothing more
@@ -144,6 +144,16 @@ def completion_prompt_ids(model, prompt: str | list[int]) -> list[int]:
                               f"(0..{model.config.vocab_size - 1})", "prompt")
         return list(prompt)
     return model.prompt_ids(prompt)
+
+
+def chat_logprobs(tok, lps: tuple[TokenLogprob, ...] | list[TokenLogprob]) -> list:
+    """Tokens' log-probabilities in OpenAI's chat shape (Ollama's too): per token its text,
+    log-probability, UTF-8 bytes and alternatives. `tok`: the model's Tokenizer."""
+    def entry(tid: int, logprob: float) -> dict[str, Any]:
+        return {"token": tok.token_piece(tid), "logprob": logprob,
+                "bytes": list(tok.token_bytes(tid))}
+    return [dict(entry(lp.token, lp.logprob), top_logprobs=[entry(t, l) for t, l in lp.top])
+            for lp in lps]
 
 
 # --- bodies and answers -------------------------------------------------------------------

@@ -25,9 +25,9 @@ from quart import Blueprint
 
 from kinetic import __version__
 from kinetic.api import embeddings as emb
-from kinetic.api.core import (ServerState, completion_prompt_ids, generation, json_body,
-                              json_response, require_kind, server_state, serves, sse_event,
-                              sse_response, token_limit)
+from kinetic.api.core import (ServerState, chat_logprobs, completion_prompt_ids, generation,
+                              json_body, json_response, require_kind, server_state, serves,
+                              sse_event, sse_response, token_limit)
 from kinetic.api.errors import APIError, bad_request, engine_error
 from kinetic.api.metrics import Task
 from kinetic.api.chat_reply import ChatReader, plan_chat, tool_call_objects
@@ -190,15 +190,6 @@ def usage_object(u: Usage | None) -> dict[str, Any]:
     return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
             "total_tokens": u.prompt_tokens + u.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
-
-
-def chat_logprobs(tok: Tokenizer, lps: tuple[TokenLogprob, ...] | list[TokenLogprob]) -> list:
-    """OpenAI's chat shape: per token its text, log-probability, UTF-8 bytes, alternatives."""
-    def entry(tid: int, logprob: float) -> dict[str, Any]:
-        return {"token": tok.token_piece(tid), "logprob": logprob,
-                "bytes": list(tok.token_bytes(tid))}
-    return [dict(entry(lp.token, lp.logprob), top_logprobs=[entry(t, l) for t, l in lp.top])
-            for lp in lps]
 
 
 class LegacyLogprobs:

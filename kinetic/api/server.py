@@ -37,7 +37,7 @@ from typing import Callable
 from hypercorn.asyncio.lifespan import Lifespan
 from hypercorn.asyncio.tcp_server import TCPServer
 from hypercorn.asyncio.worker_context import WorkerContext
-from hypercorn.config import Config as HypercornConfig
+from hypercorn.config import Config as HypercornConfig, Sockets
 from hypercorn.utils import wrap_app
 
 from kinetic import kernels
@@ -53,6 +53,7 @@ STOP_SECONDS = 10.0        # the watchdog: a stop not done by then ends the proc
 RETRY_AFTER_SECONDS = 2    # told to a connection past the limit
 REFUSED_SECONDS = 1.0      # a refused connection: what it sends is read and dropped this long,
 REFUSED_BYTES = 64 << 10   # at most this much, so that closing it does not reset the answer
+OLLAMA_PORT = 11434        # --ollama listens here too
 
 
 @dataclass(frozen=True)
@@ -123,16 +124,14 @@ async def _main(config: ServerConfig, opts: ModelOptions) -> int:
     app = create_app(state)
     hconfig = HypercornConfig()
     host = f"[{config.host}]" if ":" in config.host else config.host
-    hconfig.bind = [f"{host}:{config.port}"]
     hconfig.keep_alive_timeout = config.request_timeout
     hconfig.read_timeout = None  # it would also cut clients quietly waiting for an answer
-    try:
-        sockets = hconfig.create_sockets()
-    except OSError as e:
-        print(f"kinetic: cannot listen on {host}:{config.port}: {e.strerror or e}",
-              file=sys.stderr)
+    sockets = _listen(hconfig, host, config)
+    if sockets is None:
         return 1
     port = sockets.insecure_sockets[0].getsockname()[1]
+    also = (f" and Ollama's API at http://{host}:{OLLAMA_PORT}/api"
+            if len(sockets.insecure_sockets) > 1 else "")
     stop = asyncio.Event()
     status = [0]
     stop_began: list[float] = []
@@ -164,7 +163,7 @@ async def _main(config: ServerConfig, opts: ModelOptions) -> int:
         how = (f"kinetic's C++ kernel, {kernels.isa()} path" if kernel == "ffi"
                else "XLA (dequantized weights)")
         print(f"kinetic: weights multiplied by {how}", file=sys.stderr, flush=True)
-        print(f"kinetic: serving {state.model_id} at http://{host}:{port}/v1 (context "
+        print(f"kinetic: serving {state.model_id} at http://{host}:{port}/v1{also} (context "
               f"{model.n_ctx}, {slots}); Ctrl+C stops it", file=sys.stderr, flush=True)
         state.set_ready(model)
 
@@ -194,6 +193,28 @@ async def _main(config: ServerConfig, opts: ModelOptions) -> int:
             exit_now("stopped, but the engine thread is stuck in a step; exiting without it", 1)
         print("kinetic: stopped", file=sys.stderr, flush=True)
     return status[0]
+
+
+def _listen(hconfig: HypercornConfig, host: str, config: ServerConfig) -> Sockets | None:
+    """The listening sockets: --port's, and with --ollama Ollama's port too (when --port is
+    another). A port that cannot be had is one line on stderr and None."""
+    ports = [config.port]
+    if config.ollama and config.port != OLLAMA_PORT:
+        ports.append(OLLAMA_PORT)
+    listening: list = []
+    for port in ports:
+        hconfig.bind = [f"{host}:{port}"]
+        try:
+            listening += hconfig.create_sockets().insecure_sockets
+        except OSError as e:
+            for sock in listening:
+                sock.close()
+            whose = " (Ollama's port, for --ollama)" if port == OLLAMA_PORT else ""
+            print(f"kinetic: cannot listen on {host}:{port}{whose}: {e.strerror or e}",
+                  file=sys.stderr)
+            return None
+    hconfig.bind = [f"{host}:{p}" for p in ports]
+    return Sockets([], listening, [])
 
 
 def exit_now(message: str, status: int) -> None:

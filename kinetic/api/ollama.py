@@ -1,0 +1,632 @@
+"""Ollama's API: /api/version, /api/tags, /api/ps, /api/show, /api/chat, /api/generate,
+/api/embed and /api/embeddings, so that apps written for Ollama work with only their host
+pointed here.
+
+A chat, in order: `json_body` -> `chat_request` turns Ollama's body into the OpenAI dialect's
+(messages with object arguments, `options` flattened, `format`, `think`) and `parse_chat`
+checks every field of it, a 400 naming the Ollama field -> `plan_chat` renders the prompt and
+compiles the answer's grammar, as for /v1/chat/completions -> `Answer` runs it in the engine
+and reads the text with the same ChatReader: streamed as NDJSON lines (one per piece of
+text, the tool calls whole in one line, then the `done` line with Ollama's counts and
+durations in nanoseconds), or folded into one object with `"stream": false`. The two always
+agree. /api/generate is the same over one user message (with `system`), or over the prompt
+as it is with `raw`.
+
+Ollama knows many models; kinetic serves one. Any model name a request gives is the loaded
+model, and answers name it as the request did. Errors are Ollama's shape, `{"error": "..."}`
+(access.py writes it for every path under /api/), with its statuses: 400 for a bad request
+and for a capability the model lacks, 503 while the model loads. Bodies of any content type
+are read as JSON, as Ollama reads them; the Origin rule (access.py) keeps other sites' pages
+out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from contextlib import aclosing
+from datetime import datetime, timezone
+from typing import Any, AsyncIterator
+
+import numpy as np
+from quart import Blueprint, Response
+
+from kinetic import __version__
+from kinetic.api import embeddings as emb
+from kinetic.api.chat_reply import ChatReader, plan_chat
+from kinetic.api.core import (ServerState, chat_logprobs, completion_prompt_ids, dumps,
+                              generation, json_body, json_response, server_state, token_limit)
+from kinetic.api.errors import APIError, bad_request, engine_error
+from kinetic.api.metrics import Task
+from kinetic.api.params import (MAX_LOGPROBS, ChatRequest, check_prompt_fits, compile_shape,
+                                options as read_options, parse_chat)
+from kinetic.chat.reasoning import template_knows_thinking
+from kinetic.engine.encoder import normalize
+from kinetic.engine.request import Delta, GenerationRequest, TokenLogprob
+from kinetic.receipts.record import model_record
+
+blueprint = Blueprint("ollama", __name__)
+
+# the Ollama release whose API these routes follow (clients check it for features: format
+# as a schema, think, logprobs); kinetic's own version is beside it
+OLLAMA_VERSION = "0.13.0"
+DONE_REASONS = {"stop": "stop", "length": "length", "cancelled": "stop"}
+MAX_NAME_CHARS = 512
+
+# options that change the answer: Ollama's name -> the field params.options reads
+OPTIONS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
+           "min_p": "min_p", "typical_p": "typical_p", "seed": "seed",
+           "num_predict": "n_predict", "stop": "stop", "repeat_penalty": "repeat_penalty",
+           "repeat_last_n": "repeat_last_n", "presence_penalty": "presence_penalty",
+           "frequency_penalty": "frequency_penalty", "mirostat": "mirostat",
+           "mirostat_tau": "mirostat_tau", "mirostat_eta": "mirostat_eta"}
+# options Ollama knows that change nothing here (docs/server.md says why), and any option
+# kinetic does not know, are accepted and ignored, as Ollama ignores unknown options
+IGNORED_OPTIONS = ("num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread", "num_keep",
+                   "numa", "low_vram", "use_mmap", "use_mlock", "vocab_only", "f16_kv",
+                   "logits_all", "embedding_only", "penalize_newline", "tfs_z")
+# the OpenAI dialect's name of a field -> the Ollama body's, for errors
+FIELD_NAMES = {**{v: f"options.{k}" for k, v in OPTIONS.items()},
+               "json_schema": "format", "response_format": "format",
+               "chat_template_kwargs": "think", "top_logprobs": "top_logprobs"}
+
+
+# --- model information ------------------------------------------------------------------
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _file_time(path: str) -> str:
+    mtime = os.stat(path).st_mtime
+    return datetime.fromtimestamp(mtime, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def human_number(n: int) -> str:
+    """A parameter count as Ollama writes it: 8B, 1.5B, 494.03M, 135K."""
+    for size, suffix, digits in ((10**9, "B", 1), (10**6, "M", 2), (10**3, "K", 0)):
+        if n >= size:
+            value = n / size
+            return f"{value:.0f}{suffix}" if value == int(value) else f"{value:.{digits}f}{suffix}"
+    return str(n)
+
+
+def quantization_level(gguf) -> str:
+    """The file's quantization as Ollama names it (Q4_K_M, F16): general.file_type, else the
+    type that holds most of the weights' bytes."""
+    from gguf import LlamaFileType
+    file_type = gguf.metadata.get("general.file_type")
+    try:
+        name = LlamaFileType(file_type).name
+        return name.removeprefix("MOSTLY_").removeprefix("ALL_")
+    except ValueError:
+        pass
+    size: dict[str, int] = {}
+    for t in gguf.tensors.values():
+        size[t.qtype.name] = size.get(t.qtype.name, 0) + t.data.nbytes
+    return max(size, key=size.get) if size else "unknown"
+
+
+def parameter_count(gguf) -> int:
+    return sum(int(np.prod(t.shape)) for t in gguf.tensors.values())
+
+
+def details(state: ServerState) -> dict[str, Any]:
+    gguf = state.require_model().loaded.file
+    arch = gguf.architecture
+    return {"parent_model": "", "format": "gguf", "family": arch, "families": [arch],
+            "parameter_size": human_number(parameter_count(gguf)),
+            "quantization_level": quantization_level(gguf)}
+
+
+def listed_name(state: ServerState) -> str:
+    """The model's name in /api/tags and /api/ps, with Ollama's tag (name:latest)."""
+    return state.model_id if ":" in state.model_id else f"{state.model_id}:latest"
+
+
+def capabilities(state: ServerState) -> list[str]:
+    """What the model does, in Ollama's words. Never "insert" (a suffix is refused) nor
+    "vision" (no image input yet)."""
+    model = state.require_model()
+    if state.kind != "text":
+        return ["embedding"] if state.kind == "embedding" else []
+    caps = ["completion"]
+    template = model.chat_template
+    if template.supports_tools:
+        caps.append("tools")
+    if template.supports_thinking or template_knows_thinking(template.source):
+        caps.append("thinking")
+    return caps
+
+
+def resident_bytes() -> int | None:
+    """This process's memory in use (its resident set), or None where /proc has no statm."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+async def _listing(state: ServerState) -> dict[str, Any]:
+    path = state.require_model().loaded.file.path
+    record = await asyncio.to_thread(model_record, path)   # hashed once, off the event loop
+    name = listed_name(state)
+    return {"name": name, "model": name, "modified_at": _file_time(path),
+            "size": record["size"], "digest": record["sha256"], "details": details(state)}
+
+
+@blueprint.get("/api/version")
+async def version():
+    return json_response({"version": OLLAMA_VERSION, "kinetic": __version__})
+
+
+@blueprint.get("/api/tags")
+async def tags():
+    return json_response({"models": [await _listing(server_state())]})
+
+
+@blueprint.get("/api/ps")
+async def ps():
+    state = server_state()
+    entry = await _listing(state)
+    entry.update(size=resident_bytes() or entry["size"], size_vram=0,
+                 context_length=state.require_model().n_ctx,
+                 # kinetic keeps the model until it stops: no expiry, as keep_alive -1 shows
+                 expires_at="2318-01-01T00:00:00Z")
+    return json_response({"models": [entry]})
+
+
+@blueprint.post("/api/show")
+async def show():
+    state = server_state()
+    body = await json_body()
+    model_name(body)
+    verbose = _flag(body, "verbose", False)
+    model = state.require_model()
+    gguf = model.loaded.file
+    template = gguf.metadata.get("tokenizer.chat_template") or ""
+    if state.kind == "text":
+        template = model.template_text
+        p = model.default_params
+        parameters = "\n".join(f"{k:<30} {v}" for k, v in (
+            ("temperature", p.temperature), ("top_k", p.top_k), ("top_p", p.top_p),
+            ("min_p", p.min_p), ("repeat_penalty", p.repeat_penalty)))
+    else:
+        parameters = ""
+    info: dict[str, Any] = {}
+    for key, value in gguf.metadata.items():
+        if key == "tokenizer.chat_template":
+            continue
+        if isinstance(value, (list, tuple, np.ndarray)):
+            value = _json_value(value) if verbose else None
+        info[key] = _json_value(value)
+    info.setdefault("general.parameter_count", parameter_count(gguf))
+    license_ = gguf.metadata.get("general.license")
+    return json_response({
+        "license": license_ if isinstance(license_, str) else "",
+        "modelfile": f"# Modelfile generated by kinetic\nFROM {gguf.path}\n",
+        "parameters": parameters, "template": template, "details": details(state),
+        "model_info": info, "capabilities": capabilities(state),
+        "modified_at": _file_time(gguf.path)})
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [_json_value(v) for v in value]
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+# --- reading Ollama's bodies --------------------------------------------------------------
+
+def model_name(body: dict) -> str:
+    """The request's model (Ollama's older clients send it as name): any name serves the
+    loaded model, but one must be given, as Ollama requires."""
+    name = body.get("model")
+    if name is None:
+        name = body.get("name")
+    if not isinstance(name, str) or not name:
+        raise bad_request("model is required", "model")
+    if len(name) > MAX_NAME_CHARS:
+        raise bad_request(f"model must be at most {MAX_NAME_CHARS} characters", "model")
+    return name
+
+
+def _flag(body: dict, name: str, default: bool) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise bad_request(f"{name} must be true or false", name)
+    return value
+
+
+def _refuse(body: dict, names: tuple[str, ...]) -> None:
+    """SPEC.md: suffix, template and context are refused, with an error saying why."""
+    why = {"suffix": "kinetic does not fill in the middle",
+           "template": "the model's own chat template is always used (raw: true sends the "
+                       "prompt as it is)",
+           "context": "the conversation is not carried as token ids; send the messages to "
+                      "/api/chat (a prompt that starts like an earlier one reuses its work)"}
+    for name in names:
+        if body.get(name) not in (None, "", []):
+            raise bad_request(f"{name} is not supported: {why[name]}", name)
+
+
+def _refuse_images(images: Any, at: str) -> None:
+    if images not in (None, []):
+        raise bad_request(f"{at}: images need a vision model; the loaded model reads text only, "
+                          f"and kinetic serve does not take --mmproj yet", at)
+
+
+def sampling_fields(body: dict) -> dict[str, Any]:
+    """Ollama's `options` (and `format`, `logprobs`, `top_logprobs`) as the fields the OpenAI
+    dialect's parser reads: num_predict -1 (no limit) and -2 (until the context is full) are
+    no limit."""
+    opts = body.get("options")
+    if opts is None:
+        opts = {}
+    if not isinstance(opts, dict):
+        raise bad_request("options must be an object", "options")
+    out: dict[str, Any] = {}
+    for key, value in opts.items():
+        if key in OPTIONS and value is not None:
+            out[OPTIONS[key]] = value
+    if out.get("n_predict") == -2:
+        out["n_predict"] = -1
+    fmt = body.get("format")
+    if fmt == "json":
+        out["json_schema"] = {"type": "object"}   # Ollama's JSON mode answers an object
+    elif isinstance(fmt, dict) and fmt:
+        out["json_schema"] = fmt
+    elif fmt not in (None, "", {}):
+        raise bad_request('format must be "json" or a JSON schema object', "format")
+    for name in ("logprobs", "top_logprobs"):
+        if body.get(name) is not None:
+            out[name] = body[name]
+    return out
+
+
+def _think_kwargs(body: dict, state: ServerState) -> dict[str, Any]:
+    """`think` as the chat template's enable_thinking (and reasoning_effort for "low",
+    "medium" or "high", which some clients send); unset: the template's default."""
+    think = body.get("think")
+    if think is None:
+        return {}
+    if think is False:
+        return {"enable_thinking": False}
+    if think is not True and think not in ("low", "medium", "high"):
+        raise bad_request('think must be true, false, "low", "medium" or "high"', "think")
+    if "thinking" not in capabilities(state):
+        raise bad_request(f"{state.model_id!r} does not support thinking", "think")
+    return ({"enable_thinking": True} if think is True
+            else {"enable_thinking": True, "reasoning_effort": think})
+
+
+def _message(m: Any, at: str) -> Any:
+    """One Ollama message as the OpenAI dialect's: thinking -> reasoning_content, tool_name
+    -> name, tool calls typed (their object arguments are kept: the template reads them)."""
+    if not isinstance(m, dict):
+        return m   # parse_chat refuses it, naming it
+    _refuse_images(m.get("images"), f"{at}.images")
+    out = {k: m[k] for k in ("role", "content", "tool_call_id") if k in m}
+    if m.get("thinking") is not None:
+        out["reasoning_content"] = m["thinking"]
+    if m.get("tool_name") is not None:
+        out["name"] = m["tool_name"]
+    calls = m.get("tool_calls")
+    if isinstance(calls, list):
+        out["tool_calls"] = [dict(c, type="function") if isinstance(c, dict) else c
+                             for c in calls]
+        for j, call in enumerate(out["tool_calls"]):
+            fn = call.get("function") if isinstance(call, dict) else None
+            if isinstance(fn, dict) and not isinstance(fn.get("arguments", {}), (dict, str)):
+                raise bad_request(f"{at}.tool_calls[{j}].function.arguments must be an object",
+                                  f"{at}.tool_calls[{j}].function.arguments")
+    elif calls is not None:
+        out["tool_calls"] = calls   # parse_chat refuses it, naming it
+    return out
+
+
+def renamed(e: APIError) -> APIError:
+    """An error of the OpenAI dialect's parser, naming the Ollama field instead."""
+    ours = FIELD_NAMES.get(e.param or "")
+    if ours is not None:
+        e.message = e.message.replace(e.param, ours, 1)
+        e.args = (e.message,)
+        e.param = ours
+    return e
+
+
+def chat_request(body: dict, state: ServerState, messages: list) -> ChatRequest:
+    """An Ollama chat (or a generate made into one) as the OpenAI dialect's ChatRequest."""
+    model = state.require_model()
+    fields = sampling_fields(body)
+    tools = body.get("tools")
+    if tools not in (None, []) and not model.chat_template.supports_tools:
+        raise bad_request(f"{state.model_id!r} does not support tools", "tools")
+    fields.update(messages=[_message(m, f"messages[{i}]") for i, m in enumerate(messages)],
+                  tools=tools, chat_template_kwargs=_think_kwargs(body, state))
+    try:
+        return parse_chat(fields, model.default_params, model.text_tokens)
+    except APIError as e:
+        raise renamed(e) from None
+
+
+def _ready_answer(name: str, key: str, keep_alive: Any) -> dict[str, Any]:
+    """Ollama's answer to a request with nothing to generate (no messages, or an empty
+    prompt): the model is ready (done_reason "load"; "unload" for keep_alive 0, though kinetic
+    keeps it)."""
+    answer: dict[str, Any] = {"model": name, "created_at": _now()}
+    answer.update({"message": {"role": "assistant", "content": ""}} if key == "message"
+                  else {"response": ""})
+    reason = "unload" if keep_alive in (0, "0", "0s", "0m") else "load"
+    return dict(answer, done=True, done_reason=reason)
+
+
+# --- chat and generate ----------------------------------------------------------------------
+
+@blueprint.post("/api/chat")
+async def chat():
+    began = time.perf_counter()
+    state = server_state()
+    body = await json_body()
+    name = model_name(body)
+    _require_text(state, "chat")
+    messages = body.get("messages")
+    if messages is not None and not isinstance(messages, list):
+        raise bad_request("messages must be a list of messages", "messages")
+    if not messages:
+        return json_response(_ready_answer(name, "message", body.get("keep_alive")))
+    req = chat_request(body, state, messages)
+    plan = await asyncio.to_thread(plan_chat, state.require_model(), req)
+    return await _answer(state, body, Answer(state, name, "message", began, req.options.logprobs),
+                         plan.prompt, req, plan.grammar, plan.reader(), plan.calls is not None)
+
+
+@blueprint.post("/api/generate")
+async def generate():
+    began = time.perf_counter()
+    state = server_state()
+    body = await json_body()
+    name = model_name(body)
+    _require_text(state, "generate")
+    _refuse(body, ("suffix", "template", "context"))
+    _refuse_images(body.get("images"), "images")
+    prompt, system = body.get("prompt"), body.get("system")
+    for field, value in (("prompt", prompt), ("system", system)):
+        if value is not None and not isinstance(value, str):
+            raise bad_request(f"{field} must be a string", field)
+    if not prompt:
+        return json_response(_ready_answer(name, "response", body.get("keep_alive")))
+    model = state.require_model()
+    if _flag(body, "raw", False):
+        try:
+            opts = read_options(sampling_fields(body), model.default_params,
+                                _logprobs(body), model.text_tokens)
+        except APIError as e:
+            raise renamed(e) from None
+        req = ChatRequest([], {}, opts)
+        ids = await asyncio.to_thread(completion_prompt_ids, model, prompt)
+        grammar = (None if opts.shape is None else
+                   await asyncio.to_thread(compile_shape, opts.shape, model))
+        return await _answer(state, body, Answer(state, name, "response", began, opts.logprobs),
+                             ids, req, grammar, None, False)
+    messages = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": prompt}]
+    req = chat_request(body, state, messages)
+    plan = await asyncio.to_thread(plan_chat, model, req)
+    return await _answer(state, body, Answer(state, name, "response", began, req.options.logprobs),
+                         plan.prompt, req, plan.grammar, plan.reader(), False)
+
+
+def _logprobs(body: dict) -> int | None:
+    """logprobs / top_logprobs as the parser's one value (None: none asked for)."""
+    want = body.get("logprobs")
+    if want is not None and not isinstance(want, bool):
+        raise bad_request("logprobs must be true or false", "logprobs")
+    top = body.get("top_logprobs")
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int)
+                            or not 0 <= top <= MAX_LOGPROBS):
+        raise bad_request(f"top_logprobs must be an integer between 0 and {MAX_LOGPROBS}",
+                          "top_logprobs")
+    return (top or 0) if want else None
+
+
+def _require_text(state: ServerState, what: str) -> None:
+    state.require_model()
+    if state.kind != "text":
+        use = " (use /api/embed)" if state.kind == "embedding" else ""
+        raise bad_request(f"{state.model_id!r} does not support {what}: it is a {state.kind} "
+                          f"model{use}")
+
+
+async def _answer(state: ServerState, body: dict, answer: "Answer", prompt: list[int],
+                  req: ChatRequest, grammar, reader: ChatReader | None, special: bool) -> Response:
+    model = state.require_model()
+    check_prompt_fits(len(prompt), model.n_ctx, "messages" if answer.key == "message"
+                      else "prompt")
+    opts = req.options
+    try:
+        gen = GenerationRequest(prompt, opts.params, token_limit(state, opts.max_tokens),
+                                opts.stop, opts.logprobs, grammar=grammar, special_text=special)
+    except ValueError as e:
+        raise bad_request(str(e), "options") from None
+    answer.tokenizer = model.tokenizer
+    if _flag(body, "stream", True):
+        resp = Response(answer.lines(gen, reader), mimetype="application/x-ndjson")
+        resp.timeout = None   # a stream lasts as long as its generation
+        return resp
+    return json_response(await answer.whole(gen, reader))
+
+
+class Answer:
+    """One generation in Ollama's shape: `key` "message" (a chat: the text in message.content,
+    reasoning in message.thinking, calls in message.tool_calls) or "response" (a generate:
+    response and thinking). `lines` streams it as NDJSON, `whole` folds the same deltas into
+    one object; both read the text with the same reader."""
+
+    def __init__(self, state: ServerState, name: str, key: str, began: float,
+                 logprobs: int | None):
+        self.state, self.name, self.key, self.began = state, name, key, began
+        self.logprobs = logprobs
+        self.tokenizer = None
+        self.task: Task | None = None
+
+    def _piece(self, reasoning: str, content: str, calls=(),
+               lps: list[TokenLogprob] | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {"model": self.name, "created_at": _now()}
+        if self.key == "message":
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            if reasoning:
+                message["thinking"] = reasoning
+            if calls:
+                message["tool_calls"] = [
+                    {"function": {"index": i, "name": c.name,
+                                  "arguments": _arguments(c.arguments)}}
+                    for i, c in enumerate(calls)]
+            out["message"] = message
+        else:
+            out["response"] = content
+            if reasoning:
+                out["thinking"] = reasoning
+        if self.logprobs is not None and lps is not None:
+            out["logprobs"] = chat_logprobs(self.tokenizer, lps)
+        out["done"] = False
+        return out
+
+    def _done(self, piece: dict[str, Any], last: Delta) -> dict[str, Any]:
+        """The last object: done, why, and Ollama's counts and durations (nanoseconds)."""
+        usage = last.usage
+        timings = self.task.timings()
+        piece.update(done=True, done_reason=DONE_REASONS.get(last.finish_reason, "stop"),
+                     total_duration=int((time.perf_counter() - self.began) * 1e9),
+                     load_duration=0,   # the model was loaded when the server started
+                     prompt_eval_count=usage.prompt_tokens if usage else 0,
+                     prompt_eval_duration=int(timings["prompt_ms"] * 1e6),
+                     eval_count=usage.completion_tokens if usage else 0,
+                     eval_duration=int(timings["predicted_ms"] * 1e6))
+        return piece
+
+    async def whole(self, gen: GenerationRequest, reader: ChatReader | None) -> dict[str, Any]:
+        self.task = Task(gen)
+        text, lps, last = [], [], None
+        async with aclosing(generation(self.state, gen, "ollama", task=self.task)) as deltas:
+            async for d in deltas:
+                text.append(d.text)
+                lps.extend(d.logprobs)
+                last = d
+        if last is None or last.finish_reason == "error":
+            raise engine_error(last)
+        if reader is None:
+            reasoning, content, calls = "", "".join(text), ()
+        else:
+            reasoning, content = reader.feed("".join(text))
+            more_reasoning, more_content, calls = reader.finish()
+            reasoning, content = reasoning + more_reasoning, content + more_content
+        return self._done(self._piece(reasoning, content, calls, lps), last)
+
+    async def lines(self, gen: GenerationRequest,
+                    reader: ChatReader | None) -> AsyncIterator[str]:
+        """A line per piece of text the reader releases (log-probabilities of held-back
+        text wait for the next line), the calls whole in one line, then the done line. An
+        engine error ends the stream with an {"error": ...} line."""
+        self.task = Task(gen, stream=True)
+        held: list[TokenLogprob] = []
+
+        def line(obj: dict[str, Any]) -> str:
+            held.clear()
+            return dumps(obj) + "\n"
+
+        async with aclosing(generation(self.state, gen, "ollama", stream=True,
+                                       task=self.task)) as deltas:
+            async for d in deltas:
+                if d.finish_reason == "error":
+                    yield dumps({"error": engine_error(d).message}) + "\n"
+                    return
+                held.extend(d.logprobs)
+                reasoning, content = reader.feed(d.text) if reader else ("", d.text)
+                if reasoning or content:
+                    yield line(self._piece(reasoning, content, lps=held))
+                if d.finish_reason is None:
+                    continue
+                reasoning, content, calls = reader.finish() if reader else ("", "", ())
+                if reasoning or content or calls:
+                    yield line(self._piece(reasoning, content, calls, lps=held))
+                yield line(self._done(self._piece("", "", lps=held if held else None), d))
+
+
+def _arguments(text: str) -> Any:
+    """A call's arguments as an object, as Ollama returns them (the reader only returns
+    calls whose arguments parse; anything else stays as the text)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+# --- embeddings -----------------------------------------------------------------------------
+
+def _require_embedding(state: ServerState) -> Any:
+    model = state.require_model()
+    if state.kind != "embedding":
+        raise bad_request(f"{state.model_id!r} does not support embeddings: it is a "
+                          f"{state.kind} model; serve an embedding model for /api/embed")
+    if model.pooling == "none":
+        raise bad_request("the model's pooling is none (a vector per token), which Ollama's "
+                          "API cannot answer; use /embedding")
+    return model
+
+
+@blueprint.post("/api/embed")
+async def embed():
+    """Vectors for one text or a list, L2-normalized as Ollama's are; `dimensions` keeps the
+    first n of each (normalized again); truncate (on by default, as in Ollama) cuts inputs to
+    the context."""
+    began = time.perf_counter()
+    state = server_state()
+    body = await json_body()
+    name = model_name(body)
+    model = _require_embedding(state)
+    dims = body.get("dimensions")
+    if dims is not None and (isinstance(dims, bool) or not isinstance(dims, int)
+                             or not 1 <= dims <= model.dim):
+        raise bad_request(f"dimensions must be an integer between 1 and {model.dim}",
+                          "dimensions")
+    value = body.get("input")
+    if value in (None, [], ""):
+        return json_response({"model": name, "embeddings": [], "total_duration": 0,
+                              "load_duration": 0, "prompt_eval_count": 0})
+    ids = emb.token_ids(state, emb.parse_inputs(value, "input"), "input",
+                        _flag(body, "truncate", True))
+    vectors = await emb.encode(state, ids, model.encoder.pooled)
+    out = [normalize(np.asarray(v)[:dims], 2).tolist() for v in vectors]
+    return json_response({"model": name, "embeddings": out,
+                          "total_duration": int((time.perf_counter() - began) * 1e9),
+                          "load_duration": 0, "prompt_eval_count": sum(len(t) for t in ids)})
+
+
+@blueprint.post("/api/embeddings")
+async def embeddings():
+    """Ollama's older route: one prompt, its vector as the model pools it (not normalized,
+    as Ollama's is not); an empty prompt, an empty vector."""
+    state = server_state()
+    body = await json_body()
+    model_name(body)
+    model = _require_embedding(state)
+    prompt = body.get("prompt")
+    if prompt is not None and not isinstance(prompt, str):
+        raise bad_request("prompt must be a string", "prompt")
+    if not prompt:
+        return json_response({"embedding": []})
+    ids = emb.token_ids(state, [prompt], "prompt", True)
+    (vector,) = await emb.encode(state, ids, model.encoder.pooled)
+    return json_response({"embedding": np.asarray(vector, np.float32).tolist()})
