@@ -17,6 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+import httpx
+
 from tests.tiny_models import DATA, write_tiny_model
 
 N_CTX = 256
@@ -35,6 +37,10 @@ SERVED_BODIES = {
     "llama_server.tokenize": {"content": "hi"},
     "llama_server.detokenize": {"tokens": [1, 2]},
     "prefill.prefill": {"messages": [{"role": "user", "content": "hi there"}]},
+    "ollama.chat": {"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                    "stream": False, "options": {"num_predict": 1}},
+    "ollama.generate": {"model": "m", "prompt": "hi", "stream": False,
+                        "options": {"num_predict": 1}},
 }
 
 
@@ -72,15 +78,22 @@ class AppClient:
         except ValueError:
             return status, data
 
+    def raw(self, method: str, path: str, body: bytes = b"",
+            headers: dict[str, str] | None = None,
+            timeout: float = TIMEOUT) -> tuple[int, Any, bytes]:
+        """Any method with any headers: (status, the answer's headers (case-insensitive), its
+        bytes)."""
+        async def send():
+            resp = await self.client.open(path, method=method, data=body, headers=headers or {})
+            return resp.status_code, resp.headers, await resp.get_data()
+        return asyncio.run_coroutine_threadsafe(send(), self.loop).result(timeout)
+
     def request(self, method: str, path: str, body: bytes = b"",
                 headers: dict[str, str] | None = None,
                 timeout: float = TIMEOUT) -> tuple[int, Any, Any]:
         """Any method with any headers: (status, the answer's headers (case-insensitive), the
         answer parsed as JSON, or its raw bytes when it is not JSON)."""
-        async def send():
-            resp = await self.client.open(path, method=method, data=body, headers=headers or {})
-            return resp.status_code, resp.headers, await resp.get_data()
-        status, head, data = asyncio.run_coroutine_threadsafe(send(), self.loop).result(timeout)
+        status, head, data = self.raw(method, path, body, headers, timeout)
         try:
             return status, head, json.loads(data)
         except ValueError:
@@ -129,6 +142,37 @@ def model_app(path: Path, server_config=None, **load_args) -> Iterator[AppClient
     finally:
         client.close()
         model.close()
+
+
+class Transport(httpx.BaseTransport):
+    """An httpx transport into the app, so that an HTTP client library (the official ollama
+    or openai client) drives the app in this process: `ollama.Client(transport=...)`. A
+    streamed answer arrives whole, then the client reads it as it would read the stream."""
+
+    def __init__(self, app: AppClient):
+        self.app = app
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.raw_path.decode("ascii")
+        status, head, data = self.app.raw(request.method, path, request.read(),
+                                          dict(request.headers))
+        return httpx.Response(status, headers=list(head.items()), content=data)
+
+
+def assert_route_error(path: str, status: int, answer: Any, what: str = "") -> None:
+    """A 4xx in the shape of the route's dialect: Ollama's under /api/, else OpenAI's."""
+    if path.startswith("/api/"):
+        assert_ollama_error(status, answer, what)
+    else:
+        assert_error_shape(status, answer, what)
+
+
+def assert_ollama_error(status: int, answer: Any, what: str = "") -> str:
+    """A 4xx in Ollama's shape, {"error": "..."}; returns the message."""
+    assert 400 <= status < 500, f"{what}: {status} {answer!r:.600}"
+    assert isinstance(answer, dict) and set(answer) == {"error"}, f"{what}: {answer!r:.600}"
+    assert isinstance(answer["error"], str) and answer["error"], f"{what}: {answer!r:.600}"
+    return answer["error"]
 
 
 def assert_error_shape(status: int, answer: Any, what: str = "") -> dict:

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from kinetic.api.app import create_app
 from kinetic.api.core import ServerConfig, ServerState
 from kinetic.api.params import SAMPLING_FIELDS
-from tests.app_client import SERVED_BODIES, assert_error_shape, in_process_app
+from tests.app_client import SERVED_BODIES, assert_route_error, in_process_app
 
 EXAMPLES = 300          # per route; the whole file runs in about 30 s on 2 cores
 REQUEST_TIMEOUT = 30.0  # seconds; a request still unanswered then is a hang, and fails
@@ -132,6 +132,36 @@ FIELDS = {
         chat_template_kwargs=maybe(st.dictionaries(st.sampled_from(
             ["enable_thinking", "reasoning_effort", "x"]), any_json, max_size=2))),
 }
+# Ollama's bodies: sampling in options (num_predict kept small), messages with its own fields
+OLLAMA_OPTIONS = st.fixed_dictionaries({}, optional=dict(
+    {name: maybe(numbers) for name in ("temperature", "top_k", "top_p", "min_p", "seed",
+                                       "repeat_penalty", "repeat_last_n", "presence_penalty",
+                                       "frequency_penalty", "typical_p", "mirostat",
+                                       "num_ctx", "num_thread")},
+    num_predict=maybe(st.sampled_from([1, 2, -1, -2, 0, -3])),
+    stop=maybe(st.one_of(texts, st.lists(texts, max_size=3)))))
+ollama_call = st.fixed_dictionaries({}, optional={"function": rarely(st.fixed_dictionaries(
+    {"name": rarely(texts)}, optional={"arguments": rarely(st.one_of(
+        st.dictionaries(plain, any_json, max_size=2), texts))}))})
+ollama_message = st.fixed_dictionaries(
+    {"role": rarely(st.sampled_from(["user", "user", "assistant", "system", "tool"])),
+     "content": rarely(texts)},
+    optional={"thinking": rarely(texts), "tool_name": rarely(texts),
+              "images": rarely(st.lists(texts, max_size=1)),
+              "tool_calls": rarely(st.lists(rarely(ollama_call), max_size=2))})
+OLLAMA = dict(model=maybe(texts), options=maybe(OLLAMA_OPTIONS), stream=maybe(st.booleans()),
+              format=maybe(st.one_of(st.sampled_from(["json", "", "yaml"]), schema)),
+              think=maybe(st.sampled_from([True, False, "low", "high", "x"])),
+              logprobs=maybe(st.booleans()), top_logprobs=maybe(small_ints),
+              keep_alive=maybe(st.sampled_from([0, "5m", -1, "x"])))
+FIELDS.update({
+    "ollama.chat": dict(OLLAMA, messages=maybe(st.lists(rarely(ollama_message), max_size=3)),
+                        tools=maybe(st.lists(maybe(tool), max_size=2))),
+    "ollama.generate": dict(OLLAMA, prompt=maybe(texts), system=maybe(texts),
+                            raw=maybe(st.booleans()), suffix=maybe(texts),
+                            template=maybe(texts), context=maybe(token_ids),
+                            images=maybe(st.lists(texts, max_size=1))),
+})
 ALL_NAMES = sorted({name for fields in FIELDS.values() for name in fields})
 # how often the one field drawn is this one, against 1 for the others: the text fields carry
 # the most shapes
@@ -214,7 +244,7 @@ def test_route_survives_fuzzing(app, endpoint):
         if status == 200:
             answered["ok"] += 1
         else:
-            assert_error_shape(status, answer, f"{path} {body[:300]!r}")
+            assert_route_error(path, status, answer, f"{path} {body[:300]!r}")
             answered["refused"] += 1
 
     one()

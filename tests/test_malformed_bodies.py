@@ -17,7 +17,8 @@ import json
 import pytest
 
 from kinetic.api.body import MAX_DEPTH
-from tests.app_client import SERVED_BODIES, assert_error_shape, in_process_app
+from tests.app_client import (SERVED_BODIES, assert_error_shape, assert_route_error,
+                              in_process_app)
 
 SURROGATE = "\ud800"  # json.dumps writes it as the escape \ud800, as a client would send it
 HUGE = 10**400        # an integer JSON can carry and no float can hold
@@ -457,7 +458,7 @@ def test_every_route_refuses_every_malformed_body(app):
         for label, raw in EVERY_ROUTE:
             status, answer = app.post(path, raw)
             try:
-                assert_error_shape(status, answer, f"{path} {label}")
+                assert_route_error(path, status, answer, f"{path} {label}")
             except AssertionError as e:
                 failures.append(str(e))
     assert not failures, "\n".join(failures)

@@ -147,7 +147,11 @@ def authorized(keys: tuple[str, ...]) -> bool:
 
 def error_response(e: APIError) -> Response:
     """The error in the OpenAI shape, or in Ollama's ({"error": "..."}) on its paths."""
-    body = {"error": e.message} if is_ollama_path(request.path) else e.body()
+    if is_ollama_path(request.path):   # Ollama's error has no param: the message names it
+        named = e.param is None or e.param in e.message
+        body: dict = {"error": e.message if named else f"{e.param}: {e.message}"}
+    else:
+        body = e.body()
     resp = json_response(body, e.status)
     if e.close:
         resp.headers["Connection"] = "close"

@@ -338,11 +338,13 @@ def _message(m: Any, at: str) -> Any:
 
 def renamed(e: APIError) -> APIError:
     """An error of the OpenAI dialect's parser, naming the Ollama field instead."""
-    ours = FIELD_NAMES.get(e.param or "")
-    if ours is not None:
-        e.message = e.message.replace(e.param, ours, 1)
-        e.args = (e.message,)
-        e.param = ours
+    param = e.param or ""
+    for theirs, ours in FIELD_NAMES.items():
+        if param == theirs or param.startswith((theirs + ".", theirs + "[")):
+            e.message = e.message.replace(theirs, ours, 1)
+            e.args = (e.message,)
+            e.param = ours + param[len(theirs):]
+            break
     return e
 
 
