@@ -40,11 +40,12 @@ from kinetic.api.core import (ServerState, chat_logprobs, completion_prompt_ids,
                               generation, json_body, json_response, server_state, token_limit)
 from kinetic.api.errors import APIError, bad_request, engine_error
 from kinetic.api.metrics import Task
-from kinetic.api.params import (MAX_LOGPROBS, ChatRequest, check_prompt_fits, compile_shape,
-                                options as read_options, parse_chat)
+from kinetic.api.params import (MAX_LOGPROBS, ChatRequest, Options, check_prompt_fits,
+                                compile_shape, options as read_options, parse_chat)
 from kinetic.chat.reasoning import template_knows_thinking
 from kinetic.engine.encoder import normalize
 from kinetic.engine.request import Delta, GenerationRequest, TokenLogprob
+from kinetic.grammar import Grammar
 from kinetic.receipts.record import model_record
 
 blueprint = Blueprint("ollama", __name__)
@@ -390,8 +391,9 @@ async def chat():
         return json_response(_ready_answer(name, "message", body.get("keep_alive")))
     req = chat_request(body, state, messages)
     plan = await asyncio.to_thread(plan_chat, state.require_model(), req)
-    return await _answer(state, body, Answer(state, name, "message", began, req.options.logprobs),
-                         plan.prompt, req, plan.grammar, plan.reader(), plan.calls is not None)
+    answer = Answer(state, name, "message", began, req.options, plan.reader())
+    return await answer.respond(body, plan.prompt, plan.grammar,
+                                special_text=plan.calls is not None)
 
 
 @blueprint.post("/api/generate")
@@ -416,18 +418,16 @@ async def generate():
                                 _logprobs(body), model.text_tokens)
         except APIError as e:
             raise renamed(e) from None
-        req = ChatRequest([], {}, opts)
         ids = await asyncio.to_thread(completion_prompt_ids, model, prompt)
         grammar = (None if opts.shape is None else
                    await asyncio.to_thread(compile_shape, opts.shape, model))
-        return await _answer(state, body, Answer(state, name, "response", began, opts.logprobs),
-                             ids, req, grammar, None, False)
+        return await Answer(state, name, "response", began, opts).respond(body, ids, grammar)
     messages = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": prompt}]
     req = chat_request(body, state, messages)
     plan = await asyncio.to_thread(plan_chat, model, req)
-    return await _answer(state, body, Answer(state, name, "response", began, req.options.logprobs),
-                         plan.prompt, req, plan.grammar, plan.reader(), False)
+    answer = Answer(state, name, "response", began, req.options, plan.reader())
+    return await answer.respond(body, plan.prompt, plan.grammar)
 
 
 def _logprobs(body: dict) -> int | None:
@@ -451,37 +451,37 @@ def _require_text(state: ServerState, what: str) -> None:
                           f"model{use}")
 
 
-async def _answer(state: ServerState, body: dict, answer: "Answer", prompt: list[int],
-                  req: ChatRequest, grammar, reader: ChatReader | None, special: bool) -> Response:
-    model = state.require_model()
-    check_prompt_fits(len(prompt), model.n_ctx, "messages" if answer.key == "message"
-                      else "prompt")
-    opts = req.options
-    try:
-        gen = GenerationRequest(prompt, opts.params, token_limit(state, opts.max_tokens),
-                                opts.stop, opts.logprobs, grammar=grammar, special_text=special)
-    except ValueError as e:
-        raise bad_request(str(e), "options") from None
-    answer.tokenizer = model.tokenizer
-    if _flag(body, "stream", True):
-        resp = Response(answer.lines(gen, reader), mimetype="application/x-ndjson")
-        resp.timeout = None   # a stream lasts as long as its generation
-        return resp
-    return json_response(await answer.whole(gen, reader))
-
-
 class Answer:
     """One generation in Ollama's shape: `key` "message" (a chat: the text in message.content,
     reasoning in message.thinking, calls in message.tool_calls) or "response" (a generate:
     response and thinking). `lines` streams it as NDJSON, `whole` folds the same deltas into
     one object; both read the text with the same reader."""
 
-    def __init__(self, state: ServerState, name: str, key: str, began: float,
-                 logprobs: int | None):
+    def __init__(self, state: ServerState, name: str, key: str, began: float, opts: Options,
+                 reader: ChatReader | None = None):
         self.state, self.name, self.key, self.began = state, name, key, began
-        self.logprobs = logprobs
-        self.tokenizer = None
+        self.opts, self.reader = opts, reader   # reader None: the text as it comes (raw)
+        self.tokenizer = state.require_model().tokenizer
         self.task: Task | None = None
+
+    async def respond(self, body: dict, prompt: list[int], grammar: Grammar | None,
+                      special_text: bool = False) -> Response:
+        """Run `prompt` (400 if it leaves no room in the context) and answer, streamed unless
+        the body says "stream": false."""
+        check_prompt_fits(len(prompt), self.state.require_model().n_ctx,
+                          "messages" if self.key == "message" else "prompt")
+        opts = self.opts
+        try:
+            gen = GenerationRequest(prompt, opts.params, token_limit(self.state, opts.max_tokens),
+                                    opts.stop, opts.logprobs, grammar=grammar,
+                                    special_text=special_text)
+        except ValueError as e:
+            raise bad_request(str(e), "options") from None
+        if _flag(body, "stream", True):
+            resp = Response(self.lines(gen), mimetype="application/x-ndjson")
+            resp.timeout = None   # a stream lasts as long as its generation
+            return resp
+        return json_response(await self.whole(gen))
 
     def _piece(self, reasoning: str, content: str, calls=(),
                lps: list[TokenLogprob] | None = None) -> dict[str, Any]:
@@ -500,7 +500,7 @@ class Answer:
             out["response"] = content
             if reasoning:
                 out["thinking"] = reasoning
-        if self.logprobs is not None and lps is not None:
+        if self.opts.logprobs is not None and lps is not None:
             out["logprobs"] = chat_logprobs(self.tokenizer, lps)
         out["done"] = False
         return out
@@ -518,7 +518,7 @@ class Answer:
                      eval_duration=int(timings["predicted_ms"] * 1e6))
         return piece
 
-    async def whole(self, gen: GenerationRequest, reader: ChatReader | None) -> dict[str, Any]:
+    async def whole(self, gen: GenerationRequest) -> dict[str, Any]:
         self.task = Task(gen)
         text, lps, last = [], [], None
         async with aclosing(generation(self.state, gen, "ollama", task=self.task)) as deltas:
@@ -528,20 +528,20 @@ class Answer:
                 last = d
         if last is None or last.finish_reason == "error":
             raise engine_error(last)
-        if reader is None:
+        if self.reader is None:
             reasoning, content, calls = "", "".join(text), ()
         else:
-            reasoning, content = reader.feed("".join(text))
-            more_reasoning, more_content, calls = reader.finish()
+            reasoning, content = self.reader.feed("".join(text))
+            more_reasoning, more_content, calls = self.reader.finish()
             reasoning, content = reasoning + more_reasoning, content + more_content
         return self._done(self._piece(reasoning, content, calls, lps), last)
 
-    async def lines(self, gen: GenerationRequest,
-                    reader: ChatReader | None) -> AsyncIterator[str]:
+    async def lines(self, gen: GenerationRequest) -> AsyncIterator[str]:
         """A line per piece of text the reader releases (log-probabilities of held-back
         text wait for the next line), the calls whole in one line, then the done line. An
         engine error ends the stream with an {"error": ...} line."""
         self.task = Task(gen, stream=True)
+        reader = self.reader
         held: list[TokenLogprob] = []
 
         def line(obj: dict[str, Any]) -> str:
