@@ -180,6 +180,25 @@ def test_think_switches_the_templates_thinking(client):
     assert "thinking" in client.show("m").capabilities
 
 
+def test_thinking_comes_back_apart_from_the_answer(client, monkeypatch):
+    """Random weights write nonsense, so a GBNF grammar (not an Ollama field: slipped into the
+    parsed fields) writes a reply that thinks first; Ollama's answer carries the thinking in
+    message.thinking (generate: thinking), streamed and whole alike."""
+    from kinetic.api import ollama as routes
+    reply = 'root ::= "<think>\\nThe user says hi.\\n</think>\\n\\nHello there!"'
+    fields = routes.sampling_fields
+    monkeypatch.setattr(routes, "sampling_fields", lambda body: dict(fields(body), grammar=reply))
+    opts = {"temperature": 0, "num_predict": 60}
+    whole = client.chat("m", messages=HI, think=True, options=opts)
+    assert whole.message.thinking == "The user says hi."
+    assert whole.message.content == "Hello there!" and whole.done_reason == "stop"
+    parts = list(client.chat("m", messages=HI, think=True, options=opts, stream=True))
+    assert "".join(p.message.thinking or "" for p in parts) == whole.message.thinking
+    assert "".join(p.message.content for p in parts) == whole.message.content
+    answer = client.generate("m", "Hi!", think=True, options=opts)
+    assert (answer.thinking, answer.response) == ("The user says hi.", "Hello there!")
+
+
 def test_logprobs(app):
     body = {"model": "m", "prompt": "hi", "raw": True, "stream": False, "logprobs": True,
             "top_logprobs": 2, "options": GREEDY}
