@@ -131,9 +131,9 @@ def model_paths(wanted: list[str] | None) -> list[tuple[str, str]]:
         if path is not None:
             out.append((m, str(path)))
         elif wanted:
-            sys.exit(f"--model {m}: not cached here (`kinetic models fetch {m}` fetches it)")
+            sys.exit(f"--model {m}: not cached here (`kinetic pull {m}` fetches it)")
     if not out:
-        sys.exit(f"none of {', '.join(MODELS)} is cached: fetch one with `kinetic models fetch`")
+        sys.exit(f"none of {', '.join(MODELS)} is cached: fetch one with `kinetic pull`")
     return out
 
 

@@ -266,5 +266,5 @@ def test_default_cache_files_verify(key, monkeypatch):
     """The shared cache (~/.cache/kinetic/models) holds good files; skipped where it doesn't."""
     monkeypatch.delenv("KINETIC_CACHE", raising=False)
     if not (fetch.cache_dir() / fetch.MODELS[key].filename).is_file():
-        pytest.skip(f"{key} is not in {fetch.cache_dir()}; run `kinetic models fetch {key}`")
+        pytest.skip(f"{key} is not in {fetch.cache_dir()}; run `kinetic pull {key}`")
     assert fetch.model_path(key) == fetch.cache_dir() / fetch.MODELS[key].filename
