@@ -13,15 +13,16 @@ projectors (`mmproj`) and importance matrices (`imatrix`) are never chosen by
 quantization. kinetic loads one GGUF file, so a model split into parts
 (`-00001-of-00003.gguf`) is refused, and skipped when choosing by default.
 
-`pull(name)` is the only code in kinetic that opens a network connection (SPEC.md: the
-server never downloads):
+`pull(name)` is, with kinetic.fetch's pip download for the registry's keys, the only code in
+kinetic that uses the network (SPEC.md: the server never downloads):
 
 1. one request lists the repository's files with their sizes and LFS SHA-256
    (huggingface_hub's `model_info(files_metadata=True)`), at its current commit;
 2. the file chosen is downloaded from that commit with huggingface_hub's `http_get` into
    `.FILE.<sha256 prefix>.incomplete` beside its destination, locked against a second pull.
    An interrupted pull leaves that file, and the next pull of the same file resumes it with
-   an HTTP Range request (`http_get` itself resumes a dropped connection the same way);
+   an HTTP Range request (huggingface_hub 1.x and later also resume a dropped connection
+   that way within the pull);
 3. the whole file is hashed and checked against the hub's SHA-256: a mismatch deletes it;
 4. the file is renamed into place (`os.replace`), so the final path appears only once
    verified, with the `.sha256-ok` marker kinetic.fetch uses.
