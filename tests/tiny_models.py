@@ -15,7 +15,8 @@ import numpy as np
 from kinetic.model.gguf_file import GGUFFile
 
 DATA = Path(__file__).parent / "data"
-VOCAB_FOR_ARCH = {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "gemma3": "llama-spm"}
+VOCAB_FOR_ARCH = {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "qwen3moe": "qwen2",
+                  "gemma3": "llama-spm"}
 
 LAYER_TENSORS = {
     "llama": ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate",
@@ -24,6 +25,9 @@ LAYER_TENSORS = {
               "attn_v.bias", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"],
     "qwen3": ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm",
               "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"],
+    "qwen3moe": ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm",
+                 "attn_output", "ffn_norm", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps",
+                 "ffn_down_exps"],
     "gemma3": ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm",
                "attn_output", "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up",
                "ffn_down", "post_ffw_norm"],
@@ -73,9 +77,16 @@ def add_decoder_shape(w: gguf.GGUFWriter, *, n_layer: int, context_length: int, 
 def write_tiny_model(path: Path, arch: str, *, n_layer: int = 2, d_model: int = 64,
                      n_head: int = 4, n_kv_head: int = 2, head_dim: int = 16, d_ffn: int = 128,
                      context_length: int = 512, sliding_window: int = 8, seed: int = 0,
-                     tied: bool | None = None, chat_template: str | None = None) -> Path:
+                     tied: bool | None = None, chat_template: str | None = None,
+                     n_expert: int = 8, n_expert_used: int = 2, d_ffn_expert: int = 32,
+                     qtype: str = "F32", output_scale: float = 1.0) -> Path:
     """Write a random-weight model of `arch` to path and return it; `chat_template` (Jinja
-    source) replaces the vocabulary file's own, if any."""
+    source) replaces the vocabulary file's own, if any. A mixture-of-experts `arch` has
+    `n_expert` experts of width `d_ffn_expert`, `n_expert_used` per token. `qtype` ("F32",
+    "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1": what the gguf package can write) stores
+    the projection matrices (the router stays F32, as converted files keep it);
+    `output_scale` multiplies the final norm, sharpening the random model's flat
+    distributions for parity checks."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), arch)
     vocab = copy_tokenizer(w, VOCAB_FOR_ARCH[arch], skip=("tokenizer.chat_template",)
@@ -85,20 +96,35 @@ def write_tiny_model(path: Path, arch: str, *, n_layer: int = 2, d_model: int = 
     add_decoder_shape(w, n_layer=n_layer, context_length=context_length, d_model=d_model,
                       d_ffn=d_ffn, n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim,
                       rope_base=10000.0)
+    if arch == "qwen3moe":
+        w.add_expert_count(n_expert)
+        w.add_expert_used_count(n_expert_used)
+        w.add_expert_feed_forward_length(d_ffn_expert)
     if arch == "gemma3":
         w.add_sliding_window(sliding_window)
         w.add_uint32("gemma3.attention.sliding_window_pattern", 2)
     tied = arch == "gemma3" if tied is None else tied
 
-    def tensor(name: str, *shape: int, scale: float = 0.08) -> None:
-        w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))
+    def tensor(name: str, *shape: int, scale: float = 0.08, store: str = qtype) -> None:
+        value = (rng.standard_normal(shape) * scale).astype(np.float32)
+        if len(shape) < 2 or store == "F32":
+            w.add_tensor(name, value)
+        elif store == "F16":
+            w.add_tensor(name, value.astype(np.float16))
+        else:
+            kind = gguf.GGMLQuantizationType[store]
+            w.add_tensor(name, gguf.quants.quantize(value, kind), raw_dtype=kind)
 
     q, kv = n_head * head_dim, n_kv_head * head_dim
     shapes = {"attn_q": (q, d_model), "attn_k": (kv, d_model), "attn_v": (kv, d_model),
               "attn_q.bias": (q,), "attn_k.bias": (kv,), "attn_v.bias": (kv,),
               "attn_output": (d_model, q), "attn_q_norm": (head_dim,),
               "attn_k_norm": (head_dim,), "ffn_gate": (d_ffn, d_model),
-              "ffn_up": (d_ffn, d_model), "ffn_down": (d_model, d_ffn)}
+              "ffn_up": (d_ffn, d_model), "ffn_down": (d_model, d_ffn),
+              "ffn_gate_inp": (n_expert, d_model),
+              "ffn_gate_exps": (n_expert, d_ffn_expert, d_model),
+              "ffn_up_exps": (n_expert, d_ffn_expert, d_model),
+              "ffn_down_exps": (n_expert, d_model, d_ffn_expert)}
     tensor("token_embd.weight", vocab, d_model, scale=0.5)
     for i in range(n_layer):
         for name in LAYER_TENSORS[arch]:
@@ -106,9 +132,11 @@ def write_tiny_model(path: Path, arch: str, *, n_layer: int = 2, d_model: int = 
             if name.endswith("norm"):
                 w.add_tensor(full, (1.0 + 0.1 * rng.standard_normal(
                     shapes.get(name, (d_model,)))).astype(np.float32))
+            elif name == "ffn_gate_inp":
+                tensor(full, *shapes[name], scale=0.5, store="F32")
             else:
                 tensor(full, *shapes[name])
-    w.add_tensor("output_norm.weight", np.ones(d_model, np.float32))
+    w.add_tensor("output_norm.weight", np.full(d_model, output_scale, np.float32))
     if not tied:
         tensor("output.weight", vocab, d_model)
     w.write_header_to_file()

@@ -49,6 +49,10 @@ class Config:
     causal: bool = True                   # False: each token attends to its whole text
     n_cls: int = 0                        # outputs of the ranking head (cls.output), 0: none
     n_token_types: int = 0                # rows of token_types (BERT), 0: none
+    n_expert: int = 0                     # mixture of experts: experts per layer, 0: dense
+    n_expert_used: int = 0                # experts each token is routed to
+    d_ffn_expert: int = 0                 # one expert's feed-forward width
+    expert_weights_norm: bool = False     # the chosen experts' weights rescaled to sum to 1
 
     @property
     def task(self) -> str:
@@ -66,6 +70,24 @@ class Config:
     @property
     def q_scale(self) -> float:
         return self.attn_scale or 1.0 / math.sqrt(self.head_dim)
+
+    def with_experts(self, meta: dict[str, Any], norm: bool) -> "Config":
+        """This config with `{arch}.expert_count`, `.expert_used_count` and
+        `.expert_feed_forward_length` read (a mixture-of-experts model); `norm`: the
+        architecture renormalizes the chosen experts' weights."""
+        def key(name: str) -> int:
+            value = meta.get(f"{self.arch}.{name}")
+            if not isinstance(value, (int, np.integer)) or value <= 0:
+                raise ModelConfigError(f"the file has no positive {self.arch}.{name} key "
+                                       f"(got {value!r})")
+            return int(value)
+        n_expert, used = key("expert_count"), key("expert_used_count")
+        if used > n_expert:
+            raise ModelConfigError(f"{self.arch}.expert_used_count {used} is more than "
+                                   f"expert_count {n_expert}")
+        return self.replace(n_expert=n_expert, n_expert_used=used,
+                            d_ffn_expert=key("expert_feed_forward_length"),
+                            expert_weights_norm=norm)
 
     def replace(self, **changes: Any) -> "Config":
         return dataclasses.replace(self, **changes)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import jax
 
 from kinetic.model.config import Config
@@ -22,6 +24,13 @@ def configure(cfg: Config, meta: dict) -> Config:
 
 def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
     """Logits [T, V] for the step's rows, and the cache with their K/V written."""
+    return decoder(weights, cfg, cache, step, swiglu_ffn)
+
+
+def decoder(weights: dict, cfg: Config, cache: list, step: StepInput,
+            ffn: Callable[[jax.Array, dict], jax.Array]):
+    """Qwen3's layers with `ffn(normed x, layer weights)` as the feed-forward block (a dense
+    SwiGLU, or Qwen3-MoE's mixture of experts)."""
     T, eps = step.tokens.shape[0], cfg.norm_eps
     x = embed(step.tokens, weights["token_embd"])  # [T, D]
     cos, sin = rope_angles(step.positions, cfg, cfg.rope_base)
@@ -36,6 +45,6 @@ def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
             a = paged_attention(q, k_cache, v_cache, step, cfg.q_scale, kernel=cfg.kernel)
             x = x + linear(a.reshape(T, -1), w["attn_output"])
         with jax.named_scope("ffn"):
-            x = x + swiglu_ffn(rms_norm(x, w["ffn_norm"], eps), w)
+            x = x + ffn(rms_norm(x, w["ffn_norm"], eps), w)
         new_cache.append((k_cache, v_cache))
     return output_logits(x, step, weights["output_norm"], weights["output"], eps), new_cache

@@ -82,6 +82,11 @@ def expected_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
         "attn_q_norm": (cfg.head_dim,), "attn_k_norm": (cfg.head_dim,),
         "ffn_gate": (cfg.d_ffn, cfg.d_model), "ffn_up": (cfg.d_ffn, cfg.d_model),
         "ffn_down": (cfg.d_model, cfg.d_ffn),
+        # mixture of experts: the router and the experts' stacked matrices
+        "ffn_gate_inp": (cfg.n_expert, cfg.d_model),
+        "ffn_gate_exps": (cfg.n_expert, cfg.d_ffn_expert, cfg.d_model),
+        "ffn_up_exps": (cfg.n_expert, cfg.d_ffn_expert, cfg.d_model),
+        "ffn_down_exps": (cfg.n_expert, cfg.d_model, cfg.d_ffn_expert),
         # encoders (bert) and ranking heads
         "position_embd": (cfg.context_length, cfg.d_model),
         "token_types": (cfg.n_token_types, cfg.d_model),
@@ -135,7 +140,11 @@ def load_weights(f: GGUFFile, cfg: Config, arch: ModuleType, dtype: jnp.dtype,
             raise ModelConfigError(f"{f.path}: tensor {full!r} has shape {raw.shape}, "
                                    f"expected {want} from the metadata")
         target = weights if layer is None else weights["blk"][layer]
-        if packed is not None and len(raw.shape) == 2:
+        if len(raw.shape) == 3:   # a mixture's experts: one projection each
+            target[name] = (packed.experts(raw) if packed is not None else
+                            [_convert(name, m, dtype, raw.qtype if act_quant else None)
+                             for m in dequantize(raw)])
+        elif packed is not None and len(raw.shape) == 2:
             target[name] = packed.proj(raw)
         else:
             target[name] = _convert(name, dequantize(raw), dtype, raw.qtype if act_quant else None)
@@ -181,6 +190,15 @@ class _Packer:
     def __init__(self, f: GGUFFile):
         self.file = f
         self.data = jax.device_put(f.bytes)  # in place: the map is page-aligned
+
+    def experts(self, raw: RawTensor) -> list[Proj]:
+        """A mixture's stacked [E, N, K] matrices as E projections: expert e's rows follow
+        expert e - 1's in the file, so each is an offset into the same blocks."""
+        e, n, k = raw.shape
+        whole = self.proj(dataclasses.replace(raw, shape=(e * n, k)))
+        step = n * kernels.row_bytes(int(raw.qtype), k)
+        return [dataclasses.replace(whole, offset=whole.offset + i * step, n=n)
+                for i in range(e)]
 
     def proj(self, raw: RawTensor) -> Proj:
         quants.check_supported(raw.qtype, raw.name)

@@ -1,0 +1,64 @@
+"""A mixture of experts in place of the feed-forward block (Qwen3-MoE and the like).
+
+Each row is routed on its own: the router's logits, a softmax over the experts, the
+`n_expert_used` most probable ones (ties to the lower index) with their probabilities as
+weights, rescaled to sum to 1 where the model says so. The output is the chosen experts'
+SwiGLU outputs times their weights, added in the order of the choice (most probable first),
+as llama.cpp adds them.
+
+Determinism: nothing a row gets depends on the other rows of its step. The softmax and the
+weights' sum are chains of elementwise operations over the expert axis (XLA's reductions may
+group a row's values differently at another row count); an expert runs on every row of the
+step when any row chose it (`lax.cond` skips the ones no row chose, so a decode step reads
+only the chosen experts' weights), and each row takes its result only where it chose it,
+by selection, so the same expert gives a row the same bits whatever else chose it. The
+kernel's rows are independent of each other (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from kinetic.model.config import Config
+from kinetic.model.layers import linear, linear_many
+
+
+def _chain(columns: list[jax.Array], op) -> jax.Array:
+    out = columns[0]
+    for c in columns[1:]:
+        out = op(out, c)
+    return out
+
+
+def route(logits: jax.Array, cfg: Config) -> tuple[jax.Array, jax.Array]:
+    """(the chosen experts [T, K] int32, most probable first; their weights [T, K] f32) from
+    the router's logits [T, E]."""
+    cols = [logits[:, e] for e in range(cfg.n_expert)]
+    top = _chain(cols, jnp.maximum)
+    exps = [jnp.exp(c - top) for c in cols]
+    probs = jnp.stack(exps, axis=1) / _chain(exps, jnp.add)[:, None]
+    weights, chosen = jax.lax.top_k(probs, cfg.n_expert_used)
+    if cfg.expert_weights_norm:
+        total = _chain([weights[:, k] for k in range(cfg.n_expert_used)], jnp.add)
+        # llama.cpp clamps the sum from below, at 2^-14, so that tiny weights stay finite
+        weights = weights / jnp.maximum(total, 6.103515625e-5)[:, None]
+    return chosen, weights
+
+
+def moe_ffn(x: jax.Array, w: dict, cfg: Config) -> jax.Array:
+    """The mixture's output [T, D] for the normed hidden states x [T, D]."""
+    T, D = x.shape
+    chosen, weights = route(linear(x, w["ffn_gate_inp"]), cfg)
+    slots = [jnp.zeros((T, D), jnp.float32) for _ in range(cfg.n_expert_used)]
+    experts = zip(w["ffn_gate_exps"], w["ffn_up_exps"], w["ffn_down_exps"])
+    for e, (gate_w, up_w, down_w) in enumerate(experts):
+        hit = chosen == e  # [T, K]
+
+        def run(x, gate_w=gate_w, up_w=up_w, down_w=down_w):
+            gate, up = linear_many(x, [gate_w, up_w])
+            return linear(jax.nn.silu(gate) * up, down_w)
+
+        y = jax.lax.cond(jnp.any(hit), run, lambda x: jnp.zeros((T, D), jnp.float32), x)
+        slots = [jnp.where(hit[:, k:k + 1], y, s) for k, s in enumerate(slots)]
+    return _chain([s * weights[:, k:k + 1] for k, s in enumerate(slots)], jnp.add)
