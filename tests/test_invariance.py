@@ -110,7 +110,12 @@ def test_answer_alone_and_among_fifteen_others_at_parallel_16(setup):
 @pytest.mark.parametrize("kind", ["greedy", "seeded"])
 def test_answer_never_depends_on_load(setup, kind):
     tok, engine, model = setup
-    request = requests(tok)[kind]
+    check_never_depends_on_load(tok, engine, model, requests(tok)[kind], kind)
+
+
+def check_never_depends_on_load(tok, engine, model, request: GenerationRequest, kind: str):
+    """(1) to (6) of the module's list for `request` (20 tokens), `engine(name, **config)`
+    making and keeping engines over `model`."""
     # (1) alone, cold, on a 4-slot engine
     ids, lps, cached = run(engine(f"p4-{kind}", parallel=4), request)
     assert len(ids) == 20 and cached == 0
@@ -258,14 +263,19 @@ def test_a_row_has_the_same_bits_in_every_row_bucket(setup):
     """The runner steps at the smallest row bucket (1, 2, 4, ... 16) that holds its rows:
     a prompt fed one row per step (M = 1) gives bitwise the logits it gets inside one
     16-row step, and inside 16-row steps shared with another sequence's rows."""
-    import numpy as np
-
-    from kinetic.engine.runner import Runner, RunnerConfig
     tok, _, model = setup
     if model.config.kernel != "ffi":
         pytest.skip("row buckets are the ffi kernel's: XLA's dot is not batch-invariant")
-    ids = tok.encode(PROMPT, add_special=True)[:16]
-    other = (tok.encode(OTHERS[1]) * 2)[:16]
+    check_row_buckets(model, tok.encode(PROMPT, add_special=True)[:16],
+                      (tok.encode(OTHERS[1]) * 2)[:16])
+
+
+def check_row_buckets(model, ids: list[int], other: list[int]) -> None:
+    """16 prompt tokens `ids` give the same logits fed one row per step, 3 rows, in one
+    16-row step, and in 16-row steps beside 16 tokens `other` of another sequence."""
+    import numpy as np
+
+    from kinetic.engine.runner import Runner, RunnerConfig
     cfg = RunnerConfig(step_tokens=16, num_slots=2, page_size=16, num_pages=9, pages_per_slot=4)
     table = np.array([[1, 2, 3, 4], [5, 6, 7, 8]], np.int32)
 
