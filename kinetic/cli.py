@@ -443,6 +443,10 @@ IGNORED_FLAGS = [
     (("--no-repack",), False, "kinetic has no weight repacking"),
     (("--draft-min", "--spec-draft-n-min"), True, "drafts are checked whatever their length"),
     (("--reasoning-format",), True, "reasoning always comes back as reasoning_content"),
+    (("-cmoe", "--cpu-moe"), False, "expert offload: kinetic places the whole model on one "
+     "device, and on a CPU the experts are already in host memory"),
+    (("-ncmoe", "--n-cpu-moe"), True, "expert offload: kinetic places the whole model on one "
+     "device, and on a CPU the experts are already in host memory"),
 ]
 
 
