@@ -67,7 +67,9 @@ def plan_chat(model, req: ChatRequest) -> ChatPlan:
     fmt = tool_format(source) if req.tools else None
     grammar = None
     if req.forced_call:
-        think = "open" if opens else "optional" if thinking else "none"
+        # a request that turned thinking off gets no think block before its call
+        may_think = thinking and req.template_kwargs.get("enable_thinking") is not False
+        think = "open" if opens else "optional" if may_think else "none"
         try:
             grammar = ready_grammar(model, fmt.grammar(req.tools, req.parallel_tool_calls,
                                                        think), "tools")
