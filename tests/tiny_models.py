@@ -15,12 +15,14 @@ import numpy as np
 from kinetic.model.gguf_file import GGUFFile
 
 DATA = Path(__file__).parent / "data"
-VOCAB_FOR_ARCH = {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "qwen3moe": "qwen2",
-                  "gemma3": "llama-spm"}
+VOCAB_FOR_ARCH = {"llama": "llama-bpe", "mistral3": "llama-bpe", "qwen2": "qwen2",
+                  "qwen3": "qwen2", "qwen3moe": "qwen2", "gemma3": "llama-spm"}
 
 LAYER_TENSORS = {
     "llama": ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate",
               "ffn_up", "ffn_down"],
+    "mistral3": ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
+                 "ffn_gate", "ffn_up", "ffn_down"],
     "qwen2": ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_q.bias", "attn_k.bias",
               "attn_v.bias", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"],
     "qwen3": ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm",
@@ -79,14 +81,19 @@ def write_tiny_model(path: Path, arch: str, *, n_layer: int = 2, d_model: int = 
                      context_length: int = 512, sliding_window: int = 8, seed: int = 0,
                      tied: bool | None = None, chat_template: str | None = None,
                      n_expert: int = 8, n_expert_used: int = 2, d_ffn_expert: int = 32,
-                     qtype: str = "F32", output_scale: float = 1.0) -> Path:
+                     qtype: str = "F32", output_scale: float = 1.0,
+                     rope_scaling: dict | None = None, rope_freqs: bool = False,
+                     attn_temp_scale: float = 0.0) -> Path:
     """Write a random-weight model of `arch` to path and return it; `chat_template` (Jinja
     source) replaces the vocabulary file's own, if any. A mixture-of-experts `arch` has
     `n_expert` experts of width `d_ffn_expert`, `n_expert_used` per token. `qtype` ("F32",
     "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1": what the gguf package can write) stores
     the projection matrices (the router stays F32, as converted files keep it);
     `output_scale` multiplies the final norm, sharpening the random model's flat
-    distributions for parity checks."""
+    distributions for parity checks. `rope_scaling`: `{arch}.rope.scaling.*` keys (type,
+    factor, original_context_length, ...); `rope_freqs`: a rope_freqs tensor of Llama 3.1's
+    frequency factors (its rope scaling as converted); `attn_temp_scale`: Mistral 3's
+    attention temperature."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), arch)
     vocab = copy_tokenizer(w, VOCAB_FOR_ARCH[arch], skip=("tokenizer.chat_template",)
@@ -96,6 +103,15 @@ def write_tiny_model(path: Path, arch: str, *, n_layer: int = 2, d_model: int = 
     add_decoder_shape(w, n_layer=n_layer, context_length=context_length, d_model=d_model,
                       d_ffn=d_ffn, n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim,
                       rope_base=10000.0)
+    for key, value in (rope_scaling or {}).items():
+        if isinstance(value, str):
+            w.add_string(f"{arch}.rope.scaling.{key}", value)
+        elif isinstance(value, int):
+            w.add_uint32(f"{arch}.rope.scaling.{key}", value)
+        else:
+            w.add_float32(f"{arch}.rope.scaling.{key}", value)
+    if attn_temp_scale:
+        w.add_float32(f"{arch}.attention.temperature_scale", attn_temp_scale)
     if arch == "qwen3moe":
         w.add_expert_count(n_expert)
         w.add_expert_used_count(n_expert_used)
@@ -137,6 +153,8 @@ def write_tiny_model(path: Path, arch: str, *, n_layer: int = 2, d_model: int = 
             else:
                 tensor(full, *shapes[name])
     w.add_tensor("output_norm.weight", np.full(d_model, output_scale, np.float32))
+    if rope_freqs:
+        w.add_tensor("rope_freqs.weight", llama3_rope_factors(head_dim))
     if not tied:
         tensor("output.weight", vocab, d_model)
     w.write_header_to_file()
@@ -144,3 +162,22 @@ def write_tiny_model(path: Path, arch: str, *, n_layer: int = 2, d_model: int = 
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def llama3_rope_factors(head_dim: int, base: float = 10000.0, factor: float = 8.0,
+                        low: float = 1.0, high: float = 4.0, orig_ctx: int = 64) -> np.ndarray:
+    """Llama 3.1's rope frequency factors as its converter writes them (rope_freqs): 1 for
+    wavelengths under orig_ctx / high, `factor` over orig_ctx / low, smoothed between. A
+    small orig_ctx makes every kind appear in a tiny head."""
+    freqs = base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    out = []
+    for f in freqs:
+        wavelen = 2 * np.pi / f
+        if wavelen < orig_ctx / high:
+            out.append(1.0)
+        elif wavelen > orig_ctx / low:
+            out.append(factor)
+        else:
+            smooth = (orig_ctx / wavelen - low) / (high - low)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return np.array(out, np.float32)

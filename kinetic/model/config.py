@@ -35,7 +35,16 @@ class Config:
     rope_dim: int            # rotated width per head (partial rotary when < head_dim)
     rope_neox: bool          # rotate halves (NEOX) rather than adjacent pairs (GPT-J / llama)
     rope_base_local: float = 0.0          # sliding-window layers' rope base (gemma3), 0 = same
-    rope_freq_scale: float = 1.0          # positions are multiplied by this (linear scaling)
+    rope_freq_scale: float = 1.0          # positions are multiplied by this (linear scaling,
+                                          # and YaRN's interpolated part)
+    rope_yarn: bool = False               # YaRN: low frequencies interpolated, high ones kept
+    rope_orig_ctx: int = 0                # YaRN: the context the model was trained at
+    yarn_beta_fast: float = 32.0          # YaRN: the ramp between kept and interpolated
+    yarn_beta_slow: float = 1.0           #   frequencies, in rotations over rope_orig_ctx
+    rope_attn_factor: float = 1.0         # YaRN: cos and sin are scaled by this times
+                                          # 1 + 0.1 ln(1 / rope_freq_scale)
+    attn_temp_scale: float = 0.0          # Llama 4 / Mistral 3 attention temperature: q is
+    attn_temp_floor: int = 0              # scaled by 1 + s ln(1 + floor(pos / floor)); 0 none
     attn_scale: float = 0.0               # multiplier on q.k; 0 means 1/sqrt(head_dim)
     sliding_window: int = 0               # 0 = none
     sliding_layers: tuple[bool, ...] = ()  # per layer: uses the sliding window
@@ -145,17 +154,33 @@ def base_config(arch: str, meta: dict[str, Any], vocab_size: int) -> Config:
         rope_base=key("rope.freq_base", 10000.0, float),
         rope_dim=key("rope.dimension_count", head_dim),
         rope_neox=True,
-        rope_freq_scale=_rope_freq_scale(arch, meta),
         sliding_layers=(False,) * n_layer,
         pooling=pooling_type(arch, meta),
+        **_rope_scaling(arch, meta, key("context_length", 2048)),
     )
 
 
-def _rope_freq_scale(arch: str, meta: dict[str, Any]) -> float:
+def _rope_scaling(arch: str, meta: dict[str, Any], n_ctx_train: int) -> dict[str, Any]:
+    """The Config fields of `{arch}.rope.scaling.*`: linear (positions scaled) or YaRN (as
+    llama.cpp reads it: factor, original_context_length, yarn_beta_fast/slow,
+    yarn_attn_factor)."""
     kind = meta.get(f"{arch}.rope.scaling.type", "none")
     factor = float(meta.get(f"{arch}.rope.scaling.factor", 0.0) or 0.0)
     if kind == "linear" and factor > 0:
-        return 1.0 / factor
-    if kind not in ("none", "linear", "yarn") or (kind == "yarn" and factor > 1):
+        return {"rope_freq_scale": 1.0 / factor}
+    if kind == "yarn" and factor > 1:
+        def number(name: str, default: float) -> float:
+            value = meta.get(f"{arch}.rope.scaling.{name}", default)
+            try:
+                return float(value)
+            except (TypeError, ValueError):
+                raise ModelConfigError(f"{arch}.rope.scaling.{name} is {value!r}, not a "
+                                       f"number") from None
+        return {"rope_freq_scale": 1.0 / factor, "rope_yarn": True,
+                "rope_orig_ctx": int(number("original_context_length", n_ctx_train)),
+                "yarn_beta_fast": number("yarn_beta_fast", 32.0),
+                "yarn_beta_slow": number("yarn_beta_slow", 1.0),
+                "rope_attn_factor": number("yarn_attn_factor", 1.0)}
+    if kind not in ("none", "linear", "yarn"):
         raise ModelConfigError(f"rope scaling {kind!r} (factor {factor}) is not supported yet")
-    return 1.0
+    return {}

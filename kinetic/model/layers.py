@@ -13,6 +13,7 @@ padded key axis where masked keys add exact zeros. See tests/test_invariance.py.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from functools import partial
 
@@ -161,14 +162,37 @@ def rope_angles(positions: jax.Array, cfg: Config, base: float,
     half = cfg.rope_dim // 2
     # a constant, computed once in float64 (XLA's pow, fused into the loop below, gave a row
     # other bits at 2 rows than at 1)
-    inv_freq = jnp.asarray((float(base) ** (-np.arange(half, dtype=np.float64) * 2.0
-                                            / cfg.rope_dim)).astype(np.float32))
+    inv_freq = float(base) ** (-np.arange(half, dtype=np.float64) * 2.0 / cfg.rope_dim)
+    scale, mscale = cfg.rope_freq_scale, 1.0
+    if cfg.rope_yarn:   # each frequency's own mix of kept and interpolated, also a constant
+        inv_freq = inv_freq * yarn_mix(cfg, base)
+        scale = 1.0
+        mscale = cfg.rope_attn_factor * (1.0 + 0.1 * math.log(1.0 / cfg.rope_freq_scale))
+    inv_freq = jnp.asarray(inv_freq.astype(np.float32))
     if freq_factors is not None:
         inv_freq = inv_freq / freq_factors
-    theta = (positions.astype(jnp.float32) * cfg.rope_freq_scale)[:, None] * inv_freq[None, :]
+    theta = (positions.astype(jnp.float32) * scale)[:, None] * inv_freq[None, :]
     if _native_rows():  # XLA's cos and sin gave a row other bits at 2 rows than at 1
-        return native.cos_sin(theta)
-    return jnp.cos(theta), jnp.sin(theta)
+        cos, sin = native.cos_sin(theta)
+    else:
+        cos, sin = jnp.cos(theta), jnp.sin(theta)
+    return (cos, sin) if mscale == 1.0 else (cos * mscale, sin * mscale)
+
+
+def yarn_mix(cfg: Config, base: float) -> np.ndarray:
+    """YaRN's factor on each rotary frequency [rope_dim / 2] (float64): 1 for the fast ones
+    (more than yarn_beta_fast rotations over the original context: kept), rope_freq_scale
+    for the slow ones (fewer than yarn_beta_slow: interpolated), a linear ramp between, as
+    llama.cpp's rope computes it."""
+    d = cfg.rope_dim
+
+    def dim_of(rotations: float) -> float:
+        return d * math.log(cfg.rope_orig_ctx / (rotations * 2 * math.pi)) / (2 * math.log(base))
+    low = max(0.0, math.floor(dim_of(cfg.yarn_beta_fast)))
+    high = min(d - 1.0, math.ceil(dim_of(cfg.yarn_beta_slow)))
+    i = np.arange(d // 2, dtype=np.float64)
+    keep = 1.0 - np.clip((i - low) / max(0.001, high - low), 0.0, 1.0)
+    return cfg.rope_freq_scale * (1.0 - keep) + keep
 
 
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array, neox: bool) -> jax.Array:

@@ -1,4 +1,5 @@
-"""Llama 2/3, SmolLM2, Mistral: pre-norm blocks, GQA attention, SwiGLU feed-forward.
+"""Llama 2/3, SmolLM2, Mistral (and Mistral 3, mistral3.py): pre-norm blocks, GQA attention,
+SwiGLU feed-forward. Llama 3's rope scaling comes as the rope_freqs tensor (frequency factors).
 
 GGUF llama files store Q and K permuted for adjacent-pair rotary (llama.cpp's "normal" rope
 mode), so rope rotates pairs (2i, 2i+1) here.
@@ -7,6 +8,7 @@ mode), so rope rotates pairs (2i, 2i+1) here.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
 from kinetic.model.config import Config
 from kinetic.model.layers import (StepInput, apply_rope, embed, linear, output_logits,
@@ -30,6 +32,9 @@ def attention_block(x: jax.Array, w: dict, kv: tuple[jax.Array, jax.Array], step
     T = x.shape[0]
     q, k, v = qkv(x, w, cfg)
     q, k = apply_rope(q, cos, sin, neox), apply_rope(k, cos, sin, neox)
+    if cfg.attn_temp_scale:   # Mistral 3's attention temperature, growing with the position
+        periods = jnp.floor(step.positions.astype(jnp.float32) / cfg.attn_temp_floor)
+        q = q * (jnp.log(periods + 1.0) * cfg.attn_temp_scale + 1.0)[:, None, None]
     k_cache, v_cache = write_kv_pair(kv, k, v, step.write_index)
     a = paged_attention(q, k_cache, v_cache, step, cfg.q_scale, kernel=cfg.kernel)  # [T, H, Qv]
     out = linear(a.reshape(T, -1), w["attn_output"], w.get("attn_output.bias"))
