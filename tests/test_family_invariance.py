@@ -1,9 +1,11 @@
-"""The determinism contract on a mixture-of-experts model (kinetic/model/experts.py): a tiny
-random-weight Qwen3-MoE whose rows route to different experts. A row's logits are the same
-bits in every row bucket and beside another sequence's rows (which choose other experts), and
-greedy and seeded answers are the same alone, among others, at --parallel 1 and 4, cached,
-partly cached, with drafting on or off and another prefill chunking (tests/test_invariance.py
-runs the same checks on SmolLM2).
+"""The determinism contract on the new families' tiny random-weight models: a Qwen3-MoE whose
+rows route to different experts (kinetic/model/experts.py), and an LFM2 hybrid whose short
+convolutions read the inputs of the tokens before them from the paged cache
+(kinetic/model/lfm2.py). A row's logits are the same bits in every row bucket and beside
+another sequence's rows, and greedy and seeded answers are the same alone, among others, at
+--parallel 1 and 4, cold, cached and partly cached (a prefix whose convolution inputs come
+from reused pages), with drafting on or off and another prefill chunking
+(tests/test_invariance.py runs the same checks on SmolLM2).
 """
 
 from __future__ import annotations
@@ -21,11 +23,17 @@ from tests.test_invariance import (OTHERS, PROMPT, check_never_depends_on_load,
 from tests.tiny_models import write_tiny_model
 
 
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    path = write_tiny_model(tmp_path_factory.mktemp("moe") / "tiny-qwen3moe.gguf", "qwen3moe",
-                            n_expert=8, n_expert_used=2, qtype="Q8_0", output_scale=4.0,
-                            context_length=1024)
+FAMILIES = {
+    "qwen3moe": dict(n_expert=8, n_expert_used=2, qtype="Q8_0", output_scale=2.0),
+    "lfm2": dict(n_layer=4, attention_layers=(2,), qtype="Q8_0", output_scale=2.0),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def setup(request, tmp_path_factory):
+    arch = request.param
+    path = write_tiny_model(tmp_path_factory.mktemp(arch) / f"tiny-{arch}.gguf", arch,
+                            context_length=1024, **FAMILIES[arch])
     model = load_model(str(path))
     tok = Tokenizer.from_metadata(model.file.metadata)
     engines: dict[str, Engine] = {}
@@ -45,6 +53,8 @@ def test_routing_is_per_row_most_probable_first(setup):
     import jax.numpy as jnp
     _, _, model = setup
     cfg = model.config
+    if not cfg.n_expert:
+        pytest.skip(f"{cfg.arch} has no experts: the routing check is the MoE model's")
     logits = jnp.asarray(np.random.default_rng(0).standard_normal((16, cfg.n_expert)),
                          jnp.float32)
     chosen, weights = route(logits, cfg)

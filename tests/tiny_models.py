@@ -15,7 +15,8 @@ import numpy as np
 from kinetic.model.gguf_file import GGUFFile
 
 DATA = Path(__file__).parent / "data"
-VOCAB_FOR_ARCH = {"llama": "llama-bpe", "mistral3": "llama-bpe", "qwen2": "qwen2",
+VOCAB_FOR_ARCH = {"llama": "llama-bpe", "mistral3": "llama-bpe", "lfm2": "llama-bpe",
+                  "qwen2": "qwen2",
                   "qwen3": "qwen2", "qwen3moe": "qwen2", "gemma3": "llama-spm"}
 
 LAYER_TENSORS = {
@@ -23,6 +24,8 @@ LAYER_TENSORS = {
               "ffn_up", "ffn_down"],
     "mistral3": ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
                  "ffn_gate", "ffn_up", "ffn_down"],
+    # LFM2: every layer's norms and feed-forward, then a convolution's or attention's tensors
+    "lfm2": ["attn_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"],
     "qwen2": ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_q.bias", "attn_k.bias",
               "attn_v.bias", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"],
     "qwen3": ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm",
@@ -61,7 +64,7 @@ def copy_tokenizer(writer: gguf.GGUFWriter, vocab: str, skip: tuple[str, ...] = 
 
 
 def add_decoder_shape(w: gguf.GGUFWriter, *, n_layer: int, context_length: int, d_model: int,
-                      d_ffn: int, n_head: int, n_kv_head: int, head_dim: int,
+                      d_ffn: int, n_head: int, n_kv_head: int | list[int], head_dim: int,
                       rope_base: float) -> None:
     """The hyperparameter keys of a decoder (GQA attention, rotary, RMS norm), in one order."""
     w.add_block_count(n_layer)
@@ -83,7 +86,8 @@ def write_tiny_model(path: Path, arch: str, *, n_layer: int = 2, d_model: int = 
                      n_expert: int = 8, n_expert_used: int = 2, d_ffn_expert: int = 32,
                      qtype: str = "F32", output_scale: float = 1.0,
                      rope_scaling: dict | None = None, rope_freqs: bool = False,
-                     attn_temp_scale: float = 0.0) -> Path:
+                     attn_temp_scale: float = 0.0,
+                     attention_layers: tuple[int, ...] = (1,)) -> Path:
     """Write a random-weight model of `arch` to path and return it; `chat_template` (Jinja
     source) replaces the vocabulary file's own, if any. A mixture-of-experts `arch` has
     `n_expert` experts of width `d_ffn_expert`, `n_expert_used` per token. `qtype` ("F32",
@@ -93,16 +97,21 @@ def write_tiny_model(path: Path, arch: str, *, n_layer: int = 2, d_model: int = 
     distributions for parity checks. `rope_scaling`: `{arch}.rope.scaling.*` keys (type,
     factor, original_context_length, ...); `rope_freqs`: a rope_freqs tensor of Llama 3.1's
     frequency factors (its rope scaling as converted); `attn_temp_scale`: Mistral 3's
-    attention temperature."""
+    attention temperature. An LFM2 model's `attention_layers` are attention layers, the
+    others short convolutions of 3 taps."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), arch)
     vocab = copy_tokenizer(w, VOCAB_FOR_ARCH[arch], skip=("tokenizer.chat_template",)
                            if chat_template is not None else ())
     if chat_template is not None:
         w.add_chat_template(chat_template)
+    conv = [arch == "lfm2" and i not in attention_layers for i in range(n_layer)]
     add_decoder_shape(w, n_layer=n_layer, context_length=context_length, d_model=d_model,
-                      d_ffn=d_ffn, n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim,
-                      rope_base=10000.0)
+                      d_ffn=d_ffn, n_head=n_head, head_dim=head_dim, rope_base=10000.0,
+                      n_kv_head=[0 if c else n_kv_head for c in conv] if arch == "lfm2"
+                      else n_kv_head)
+    if arch == "lfm2":
+        w.add_shortconv_l_cache(3)
     for key, value in (rope_scaling or {}).items():
         if isinstance(value, str):
             w.add_string(f"{arch}.rope.scaling.{key}", value)
@@ -119,7 +128,7 @@ def write_tiny_model(path: Path, arch: str, *, n_layer: int = 2, d_model: int = 
     if arch == "gemma3":
         w.add_sliding_window(sliding_window)
         w.add_uint32("gemma3.attention.sliding_window_pattern", 2)
-    tied = arch == "gemma3" if tied is None else tied
+    tied = arch in ("gemma3", "lfm2") if tied is None else tied
 
     def tensor(name: str, *shape: int, scale: float = 0.08, store: str = qtype) -> None:
         value = (rng.standard_normal(shape) * scale).astype(np.float32)
@@ -137,22 +146,30 @@ def write_tiny_model(path: Path, arch: str, *, n_layer: int = 2, d_model: int = 
               "attn_output": (d_model, q), "attn_q_norm": (head_dim,),
               "attn_k_norm": (head_dim,), "ffn_gate": (d_ffn, d_model),
               "ffn_up": (d_ffn, d_model), "ffn_down": (d_model, d_ffn),
+              "shortconv.conv": (d_model, 3), "shortconv.in_proj": (3 * d_model, d_model),
+              "shortconv.out_proj": (d_model, d_model),
               "ffn_gate_inp": (n_expert, d_model),
               "ffn_gate_exps": (n_expert, d_ffn_expert, d_model),
               "ffn_up_exps": (n_expert, d_ffn_expert, d_model),
               "ffn_down_exps": (n_expert, d_model, d_ffn_expert)}
     tensor("token_embd.weight", vocab, d_model, scale=0.5)
     for i in range(n_layer):
-        for name in LAYER_TENSORS[arch]:
+        extra = []
+        if arch == "lfm2":
+            extra = (["shortconv.conv", "shortconv.in_proj", "shortconv.out_proj"] if conv[i]
+                     else ["attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm",
+                           "attn_output"])
+        for name in LAYER_TENSORS[arch] + extra:
             full = f"blk.{i}.{name}" + ("" if name.endswith(".bias") else ".weight")
             if name.endswith("norm"):
                 w.add_tensor(full, (1.0 + 0.1 * rng.standard_normal(
                     shapes.get(name, (d_model,)))).astype(np.float32))
-            elif name == "ffn_gate_inp":
+            elif name in ("ffn_gate_inp", "shortconv.conv"):   # kept F32, as converted
                 tensor(full, *shapes[name], scale=0.5, store="F32")
             else:
                 tensor(full, *shapes[name])
-    w.add_tensor("output_norm.weight", np.full(d_model, output_scale, np.float32))
+    w.add_tensor("token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight",
+                 np.full(d_model, output_scale, np.float32))
     if rope_freqs:
         w.add_tensor("rope_freqs.weight", llama3_rope_factors(head_dim))
     if not tied:

@@ -69,7 +69,8 @@ class Runner:
     @property
     def cache(self) -> list:
         """The KV cache: per layer a (k, v) pair of page arrays [num_pages, page_size,
-        n_kv_head, head_dim]. Allocated (zeroed) on first use rather than with the runner, so
+        n_kv_head, head_dim] (a convolution layer's pair: its inputs [.., 1, d_model] and an
+        empty array). Allocated (zeroed) on first use rather than with the runner, so
         that what runs before the first step (the engine compiles its sampler) does not hold
         its peak memory on top of the cache's. With the C++ kernels the zeros are lazy
         (kernels.ffi.lazy_zeros): the whole cache is allocated, but the system gives it memory
@@ -81,7 +82,13 @@ class Runner:
             dt = jnp.dtype(config.kv_dtype)
             # the C++ kernels: memory taken as pages are written
             zeros = native.lazy_zeros if self.exact_rows else jnp.zeros
-            self._cache = [(zeros(shape_k, dt), zeros(shape_v, dt)) for _ in range(cfg.n_layer)]
+            pages = (config.num_pages, config.page_size)
+            self._cache = [
+                # a short convolution's layer keeps its input rows (float32, as llama.cpp
+                # keeps its state) and has no second array
+                (zeros((*pages, 1, cfg.d_model), jnp.float32), jnp.zeros((*pages, 1, 0)))
+                if cfg.conv_layers and cfg.conv_layers[i] else
+                (zeros(shape_k, dt), zeros(shape_v, dt)) for i in range(cfg.n_layer)]
         return self._cache
 
     @cache.setter

@@ -58,6 +58,9 @@ class Config:
     causal: bool = True                   # False: each token attends to its whole text
     n_cls: int = 0                        # outputs of the ranking head (cls.output), 0: none
     n_token_types: int = 0                # rows of token_types (BERT), 0: none
+    conv_layers: tuple[bool, ...] = ()    # per layer: a short convolution instead of
+                                          # attention (LFM2); empty: none
+    conv_width: int = 0                   # the convolution's taps (tokens it reads)
     n_expert: int = 0                     # mixture of experts: experts per layer, 0: dense
     n_expert_used: int = 0                # experts each token is routed to
     d_ffn_expert: int = 0                 # one expert's feed-forward width
@@ -125,8 +128,10 @@ def base_config(arch: str, meta: dict[str, Any], vocab_size: int) -> Config:
         value = meta.get(f"{arch}.{name}", default)
         if value is None:
             raise ModelConfigError(f"the file has no {arch}.{name} key")
-        if isinstance(value, (list, np.ndarray)) and len(value):  # per-layer arrays: one value
-            value = value[0]
+        if isinstance(value, (list, np.ndarray)) and len(value):
+            # a per-layer array: its first non-zero value (a hybrid's layers without
+            # attention have 0 heads; the architecture reads the array itself)
+            value = next((v for v in value if v), value[0])
         try:
             value = kind(value)
         except (TypeError, ValueError):

@@ -83,6 +83,10 @@ def expected_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
         "ffn_gate": (cfg.d_ffn, cfg.d_model), "ffn_up": (cfg.d_ffn, cfg.d_model),
         "ffn_down": (cfg.d_model, cfg.d_ffn),
         # mixture of experts: the router and the experts' stacked matrices
+        # a short convolution (LFM2): its taps, and the projections around it
+        "shortconv.conv": (cfg.d_model, cfg.conv_width),
+        "shortconv.in_proj": (3 * cfg.d_model, cfg.d_model),
+        "shortconv.out_proj": (cfg.d_model, cfg.d_model),
         "ffn_gate_inp": (cfg.n_expert, cfg.d_model),
         "ffn_gate_exps": (cfg.n_expert, cfg.d_ffn_expert, cfg.d_model),
         "ffn_up_exps": (cfg.n_expert, cfg.d_ffn_expert, cfg.d_model),
@@ -104,6 +108,19 @@ def expected_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
 HEAD_TENSORS = ("cls", "cls.bias", "cls.output", "cls.output.bias")
 
 
+# 2-D tensors that are not projections: kept as float32 arrays (a short convolution's taps)
+ARRAYS = ("shortconv.conv",)
+
+
+def _layer_tensors(arch: ModuleType, cfg: Config, i: int) -> tuple[tuple[str, ...], ...]:
+    """(required, optional) tensor names of layer i: the architecture's `layer_tensors(cfg,
+    i)` where its layers differ (a hybrid's convolution and attention layers), else its
+    LAYER_TENSORS and OPTIONAL_LAYER."""
+    if hasattr(arch, "layer_tensors"):
+        return arch.layer_tensors(cfg, i)
+    return arch.LAYER_TENSORS, arch.OPTIONAL_LAYER
+
+
 def _file_name(name: str) -> str:
     return name if name.endswith(".bias") else name + ".weight"
 
@@ -121,8 +138,8 @@ def load_weights(f: GGUFFile, cfg: Config, arch: ModuleType, dtype: jnp.dtype,
     wanted: list[tuple[int | None, str, bool]] = (
         [(None, n, True) for n in arch.GLOBAL_TENSORS]
         + [(None, n, False) for n in arch.OPTIONAL_GLOBAL]
-        + [(i, n, True) for i in range(cfg.n_layer) for n in arch.LAYER_TENSORS]
-        + [(i, n, False) for i in range(cfg.n_layer) for n in arch.OPTIONAL_LAYER]
+        + [(i, n, True) for i in range(cfg.n_layer) for n in _layer_tensors(arch, cfg, i)[0]]
+        + [(i, n, False) for i in range(cfg.n_layer) for n in _layer_tensors(arch, cfg, i)[1]]
         + [(None, n, False) for n in (HEAD_TENSORS if cfg.pooling == "rank" else ())])
     used: set[str] = set()
     weights: dict = {"blk": [{} for _ in range(cfg.n_layer)]}
@@ -144,6 +161,8 @@ def load_weights(f: GGUFFile, cfg: Config, arch: ModuleType, dtype: jnp.dtype,
             target[name] = (packed.experts(raw) if packed is not None else
                             [_convert(name, m, dtype, raw.qtype if act_quant else None)
                              for m in dequantize(raw)])
+        elif name in ARRAYS:
+            target[name] = jnp.asarray(dequantize(raw), jnp.float32)
         elif packed is not None and len(raw.shape) == 2:
             target[name] = packed.proj(raw)
         else:

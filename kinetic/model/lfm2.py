@@ -1,0 +1,111 @@
+"""LFM2: a hybrid of short-convolution blocks and grouped-query attention blocks (with
+RMS-normalized q and k), each followed by a SwiGLU feed-forward. A layer whose
+`lfm2.attention.head_count_kv` entry is 0 is a convolution.
+
+A convolution block: in_proj splits into b, c and x; the gated input b * x runs through a
+depthwise causal convolution over the last `conv_width` tokens (lfm2.shortconv.l_cache: the
+token and the ones before it; zeros before the sequence's start), the result is gated by c and
+projected by out_proj. Its state is no recurrence: a token's output reads only the gated
+inputs of the few tokens before it. So they are kept per position in the layer's pages of the
+paged cache, like keys and values (runner.py), and read back by position: prefix reuse, page
+eviction, batching and drafting need nothing more than they do for attention, and a row's
+arithmetic (taps added oldest first, as llama.cpp's convolution adds them) never depends on
+the other rows of its step.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kinetic.model.config import Config, ModelConfigError
+from kinetic.model.layers import (StepInput, apply_rope, embed, linear, output_logits,
+                                  paged_attention, qkv, rms_norm, rope_angles, swiglu_ffn,
+                                  write_kv, write_kv_pair)
+
+GLOBAL_TENSORS = ("token_embd", "token_embd_norm")   # llama.cpp's name of LFM2's final norm
+OPTIONAL_GLOBAL = ("output",)
+FFN = ("attn_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
+CONV = ("shortconv.conv", "shortconv.in_proj", "shortconv.out_proj")
+ATTENTION = ("attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm", "attn_output")
+
+
+def layer_tensors(cfg: Config, i: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    return FFN + (CONV if cfg.conv_layers[i] else ATTENTION), ()
+
+
+def configure(cfg: Config, meta: dict) -> Config:
+    kv = meta.get("lfm2.attention.head_count_kv")
+    per_layer = list(np.asarray(kv).reshape(-1)) if kv is not None else []
+    if len(per_layer) == 1:
+        per_layer *= cfg.n_layer
+    if len(per_layer) != cfg.n_layer:
+        raise ModelConfigError(f"lfm2.attention.head_count_kv has {len(per_layer)} entries for "
+                               f"{cfg.n_layer} layers")
+    width = meta.get("lfm2.shortconv.l_cache")
+    if not isinstance(width, (int, np.integer)) or width < 1:
+        raise ModelConfigError(f"the file has no positive lfm2.shortconv.l_cache (got "
+                               f"{width!r})")
+    return cfg.replace(rope_neox=True, conv_layers=tuple(int(v) == 0 for v in per_layer),
+                       conv_width=int(width))
+
+
+def short_conv(x: jax.Array, w: dict, cache: tuple[jax.Array, jax.Array], step: StepInput,
+               cfg: Config):
+    """The convolution block's output [T, D] for the normed x [T, D], and the layer's cache
+    with the rows' gated inputs written at their positions."""
+    D = cfg.d_model
+    bcx = linear(x, w["shortconv.in_proj"])
+    b, c, xs = bcx[:, :D], bcx[:, D:2 * D], bcx[:, 2 * D:]
+    bx = b * xs
+    inputs, empty = cache
+    inputs = write_kv(inputs, bx[:, None, :], step.write_index)
+    flat = inputs.reshape(-1, D)
+    page_size = inputs.shape[1]
+    taps = w["shortconv.conv"]   # [D, width], the oldest token's tap first
+    out = None
+    for j in range(cfg.conv_width):
+        back = cfg.conv_width - 1 - j
+        if back == 0:
+            v = bx
+        else:   # the gated input `back` tokens before, read from the row's own pages
+            pos = step.positions - back
+            at = jnp.maximum(pos, 0)
+            row = step.page_table[step.slots, at // page_size] * page_size + at % page_size
+            v = jnp.where((pos >= 0)[:, None], jnp.take(flat, row, axis=0), 0.0)
+        term = v * taps[:, j]
+        out = term if out is None else out + term
+    return linear(c * out, w["shortconv.out_proj"]), (inputs, empty)
+
+
+def attention(x: jax.Array, w: dict, kv, step: StepInput, cfg: Config, cos, sin):
+    T, eps = x.shape[0], cfg.norm_eps
+    q, k, v = qkv(x, w, cfg)
+    q = apply_rope(rms_norm(q, w["attn_q_norm"], eps), cos, sin, True)
+    k = apply_rope(rms_norm(k, w["attn_k_norm"], eps), cos, sin, True)
+    kv = write_kv_pair(kv, k, v, step.write_index)
+    a = paged_attention(q, kv[0], kv[1], step, cfg.q_scale, kernel=cfg.kernel)
+    return linear(a.reshape(T, -1), w["attn_output"]), kv
+
+
+def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
+    """Logits [T, V] for the step's rows, and the cache with their rows written."""
+    eps = cfg.norm_eps
+    x = embed(step.tokens, weights["token_embd"])
+    cos, sin = rope_angles(step.positions, cfg, cfg.rope_base)
+    new_cache = []
+    for i, (w, layer_cache) in enumerate(zip(weights["blk"], cache)):
+        h = rms_norm(x, w["attn_norm"], eps)
+        if cfg.conv_layers[i]:
+            with jax.named_scope("short_conv"):
+                y, layer_cache = short_conv(h, w, layer_cache, step, cfg)
+        else:
+            with jax.named_scope("attention"):
+                y, layer_cache = attention(h, w, layer_cache, step, cfg, cos, sin)
+        x = x + y
+        with jax.named_scope("ffn"):
+            x = x + swiglu_ffn(rms_norm(x, w["ffn_norm"], eps), w)
+        new_cache.append(layer_cache)
+    return (output_logits(x, step, weights["token_embd_norm"], weights["output"], eps),
+            new_cache)
