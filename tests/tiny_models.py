@@ -16,6 +16,7 @@ from kinetic.model.gguf_file import GGUFFile
 
 DATA = Path(__file__).parent / "data"
 VOCAB_FOR_ARCH = {"llama": "llama-bpe", "mistral3": "llama-bpe", "lfm2": "llama-bpe",
+                  "lfm2moe": "llama-bpe",
                   "qwen2": "qwen2",
                   "qwen3": "qwen2", "qwen3moe": "qwen2", "gemma3": "llama-spm"}
 
@@ -26,6 +27,7 @@ LAYER_TENSORS = {
                  "ffn_gate", "ffn_up", "ffn_down"],
     # LFM2: every layer's norms and feed-forward, then a convolution's or attention's tensors
     "lfm2": ["attn_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"],
+    "lfm2moe": ["attn_norm", "ffn_norm"],   # then a dense or a mixture's feed-forward
     "qwen2": ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_q.bias", "attn_k.bias",
               "attn_v.bias", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"],
     "qwen3": ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm",
@@ -105,12 +107,12 @@ def write_tiny_model(path: Path, arch: str, *, n_layer: int = 2, d_model: int = 
                            if chat_template is not None else ())
     if chat_template is not None:
         w.add_chat_template(chat_template)
-    conv = [arch == "lfm2" and i not in attention_layers for i in range(n_layer)]
+    lfm = arch in ("lfm2", "lfm2moe")
+    conv = [lfm and i not in attention_layers for i in range(n_layer)]
     add_decoder_shape(w, n_layer=n_layer, context_length=context_length, d_model=d_model,
                       d_ffn=d_ffn, n_head=n_head, head_dim=head_dim, rope_base=10000.0,
-                      n_kv_head=[0 if c else n_kv_head for c in conv] if arch == "lfm2"
-                      else n_kv_head)
-    if arch == "lfm2":
+                      n_kv_head=[0 if c else n_kv_head for c in conv] if lfm else n_kv_head)
+    if lfm:
         w.add_shortconv_l_cache(3)
     for key, value in (rope_scaling or {}).items():
         if isinstance(value, str):
@@ -121,14 +123,17 @@ def write_tiny_model(path: Path, arch: str, *, n_layer: int = 2, d_model: int = 
             w.add_float32(f"{arch}.rope.scaling.{key}", value)
     if attn_temp_scale:
         w.add_float32(f"{arch}.attention.temperature_scale", attn_temp_scale)
-    if arch == "qwen3moe":
+    if arch == "lfm2moe":   # sigmoid gating; the first layer dense
+        w.add_uint32("lfm2moe.leading_dense_block_count", 1)
+        w.add_uint32("lfm2moe.expert_gating_func", 2)
+    if arch in ("qwen3moe", "lfm2moe"):
         w.add_expert_count(n_expert)
         w.add_expert_used_count(n_expert_used)
         w.add_expert_feed_forward_length(d_ffn_expert)
     if arch == "gemma3":
         w.add_sliding_window(sliding_window)
         w.add_uint32("gemma3.attention.sliding_window_pattern", 2)
-    tied = arch in ("gemma3", "lfm2") if tied is None else tied
+    tied = arch in ("gemma3", "lfm2", "lfm2moe") if tied is None else tied
 
     def tensor(name: str, *shape: int, scale: float = 0.08, store: str = qtype) -> None:
         value = (rng.standard_normal(shape) * scale).astype(np.float32)
@@ -148,17 +153,20 @@ def write_tiny_model(path: Path, arch: str, *, n_layer: int = 2, d_model: int = 
               "ffn_up": (d_ffn, d_model), "ffn_down": (d_model, d_ffn),
               "shortconv.conv": (d_model, 3), "shortconv.in_proj": (3 * d_model, d_model),
               "shortconv.out_proj": (d_model, d_model),
-              "ffn_gate_inp": (n_expert, d_model),
+              "ffn_gate_inp": (n_expert, d_model), "exp_probs_b.bias": (n_expert,),
               "ffn_gate_exps": (n_expert, d_ffn_expert, d_model),
               "ffn_up_exps": (n_expert, d_ffn_expert, d_model),
               "ffn_down_exps": (n_expert, d_model, d_ffn_expert)}
     tensor("token_embd.weight", vocab, d_model, scale=0.5)
     for i in range(n_layer):
         extra = []
-        if arch == "lfm2":
-            extra = (["shortconv.conv", "shortconv.in_proj", "shortconv.out_proj"] if conv[i]
-                     else ["attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm",
-                           "attn_output"])
+        if arch == "lfm2moe":
+            extra = (["ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
+                      "exp_probs_b.bias"] if i >= 1 else ["ffn_gate", "ffn_up", "ffn_down"])
+        if lfm:
+            extra += (["shortconv.conv", "shortconv.in_proj", "shortconv.out_proj"] if conv[i]
+                      else ["attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm",
+                            "attn_output"])
         for name in LAYER_TENSORS[arch] + extra:
             full = f"blk.{i}.{name}" + ("" if name.endswith(".bias") else ".weight")
             if name.endswith("norm"):
@@ -168,7 +176,7 @@ def write_tiny_model(path: Path, arch: str, *, n_layer: int = 2, d_model: int = 
                 tensor(full, *shapes[name], scale=0.5, store="F32")
             else:
                 tensor(full, *shapes[name])
-    w.add_tensor("token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight",
+    w.add_tensor("token_embd_norm.weight" if lfm else "output_norm.weight",
                  np.full(d_model, output_scale, np.float32))
     if rope_freqs:
         w.add_tensor("rope_freqs.weight", llama3_rope_factors(head_dim))

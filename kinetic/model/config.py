@@ -65,6 +65,8 @@ class Config:
     n_expert_used: int = 0                # experts each token is routed to
     d_ffn_expert: int = 0                 # one expert's feed-forward width
     expert_weights_norm: bool = False     # the chosen experts' weights rescaled to sum to 1
+    expert_gating: str = "softmax"        # the router's probabilities: "softmax" or "sigmoid"
+    n_dense_lead: int = 0                 # leading layers with a dense feed-forward
 
     @property
     def task(self) -> str:
@@ -97,9 +99,17 @@ class Config:
         if used > n_expert:
             raise ModelConfigError(f"{self.arch}.expert_used_count {used} is more than "
                                    f"expert_count {n_expert}")
+        gating = {None: "softmax", 1: "softmax", 2: "sigmoid"}.get(
+            meta.get(f"{self.arch}.expert_gating_func"))
+        if gating is None:
+            raise ModelConfigError(f"{self.arch}.expert_gating_func is "
+                                   f"{meta.get(f'{self.arch}.expert_gating_func')!r}; kinetic "
+                                   f"knows 1 (softmax) and 2 (sigmoid)")
         return self.replace(n_expert=n_expert, n_expert_used=used,
                             d_ffn_expert=key("expert_feed_forward_length"),
-                            expert_weights_norm=norm)
+                            expert_weights_norm=norm, expert_gating=gating,
+                            n_dense_lead=int(meta.get(f"{self.arch}.leading_dense_block_count",
+                                                      0)))
 
     def replace(self, **changes: Any) -> "Config":
         return dataclasses.replace(self, **changes)

@@ -1,8 +1,9 @@
 """A mixture of experts in place of the feed-forward block (Qwen3-MoE and the like).
 
-Each row is routed on its own: the router's logits, a softmax over the experts, the
-`n_expert_used` most probable ones (ties to the lower index) with their probabilities as
-weights, rescaled to sum to 1 where the model says so. The output is the chosen experts'
+Each row is routed on its own: the router's logits, a softmax over the experts (or each
+one's sigmoid), the `n_expert_used` most probable ones (ties to the lower index; a bias may
+shift the choice, not the weights) with their probabilities as weights, rescaled to sum to 1
+where the model says so. The output is the chosen experts'
 SwiGLU outputs times their weights, added in the order of the choice (most probable first),
 as llama.cpp adds them.
 
@@ -31,14 +32,24 @@ def _chain(columns: list[jax.Array], op) -> jax.Array:
     return out
 
 
-def route(logits: jax.Array, cfg: Config) -> tuple[jax.Array, jax.Array]:
+def route(logits: jax.Array, cfg: Config,
+          bias: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """(the chosen experts [T, K] int32, most probable first; their weights [T, K] f32) from
-    the router's logits [T, E]."""
-    cols = [logits[:, e] for e in range(cfg.n_expert)]
-    top = _chain(cols, jnp.maximum)
-    exps = [jnp.exp(c - top) for c in cols]
-    probs = jnp.stack(exps, axis=1) / _chain(exps, jnp.add)[:, None]
-    weights, chosen = jax.lax.top_k(probs, cfg.n_expert_used)
+    the router's logits [T, E]: a softmax over the experts, or each one's sigmoid
+    (cfg.expert_gating). `bias` [E] (LFM2-MoE's exp_probs_b) shifts the choice only: the
+    weights are the probabilities themselves."""
+    if cfg.expert_gating == "sigmoid":
+        probs = jax.nn.sigmoid(logits)
+    else:
+        cols = [logits[:, e] for e in range(cfg.n_expert)]
+        top = _chain(cols, jnp.maximum)
+        exps = [jnp.exp(c - top) for c in cols]
+        probs = jnp.stack(exps, axis=1) / _chain(exps, jnp.add)[:, None]
+    if bias is None:
+        weights, chosen = jax.lax.top_k(probs, cfg.n_expert_used)
+    else:
+        _, chosen = jax.lax.top_k(probs + bias, cfg.n_expert_used)
+        weights = jnp.take_along_axis(probs, chosen, axis=1)
     if cfg.expert_weights_norm:
         total = _chain([weights[:, k] for k in range(cfg.n_expert_used)], jnp.add)
         # llama.cpp clamps the sum from below, at 2^-14, so that tiny weights stay finite
@@ -49,7 +60,7 @@ def route(logits: jax.Array, cfg: Config) -> tuple[jax.Array, jax.Array]:
 def moe_ffn(x: jax.Array, w: dict, cfg: Config) -> jax.Array:
     """The mixture's output [T, D] for the normed hidden states x [T, D]."""
     T, D = x.shape
-    chosen, weights = route(linear(x, w["ffn_gate_inp"]), cfg)
+    chosen, weights = route(linear(x, w["ffn_gate_inp"]), cfg, w.get("exp_probs_b.bias"))
     slots = [jnp.zeros((T, D), jnp.float32) for _ in range(cfg.n_expert_used)]
     experts = zip(w["ffn_gate_exps"], w["ffn_up_exps"], w["ffn_down_exps"])
     for e, (gate_w, up_w, down_w) in enumerate(experts):

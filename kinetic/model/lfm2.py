@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kinetic.model.config import Config, ModelConfigError
+from kinetic.model.experts import moe_ffn
 from kinetic.model.layers import (StepInput, apply_rope, embed, linear, output_logits,
                                   paged_attention, qkv, rms_norm, rope_angles, swiglu_ffn,
                                   write_kv, write_kv_pair)
@@ -31,21 +32,31 @@ CONV = ("shortconv.conv", "shortconv.in_proj", "shortconv.out_proj")
 ATTENTION = ("attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm", "attn_output")
 
 
+MOE = ("attn_norm", "ffn_norm", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps",
+       "ffn_down_exps", "exp_probs_b.bias")
+
+
+def moe_layer(cfg: Config, i: int) -> bool:
+    """LFM2-MoE: every layer after the leading dense ones has a mixture of experts."""
+    return cfg.n_expert > 0 and i >= cfg.n_dense_lead
+
+
 def layer_tensors(cfg: Config, i: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    return FFN + (CONV if cfg.conv_layers[i] else ATTENTION), ()
+    return (MOE if moe_layer(cfg, i) else FFN) + (CONV if cfg.conv_layers[i] else ATTENTION), ()
 
 
 def configure(cfg: Config, meta: dict) -> Config:
-    kv = meta.get("lfm2.attention.head_count_kv")
+    arch = cfg.arch   # lfm2, or lfm2moe (lfm2moe.py) with the same keys
+    kv = meta.get(f"{arch}.attention.head_count_kv")
     per_layer = list(np.asarray(kv).reshape(-1)) if kv is not None else []
     if len(per_layer) == 1:
         per_layer *= cfg.n_layer
     if len(per_layer) != cfg.n_layer:
-        raise ModelConfigError(f"lfm2.attention.head_count_kv has {len(per_layer)} entries for "
+        raise ModelConfigError(f"{arch}.attention.head_count_kv has {len(per_layer)} entries for "
                                f"{cfg.n_layer} layers")
-    width = meta.get("lfm2.shortconv.l_cache")
+    width = meta.get(f"{arch}.shortconv.l_cache")
     if not isinstance(width, (int, np.integer)) or width < 1:
-        raise ModelConfigError(f"the file has no positive lfm2.shortconv.l_cache (got "
+        raise ModelConfigError(f"the file has no positive {arch}.shortconv.l_cache (got "
                                f"{width!r})")
     return cfg.replace(rope_neox=True, conv_layers=tuple(int(v) == 0 for v in per_layer),
                        conv_width=int(width))
@@ -105,7 +116,8 @@ def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
                 y, layer_cache = attention(h, w, layer_cache, step, cfg, cos, sin)
         x = x + y
         with jax.named_scope("ffn"):
-            x = x + swiglu_ffn(rms_norm(x, w["ffn_norm"], eps), w)
+            h = rms_norm(x, w["ffn_norm"], eps)
+            x = x + (moe_ffn(h, w, cfg) if moe_layer(cfg, i) else swiglu_ffn(h, w))
         new_cache.append(layer_cache)
     return (output_logits(x, step, weights["token_embd_norm"], weights["output"], eps),
             new_cache)

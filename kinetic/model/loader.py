@@ -12,7 +12,8 @@ from types import ModuleType
 
 import jax.numpy as jnp
 
-from kinetic.model import bert, gemma3, lfm2, llama, mistral3, qwen2, qwen3, qwen3moe
+from kinetic.model import (bert, gemma3, lfm2, lfm2moe, llama, mistral3, qwen2, qwen3,
+                           qwen3moe)
 from kinetic.model.config import Config, ModelConfigError, base_config
 from kinetic.model.gguf_file import GGUFFile
 from kinetic.model.quants import UnsupportedTensorType
@@ -21,7 +22,7 @@ from kinetic.model.weights import ProgressFn, kernel_choice, load_weights
 ARCHITECTURES: dict[str, ModuleType] = {
     "bert": bert, "llama": llama, "mistral": llama, "mistral3": mistral3, "qwen2": qwen2,
     "qwen3": qwen3,
-    "qwen3moe": qwen3moe, "gemma3": gemma3, "lfm2": lfm2,
+    "qwen3moe": qwen3moe, "gemma3": gemma3, "lfm2": lfm2, "lfm2moe": lfm2moe,
 }
 
 

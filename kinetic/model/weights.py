@@ -87,7 +87,7 @@ def expected_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
         "shortconv.conv": (cfg.d_model, cfg.conv_width),
         "shortconv.in_proj": (3 * cfg.d_model, cfg.d_model),
         "shortconv.out_proj": (cfg.d_model, cfg.d_model),
-        "ffn_gate_inp": (cfg.n_expert, cfg.d_model),
+        "ffn_gate_inp": (cfg.n_expert, cfg.d_model), "exp_probs_b": (cfg.n_expert,),
         "ffn_gate_exps": (cfg.n_expert, cfg.d_ffn_expert, cfg.d_model),
         "ffn_up_exps": (cfg.n_expert, cfg.d_ffn_expert, cfg.d_model),
         "ffn_down_exps": (cfg.n_expert, cfg.d_model, cfg.d_ffn_expert),
