@@ -24,6 +24,55 @@ def log_softmax(row: np.ndarray) -> np.ndarray:
     return row - np.log(np.exp(row).sum())
 
 
+def top_kl(lp: np.ndarray, ref_top: list[dict], renormalize: bool = False) -> float:
+    """KL(llama.cpp || kinetic) over the reference's top tokens: `ref_top` [{id, logprob}]
+    (llama.cpp's log-probabilities), `lp` kinetic's log-softmax over the whole vocabulary.
+    As recorded, the sum runs over those tokens' share of both distributions; renormalize:
+    each side is first renormalized over those ids (a true KL of two distributions, >= 0)."""
+    p = np.array([t["logprob"] for t in ref_top], np.float64)
+    q = np.array([lp[t["id"]] for t in ref_top], np.float64)
+    if renormalize:
+        p, q = log_softmax(p), log_softmax(q)
+    return float(np.sum(np.exp(p) * (p - q)))
+
+
+def continuation_figures(model, continuations: list[dict], greedy_tokens: int = 16) -> dict:
+    """Teacher-forced top-1 agreement and KL, and greedy continuations, against recorded
+    continuations ({prompt_ids, tokens, steps: [{id, top_logprobs}]}; KL over the steps
+    whose top_logprobs are given): feed prompt_ids and the chosen ids but the last; the row
+    at len(prompt_ids) - 1 + j predicts step j."""
+    tok = model.tokenizer
+    top1, kls, kls_renorm, greedy_ok = [], [], [], 0
+    for c in continuations:
+        steps = c["steps"]
+        ids = c["prompt_ids"] + [s["id"] for s in steps[:-1]]
+        logits = model.logits(ids)
+        first = len(c["prompt_ids"]) - 1
+        for j, s in enumerate(steps):
+            lp = log_softmax(logits[first + j])
+            ref_top = s["top_logprobs"]
+            # null where llama-server gave no probabilities (scripts/record_arch_refs.py):
+            # its greedy choice is the top-1 there
+            top1.append(int(np.argmax(lp)) == (ref_top[0]["id"] if ref_top else s["id"]))
+            if ref_top:
+                kls.append(top_kl(lp, ref_top))
+                kls_renorm.append(top_kl(lp, ref_top, renormalize=True))
+        got = [t for d in model.stream(c["prompt_ids"], greedy_tokens) for t in d.token_ids]
+        # llama-server lists the end-of-generation token it stopped at; kinetic does not emit it
+        want = [t for t in c["tokens"] if t not in tok.eog_ids]
+        greedy_ok += got[:greedy_tokens] == want[:greedy_tokens]
+    return {
+        "positions": len(top1),
+        "top1": float(np.mean(top1)),
+        "mean_kl": float(np.mean(kls)),
+        "max_kl": float(np.max(kls)),
+        "mean_kl_renormalized": float(np.mean(kls_renorm)),
+        "max_kl_renormalized": float(np.max(kls_renorm)),
+        "greedy_equal": greedy_ok,
+        "prompts": len(continuations),
+    }
+
+
 def measure(model, ref: dict, greedy_tokens: int = 16) -> dict:
     """Figures for one model against its reference file (see tests/data/reference/README)."""
     tok = model.tokenizer
@@ -36,33 +85,17 @@ def measure(model, ref: dict, greedy_tokens: int = 16) -> dict:
                   == c["prompt"] for c in ref["chat_templates"])
     prompt_ids_ok = sum(model.prompt_ids(c["prompt"]) == c["prompt_ids"]
                         for c in ref["continuations"])
-    top1, kls, greedy_ok = [], [], 0
-    for c in ref["continuations"]:
-        steps = c["steps"]
-        ids = c["prompt_ids"] + [s["id"] for s in steps[:-1]]
-        logits = model.logits(ids)
-        first = len(c["prompt_ids"]) - 1
-        for j, s in enumerate(steps):
-            lp = log_softmax(logits[first + j])
-            ref_top = s["top_logprobs"]
-            top1.append(int(np.argmax(lp)) == ref_top[0]["id"])
-            p = np.array([t["logprob"] for t in ref_top])
-            q = np.array([lp[t["id"]] for t in ref_top])
-            kls.append(float(np.sum(np.exp(p) * (p - q))))
-        got = [t for d in model.stream(c["prompt_ids"], greedy_tokens) for t in d.token_ids]
-        # llama-server lists the end-of-generation token it stopped at; kinetic does not emit it
-        want = [t for t in c["tokens"] if t not in tok.eog_ids]
-        greedy_ok += got[:greedy_tokens] == want[:greedy_tokens]
+    f = continuation_figures(model, ref["continuations"], greedy_tokens)
     n = len(ref["continuations"])
     return {
         "tokenize": f"{tokenize_ok}/{len(ref['tokenize'])}",
         "chat_prompts": f"{chat_ok}/{len(ref['chat_templates'])}",
         "prompt_ids": f"{prompt_ids_ok}/{n}",
-        "positions": len(top1),
-        "top1": float(np.mean(top1)),
-        "mean_kl": float(np.mean(kls)),
-        "max_kl": float(np.max(kls)),
-        "greedy16": greedy_ok / n,
+        "positions": f["positions"],
+        "top1": f["top1"],
+        "mean_kl": f["mean_kl"],
+        "max_kl": f["max_kl"],
+        "greedy16": f["greedy_equal"] / n,
     }
 
 
