@@ -1,6 +1,6 @@
 """Parity with llama.cpp on random-weight models of each architecture (tests/data/archs/).
 
-No real weights of some families (Qwen3-MoE first) can be fetched, so kinetic is compared
+No real weights of the newer families (Qwen3-MoE, LFM2, Mistral 3) can be fetched, so kinetic is compared
 with llama-server on the same random-weight GGUF: each reference file names the builder and
 arguments (tests/tiny_models.py) that rebuild the very file llama-server ran (checked by its
 sha256), its prompts' token ids, llama-server's greedy continuations and, at each of their
@@ -36,7 +36,9 @@ MIN_GREEDY = 0.8
 
 
 def test_every_reference_is_found():
-    assert {"qwen3moe-q8_0", "qwen3moe-q4_0", "qwen3-q8_0", "llama-q8_0"} <= set(NAMES)
+    assert {"qwen3moe-q8_0", "qwen3moe-q4_0", "qwen3-q8_0", "llama-q8_0", "lfm2-q8_0",
+            "lfm2moe-q8_0", "mistral3-q8_0", "llama3-rope-q8_0", "llama-yarn-q8_0",
+            "qwen3-yarn-q8_0"} <= set(NAMES)
 
 
 @pytest.mark.parametrize("name", NAMES)
