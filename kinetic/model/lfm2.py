@@ -23,7 +23,7 @@ from kinetic.model.config import Config, ModelConfigError
 from kinetic.model.experts import moe_ffn
 from kinetic.model.layers import (StepInput, apply_rope, embed, linear, output_logits,
                                   paged_attention, qkv, rms_norm, rope_angles, swiglu_ffn,
-                                  write_kv, write_kv_pair)
+                                  write_kv_pair)
 
 GLOBAL_TENSORS = ("token_embd", "token_embd_norm")   # llama.cpp's name of LFM2's final norm
 OPTIONAL_GLOBAL = ("output",)
@@ -70,8 +70,10 @@ def short_conv(x: jax.Array, w: dict, cache: tuple[jax.Array, jax.Array], step: 
     bcx = linear(x, w["shortconv.in_proj"])
     b, c, xs = bcx[:, :D], bcx[:, D:2 * D], bcx[:, 2 * D:]
     bx = b * xs
-    inputs, empty = cache
-    inputs = write_kv(inputs, bx[:, None, :], step.write_index)
+    # written in place with the attention layers' pair writer (XLA's scatter copied the
+    # whole array every step); the pair's second array is empty
+    inputs, empty = write_kv_pair(cache, bx[:, None, :], jnp.zeros((x.shape[0], 1, 0)),
+                                  step.write_index)
     flat = inputs.reshape(-1, D)
     page_size = inputs.shape[1]
     taps = w["shortconv.conv"]   # [D, width], the oldest token's tap first
