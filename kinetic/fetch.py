@@ -159,7 +159,8 @@ def _spec(key: str) -> ModelSpec:
             from None
 
 
-def _sha256_file(path: Path) -> str:
+def hash_file(path: Path) -> str:
+    """The SHA-256 of a file, read in 8 MiB chunks (always hashed: no marker)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while buf := f.read(_CHUNK):
@@ -211,7 +212,7 @@ def recorded_digest(path: Path) -> str | None:
             return digest
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if _sha256_file(path) != digest:
+    if hash_file(path) != digest:
         return None
     write_marker(path, digest)
     return digest
@@ -230,7 +231,7 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
             return rec["sha256"]
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    digest = _sha256_file(path)
+    digest = hash_file(path)
     write_marker(path, digest)
     return digest
 
@@ -248,7 +249,7 @@ def model_path(key: str) -> Path | None:
         return None
     if _marker_vouches(path, spec):
         return path
-    digest = _sha256_file(path)
+    digest = hash_file(path)
     if not spec.hash_matches(digest):
         return None
     write_marker(path, digest)

@@ -45,7 +45,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from kinetic.fetch import (FetchError, Progress, _sha256_file, cache_dir, marker_path,
+from kinetic.fetch import (FetchError, Progress, hash_file, cache_dir, marker_path,
                            recorded_digest, write_marker)
 
 PREFIX = "hf:"
@@ -362,7 +362,7 @@ def _already_pulled(dest: Path, sha256: str) -> bool:
         return False
     if recorded_digest(dest) == sha256:
         return True
-    if _sha256_file(dest) != sha256:
+    if hash_file(dest) != sha256:
         return False
     write_marker(dest, sha256)
     return True
@@ -395,7 +395,7 @@ def _download(name: HfName, url: str, dest: Path, size: int, sha256: str,
                  expected_size=size, displayed_filename=dest.name)
         f.flush()
         os.fsync(f.fileno())   # the rename must not become visible before the data
-        digest = _sha256_file(partial)
+        digest = hash_file(partial)
         if digest != sha256:
             partial.unlink()
             raise FetchError(f"{name}: sha256 mismatch for {dest.name}: the hub says "

@@ -201,8 +201,8 @@ def test_model_path_hashes_once_then_trusts_marker(cache, monkeypatch):
     cache.mkdir()
     (cache / "fake.gguf").write_bytes(WHOLE)  # placed by hand, as the real cache was
     calls = []
-    real_hash = fetch._sha256_file
-    monkeypatch.setattr(fetch, "_sha256_file", lambda p: calls.append(p) or real_hash(p))
+    real_hash = fetch.hash_file
+    monkeypatch.setattr(fetch, "hash_file", lambda p: calls.append(p) or real_hash(p))
     assert fetch.model_path("fake") == cache / "fake.gguf"
     assert fetch.model_path("fake") == cache / "fake.gguf"
     assert len(calls) == 1
