@@ -9,11 +9,11 @@ as llama.cpp adds them.
 
 Determinism: nothing a row gets depends on the other rows of its step. The softmax and the
 weights' sum are chains of elementwise operations over the expert axis (XLA's reductions may
-group a row's values differently at another row count); an expert runs on every row of the
-step when any row chose it (`lax.cond` skips the ones no row chose, so a decode step reads
-only the chosen experts' weights), and each row takes its result only where it chose it,
-by selection, so the same expert gives a row the same bits whatever else chose it. The
-kernel's rows are independent of each other (docs/architecture.md).
+group a row's values differently at another row count); an expert runs only on the rows that
+chose it, gathered into a small bucket of rows (none: it is skipped, so a decode step reads
+only the chosen experts' weights), and each row takes its result only where it chose it, by
+selection. The kernel gives a row the same bits at any row count (docs/architecture.md), so
+the same expert gives a row the same bits whatever else chose it.
 """
 
 from __future__ import annotations
@@ -70,6 +70,35 @@ def moe_ffn(x: jax.Array, w: dict, cfg: Config) -> jax.Array:
             gate, up = linear_many(x, [gate_w, up_w])
             return linear(jax.nn.silu(gate) * up, down_w)
 
-        y = jax.lax.cond(jnp.any(hit), run, lambda x: jnp.zeros((T, D), jnp.float32), x)
+        y = _on_chosen_rows(x, jnp.any(hit, axis=1), run)
         slots = [jnp.where(hit[:, k:k + 1], y, s) for k, s in enumerate(slots)]
     return _chain([s * weights[:, k:k + 1] for k, s in enumerate(slots)], jnp.add)
+
+
+def row_buckets(T: int) -> list[int]:
+    """The row counts an expert runs at in a T-row step: a few, so that each expert compiles
+    a few bodies (a prompt step's rows choose each expert a few at a time)."""
+    return [b for b in (2, 8) if b < T] + [T]
+
+
+def _on_chosen_rows(x: jax.Array, rows: jax.Array, run) -> jax.Array:
+    """run(x') [n, D] on only the rows of x [T, D] where `rows` [T] is true, scattered back to
+    their places ([T, D]; the other rows' values are not meant to be read): the chosen rows
+    are gathered in row order into the smallest bucket (row_buckets) that holds them, the
+    bucket's other places filled with unchosen rows; none chosen runs nothing. The kernel
+    gives a row the same bits at any row count (ffi), so a row's result does not depend on
+    how many others chose the expert."""
+    T, D = x.shape
+    sizes = row_buckets(T)
+    n = jnp.sum(rows.astype(jnp.int32))
+    order = jnp.argsort(jnp.logical_not(rows), stable=True)   # the chosen rows first
+
+    def bucket(size: int):
+        def go(x):
+            at = order[:size]
+            return jnp.zeros((T, D), jnp.float32).at[at].set(run(jnp.take(x, at, axis=0)))
+        return go
+
+    which = jnp.where(n == 0, 0, 1 + jnp.sum(n > jnp.asarray(sizes)))
+    return jax.lax.switch(which, [lambda x: jnp.zeros((T, D), jnp.float32)]
+                          + [bucket(b) for b in sizes], x)
