@@ -75,3 +75,14 @@ def test_a_row_has_the_same_bits_in_every_row_bucket(setup):
 def test_answer_never_depends_on_load(setup, kind):
     tok, engine, model = setup
     check_never_depends_on_load(tok, engine, model, requests(tok)[kind], kind)
+
+
+def test_cache_bytes_per_token_are_what_the_runner_allocates(setup):
+    """The memory check and the automatic --parallel count a convolution layer's float32
+    input, not keys and values it does not have."""
+    from kinetic.engine.engine_config import kv_bytes_per_token
+    _, engine, model = setup
+    runner = engine("p1", parallel=1).runner
+    held = sum(a.nbytes + b.nbytes for a, b in runner.cache)
+    per_token = held // (runner.config.num_pages * runner.config.page_size)
+    assert kv_bytes_per_token(model.config, runner.config.kv_dtype) == per_token

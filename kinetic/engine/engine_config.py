@@ -79,9 +79,13 @@ def auto_step_tokens(parallel: int) -> int:
 
 
 def kv_bytes_per_token(model_config, kv_dtype: str) -> int:
+    """Cache bytes a token takes: keys and values of each attention layer (in kv_dtype), a
+    convolution layer's float32 input (runner.py's cache)."""
     size = 2 if kv_dtype in ("float16", "bfloat16") else 4
     c = model_config
-    return c.n_layer * c.n_kv_head * (c.head_dim + c.v_head_dim) * size
+    n_conv = sum(c.conv_layers)
+    return ((c.n_layer - n_conv) * c.n_kv_head * (c.head_dim + c.v_head_dim) * size
+            + n_conv * c.d_model * 4)
 
 
 def kv_memory_needed(model_config, config: EngineConfig) -> int:
