@@ -13,13 +13,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kinetic.engine.engine import Engine
-from kinetic.engine.engine_config import EngineConfig
 from kinetic.model.experts import route
 from kinetic.model.loader import load_model
-from kinetic.text.tokenizer import Tokenizer
 from tests.test_invariance import (OTHERS, PROMPT, check_never_depends_on_load,
-                                   check_row_buckets, requests)
+                                   check_row_buckets, engines_over, requests)
 from tests.tiny_models import write_tiny_model
 
 
@@ -34,17 +31,7 @@ def setup(request, tmp_path_factory):
     arch = request.param
     path = write_tiny_model(tmp_path_factory.mktemp(arch) / f"tiny-{arch}.gguf", arch,
                             context_length=1024, **FAMILIES[arch])
-    model = load_model(str(path))
-    tok = Tokenizer.from_metadata(model.file.metadata)
-    engines: dict[str, Engine] = {}
-
-    def engine(name: str, draft=None, **kw) -> Engine:
-        if name not in engines:
-            engines[name] = Engine(model, tok, EngineConfig(n_ctx=512, **kw), draft=draft)
-        return engines[name]
-    yield tok, engine, model
-    for e in engines.values():
-        e.close()
+    yield from engines_over(load_model(str(path)))
 
 
 def test_routing_is_per_row_most_probable_first(setup):

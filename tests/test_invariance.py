@@ -34,7 +34,13 @@ OTHERS = ["Hi", "Write a long story about a dragon who learns to count to one hu
 
 @pytest.fixture(scope="module")
 def setup():
-    model = load_model(real_model_file("smollm2"))
+    yield from engines_over(load_model(real_model_file("smollm2")))
+
+
+def engines_over(model):
+    """A fixture's body: yields (tokenizer, engine(name, draft=None, **EngineConfig fields),
+    model), `engine` making each named engine over `model` once (n_ctx 512) and keeping it;
+    closes them all after."""
     tok = Tokenizer.from_metadata(model.file.metadata)
     engines: dict[str, Engine] = {}
 
