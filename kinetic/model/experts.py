@@ -3,9 +3,8 @@
 Each row is routed on its own: the router's logits, a softmax over the experts (or each
 one's sigmoid), the `n_expert_used` most probable ones (ties to the lower index; a bias may
 shift the choice, not the weights) with their probabilities as weights, rescaled to sum to 1
-where the model says so. The output is the chosen experts'
-SwiGLU outputs times their weights, added in the order of the choice (most probable first),
-as llama.cpp adds them.
+where the model says so. The output is the chosen experts' SwiGLU outputs times their
+weights, added in the order of the choice (most probable first), as llama.cpp adds them.
 
 Determinism: nothing a row gets depends on the other rows of its step. The softmax and the
 weights' sum are chains of elementwise operations over the expert axis (XLA's reductions may
@@ -22,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from kinetic.model.config import Config
-from kinetic.model.layers import linear, linear_many
+from kinetic.model.layers import linear, swiglu
 
 
 def _chain(columns: list[jax.Array], op) -> jax.Array:
@@ -63,14 +62,9 @@ def moe_ffn(x: jax.Array, w: dict, cfg: Config) -> jax.Array:
     chosen, weights = route(linear(x, w["ffn_gate_inp"]), cfg, w.get("exp_probs_b.bias"))
     slots = [jnp.zeros((T, D), jnp.float32) for _ in range(cfg.n_expert_used)]
     experts = zip(w["ffn_gate_exps"], w["ffn_up_exps"], w["ffn_down_exps"])
-    for e, (gate_w, up_w, down_w) in enumerate(experts):
+    for e, projs in enumerate(experts):
         hit = chosen == e  # [T, K]
-
-        def run(x, gate_w=gate_w, up_w=up_w, down_w=down_w):
-            gate, up = linear_many(x, [gate_w, up_w])
-            return linear(jax.nn.silu(gate) * up, down_w)
-
-        y = _on_chosen_rows(x, jnp.any(hit, axis=1), run)
+        y = _on_chosen_rows(x, jnp.any(hit, axis=1), lambda x, p=projs: swiglu(x, *p))
         slots = [jnp.where(hit[:, k:k + 1], y, s) for k, s in enumerate(slots)]
     return _chain([s * weights[:, k:k + 1] for k, s in enumerate(slots)], jnp.add)
 

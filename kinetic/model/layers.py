@@ -282,8 +282,13 @@ def gelu_tanh(x: jax.Array) -> jax.Array:
 
 
 def swiglu_ffn(x: jax.Array, w: dict) -> jax.Array:
-    gate, up = linear_many(x, [w["ffn_gate"], w["ffn_up"]])
-    return linear(jax.nn.silu(gate) * up, w["ffn_down"])
+    return swiglu(x, w["ffn_gate"], w["ffn_up"], w["ffn_down"])
+
+
+def swiglu(x: jax.Array, gate_w: Proj, up_w: Proj, down_w: Proj) -> jax.Array:
+    """down(silu(gate(x)) * up(x)): a SwiGLU feed-forward (a layer's, or an expert's)."""
+    gate, up = linear_many(x, [gate_w, up_w])
+    return linear(jax.nn.silu(gate) * up, down_w)
 
 
 def geglu_ffn(x: jax.Array, w: dict) -> jax.Array:
