@@ -379,11 +379,7 @@ def _ready_answer(name: str, key: str, keep_alive: Any) -> dict[str, Any]:
 
 @blueprint.post("/api/chat")
 async def chat():
-    began = time.perf_counter()
-    state = server_state()
-    body = await json_body()
-    name = model_name(body)
-    _require_text(state, "chat")
+    began, state, body, name = await _text_request("chat")
     messages = body.get("messages")
     if messages is not None and not isinstance(messages, list):
         raise bad_request("messages must be a list of messages", "messages")
@@ -398,11 +394,7 @@ async def chat():
 
 @blueprint.post("/api/generate")
 async def generate():
-    began = time.perf_counter()
-    state = server_state()
-    body = await json_body()
-    name = model_name(body)
-    _require_text(state, "generate")
+    began, state, body, name = await _text_request("generate")
     _refuse(body, ("suffix", "template", "context"))
     _refuse_images(body.get("images"), "images")
     prompt, system = body.get("prompt"), body.get("system")
@@ -443,12 +435,19 @@ def _logprobs(body: dict) -> int | None:
     return (top or 0) if want else None
 
 
-def _require_text(state: ServerState, what: str) -> None:
+async def _text_request(what: str) -> tuple[float, ServerState, dict, str]:
+    """The start of a chat or a generate: when it began, the server's state, the body and
+    the model name it gives; 400 unless the loaded model generates text."""
+    began = time.perf_counter()
+    state = server_state()
+    body = await json_body()
+    name = model_name(body)
     state.require_model()
     if state.kind != "text":
         use = " (use /api/embed)" if state.kind == "embedding" else ""
         raise bad_request(f"{state.model_id!r} does not support {what}: it is a {state.kind} "
                           f"model{use}")
+    return began, state, body, name
 
 
 class Answer:
