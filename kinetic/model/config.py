@@ -38,7 +38,8 @@ class Config:
     rope_freq_scale: float = 1.0          # positions are multiplied by this (linear scaling,
                                           # and YaRN's interpolated part)
     rope_yarn: bool = False               # YaRN: low frequencies interpolated, high ones kept
-    rope_orig_ctx: int = 0                # YaRN: the context the model was trained at
+    rope_orig_ctx: int = 0                # the context the model was trained at (YaRN's,
+                                          # and Mistral 3's temperature period)
     yarn_beta_fast: float = 32.0          # YaRN: the ramp between kept and interpolated
     yarn_beta_slow: float = 1.0           #   frequencies, in rotations over rope_orig_ctx
     rope_attn_factor: float = 1.0         # YaRN: cos and sin are scaled by this times
@@ -177,25 +178,27 @@ def base_config(arch: str, meta: dict[str, Any], vocab_size: int) -> Config:
 
 def _rope_scaling(arch: str, meta: dict[str, Any], n_ctx_train: int) -> dict[str, Any]:
     """The Config fields of `{arch}.rope.scaling.*`: linear (positions scaled) or YaRN (as
-    llama.cpp reads it: factor, original_context_length, yarn_beta_fast/slow,
-    yarn_attn_factor)."""
+    llama.cpp reads it: factor, yarn_beta_fast/slow, yarn_attn_factor), and always the
+    context the model was trained at (original_context_length, else the file's context),
+    which YaRN and Mistral 3's attention temperature read."""
+    def number(name: str, default: float) -> float:
+        value = meta.get(f"{arch}.rope.scaling.{name}", default)
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ModelConfigError(f"{arch}.rope.scaling.{name} is {value!r}, not a "
+                                   f"number") from None
     kind = meta.get(f"{arch}.rope.scaling.type", "none")
     factor = float(meta.get(f"{arch}.rope.scaling.factor", 0.0) or 0.0)
+    fields: dict[str, Any] = {"rope_orig_ctx": int(number("original_context_length",
+                                                          n_ctx_train))}
     if kind == "linear" and factor > 0:
-        return {"rope_freq_scale": 1.0 / factor}
-    if kind == "yarn" and factor > 1:
-        def number(name: str, default: float) -> float:
-            value = meta.get(f"{arch}.rope.scaling.{name}", default)
-            try:
-                return float(value)
-            except (TypeError, ValueError):
-                raise ModelConfigError(f"{arch}.rope.scaling.{name} is {value!r}, not a "
-                                       f"number") from None
-        return {"rope_freq_scale": 1.0 / factor, "rope_yarn": True,
-                "rope_orig_ctx": int(number("original_context_length", n_ctx_train)),
-                "yarn_beta_fast": number("yarn_beta_fast", 32.0),
-                "yarn_beta_slow": number("yarn_beta_slow", 1.0),
-                "rope_attn_factor": number("yarn_attn_factor", 1.0)}
-    if kind not in ("none", "linear", "yarn"):
+        fields["rope_freq_scale"] = 1.0 / factor
+    elif kind == "yarn" and factor > 1:
+        fields.update(rope_freq_scale=1.0 / factor, rope_yarn=True,
+                      yarn_beta_fast=number("yarn_beta_fast", 32.0),
+                      yarn_beta_slow=number("yarn_beta_slow", 1.0),
+                      rope_attn_factor=number("yarn_attn_factor", 1.0))
+    elif kind not in ("none", "linear", "yarn"):
         raise ModelConfigError(f"rope scaling {kind!r} (factor {factor}) is not supported yet")
-    return {}
+    return fields

@@ -23,10 +23,8 @@ def configure(cfg: Config, meta: dict) -> Config:
     cfg = cfg.replace(rope_attn_factor=1.0 / (1.0 + 0.1 * math.log(1.0 / cfg.rope_freq_scale)))
     scale = float(meta.get("mistral3.attention.temperature_scale", 0.0) or 0.0)
     if scale:
-        floor = cfg.rope_orig_ctx or int(meta.get("mistral3.rope.scaling.original_context_length",
-                                                  cfg.context_length))
-        if floor <= 0:
+        if cfg.rope_orig_ctx <= 0:
             raise ModelConfigError("mistral3.attention.temperature_scale needs a positive "
                                    "rope.scaling.original_context_length")
-        cfg = cfg.replace(attn_temp_scale=scale, attn_temp_floor=floor)
+        cfg = cfg.replace(attn_temp_scale=scale, attn_temp_floor=cfg.rope_orig_ctx)
     return cfg
