@@ -19,21 +19,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kinetic.model import qwen3
 from kinetic.model.config import Config, ModelConfigError
 from kinetic.model.experts import moe_ffn
-from kinetic.model.layers import (StepInput, apply_rope, embed, linear, output_logits,
-                                  paged_attention, qkv, rms_norm, rope_angles, swiglu_ffn,
-                                  write_kv_pair)
+from kinetic.model.layers import (StepInput, embed, linear, output_logits, rms_norm,
+                                  rope_angles, swiglu_ffn, write_kv_pair)
 
 GLOBAL_TENSORS = ("token_embd", "token_embd_norm")   # llama.cpp's name of LFM2's final norm
 OPTIONAL_GLOBAL = ("output",)
-FFN = ("attn_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
+NORMS = ("attn_norm", "ffn_norm")
+DENSE = ("ffn_gate", "ffn_up", "ffn_down")
+MOE = ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "exp_probs_b.bias")
 CONV = ("shortconv.conv", "shortconv.in_proj", "shortconv.out_proj")
 ATTENTION = ("attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm", "attn_output")
-
-
-MOE = ("attn_norm", "ffn_norm", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps",
-       "ffn_down_exps", "exp_probs_b.bias")
 
 
 def moe_layer(cfg: Config, i: int) -> bool:
@@ -42,7 +40,8 @@ def moe_layer(cfg: Config, i: int) -> bool:
 
 
 def layer_tensors(cfg: Config, i: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    return (MOE if moe_layer(cfg, i) else FFN) + (CONV if cfg.conv_layers[i] else ATTENTION), ()
+    return (NORMS + (MOE if moe_layer(cfg, i) else DENSE)
+            + (CONV if cfg.conv_layers[i] else ATTENTION)), ()
 
 
 def configure(cfg: Config, meta: dict) -> Config:
@@ -92,16 +91,6 @@ def short_conv(x: jax.Array, w: dict, cache: tuple[jax.Array, jax.Array], step: 
     return linear(c * out, w["shortconv.out_proj"]), (inputs, empty)
 
 
-def attention(x: jax.Array, w: dict, kv, step: StepInput, cfg: Config, cos, sin):
-    T, eps = x.shape[0], cfg.norm_eps
-    q, k, v = qkv(x, w, cfg)
-    q = apply_rope(rms_norm(q, w["attn_q_norm"], eps), cos, sin, True)
-    k = apply_rope(rms_norm(k, w["attn_k_norm"], eps), cos, sin, True)
-    kv = write_kv_pair(kv, k, v, step.write_index)
-    a = paged_attention(q, kv[0], kv[1], step, cfg.q_scale, kernel=cfg.kernel)
-    return linear(a.reshape(T, -1), w["attn_output"]), kv
-
-
 def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
     """Logits [T, V] for the step's rows, and the cache with their rows written."""
     eps = cfg.norm_eps
@@ -115,7 +104,7 @@ def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
                 y, layer_cache = short_conv(h, w, layer_cache, step, cfg)
         else:
             with jax.named_scope("attention"):
-                y, layer_cache = attention(h, w, layer_cache, step, cfg, cos, sin)
+                y, layer_cache = qwen3.attention(h, w, layer_cache, step, cfg, cos, sin)
         x = x + y
         with jax.named_scope("ffn"):
             h = rms_norm(x, w["ffn_norm"], eps)

@@ -31,20 +31,29 @@ def decoder(weights: dict, cfg: Config, cache: list, step: StepInput,
             ffn: Callable[[jax.Array, dict], jax.Array]):
     """Qwen3's layers with `ffn(normed x, layer weights)` as the feed-forward block (a dense
     SwiGLU, or Qwen3-MoE's mixture of experts)."""
-    T, eps = step.tokens.shape[0], cfg.norm_eps
+    eps = cfg.norm_eps
     x = embed(step.tokens, weights["token_embd"])  # [T, D]
     cos, sin = rope_angles(step.positions, cfg, cfg.rope_base)
     new_cache = []
-    for w, (k_cache, v_cache) in zip(weights["blk"], cache):
+    for w, kv in zip(weights["blk"], cache):
         with jax.named_scope("attention"):
-            h = rms_norm(x, w["attn_norm"], eps)
-            q, k, v = qkv(h, w, cfg)
-            q = apply_rope(rms_norm(q, w["attn_q_norm"], eps), cos, sin, True)
-            k = apply_rope(rms_norm(k, w["attn_k_norm"], eps), cos, sin, True)
-            k_cache, v_cache = write_kv_pair((k_cache, v_cache), k, v, step.write_index)
-            a = paged_attention(q, k_cache, v_cache, step, cfg.q_scale, kernel=cfg.kernel)
-            x = x + linear(a.reshape(T, -1), w["attn_output"])
+            a, kv = attention(rms_norm(x, w["attn_norm"], eps), w, kv, step, cfg, cos, sin)
+            x = x + a
         with jax.named_scope("ffn"):
             x = x + ffn(rms_norm(x, w["ffn_norm"], eps), w)
-        new_cache.append((k_cache, v_cache))
+        new_cache.append(kv)
     return output_logits(x, step, weights["output_norm"], weights["output"], eps), new_cache
+
+
+def attention(x: jax.Array, w: dict, kv: tuple[jax.Array, jax.Array], step: StepInput,
+              cfg: Config, cos: jax.Array, sin: jax.Array):
+    """Self-attention of one layer with each head's q and k RMS-normalized before the
+    half-split rotary (Qwen3's, and LFM2's attention layers): (output [T, D], updated
+    (k_cache, v_cache))."""
+    T, eps = x.shape[0], cfg.norm_eps
+    q, k, v = qkv(x, w, cfg)
+    q = apply_rope(rms_norm(q, w["attn_q_norm"], eps), cos, sin, True)
+    k = apply_rope(rms_norm(k, w["attn_k_norm"], eps), cos, sin, True)
+    k_cache, v_cache = write_kv_pair(kv, k, v, step.write_index)
+    a = paged_attention(q, k_cache, v_cache, step, cfg.q_scale, kernel=cfg.kernel)
+    return linear(a.reshape(T, -1), w["attn_output"]), (k_cache, v_cache)

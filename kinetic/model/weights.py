@@ -82,11 +82,11 @@ def expected_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
         "attn_q_norm": (cfg.head_dim,), "attn_k_norm": (cfg.head_dim,),
         "ffn_gate": (cfg.d_ffn, cfg.d_model), "ffn_up": (cfg.d_ffn, cfg.d_model),
         "ffn_down": (cfg.d_model, cfg.d_ffn),
-        # mixture of experts: the router and the experts' stacked matrices
         # a short convolution (LFM2): its taps, and the projections around it
         "shortconv.conv": (cfg.d_model, cfg.conv_width),
         "shortconv.in_proj": (3 * cfg.d_model, cfg.d_model),
         "shortconv.out_proj": (cfg.d_model, cfg.d_model),
+        # mixture of experts: the router (and its choice bias), the experts' stacked matrices
         "ffn_gate_inp": (cfg.n_expert, cfg.d_model), "exp_probs_b": (cfg.n_expert,),
         "ffn_gate_exps": (cfg.n_expert, cfg.d_ffn_expert, cfg.d_model),
         "ffn_up_exps": (cfg.n_expert, cfg.d_ffn_expert, cfg.d_model),
