@@ -91,6 +91,12 @@ ARCHS = {
                   "n_layer": 4, "attention_layers": [2], "tied": False},
     "lfm2moe-q8_0": {"arch": "lfm2moe", "qtype": "Q8_0", "output_scale": OUTPUT_SCALE,
                      "n_layer": 4, "attention_layers": [2], "tied": False},
+    # Qwen3.5's hybrid: gated delta-net (linear attention: 2 k heads repeated to 4 v heads
+    # of 16) in layers 0 and 2, gated full attention (partial multimodal rotary over 8 of
+    # 32) in layers 1 and 3; its MoE adds a shared expert with a sigmoid gate
+    "qwen35-q8_0": {"arch": "qwen35", "qtype": "Q8_0", "output_scale": OUTPUT_SCALE},
+    "qwen35-q4_0": {"arch": "qwen35", "qtype": "Q4_0", "output_scale": OUTPUT_SCALE},
+    "qwen35moe-q8_0": {"arch": "qwen35moe", "qtype": "Q8_0", "output_scale": OUTPUT_SCALE},
 }
 
 PROMPTS = [

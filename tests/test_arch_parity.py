@@ -38,7 +38,7 @@ MIN_GREEDY = 0.8
 def test_every_reference_is_found():
     assert {"qwen3moe-q8_0", "qwen3moe-q4_0", "qwen3-q8_0", "llama-q8_0", "lfm2-q8_0",
             "lfm2moe-q8_0", "mistral3-q8_0", "llama3-rope-q8_0", "llama-yarn-q8_0",
-            "qwen3-yarn-q8_0"} <= set(NAMES)
+            "qwen3-yarn-q8_0", "qwen35-q8_0", "qwen35-q4_0", "qwen35moe-q8_0"} <= set(NAMES)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -18,7 +18,8 @@ DATA = Path(__file__).parent / "data"
 VOCAB_FOR_ARCH = {"llama": "llama-bpe", "mistral3": "llama-bpe", "lfm2": "llama-bpe",
                   "lfm2moe": "llama-bpe",
                   "qwen2": "qwen2",
-                  "qwen3": "qwen2", "qwen3moe": "qwen2", "gemma3": "llama-spm"}
+                  "qwen3": "qwen2", "qwen3moe": "qwen2", "gemma3": "llama-spm",
+                  "qwen35": "qwen2", "qwen35moe": "qwen2"}
 
 LAYER_TENSORS = {
     "llama": ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate",
@@ -38,7 +39,16 @@ LAYER_TENSORS = {
     "gemma3": ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm",
                "attn_output", "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up",
                "ffn_down", "post_ffw_norm"],
+    # Qwen3.5: every layer's norms, then a gated full attention's or a gated delta-net's
+    # tensors, then a dense or a mixture's (with a shared expert) feed-forward
+    "qwen35": ["attn_norm", "post_attention_norm"],
+    "qwen35moe": ["attn_norm", "post_attention_norm"],
 }
+QWEN35_FULL = ["attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm", "attn_output"]
+QWEN35_LINEAR = ["attn_qkv", "attn_gate", "ssm_conv1d", "ssm_dt.bias", "ssm_a", "ssm_beta",
+                 "ssm_alpha", "ssm_norm", "ssm_out"]
+QWEN35_MOE = ["ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
+              "ffn_gate_inp_shexp", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"]
 
 
 def copy_tokenizer(writer: gguf.GGUFWriter, vocab: str, skip: tuple[str, ...] = ()) -> int:
@@ -81,15 +91,20 @@ def add_decoder_shape(w: gguf.GGUFWriter, *, n_layer: int, context_length: int, 
     w.add_layer_norm_rms_eps(1e-6)
 
 
-def write_tiny_model(path: Path, arch: str, *, n_layer: int = 2, d_model: int = 64,
-                     n_head: int = 4, n_kv_head: int = 2, head_dim: int = 16, d_ffn: int = 128,
+def write_tiny_model(path: Path, arch: str, *, n_layer: int | None = None, d_model: int = 64,
+                     n_head: int = 4, n_kv_head: int = 2, head_dim: int | None = None,
+                     d_ffn: int = 128,
                      context_length: int = 512, sliding_window: int = 8, seed: int = 0,
                      tied: bool | None = None, chat_template: str | None = None,
                      n_expert: int = 8, n_expert_used: int = 2, d_ffn_expert: int = 32,
                      qtype: str = "F32", output_scale: float = 1.0,
                      rope_scaling: dict | None = None, rope_freqs: bool = False,
                      attn_temp_scale: float = 0.0,
-                     attention_layers: tuple[int, ...] = (1,)) -> Path:
+                     attention_layers: tuple[int, ...] = (1,),
+                     full_attention_interval: int = 2, rope_dim: int | None = None,
+                     rope_sections: tuple[int, ...] | None = None, ssm_state: int = 16,
+                     ssm_k_heads: int = 2, ssm_v_heads: int = 4, ssm_conv_kernel: int = 4,
+                     d_ffn_shexp: int = 64) -> Path:
     """Write a random-weight model of `arch` to path and return it; `chat_template` (Jinja
     source) replaces the vocabulary file's own, if any. A mixture-of-experts `arch` has
     `n_expert` experts of width `d_ffn_expert`, `n_expert_used` per token. `qtype` ("F32",
@@ -100,7 +115,19 @@ def write_tiny_model(path: Path, arch: str, *, n_layer: int = 2, d_model: int = 
     factor, original_context_length, ...); `rope_freqs`: a rope_freqs tensor of Llama 3.1's
     frequency factors (its rope scaling as converted); `attn_temp_scale`: Mistral 3's
     attention temperature. An LFM2 model's `attention_layers` are attention layers, the
-    others short convolutions of 3 taps."""
+    others short convolutions of 3 taps.
+
+    Qwen3.5 (`qwen35`, `qwen35moe`; n_layer 4 and head_dim 32 by default, other archs 2 and
+    16): layer i is a gated full attention (q with an interleaved output gate, q/k norms)
+    where (i + 1) % `full_attention_interval` == 0, else a gated delta-net with
+    `ssm_k_heads` k heads and `ssm_v_heads` v heads (a multiple) of width `ssm_state`, a
+    causal convolution of `ssm_conv_kernel` taps; rotary over `rope_dim` (default head_dim /
+    4) of each head, in multimodal `rope_sections` (4, summing to rope_dim / 2; default
+    about thirds, as [11, 11, 10, 0] of 64). `qwen35moe` adds a shared expert of width
+    `d_ffn_shexp` with a sigmoid gate."""
+    qwen35 = arch in ("qwen35", "qwen35moe")
+    n_layer = n_layer if n_layer is not None else 4 if qwen35 else 2
+    head_dim = head_dim if head_dim is not None else 32 if qwen35 else 16
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), arch)
     vocab = copy_tokenizer(w, VOCAB_FOR_ARCH[arch], skip=("tokenizer.chat_template",)
@@ -133,6 +160,25 @@ def write_tiny_model(path: Path, arch: str, *, n_layer: int = 2, d_model: int = 
     if arch == "gemma3":
         w.add_sliding_window(sliding_window)
         w.add_uint32("gemma3.attention.sliding_window_pattern", 2)
+    full = [not qwen35 or (i + 1) % full_attention_interval == 0 for i in range(n_layer)]
+    if qwen35:
+        rope_dim = head_dim // 4 if rope_dim is None else rope_dim
+        if rope_sections is None:
+            third, rest = divmod(rope_dim // 2, 3)
+            rope_sections = (third + (rest > 0), third + (rest > 1), third, 0)
+        w.add_rope_dimension_count(rope_dim)
+        w.add_rope_dimension_sections(list(rope_sections))
+        w.add_ssm_conv_kernel(ssm_conv_kernel)
+        w.add_ssm_state_size(ssm_state)
+        w.add_ssm_group_count(ssm_k_heads)
+        w.add_ssm_time_step_rank(ssm_v_heads)
+        w.add_ssm_inner_size(ssm_v_heads * ssm_state)
+        w.add_full_attention_interval(full_attention_interval)
+    if arch == "qwen35moe":
+        w.add_expert_count(n_expert)
+        w.add_expert_used_count(n_expert_used)
+        w.add_expert_feed_forward_length(d_ffn_expert)
+        w.add_expert_shared_feed_forward_length(d_ffn_shexp)
     tied = arch in ("gemma3", "lfm2", "lfm2moe") if tied is None else tied
 
     def tensor(name: str, *shape: int, scale: float = 0.08, store: str = qtype) -> None:
@@ -157,6 +203,17 @@ def write_tiny_model(path: Path, arch: str, *, n_layer: int = 2, d_model: int = 
               "ffn_gate_exps": (n_expert, d_ffn_expert, d_model),
               "ffn_up_exps": (n_expert, d_ffn_expert, d_model),
               "ffn_down_exps": (n_expert, d_model, d_ffn_expert)}
+    if qwen35:   # the attention's q carries an output gate; the delta-net's tensors
+        sv = ssm_v_heads * ssm_state
+        conv_dim = 2 * ssm_k_heads * ssm_state + sv
+        shapes.update({"attn_q": (2 * q, d_model), "attn_qkv": (conv_dim, d_model),
+                       "attn_gate": (sv, d_model), "ssm_conv1d": (conv_dim, ssm_conv_kernel),
+                       "ssm_dt.bias": (ssm_v_heads,), "ssm_beta": (ssm_v_heads, d_model),
+                       "ssm_alpha": (ssm_v_heads, d_model), "ssm_norm": (ssm_state,),
+                       "ssm_out": (d_model, sv), "ffn_gate_inp_shexp": (d_model,),
+                       "ffn_gate_shexp": (d_ffn_shexp, d_model),
+                       "ffn_up_shexp": (d_ffn_shexp, d_model),
+                       "ffn_down_shexp": (d_model, d_ffn_shexp)})
     tensor("token_embd.weight", vocab, d_model, scale=0.5)
     for i in range(n_layer):
         extra = []
@@ -167,15 +224,23 @@ def write_tiny_model(path: Path, arch: str, *, n_layer: int = 2, d_model: int = 
             extra += (["shortconv.conv", "shortconv.in_proj", "shortconv.out_proj"] if conv[i]
                       else ["attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm",
                             "attn_output"])
+        if qwen35:
+            extra = ((QWEN35_FULL if full[i] else QWEN35_LINEAR)
+                     + (QWEN35_MOE if arch == "qwen35moe" else ["ffn_gate", "ffn_up", "ffn_down"]))
         for name in LAYER_TENSORS[arch] + extra:
-            full = f"blk.{i}.{name}" + ("" if name.endswith(".bias") else ".weight")
+            full_name = f"blk.{i}.{name}" + ("" if name.endswith(".bias") or name == "ssm_a"
+                                             else ".weight")
             if name.endswith("norm"):
-                w.add_tensor(full, (1.0 + 0.1 * rng.standard_normal(
+                w.add_tensor(full_name, (1.0 + 0.1 * rng.standard_normal(
                     shapes.get(name, (d_model,)))).astype(np.float32))
-            elif name in ("ffn_gate_inp", "shortconv.conv"):   # kept F32, as converted
-                tensor(full, *shapes[name], scale=0.5, store="F32")
+            elif name == "ssm_a":   # -exp(A_log), as converted
+                w.add_tensor(full_name, -np.exp(rng.uniform(-1.0, 1.0, ssm_v_heads))
+                             .astype(np.float32))
+            elif name in ("ffn_gate_inp", "shortconv.conv", "ssm_conv1d",
+                          "ffn_gate_inp_shexp"):   # kept F32, as converted
+                tensor(full_name, *shapes[name], scale=0.5, store="F32")
             else:
-                tensor(full, *shapes[name])
+                tensor(full_name, *shapes[name])
     w.add_tensor("token_embd_norm.weight" if lfm else "output_norm.weight",
                  np.full(d_model, output_scale, np.float32))
     if rope_freqs:
