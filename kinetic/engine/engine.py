@@ -53,6 +53,7 @@ from kinetic.engine.draft_model import DraftModel
 from kinetic.engine.engine_config import EngineConfig
 from kinetic.engine.host_cache import HostPageStore
 from kinetic.engine.job import Job
+from kinetic.engine.recurrent_state import StateSnapshots
 from kinetic.engine.request import Delta, GenerationRequest, MAX_LOGPROBS
 from kinetic.engine.runner import Runner, RunnerConfig
 from kinetic.engine.sampling_params import MAX_LOGIT_BIAS, SamplingParams, history_rows
@@ -64,6 +65,7 @@ from kinetic.grammar import (Grammar, GrammarTooCostly, MaskBudgetExceeded, Matc
 from kinetic.model.loader import LoadedModel
 from kinetic.text.tokenizer import Tokenizer
 
+STATE_SNAPSHOTS_PER_SLOT = 4   # recurrent models: prefix states kept (StateSnapshots)
 HISTORY_WIDTH = 4096  # the penalties' window holds at most the last this many tokens
 # (token id, bias) pairs per sampled row: a request's logit_bias names at most MAX_LOGIT_BIAS
 # distinct tokens (SamplingParams refuses more) and ignore_eos adds the eog ids; an engine
@@ -106,7 +108,14 @@ class Engine:
             step_tokens=config.step_tokens, num_slots=config.parallel,
             page_size=config.page_size, num_pages=config.num_pages,
             pages_per_slot=config.pages_per_slot, kv_dtype=config.kv_dtype,
-            decode_steps=config.decode_steps if draft is None else 1)
+            decode_steps=config.decode_steps if draft is None else 1,
+            # a recurrent model keeps each draft row's inputs until it is verified; the
+            # placeholders of decode steps are verified as drafts when pages run short
+            max_draft=max(config.max_draft if config.speculative else 0,
+                          config.decode_steps - 1))
+        if draft is not None and draft.config.recurrent:
+            raise ValueError(f"a draft model with recurrent layers ({draft.config.arch}) is not "
+                             f"supported: its state would have to follow the target's")
         self.runner = Runner(model, runner_config)
         self.drafter = DraftModel(draft, model, runner_config) if draft is not None else None
         self.host_pages = HostPageStore(config.host_cache_mb << 20)
@@ -115,6 +124,8 @@ class Engine:
         if config.host_cache_mb > 0:
             self.scheduler.host = self.host_pages
         self.scheduler.keep_partial = self.drafter is None
+        if model.config.recurrent:
+            self.scheduler.snapshots = StateSnapshots(STATE_SNAPSHOTS_PER_SLOT * config.parallel)
         self.vocab_size = model.config.vocab_size
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -483,6 +494,8 @@ class Engine:
         plan = self.scheduler.schedule()
         self._answer_prefills()   # those a request's arrival ended: before the step runs
         self._sync_host_pages(plan)
+        for slot, snapshot in plan.state_loads:
+            self.runner.load_state(slot, snapshot)
         if not len(plan):
             return
         started = time.perf_counter()
@@ -499,7 +512,7 @@ class Engine:
                and not any(c.seq_id in self._scored for c in plan.chunks))
         logits = self.runner.step_device(plan.tokens, plan.positions, plan.slots,
                                          plan.write_index, plan.page_table,
-                                         sampled if few else None)
+                                         sampled if few else None, plan.draft_rows)
         at_row = {r: 0 for r in sampled} if few else None
         for c in plan.chunks:
             if c.seq_id in self._prefills:
@@ -539,6 +552,10 @@ class Engine:
             self.drafter.follow(plan)
         self._count(plan, rows, accepted, time.perf_counter() - started, multi)
         finished = self.scheduler.complete(plan, accepted)
+        for slot, key, position, tag in self.scheduler.take_state_saves():
+            snapshot = self.runner.save_state(slot)
+            if snapshot.position == position:   # (else drafts it accepted are not replayed yet)
+                self.scheduler.snapshots.put(key, snapshot, tag)
         for seq in finished:
             ending.setdefault(seq.seq_id, seq.finish_reason or "length")
         for seq_id, reason in ending.items():

@@ -80,17 +80,31 @@ def auto_step_tokens(parallel: int) -> int:
 
 def kv_bytes_per_token(model_config, kv_dtype: str) -> int:
     """Cache bytes a token takes: keys and values of each attention layer (in kv_dtype), a
-    convolution layer's float32 input (runner.py's cache)."""
+    convolution layer's float32 input (runner.py's cache); a delta-rule layer's state is per
+    sequence, not per token (recurrent_bytes_per_sequence)."""
     size = 2 if kv_dtype in ("float16", "bfloat16") else 4
     c = model_config
-    n_conv = sum(c.conv_layers)
-    return ((c.n_layer - n_conv) * c.n_kv_head * (c.head_dim + c.v_head_dim) * size
+    n_conv, n_recurrent = sum(c.conv_layers), sum(c.recurrent_layers)
+    return ((c.n_layer - n_conv - n_recurrent) * c.n_kv_head * (c.head_dim + c.v_head_dim) * size
             + n_conv * c.d_model * 4)
+
+
+def recurrent_bytes_per_sequence(model_config) -> int:
+    """A sequence's recurrent state (float32): each delta-rule layer's convolution window and
+    its matrices (kinetic/model/delta_net.py). A state snapshot takes as much."""
+    c = model_config
+    if not c.recurrent:
+        return 0
+    from kinetic.model.delta_net import conv_channels
+    per_layer = ((c.ssm_conv - 1) * conv_channels(c)
+                 + c.ssm_v_heads * c.ssm_state * c.ssm_state) * 4
+    return sum(c.recurrent_layers) * per_layer
 
 
 def kv_memory_needed(model_config, config: EngineConfig) -> int:
     """Bytes of the KV cache of a resolved config: every page, the reserved one included."""
-    return kv_bytes_per_token(model_config, config.kv_dtype) * config.page_size * config.num_pages
+    return (kv_bytes_per_token(model_config, config.kv_dtype) * config.page_size * config.num_pages
+            + recurrent_bytes_per_sequence(model_config) * (config.parallel + 1))
 
 
 def check_kv_fits(model_config, config: EngineConfig) -> None:
@@ -118,7 +132,8 @@ def _size(n: int, rounding) -> str:
 
 def auto_parallel(model_config, n_ctx: int, kv_dtype: str) -> int:
     """As many full-context sequences as half the available memory holds, 1..4."""
-    per_seq = kv_bytes_per_token(model_config, kv_dtype) * n_ctx
+    per_seq = (kv_bytes_per_token(model_config, kv_dtype) * n_ctx
+               + recurrent_bytes_per_sequence(model_config))
     return max(1, min(MAX_AUTO_PARALLEL, (available_memory() // 2) // max(per_seq, 1)))
 
 

@@ -21,6 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from kinetic.kernels import ffi as native
+from kinetic.engine.recurrent_state import RecurrentState, StateSnapshot
+from kinetic.model import delta_net
 from kinetic.model.layers import StepInput
 from kinetic.model.loader import LoadedModel
 from kinetic.model.weights import join_buffer, split_buffer
@@ -40,6 +42,8 @@ class RunnerConfig:
     pages_per_slot: int = 128  # P: a slot's page table length; context = P * page_size
     kv_dtype: str = "float32"
     decode_steps: int = 1     # most greedy decode steps one device call runs (decode_steps)
+    max_draft: int = 0        # most draft rows of one sequence in a step (recurrent models:
+                              # the places its drafts' inputs are kept until verified)
 
     def __post_init__(self) -> None:
         if self.step_tokens < 1:
@@ -65,12 +69,15 @@ class Runner:
         self.exact_rows = cfg.kernel == "ffi"
         T = config.step_tokens
         self.row_buckets = ([b for b in ROW_BUCKETS if b < T] + [T]) if self.exact_rows else [T]
+        self.state = RecurrentState(config) if cfg.recurrent else None
+        self._paged = [i for i in range(cfg.n_layer)
+                       if not (cfg.recurrent_layers and cfg.recurrent_layers[i])]
 
     @property
     def cache(self) -> list:
         """The KV cache: per layer a (k, v) pair of page arrays [num_pages, page_size,
         n_kv_head, head_dim] (a convolution layer's pair: its inputs [.., 1, d_model] and an
-        empty array). Allocated (zeroed) on first use rather than with the runner, so
+        empty array; a delta-rule layer's three per-slot arrays instead: RecurrentState). Allocated (zeroed) on first use rather than with the runner, so
         that what runs before the first step (the engine compiles its sampler) does not hold
         its peak memory on top of the cache's. With the C++ kernels the zeros are lazy
         (kernels.ffi.lazy_zeros): the whole cache is allocated, but the system gives it memory
@@ -83,11 +90,15 @@ class Runner:
             # the C++ kernels: memory taken as pages are written
             zeros = native.lazy_zeros if self.exact_rows else jnp.zeros
             pages = (config.num_pages, config.page_size)
+            recurrent = delta_net.state_shapes(cfg, config.num_slots, config.max_draft)
             self._cache = [
                 # a short convolution's layer keeps its input rows (float32, as llama.cpp
                 # keeps its state) and has no second array
                 (zeros((*pages, 1, cfg.d_model), jnp.float32), jnp.zeros((*pages, 1, 0)))
                 if cfg.conv_layers and cfg.conv_layers[i] else
+                # a delta-rule layer: its per-slot state (RecurrentState), no pages
+                tuple(jnp.zeros(shape, jnp.float32) for shape in recurrent)
+                if cfg.recurrent_layers and cfg.recurrent_layers[i] else
                 (zeros(shape_k, dt), zeros(shape_v, dt)) for i in range(cfg.n_layer)]
         return self._cache
 
@@ -101,14 +112,17 @@ class Runner:
 
     def step_device(self, tokens: np.ndarray, positions: np.ndarray, slots: np.ndarray,
                     write_index: np.ndarray, page_table: np.ndarray,
-                    logit_rows: list[int] | None = None) -> jax.Array:
+                    logit_rows: list[int] | None = None,
+                    drafts: np.ndarray | None = None) -> jax.Array:
         """Run one step over up to T rows (arrays of length n <= T) and update the cache.
         page_table: [S, P]. Returns the device array of logits [B, V] for every row of the
         step's bucket B >= n (rows n.. are padding). With logit_rows (kernel "ffi" only),
         the caller needs only those rows: [r] (a prompt chunk samples only its last row)
         gives [1, V] for row r alone; [] (a prompt chunk before its last, the draft model
         following the target) skips the output projection at the T-row bucket ([0, V]) and
-        gives row 0's logits at the smaller ones (fewer compiled shapes)."""
+        gives row 0's logits at the smaller ones (fewer compiled shapes). drafts [n] bool:
+        the rows that are unverified drafts (a recurrent model commits no state for them:
+        RecurrentState)."""
         T, n = self.config.step_tokens, len(tokens)
         if n > T:
             raise ValueError(f"{n} rows do not fit a {T}-row step")
@@ -126,7 +140,9 @@ class Runner:
         packed = np.concatenate([
             tokens, np.zeros(pad), positions, np.zeros(pad), slots, np.zeros(pad),
             write_index, RESERVED_PAGE * page_size + np.arange(pad) % page_size,
-            table.ravel(), [] if rows is None else rows]).astype(np.int32)
+            table.ravel(), [] if rows is None else rows,
+            [] if self.state is None else self.state.plan(slots, positions, drafts, bucket)
+            ]).astype(np.int32)
         layout = (bucket, table.shape, None if rows is None else len(rows))
         logits, self.cache = self._step(self._buffer, self._skeleton, self.cache,
                                         jax.device_put(packed), layout)
@@ -162,11 +178,25 @@ class Runner:
             tokens, np.zeros(pad), slots, np.zeros(pad),
             np.concatenate([positions, np.zeros((N, pad))], axis=1).ravel(),
             np.concatenate([write_index, np.broadcast_to(reserved, (N, pad))], axis=1).ravel(),
-            table.ravel(), [n]]).astype(np.int32)
+            table.ravel(), [] if self.state is None else self.state.plan_decode(
+                slots, positions, bucket), [n]]).astype(np.int32)
         layout = (bucket, N, table.shape)   # n travels as data: one compiled loop per bucket
         out, self.cache = self._decode(self._buffer, self._skeleton, self.cache,
                                        jax.device_put(packed), bias, layout)
         return out
+
+    def save_state(self, slot: int) -> StateSnapshot:
+        """A copy of the slot's committed recurrent state (recurrent models only)."""
+        layers = [i for i in range(len(self.cache)) if i not in self._paged]
+        return StateSnapshot(self.state.committed[slot],
+                             _read_state(self.cache, slot, tuple(layers)))
+
+    def load_state(self, slot: int, snapshot: StateSnapshot) -> None:
+        """Make `snapshot` the slot's committed recurrent state (a sequence resuming from the
+        cached prefix the snapshot was taken at)."""
+        layers = tuple(i for i in range(len(self.cache)) if i not in self._paged)
+        self.cache = _write_state(self.cache, jnp.int32(slot), snapshot.arrays, layers)
+        self.state.restored(slot, snapshot.position)
 
     def key_bucket(self, positions: np.ndarray) -> int:
         """Pages of each slot's table the step reads: the smallest bucket that covers the
@@ -180,18 +210,19 @@ class Runner:
         """Host copies of whole cache pages: per page, a list of arrays [page_size, ...],
         k and v of every layer in order."""
         idx = jnp.asarray(np.asarray(pages, np.int32))
-        stacked = [np.asarray(c[idx]) for kv in self.cache for c in kv]  # each [n, ps, ...]
+        stacked = [np.asarray(c[idx]) for i in self._paged for c in self.cache[i]]
         return [[a[i] for a in stacked] for i in range(len(pages))]
 
     def write_pages(self, pages: list[int], data: list[list[np.ndarray]]) -> None:
         """Fill whole cache pages from host copies (read_pages' format), in place."""
+        paged = tuple(self._paged)
         for start in range(0, len(pages), PAGE_COPY_BATCH):
             chunk, rows = pages[start:start + PAGE_COPY_BATCH], data[start:start + PAGE_COPY_BATCH]
             pad = PAGE_COPY_BATCH - len(chunk)  # fixed batch: one compiled shape
             idx = np.asarray(list(chunk) + [RESERVED_PAGE] * pad, np.int32)
             arrays = [np.stack([r[j] for r in rows] + [np.zeros_like(rows[0][j])] * pad)
                       for j in range(len(rows[0]))]
-            self.cache = _write_pages(self.cache, jnp.asarray(idx), arrays)
+            self.cache = _write_pages(self.cache, jnp.asarray(idx), arrays, paged)
 
     def _logit_shape(self, bucket: int, want: list[int] | None) -> list[int] | None:
         """The logit rows a step at `bucket` rows computes for a caller who wants `want`
@@ -234,6 +265,8 @@ class Runner:
         loops = [(r, self.decode_steps_at(r)) for r in self.row_buckets
                  if r <= S and self.decode_steps_at(r)]
         total = len(shapes) + len(loops)
+        if self.state is not None:   # the compiling steps touch only the padding state slot
+            self.state.compiling = True
         for i, (rows, b, want) in enumerate(shapes):
             pos = np.full(rows, b * ps - 1)
             self.step_device(np.zeros(rows), pos, np.zeros(rows), np.arange(rows) % ps,
@@ -248,6 +281,8 @@ class Runner:
                               if bias is None else bias(rows)).block_until_ready()
             if progress:
                 progress(len(shapes) + i + 1, total)
+        if self.state is not None:
+            self.state.compiling = False
 
 
 @functools.cache
@@ -272,14 +307,17 @@ def _decode_loop(forward, cfg, buffer, skeleton, cache, packed, bias, layout):
     tokens, slots = packed[:B], packed[B:2 * B]
     positions = packed[2 * B:2 * B + N * B].reshape(N, B)
     write_index = packed[2 * B + N * B:2 * B + 2 * N * B].reshape(N, B)
-    table = packed[2 * B + 2 * N * B:2 * B + 2 * N * B + S * P].reshape(S, P)
+    at = 2 * B + 2 * N * B + S * P
+    table = packed[2 * B + 2 * N * B:at].reshape(S, P)
+    recurs = RecurrentState.unpack_decode(packed[at:-1], B) if cfg.recurrent else None
     weights = join_buffer(buffer, skeleton)
     mask = jnp.full((B, -(-cfg.vocab_size // 32)), -1, jnp.int32)
     real = jnp.arange(B) < packed[-1]
 
     def body(i, carry):
         cache, tok, out = carry
-        step = StepInput(tok, positions[i], slots, write_index[i], table, None)
+        step = StepInput(tok, positions[i], slots, write_index[i], table, None,
+                         None if recurs is None else recurs(i))
         logits, cache = forward(weights, cfg, cache, step)
         drawn = sampler.greedy(logits, bias, mask)
         # the next input: the drawn token (0 for padding rows and rows that allowed none,
@@ -291,11 +329,26 @@ def _decode_loop(forward, cfg, buffer, skeleton, cache, packed, bias, layout):
     return out, cache
 
 
-@partial(jax.jit, donate_argnums=(0,))
-def _write_pages(cache, idx, arrays):
+@partial(jax.jit, static_argnums=(1, 2))
+def _read_state(cache, slot, layers):
+    return tuple((cache[i][0][slot], cache[i][1][slot]) for i in layers)
+
+
+@partial(jax.jit, donate_argnums=(0,), static_argnums=(3,))
+def _write_state(cache, slot, arrays, layers):
+    out = list(cache)
+    for i, (window, matrix) in zip(layers, arrays):
+        out[i] = (cache[i][0].at[slot].set(window), cache[i][1].at[slot].set(matrix), cache[i][2])
+    return out
+
+
+@partial(jax.jit, donate_argnums=(0,), static_argnums=(3,))
+def _write_pages(cache, idx, arrays, paged):
+    """The cache with pages idx of its paged layers (`paged`) set to `arrays`."""
     flat = iter(arrays)
-    return [(k.at[idx].set(next(flat).astype(k.dtype)), v.at[idx].set(next(flat).astype(v.dtype)))
-            for k, v in cache]
+    return [(layer[0].at[idx].set(next(flat).astype(layer[0].dtype)),
+             layer[1].at[idx].set(next(flat).astype(layer[1].dtype))) if i in paged else layer
+            for i, layer in enumerate(cache)]
 
 
 def _forward(forward, cfg, buffer, skeleton, cache, packed, layout):
@@ -306,5 +359,8 @@ def _forward(forward, cfg, buffer, skeleton, cache, packed, layout):
     B, (S, P), R = layout
     fields = [packed[i * B:(i + 1) * B] for i in range(4)]
     table = packed[4 * B:4 * B + S * P].reshape(S, P)
-    rows = None if R is None else packed[4 * B + S * P:4 * B + S * P + R]
-    return forward(join_buffer(buffer, skeleton), cfg, cache, StepInput(*fields, table, rows))
+    at = 4 * B + S * P + (R or 0)
+    rows = None if R is None else packed[4 * B + S * P:at]
+    recur = RecurrentState.unpack(packed[at:], B) if cfg.recurrent else None
+    return forward(join_buffer(buffer, skeleton), cfg, cache,
+                   StepInput(*fields, table, rows, recur))

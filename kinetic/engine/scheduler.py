@@ -173,9 +173,20 @@ class StepPlan:
     # then copy `restores` (page, key) from host memory into their new pages.
     evicted: list[tuple[int, bytes]] = field(default_factory=list)
     restores: list[tuple[int, bytes]] = field(default_factory=list)
+    # recurrent models: (slot, snapshot) states to restore before the step (a sequence
+    # resuming from a cached prefix at the snapshot's position)
+    state_loads: list[tuple[int, object]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.seq_ids)
+
+    @property
+    def draft_rows(self) -> np.ndarray:
+        """[n] bool: the rows that are unverified drafts."""
+        out = np.zeros(len(self.seq_ids), bool)
+        for c in self.chunks:
+            out[c.first_row + c.num_rows - c.num_draft:c.first_row + c.num_rows] = True
+        return out
 
     @property
     def sample_rows(self) -> dict[int, list[int]]:
@@ -240,6 +251,13 @@ class Scheduler:
         # under in host memory (most recent last; at most MAX_PARTIAL_KEYS)
         self._partials: OrderedDict[bytes, bytes] = OrderedDict()
         self.restores: list[tuple[int, bytes]] = []  # pages to fill from host this step
+        # recurrent models (the engine sets it: recurrent_state.StateSnapshots): a sequence
+        # resumes from a cached prefix only where a state snapshot was taken, and prompt
+        # chunks end at the prompt's last page boundary so that one is taken there
+        self.snapshots = None
+        self.state_loads: list[tuple[int, object]] = []   # (slot, snapshot) this step
+        self.state_saves: list[tuple[int, bytes, int, object]] = []   # (slot, key, position,
+                                                                      # tag) after complete
 
     # --- requests ---------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -355,6 +373,9 @@ class Scheduler:
         re-queued at the front of the waiting queue; a step that preempted admits nothing.
         Allocates the pages of every row."""
         self._budget, self._taken, preempted = self.config.step_tokens, {}, []
+        if self.snapshots is not None:   # a snapshot goes with its prefix's last page
+            self.snapshots.prune(lambda k: bool(self.pages.lookup([k])) or (
+                self.host is not None and k in self.host))
         if self.waiting:   # a request waits for a slot or pages: no prefill may keep either
             for seq in self.filling + list(self.prefills):
                 self.finish(seq.seq_id, "cancelled")
@@ -449,6 +470,7 @@ class Scheduler:
             else:
                 seq.num_computed += c.num_rows
             self._register_full_pages(seq)
+            self._want_snapshot(seq, c)
             if seq.prefill:
                 if seq.num_computed == len(seq.tokens):
                     self.finish(seq.seq_id, "stop")   # every page of it is cached now
@@ -642,6 +664,12 @@ class Scheduler:
                     break
                 from_host.append(key)
             from_host = from_host[:max(0, self.pages.available - revived - 1)]
+        snapshot = None
+        if self.snapshots is not None:   # a recurrent state: resume where one was kept
+            k = self.snapshots.best(keys[:len(hits) + len(from_host)])
+            snapshot = self.snapshots.get(keys[k - 1]) if k else None
+            hits, from_host = hits[:k], from_host[:max(0, k - len(hits))]
+            revived = sum(self.pages.refcount(p) == 0 for p in hits)
         computed = (len(hits) + len(from_host)) * ps
         partial = self._partial_hit(seq, keys[:len(hits) + len(from_host)], last,
                                     self.pages.available - revived - len(from_host))
@@ -669,6 +697,8 @@ class Scheduler:
         seq.slot = self._slots.index(None)
         self._slots[seq.slot] = seq
         seq.status = Status.RUNNING
+        if snapshot is not None:
+            self.state_loads.append((seq.slot, snapshot))
         if seq.prefill:
             self.filling.append(seq)
             return n
@@ -682,7 +712,7 @@ class Scheduler:
         cached whole pages `keys` with seq's next tokens (leaving `last` tokens to compute),
         if a page is left to copy it into; else None."""
         if (self.host is None or not self.keep_partial or not seq.use_prefix_cache
-                or seq.prefill or pages_left < 1):
+                or seq.prefill or pages_left < 1 or self.snapshots is not None):
             return None
         ps, start = self.config.page_size, len(keys) * self.config.page_size
         parent = keys[-1] if keys else None
@@ -697,7 +727,8 @@ class Scheduler:
         """Send the partly filled last page of a finishing sequence to host memory (as an
         evicted page is sent: the engine copies it before the next step writes anywhere), so
         that a later prompt that starts the same reuses those rows too, not only whole pages."""
-        if self.host is None or not self.keep_partial or not seq.use_prefix_cache or seq.prefill:
+        if (self.host is None or not self.keep_partial or not seq.use_prefix_cache or seq.prefill
+                or self.snapshots is not None):   # (no recurrent state to resume it with)
             return
         ps = self.config.page_size
         full, k = divmod(seq.num_computed, ps)
@@ -743,6 +774,8 @@ class Scheduler:
     def _emit(self, seq: Sequence, n: int, n_draft: int, rows: list, chunks: list) -> int:
         """Append seq's next n rows (the last n_draft from its draft) to the plan; returns n."""
         ps, start = self.config.page_size, seq.num_computed
+        if self.snapshots is not None and n_draft == 0 and start < self._snapshot_at(seq) < start + n:
+            n = self._snapshot_at(seq) - start   # the rest next step, after the snapshot
         toks = seq.tokens[start:start + n - n_draft] + seq.draft[:n_draft]
         chunks.append(Chunk(seq.seq_id, len(rows), start, n, n_draft, sampled=not seq.prefill
                             and start + n - n_draft == len(seq.tokens)))
@@ -750,6 +783,28 @@ class Scheduler:
             pos = start + i
             rows.append((seq.seq_id, tok, pos, seq.slot, seq.pages[pos // ps] * ps + pos % ps))
         return n
+
+    def _snapshot_at(self, seq: Sequence) -> int:
+        """Where a recurrent model keeps a state snapshot of seq's prompt: its last page
+        boundary before the token whose logits are sampled (a prefill: its end)."""
+        ps = self.config.page_size
+        return len(seq.tokens) if seq.prefill else (len(seq.tokens) - 1) // ps * ps
+
+    def _want_snapshot(self, seq: Sequence, chunk: Chunk) -> None:
+        """After a step: ask for a snapshot of seq's state if the step ended its prompt's
+        snapshot position, or (decoding) a page (the sequence's latest, tagged with its id)."""
+        ps, at = self.config.page_size, seq.num_computed
+        if self.snapshots is None or not seq.use_prefix_cache or at == 0 or at % ps:
+            return
+        if at == self._snapshot_at(seq) and not chunk.sampled:
+            self.state_saves.append((seq.slot, seq.page_keys[at // ps - 1], at, None))
+        elif chunk.sampled:
+            self.state_saves.append((seq.slot, seq.page_keys[at // ps - 1], at, seq.seq_id))
+
+    def take_state_saves(self) -> list[tuple[int, bytes, int, object]]:
+        """The snapshots `complete` asked for: (slot, page key, position, tag)."""
+        out, self.state_saves = self.state_saves, []
+        return out
 
     def page_table(self) -> np.ndarray:
         """[S, P] int32: each running sequence's pages in its slot's row, 0 elsewhere."""
@@ -762,6 +817,6 @@ class Scheduler:
         table = self.page_table()
         cols = [np.array([r[i] for r in rows], np.int32) for i in range(1, 5)]
         plan = StepPlan([r[0] for r in rows], *cols, table, chunks, preempted,
-                        self.pages.evicted, self.restores)
-        self.pages.evicted, self.restores = [], []
+                        self.pages.evicted, self.restores, self.state_loads)
+        self.pages.evicted, self.restores, self.state_loads = [], [], []
         return plan

@@ -68,6 +68,18 @@ class Config:
     expert_weights_norm: bool = False     # the chosen experts' weights rescaled to sum to 1
     expert_gating: str = "softmax"        # the router's probabilities: "softmax" or "sigmoid"
     n_dense_lead: int = 0                 # leading layers with a dense feed-forward
+    d_ffn_shared: int = 0                 # the shared expert's width (Qwen3.5-MoE), 0: none
+    recurrent_layers: tuple[bool, ...] = ()  # per layer: a gated delta-rule layer whose
+                                          # state is a recurrence (Qwen3.5); empty: none
+    ssm_conv: int = 0                     # delta-rule layers: the convolution's taps,
+    ssm_state: int = 0                    #   each head's key (= value) width,
+    ssm_k_heads: int = 0                  #   key heads and
+    ssm_v_heads: int = 0                  #   value heads (a multiple of the key heads)
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether some layer keeps a per-sequence recurrent state (runner.py)."""
+        return any(self.recurrent_layers)
 
     @property
     def task(self) -> str:

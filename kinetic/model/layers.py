@@ -37,6 +37,7 @@ class StepInput:
       padding rows point into the reserved page 0, which no sequence ever reads as valid.
     page_table: [S, P] page ids of each slot's sequence, in order.
     logit_rows: [R] the rows whose logits are returned, in order (None: all T).
+    recur: the recurrent layers' part (kinetic/model/delta_net.Recur; None: no such layer).
     """
 
     tokens: jax.Array
@@ -45,6 +46,7 @@ class StepInput:
     write_index: jax.Array
     page_table: jax.Array
     logit_rows: jax.Array | None = None
+    recur: object | None = None
 
 
 def output_logits(x: jax.Array, step: StepInput, norm: jax.Array, output: Proj | None,

@@ -13,7 +13,7 @@ from types import ModuleType
 import jax.numpy as jnp
 
 from kinetic.model import (bert, gemma3, lfm2, lfm2moe, llama, mistral3, qwen2, qwen3,
-                           qwen3moe)
+                           qwen3moe, qwen35, qwen35moe)
 from kinetic.model.config import Config, ModelConfigError, base_config
 from kinetic.model.gguf_file import GGUFFile
 from kinetic.model.quants import UnsupportedTensorType
@@ -23,6 +23,7 @@ ARCHITECTURES: dict[str, ModuleType] = {
     "bert": bert, "llama": llama, "mistral": llama, "mistral3": mistral3, "qwen2": qwen2,
     "qwen3": qwen3,
     "qwen3moe": qwen3moe, "gemma3": gemma3, "lfm2": lfm2, "lfm2moe": lfm2moe,
+    "qwen35": qwen35, "qwen35moe": qwen35moe,
 }
 
 

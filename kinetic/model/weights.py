@@ -109,7 +109,12 @@ HEAD_TENSORS = ("cls", "cls.bias", "cls.output", "cls.output.bias")
 
 
 # 2-D tensors that are not projections: kept as float32 arrays (a short convolution's taps)
-ARRAYS = ("shortconv.conv",)
+ARRAYS = ("shortconv.conv", "ssm_conv1d")
+# 1-D tensors that are a projection to one output (Qwen3.5-MoE's shared-expert gate): read as
+# a [1, K] matrix, so that the kernel gives a row the same bits at any row count
+ROW_PROJS = ("ffn_gate_inp_shexp",)
+# tensors whose file name has no .weight suffix
+BARE_NAMES = ("ssm_a",)
 
 
 def _layer_tensors(arch: ModuleType, cfg: Config, i: int) -> tuple[tuple[str, ...], ...]:
@@ -122,7 +127,7 @@ def _layer_tensors(arch: ModuleType, cfg: Config, i: int) -> tuple[tuple[str, ..
 
 
 def _file_name(name: str) -> str:
-    return name if name.endswith(".bias") else name + ".weight"
+    return name if name.endswith(".bias") or name in BARE_NAMES else name + ".weight"
 
 
 def load_weights(f: GGUFFile, cfg: Config, arch: ModuleType, dtype: jnp.dtype,
@@ -135,6 +140,8 @@ def load_weights(f: GGUFFile, cfg: Config, arch: ModuleType, dtype: jnp.dtype,
     rounds them so."""
     packed = _Packer(f) if kernel == "ffi" else None
     shapes = expected_shapes(cfg)
+    if hasattr(arch, "tensor_shapes"):   # shapes that are the architecture's own
+        shapes.update(arch.tensor_shapes(cfg))
     wanted: list[tuple[int | None, str, bool]] = (
         [(None, n, True) for n in arch.GLOBAL_TENSORS]
         + [(None, n, False) for n in arch.OPTIONAL_GLOBAL]
@@ -163,6 +170,11 @@ def load_weights(f: GGUFFile, cfg: Config, arch: ModuleType, dtype: jnp.dtype,
                              for m in dequantize(raw)])
         elif name in ARRAYS:
             target[name] = jnp.asarray(dequantize(raw), jnp.float32)
+        elif name in ROW_PROJS:
+            row = dataclasses.replace(raw, shape=(1, *raw.shape))
+            target[name] = (packed.proj(row) if packed is not None else
+                            _convert(name, dequantize(row), dtype,
+                                     raw.qtype if act_quant else None))
         elif packed is not None and len(raw.shape) == 2:
             target[name] = packed.proj(raw)
         else:

@@ -1,0 +1,148 @@
+"""The gated delta rule (Qwen3.5's linear-attention layers) and its per-sequence state.
+
+A delta-rule layer's output for a token reads a state that sums every token before it: a
+recurrence, unlike attention's keys and values (one row per position, kept in pages) or a
+short convolution's inputs (LFM2: a few rows back, kept in pages too). Its state per
+sequence is a few of the layer's inputs back (the causal convolution's window) and, per
+value head, a [key width, value width] matrix. The runner keeps one of each per slot
+(kinetic/engine/runner.py: `RecurrentState`), beside the paged cache.
+
+A step's rows update their slots' states one after the other, in row order, in one loop
+whose body is one token's update: so a row's bits depend only on its own slot's state and
+its own inputs, never on the other rows of the step or how many there are. Each row says
+where its starting state comes from (`Recur.mode`): its slot's committed state, the state
+the row before it left (a draft continues its chain), or zeros (position 0: a new
+sequence). Only rows that are sure (prompt rows and a sequence's newest token) commit their
+state to the slot; a draft row's update lives only along its chain, and its inputs are kept
+(`pending`), so that the next step first replays the drafts that were accepted onto the
+slot's state (`Recur.replay_*`), through the same loop body, before its own rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+
+from kinetic.model.config import Config
+from kinetic.model.layers import linear, linear_many, rms_norm
+
+FROM_SLOT, FROM_CHAIN, FROM_ZERO = 0, 1, 2   # Recur.mode: where a row's starting state is
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class Recur:
+    """The recurrent layers' part of a step (runner.py fills it; all int32).
+
+    mode [T]: FROM_SLOT, FROM_CHAIN or FROM_ZERO. state_slot [T]: the row's state slot (the
+      extra slot S for padding rows). commit [T]: 1 where the row's new state becomes its
+      slot's. pend [T]: where a draft row keeps its inputs (pending[slot, pend]); -1 for
+      other rows (they write the extra place K). replay_slot, replay_idx [R]: the pending inputs to apply
+      to their slots' states first, in order; n_replay [1]: how many of them are real.
+    """
+
+    mode: jax.Array
+    state_slot: jax.Array
+    commit: jax.Array
+    pend: jax.Array
+    replay_slot: jax.Array
+    replay_idx: jax.Array
+    n_replay: jax.Array
+
+
+def state_shapes(cfg: Config, num_slots: int, max_pending: int) -> tuple[tuple[int, ...], ...]:
+    """Shapes of one delta-rule layer's (window, matrix, pending) arrays: num_slots + 1 state
+    slots (the last one for padding rows), max_pending + 1 pending places per slot."""
+    S, K = num_slots + 1, max_pending + 1
+    return ((S, cfg.ssm_conv - 1, conv_channels(cfg)),
+            (S, cfg.ssm_v_heads, cfg.ssm_state, cfg.ssm_state),
+            (S, K, event_width(cfg)))
+
+
+def conv_channels(cfg: Config) -> int:
+    """The convolution's channels: q and k (key heads) and v (value heads)."""
+    return cfg.ssm_state * (2 * cfg.ssm_k_heads + cfg.ssm_v_heads)
+
+
+def event_width(cfg: Config) -> int:
+    """One token's inputs to the recurrence: the convolution's input, its decay and beta."""
+    return conv_channels(cfg) + 2 * cfg.ssm_v_heads
+
+
+def _update(cfg: Config, taps: jax.Array, window: jax.Array, matrix: jax.Array,
+            event: jax.Array):
+    """One token through the recurrence: (new window, new matrix, output [H, dv])."""
+    C, H, Hk, d = conv_channels(cfg), cfg.ssm_v_heads, cfg.ssm_k_heads, cfg.ssm_state
+    mixed, g, beta = event[:C], event[C:C + H], event[C + H:]
+    full = jnp.concatenate([window, mixed[None, :]], axis=0)   # [taps, C], the oldest first
+    conv = None
+    for j in range(cfg.ssm_conv):   # taps added oldest first, as llama.cpp's convolution
+        term = full[j] * taps[:, j]
+        conv = term if conv is None else conv + term
+    conv = jax.nn.silu(conv)
+    q = conv[:Hk * d].reshape(Hk, d)
+    k = conv[Hk * d:2 * Hk * d].reshape(Hk, d)
+    v = conv[2 * Hk * d:].reshape(H, d)
+    eps = cfg.norm_eps
+    q = q / jnp.maximum(jnp.sqrt(jnp.sum(q * q, axis=-1, keepdims=True)), eps)
+    k = k / jnp.maximum(jnp.sqrt(jnp.sum(k * k, axis=-1, keepdims=True)), eps)
+    # value head h reads key head h mod Hk (llama.cpp repeats the key heads whole)
+    q = jnp.tile(q, (H // Hk, 1)) * (1.0 / float(d) ** 0.5)
+    k = jnp.tile(k, (H // Hk, 1))
+    matrix = matrix * jnp.exp(g)[:, None, None]                 # [H, dk, dv]
+    remembered = jnp.sum(matrix * k[:, :, None], axis=1)        # [H, dv]
+    delta = (v - remembered) * beta[:, None]
+    matrix = matrix + k[:, :, None] * delta[:, None, :]
+    out = jnp.sum(matrix * q[:, :, None], axis=1)               # [H, dv]
+    return full[1:], matrix, out
+
+
+def recurrence(cfg: Config, taps: jax.Array, state: tuple, events: jax.Array, recur: Recur):
+    """Run the step's replays, then its rows' events [T, E], through the recurrence; returns
+    (the rows' outputs [T, H, dv], the layer's new (window, matrix, pending) arrays)."""
+    windows, matrices, pending = state
+    T = events.shape[0]
+    n_replay = recur.n_replay[0]
+    K = pending.shape[1] - 1
+
+    def body(i, carry):
+        windows, matrices, pending, run_w, run_m, out = carry
+        is_row = i >= n_replay
+        r = jnp.maximum(i - n_replay, 0)
+        ri = jnp.minimum(i, recur.replay_slot.shape[0] - 1)
+        slot = jnp.where(is_row, recur.state_slot[r], recur.replay_slot[ri])
+        mode = jnp.where(is_row, recur.mode[r], FROM_SLOT)
+        commit = jnp.where(is_row, recur.commit[r], 1)
+        event = jnp.where(is_row, events[r], pending[recur.replay_slot[ri], recur.replay_idx[ri]])
+        w0, m0 = windows[slot], matrices[slot]
+        w0 = jnp.where(mode == FROM_CHAIN, run_w, jnp.where(mode == FROM_ZERO, 0.0, w0))
+        m0 = jnp.where(mode == FROM_CHAIN, run_m, jnp.where(mode == FROM_ZERO, 0.0, m0))
+        w1, m1, o = _update(cfg, taps, w0, m0, event)
+        keep = commit == 1
+        windows = windows.at[slot].set(jnp.where(keep, w1, windows[slot]))
+        matrices = matrices.at[slot].set(jnp.where(keep, m1, matrices[slot]))
+        at = jnp.where(is_row & (recur.pend[r] >= 0), recur.pend[r], K)
+        pending = pending.at[slot, at].set(jnp.where(is_row, event, pending[slot, at]))
+        out = out.at[jnp.where(is_row, r, T)].set(o)
+        return windows, matrices, pending, w1, m1, out
+
+    H, d = cfg.ssm_v_heads, cfg.ssm_state
+    carry = (windows, matrices, pending, jnp.zeros(windows.shape[1:]),
+             jnp.zeros(matrices.shape[1:]), jnp.zeros((T + 1, H, d)))
+    windows, matrices, pending, _, _, out = jax.lax.fori_loop(0, n_replay + T, body, carry)
+    return out[:T], (windows, matrices, pending)
+
+
+def delta_net_layer(x: jax.Array, w: dict, state: tuple, recur: Recur, cfg: Config):
+    """A gated delta-rule layer's output [T, D] for the normed x [T, D], and its new state."""
+    T = x.shape[0]
+    H, d = cfg.ssm_v_heads, cfg.ssm_state
+    mixed, z, beta, alpha = linear_many(
+        x, [w["attn_qkv"], w["attn_gate"], w["ssm_beta"], w["ssm_alpha"]])
+    g = jax.nn.softplus(alpha + w["ssm_dt.bias"]) * w["ssm_a"]   # the decay's log, <= 0
+    events = jnp.concatenate([mixed, g, jax.nn.sigmoid(beta)], axis=1)
+    out, state = recurrence(cfg, w["ssm_conv1d"], state, events, recur)
+    gated = rms_norm(out, w["ssm_norm"], cfg.norm_eps) * jax.nn.silu(z.reshape(T, H, d))
+    return linear(gated.reshape(T, H * d), w["ssm_out"]), state
