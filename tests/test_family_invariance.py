@@ -1,7 +1,10 @@
 """The determinism contract on the new families' tiny random-weight models: a Qwen3-MoE whose
-rows route to different experts (kinetic/model/experts.py), and an LFM2 hybrid whose short
+rows route to different experts (kinetic/model/experts.py), an LFM2 hybrid whose short
 convolutions read the inputs of the tokens before them from the paged cache
-(kinetic/model/lfm2.py). A row's logits are the same bits in every row bucket and beside
+(kinetic/model/lfm2.py), and a Qwen3.5-MoE whose delta-rule layers carry a recurrent state
+per slot (kinetic/model/delta_net.py): cached prefixes resume from state snapshots, drafts
+are replayed onto it once accepted, a draft model of its own kind restores its states after
+proposing. A row's logits are the same bits in every row bucket and beside
 another sequence's rows, and greedy and seeded answers are the same alone, among others, at
 --parallel 1 and 4, cold, cached and partly cached (a prefix whose convolution inputs come
 from reused pages), with drafting on or off and another prefill chunking
@@ -23,6 +26,7 @@ from tests.tiny_models import write_tiny_model
 FAMILIES = {
     "qwen3moe": dict(n_expert=8, n_expert_used=2, qtype="Q8_0", output_scale=2.0),
     "lfm2": dict(n_layer=4, attention_layers=(2,), qtype="Q8_0", output_scale=2.0),
+    "qwen35moe": dict(n_expert=8, n_expert_used=2, qtype="Q8_0", output_scale=2.0),
 }
 
 
@@ -66,10 +70,15 @@ def test_answer_never_depends_on_load(setup, kind):
 
 def test_cache_bytes_per_token_are_what_the_runner_allocates(setup):
     """The memory check and the automatic --parallel count a convolution layer's float32
-    input, not keys and values it does not have."""
-    from kinetic.engine.engine_config import kv_bytes_per_token
+    input, not keys and values it does not have, and a delta-rule layer's state per sequence
+    (its slots' windows and matrices; the padding slot's too), not per token."""
+    from kinetic.engine.engine_config import kv_bytes_per_token, recurrent_bytes_per_sequence
     _, engine, model = setup
     runner = engine("p1", parallel=1).runner
-    held = sum(a.nbytes + b.nbytes for a, b in runner.cache)
+    paged = [layer for layer in runner.cache if len(layer) == 2]
+    held = sum(a.nbytes + b.nbytes for a, b in paged)
     per_token = held // (runner.config.num_pages * runner.config.page_size)
     assert kv_bytes_per_token(model.config, runner.config.kv_dtype) == per_token
+    states = sum(layer[0].nbytes + layer[1].nbytes for layer in runner.cache if len(layer) == 3)
+    assert states == recurrent_bytes_per_sequence(model.config) * (runner.config.num_slots + 1)
+    assert (states > 0) == model.config.recurrent

@@ -33,7 +33,8 @@ class DraftModel:
     def follow(self, plan) -> None:
         """Run the target step's rows, so the draft cache holds what the target's holds."""
         self.runner.step_device(plan.tokens, plan.positions, plan.slots, plan.write_index,
-                                plan.page_table, [] if self.runner.exact_rows else None)
+                                plan.page_table, [] if self.runner.exact_rows else None,
+                                plan.draft_rows)
 
     def propose(self, sequences: list, page_table: np.ndarray, max_draft: int) -> dict[int, list[int]]:
         """Greedy drafts for caught-up sequences (scheduler Sequences with a slot and pages):
@@ -41,6 +42,10 @@ class DraftModel:
         cfg = self.runner.config
         T, ps = cfg.step_tokens, cfg.page_size
         seqs = sequences[:T]
+        # a recurrent draft model: its states are put back as they were after proposing (the
+        # proposals are guesses; the next step's rows continue from the newest token)
+        kept = ({s.slot: self.runner.save_state(s.slot) for s in seqs}
+                if self.runner.state is not None else {})
         drafts: dict[int, list[int]] = {s.seq_id: [] for s in seqs}
         last = {s.seq_id: s.tokens[-1] for s in seqs}
         for i in range(max_draft):
@@ -59,4 +64,6 @@ class DraftModel:
             for s, t in zip(live, picks):
                 drafts[s.seq_id].append(int(t))
                 last[s.seq_id] = int(t)
+        for slot, snapshot in kept.items():   # (proposing wrote no pending inputs)
+            self.runner.load_state(slot, snapshot, pending=True)
         return {k: v for k, v in drafts.items() if v}

@@ -113,9 +113,6 @@ class Engine:
             # placeholders of decode steps are verified as drafts when pages run short
             max_draft=max(config.max_draft if config.speculative else 0,
                           config.decode_steps - 1))
-        if draft is not None and draft.config.recurrent:
-            raise ValueError(f"a draft model with recurrent layers ({draft.config.arch}) is not "
-                             f"supported: its state would have to follow the target's")
         self.runner = Runner(model, runner_config)
         self.drafter = DraftModel(draft, model, runner_config) if draft is not None else None
         self.host_pages = HostPageStore(config.host_cache_mb << 20)
@@ -124,7 +121,11 @@ class Engine:
         if config.host_cache_mb > 0:
             self.scheduler.host = self.host_pages
         self.scheduler.keep_partial = self.drafter is None
-        if model.config.recurrent:
+        # the runners with recurrent layers (the target's, the draft model's): each keeps its
+        # slots' states, and a snapshot of the prefix for each (_save_states)
+        self._stateful = [r for r in (self.runner, self.drafter and self.drafter.runner)
+                          if r is not None and r.state is not None]
+        if self._stateful:
             self.scheduler.snapshots = StateSnapshots(STATE_SNAPSHOTS_PER_SLOT * config.parallel)
         self.vocab_size = model.config.vocab_size
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -494,8 +495,9 @@ class Engine:
         plan = self.scheduler.schedule()
         self._answer_prefills()   # those a request's arrival ended: before the step runs
         self._sync_host_pages(plan)
-        for slot, snapshot in plan.state_loads:
-            self.runner.load_state(slot, snapshot)
+        for slot, snapshots in plan.state_loads:
+            for runner, snapshot in zip(self._stateful, snapshots):
+                runner.load_state(slot, snapshot)
         if not len(plan):
             return
         started = time.perf_counter()
@@ -553,9 +555,9 @@ class Engine:
         self._count(plan, rows, accepted, time.perf_counter() - started, multi)
         finished = self.scheduler.complete(plan, accepted)
         for slot, key, position, tag in self.scheduler.take_state_saves():
-            snapshot = self.runner.save_state(slot)
-            if snapshot.position == position:   # (else drafts it accepted are not replayed yet)
-                self.scheduler.snapshots.put(key, snapshot, tag)
+            snapshots = tuple(runner.save_state(slot) for runner in self._stateful)
+            if snapshots[0].position == position:   # (else accepted drafts await their replay)
+                self.scheduler.snapshots.put(key, snapshots, tag)
         for seq in finished:
             ending.setdefault(seq.seq_id, seq.finish_reason or "length")
         for seq_id, reason in ending.items():

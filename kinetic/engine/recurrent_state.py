@@ -34,10 +34,12 @@ class StateNotRestored(RuntimeError):
 @dataclass(frozen=True)
 class StateSnapshot:
     """A slot's committed recurrent state at `position` (its sequence's first `position`
-    tokens): per delta-rule layer, its (window, matrix) device arrays."""
+    tokens): per delta-rule layer, its (window, matrix) device arrays; and how many draft
+    rows after it had their inputs pending in the slot when it was taken."""
 
     position: int
     arrays: tuple
+    pending: int = 0
 
 
 class RecurrentState:
@@ -48,9 +50,10 @@ class RecurrentState:
         self.pending = [0] * config.num_slots
         self.compiling = False   # Runner.compile: every row on the padding slot, nothing recorded
 
-    def restored(self, slot: int, position: int) -> None:
-        """The slot's state now covers `position` positions (Runner.load_state)."""
-        self.committed[slot], self.pending[slot] = position, 0
+    def restored(self, slot: int, position: int, pending: int = 0) -> None:
+        """The slot's state now covers `position` positions, `pending` drafts' inputs after
+        them still in its pending places (Runner.load_state)."""
+        self.committed[slot], self.pending[slot] = position, pending
 
     def plan(self, slots: np.ndarray, positions: np.ndarray, drafts: np.ndarray | None,
              bucket: int) -> np.ndarray:
@@ -163,7 +166,8 @@ class StateSnapshots:
     """The recurrent states kept for prefix reuse (the scheduler's; the runner takes and
     restores them): at most `capacity` snapshots, each under the key of the full page its
     position ends (kv_cache.page_key: the key names the whole token prefix), least recently
-    used dropped first. A snapshot whose page has left the cache (device and host memory) is
+    used dropped first; each is a tuple of StateSnapshot, one per runner with recurrent
+    layers (the target's, a draft model's). A snapshot whose page has left the cache (device and host memory) is
     dropped with it (`prune`). A sequence keeps one snapshot at its prompt's last page
     boundary, and its latest one while decoding (`tag`: a newer one of the same tag replaces
     it), so that a continued conversation resumes from the last page it shares."""

@@ -189,14 +189,16 @@ class Runner:
         """A copy of the slot's committed recurrent state (recurrent models only)."""
         layers = [i for i in range(len(self.cache)) if i not in self._paged]
         return StateSnapshot(self.state.committed[slot],
-                             _read_state(self.cache, slot, tuple(layers)))
+                             _read_state(self.cache, slot, tuple(layers)),
+                             self.state.pending[slot])
 
-    def load_state(self, slot: int, snapshot: StateSnapshot) -> None:
-        """Make `snapshot` the slot's committed recurrent state (a sequence resuming from the
-        cached prefix the snapshot was taken at)."""
+    def load_state(self, slot: int, snapshot: StateSnapshot, pending: bool = False) -> None:
+        """Make `snapshot` the slot's committed recurrent state: a sequence resuming from the
+        cached prefix the snapshot was taken at, or (pending: the slot's pending drafts'
+        inputs are still the snapshot's) the slot put back as it was."""
         layers = tuple(i for i in range(len(self.cache)) if i not in self._paged)
         self.cache = _write_state(self.cache, jnp.int32(slot), snapshot.arrays, layers)
-        self.state.restored(slot, snapshot.position)
+        self.state.restored(slot, snapshot.position, snapshot.pending if pending else 0)
 
     def key_bucket(self, positions: np.ndarray) -> int:
         """Pages of each slot's table the step reads: the smallest bucket that covers the
