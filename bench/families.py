@@ -1,7 +1,7 @@
 """Decode and prompt speed of the newer model families, kinetic beside llama-server.
 
     python bench/families.py [--llama-server PATH] [--reps N] [--json OUT.json]
-                             [--models lfm2-350m,qwen3moe-8x32] [--dir /tmp/kinetic-families]
+                             [--models lfm2-350m,qwen3moe-8x32,qwen35-0.8b] [--dir /tmp/kinetic-families]
 
 No real weights of these families can be fetched here, so each model is a random-weight GGUF
 of a real model's shapes (tests/tiny_models.py's write_tiny_model, F16), quantized to Q4_K_M
@@ -12,7 +12,11 @@ real files are; both are built once under --dir and reused:
   taps, tied output), but the llama-bpe vocabulary of tests/data/vocab (128,256 tokens where
   LFM2 has 65,536: the tied output matrix is twice LFM2's);
 - qwen3moe-8x32: a small Qwen3-MoE (8 layers, d_model 1024, 16 heads / 4 KV heads of 128,
-  32 experts of width 512, 4 used per token, untied output, the Qwen2 vocabulary).
+  32 experts of width 512, 4 used per token, untied output, the Qwen2 vocabulary);
+- qwen35-0.8b: Qwen3.5-0.8B's shapes (24 layers, d_model 1024, every fourth full attention
+  with 8 heads / 2 KV heads of 256 rotated over 64, the others gated delta-rule layers of 16
+  key and 16 value heads of 128, feed-forward 3584, tied output), but the Qwen2 vocabulary
+  (151,936 tokens where Qwen3.5 has 248,320).
 
 Per model, both servers up at once with one slot and a 2048-token context, 2 threads
 (llama-server `-c 2048 -np 1 -t 2 --cache-ram 0`, plus `--no-repack` on a CPU with AMX;
@@ -63,6 +67,11 @@ MODELS = {
                                        head_dim=128, d_ffn=2048, n_expert=32, n_expert_used=4,
                                        d_ffn_expert=512, context_length=4096),
                       "8 layers, d_model 1024, 32 experts of 512, 4 used, Qwen2 vocabulary"),
+    "qwen35-0.8b": ("qwen35", dict(n_layer=24, d_model=1024, n_head=8, n_kv_head=2,
+                                   head_dim=256, rope_dim=64, d_ffn=3584, ssm_state=128,
+                                   ssm_k_heads=16, ssm_v_heads=16, full_attention_interval=4,
+                                   tied=True, context_length=4096),
+                    "Qwen3.5-0.8B's shapes, Qwen2 vocabulary (151,936)"),
 }
 QTYPE = "Q4_K_M"
 

@@ -26,7 +26,7 @@ NONE = {"type": "object", "properties": {}}
 # tool's parameters)
 FAMILIES = [
     ("qwen3moe", "Qwen-Qwen3-0.6B.jinja", "hermes", UNIT),    # Qwen3-30B-A3B's template
-    ("qwen3", "Qwen3.5-4B.jinja", "qwen3_xml", NONE),
+    ("qwen35", "Qwen3.5-4B.jinja", "qwen3_xml", NONE),
     ("llama", "meta-llama-Llama-3.1-8B-Instruct.jinja", "llama3", UNIT),
     ("llama", "Mistral-Small-3.2-24B-Instruct-2506.jinja", "mistral", UNIT),
     ("qwen3", "LFM2.5-Instruct.jinja", "lfm2", UNIT),

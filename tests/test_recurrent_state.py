@@ -39,9 +39,11 @@ def model(tmp_path_factory):
     return load_model(str(path))
 
 
-def _runner(model, slots: int = 2, max_draft: int = 4) -> tuple[Runner, np.ndarray]:
-    cfg = RunnerConfig(step_tokens=32, num_slots=slots, page_size=PS, num_pages=1 + 4 * slots,
-                       pages_per_slot=4, max_draft=max_draft, decode_steps=4)
+def _runner(model, slots: int = 2, max_draft: int = 4,
+            step_tokens: int = 32) -> tuple[Runner, np.ndarray]:
+    cfg = RunnerConfig(step_tokens=step_tokens, num_slots=slots, page_size=PS,
+                       num_pages=1 + 4 * slots, pages_per_slot=4, max_draft=max_draft,
+                       decode_steps=4)
     table = np.arange(1, 1 + 4 * slots, dtype=np.int32).reshape(slots, 4)
     return Runner(model, cfg), table
 
@@ -182,3 +184,29 @@ def test_a_continued_conversation_resumes_from_the_snapshot_as_cold(model):
     assert want[2] == 0
     assert got[2] == (len(first) - 1) // PS * PS > 0
     assert got[:2] == want[:2]
+
+
+def test_compiling_every_shape_touches_no_slot_state(model):
+    """Runner.compile runs every step shape and decode loop (as `kinetic serve` does at start)
+    on the padding state slot: the slots' records and states stay as they were."""
+    want = _plain(model)
+    runner, table = _runner(model, max_draft=2, step_tokens=4)
+    for start in range(0, 20, 4):
+        _step(runner, table, 0, IDS[start:start + 4], start)
+    runner.compile()
+    assert runner.state.committed == [20, 0]
+    assert _step(runner, table, 0, IDS[20:24], 20).tobytes() == want[20:24].tobytes()
+
+
+def test_a_files_multi_token_prediction_block_is_read_past(model, tmp_path):
+    """A Qwen3.5 file with its multi-token-prediction block (nextn_predict_layers: a full
+    attention block and the nextn tensors after the decoder's, counted in block_count) loads
+    as the decoder alone, with the same logits."""
+    path = write_tiny_model(tmp_path / "mtp.gguf", "qwen35", qtype="Q8_0", output_scale=4.0,
+                            context_length=1024, mtp_layers=1)
+    with_mtp = load_model(str(path))
+    assert with_mtp.config.n_layer == model.config.n_layer == 4
+    assert with_mtp.config.n_layer_unused == 1
+    want = _plain(model)
+    runner, table = _runner(with_mtp)
+    assert _step(runner, table, 0, IDS[:8], 0).tobytes() == want[:8].tobytes()

@@ -104,7 +104,7 @@ def write_tiny_model(path: Path, arch: str, *, n_layer: int | None = None, d_mod
                      full_attention_interval: int = 2, rope_dim: int | None = None,
                      rope_sections: tuple[int, ...] | None = None, ssm_state: int = 16,
                      ssm_k_heads: int = 2, ssm_v_heads: int = 4, ssm_conv_kernel: int = 4,
-                     d_ffn_shexp: int = 64) -> Path:
+                     d_ffn_shexp: int = 64, mtp_layers: int = 0) -> Path:
     """Write a random-weight model of `arch` to path and return it; `chat_template` (Jinja
     source) replaces the vocabulary file's own, if any. A mixture-of-experts `arch` has
     `n_expert` experts of width `d_ffn_expert`, `n_expert_used` per token. `qtype` ("F32",
@@ -124,7 +124,10 @@ def write_tiny_model(path: Path, arch: str, *, n_layer: int | None = None, d_mod
     causal convolution of `ssm_conv_kernel` taps; rotary over `rope_dim` (default head_dim /
     4) of each head, in multimodal `rope_sections` (4, summing to rope_dim / 2; default
     about thirds, as [11, 11, 10, 0] of 64). `qwen35moe` adds a shared expert of width
-    `d_ffn_shexp` with a sigmoid gate."""
+    `d_ffn_shexp` with a sigmoid gate. `mtp_layers`: Qwen3.5's
+    multi-token-prediction blocks after the decoder's (block_count counts them, as converted
+    files do; written last, so the other tensors are those of the file without them).
+    """
     qwen35 = arch in ("qwen35", "qwen35moe")
     n_layer = n_layer if n_layer is not None else 4 if qwen35 else 2
     head_dim = head_dim if head_dim is not None else 32 if qwen35 else 16
@@ -136,7 +139,8 @@ def write_tiny_model(path: Path, arch: str, *, n_layer: int | None = None, d_mod
         w.add_chat_template(chat_template)
     lfm = arch in ("lfm2", "lfm2moe")
     conv = [lfm and i not in attention_layers for i in range(n_layer)]
-    add_decoder_shape(w, n_layer=n_layer, context_length=context_length, d_model=d_model,
+    add_decoder_shape(w, n_layer=n_layer + mtp_layers, context_length=context_length,
+                      d_model=d_model,
                       d_ffn=d_ffn, n_head=n_head, head_dim=head_dim, rope_base=10000.0,
                       n_kv_head=[0 if c else n_kv_head for c in conv] if lfm else n_kv_head)
     if lfm:
@@ -174,6 +178,8 @@ def write_tiny_model(path: Path, arch: str, *, n_layer: int | None = None, d_mod
         w.add_ssm_time_step_rank(ssm_v_heads)
         w.add_ssm_inner_size(ssm_v_heads * ssm_state)
         w.add_full_attention_interval(full_attention_interval)
+        if mtp_layers:
+            w.add_uint32(f"{arch}.nextn_predict_layers", mtp_layers)
     if arch == "qwen35moe":
         w.add_expert_count(n_expert)
         w.add_expert_used_count(n_expert_used)
@@ -247,6 +253,13 @@ def write_tiny_model(path: Path, arch: str, *, n_layer: int | None = None, d_mod
         w.add_tensor("rope_freqs.weight", llama3_rope_factors(head_dim))
     if not tied:
         tensor("output.weight", vocab, d_model)
+    for i in range(n_layer, n_layer + mtp_layers):   # Qwen3.5's multi-token prediction
+        for name in ["attn_norm", "post_attention_norm", "nextn.enorm", "nextn.hnorm",
+                     "nextn.shared_head_norm"]:
+            w.add_tensor(f"blk.{i}.{name}.weight", np.ones(d_model, np.float32))
+        for name in QWEN35_FULL + ["ffn_gate", "ffn_up", "ffn_down"]:
+            tensor(f"blk.{i}.{name}.weight", *shapes[name])
+        tensor(f"blk.{i}.nextn.eh_proj.weight", d_model, 2 * d_model)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -105,7 +105,7 @@ class RecurrentState:
         mode = np.full(bucket, FROM_ZERO)
         state_slot = np.full(bucket, S)
         replay = []
-        for r in range(n):
+        for r in range(0 if self.compiling else n):
             s = int(slots[r])
             state_slot[r] = s
             mode[r] = self._start(s, int(positions[0, r]), replay)
@@ -167,8 +167,8 @@ class StateSnapshots:
     restores them): at most `capacity` snapshots, each under the key of the full page its
     position ends (kv_cache.page_key: the key names the whole token prefix), least recently
     used dropped first; each is a tuple of StateSnapshot, one per runner with recurrent
-    layers (the target's, a draft model's). A snapshot whose page has left the cache (device and host memory) is
-    dropped with it (`prune`). A sequence keeps one snapshot at its prompt's last page
+    layers (the target's, a draft model's). A snapshot whose page has left the cache
+    (device and host memory) is dropped with it (`prune`). A sequence keeps one snapshot at its prompt's last page
     boundary, and its latest one while decoding (`tag`: a newer one of the same tag replaces
     it), so that a continued conversation resumes from the last page it shares."""
 

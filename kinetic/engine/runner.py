@@ -77,7 +77,8 @@ class Runner:
     def cache(self) -> list:
         """The KV cache: per layer a (k, v) pair of page arrays [num_pages, page_size,
         n_kv_head, head_dim] (a convolution layer's pair: its inputs [.., 1, d_model] and an
-        empty array; a delta-rule layer's three per-slot arrays instead: RecurrentState). Allocated (zeroed) on first use rather than with the runner, so
+        empty array; a delta-rule layer's three per-slot arrays instead: RecurrentState).
+        Allocated (zeroed) on first use rather than with the runner, so
         that what runs before the first step (the engine compiles its sampler) does not hold
         its peak memory on top of the cache's. With the C++ kernels the zeros are lazy
         (kernels.ffi.lazy_zeros): the whole cache is allocated, but the system gives it memory

@@ -774,8 +774,9 @@ class Scheduler:
     def _emit(self, seq: Sequence, n: int, n_draft: int, rows: list, chunks: list) -> int:
         """Append seq's next n rows (the last n_draft from its draft) to the plan; returns n."""
         ps, start = self.config.page_size, seq.num_computed
-        if self.snapshots is not None and n_draft == 0 and start < self._snapshot_at(seq) < start + n:
-            n = self._snapshot_at(seq) - start   # the rest next step, after the snapshot
+        cut = self._snapshot_at(seq) if self.snapshots is not None and not n_draft else 0
+        if start < cut < start + n:
+            n = cut - start   # the rest next step, after the snapshot
         toks = seq.tokens[start:start + n - n_draft] + seq.draft[:n_draft]
         chunks.append(Chunk(seq.seq_id, len(rows), start, n, n_draft, sampled=not seq.prefill
                             and start + n - n_draft == len(seq.tokens)))

@@ -69,6 +69,8 @@ class Config:
     expert_gating: str = "softmax"        # the router's probabilities: "softmax" or "sigmoid"
     n_dense_lead: int = 0                 # leading layers with a dense feed-forward
     d_ffn_shared: int = 0                 # the shared expert's width (Qwen3.5-MoE), 0: none
+    n_layer_unused: int = 0               # trailing blocks the file holds that kinetic does
+                                          # not run (Qwen3.5's multi-token prediction)
     recurrent_layers: tuple[bool, ...] = ()  # per layer: a gated delta-rule layer whose
                                           # state is a recurrence (Qwen3.5); empty: none
     ssm_conv: int = 0                     # delta-rule layers: the convolution's taps,

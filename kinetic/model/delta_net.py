@@ -39,8 +39,9 @@ class Recur:
     mode [T]: FROM_SLOT, FROM_CHAIN or FROM_ZERO. state_slot [T]: the row's state slot (the
       extra slot S for padding rows). commit [T]: 1 where the row's new state becomes its
       slot's. pend [T]: where a draft row keeps its inputs (pending[slot, pend]); -1 for
-      other rows (they write the extra place K). replay_slot, replay_idx [R]: the pending inputs to apply
-      to their slots' states first, in order; n_replay [1]: how many of them are real.
+      other rows (they write the extra place K). replay_slot, replay_idx [R]: the pending
+      inputs to apply to their slots' states first, in order; n_replay [1]: how many of
+      them are real.
     """
 
     mode: jax.Array

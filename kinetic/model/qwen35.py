@@ -8,6 +8,8 @@ each head's query together with a gate of the same width (interleaved per head),
 q and k per head, rotates the first rope.dimension_count features of each (Qwen3.5's
 multi-axis rotary reduces to that for text, every axis at the token's position), and
 multiplies the attention's output by the gate's sigmoid before the output projection.
+A file's multi-token-prediction blocks (`nextn_predict_layers`, after the decoder's) are
+read past: kinetic drafts by n-gram lookup or a draft model instead.
 """
 
 from __future__ import annotations
@@ -57,8 +59,14 @@ def configure(cfg: Config, meta: dict) -> Config:
             raise ModelConfigError(f"the file has no positive {arch}.{name} (got {value!r})")
         return int(value)
     interval = key("full_attention_interval", 4)
-    recurrent = tuple((i + 1) % interval != 0 for i in range(cfg.n_layer))
-    cfg = cfg.replace(rope_neox=True, recurrent_layers=recurrent, ssm_conv=key("ssm.conv_kernel"),
+    # the multi-token-prediction blocks (draft heads) follow the decoder's: not run here
+    mtp = int(meta.get(f"{arch}.nextn_predict_layers", 0) or 0)
+    if not 0 <= mtp < cfg.n_layer:
+        raise ModelConfigError(f"{arch}.nextn_predict_layers is {mtp} of {cfg.n_layer} blocks")
+    n_layer = cfg.n_layer - mtp
+    recurrent = tuple((i + 1) % interval != 0 for i in range(n_layer))
+    cfg = cfg.replace(n_layer=n_layer, n_layer_unused=mtp, sliding_layers=(False,) * n_layer,
+                      rope_neox=True, recurrent_layers=recurrent, ssm_conv=key("ssm.conv_kernel"),
                       ssm_state=key("ssm.state_size"), ssm_k_heads=key("ssm.group_count"),
                       ssm_v_heads=key("ssm.time_step_rank"))
     if cfg.ssm_v_heads % cfg.ssm_k_heads:

@@ -181,7 +181,8 @@ def load_weights(f: GGUFFile, cfg: Config, arch: ModuleType, dtype: jnp.dtype,
             target[name] = _convert(name, dequantize(raw), dtype, raw.qtype if act_quant else None)
         if progress:
             progress(done + 1, len(wanted))
-    unused = sorted(set(f.tensors) - used)
+    skipped = tuple(f"blk.{i}." for i in range(cfg.n_layer, cfg.n_layer + cfg.n_layer_unused))
+    unused = sorted(t for t in set(f.tensors) - used if not t.startswith(skipped))
     if unused:
         raise ModelConfigError(f"{f.path}: tensors this {cfg.arch} model does not use: "
                                f"{', '.join(unused[:5])}{' ...' if len(unused) > 5 else ''}")
