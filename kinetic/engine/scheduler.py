@@ -310,12 +310,15 @@ class Scheduler:
 
     def cached_tokens(self, tokens: list[int]) -> int:
         """How many leading tokens of `tokens` the prefix cache holds: whole pages, on the
-        device or in host memory."""
+        device or in host memory (a recurrent model: up to the last one with a state
+        snapshot, where a sequence can resume)."""
         ps = self.config.page_size
         keys = extend_keys([], tokens, ps, len(tokens) // ps)
         j = len(self.pages.lookup(keys))
         while j < len(keys) and self.host is not None and keys[j] in self.host:
             j += 1
+        if self.snapshots is not None:
+            j = self.snapshots.best(keys[:j])
         return j * ps
 
     def forget(self, tokens: list[int]) -> int:
