@@ -99,9 +99,10 @@ class Engine:
     """Batched generation over one model. Thread-safe: submit/generate/cancel from anywhere."""
 
     def __init__(self, model: LoadedModel, tokenizer: Tokenizer, config: EngineConfig,
-                 draft: LoadedModel | None = None):
+                 draft: LoadedModel | None = None, images: bool = False):
         """draft: a smaller model of the same vocabulary that proposes speculative drafts
-        (otherwise n-gram lookup does, when config.speculative)."""
+        (otherwise n-gram lookup does, when config.speculative). images: requests may give
+        prompt rows as embeddings (GenerationRequest.images: a vision projector's)."""
         self.model, self.tokenizer = model, tokenizer
         self.config = config = config.resolved(model.config)
         runner_config = RunnerConfig(
@@ -112,7 +113,7 @@ class Engine:
             # a recurrent model keeps each draft row's inputs until it is verified; the
             # placeholders of decode steps are verified as drafts when pages run short
             max_draft=max(config.max_draft if config.speculative else 0,
-                          config.decode_steps - 1))
+                          config.decode_steps - 1), image_rows=images)
         self.runner = Runner(model, runner_config)
         self.drafter = DraftModel(draft, model, runner_config) if draft is not None else None
         self.host_pages = HostPageStore(config.host_cache_mb << 20)
@@ -195,6 +196,15 @@ class Engine:
         bad = [t for t in request.prompt if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})")
+        if request.images and not self.runner.config.image_rows:
+            raise ValueError("this engine takes no images (no vision projector)")
+        for image in request.images:
+            if image.embeddings.shape[1:] != (self.model.config.d_model,):
+                raise ValueError(f"image rows of width {image.embeddings.shape[1:]}, not the "
+                                 f"model's {self.model.config.d_model}")
+            if image.non_causal and len(image.embeddings) > self.config.chunk_tokens:
+                raise ValueError(f"an image of {len(image.embeddings)} rows does not fit a "
+                                 f"prompt chunk of {self.config.chunk_tokens} rows")
         if self._dead:
             raise RuntimeError(self._dead)
         seq_id = next(self._ids)
@@ -454,6 +464,7 @@ class Engine:
                         (len(item.request.prompt), self.vocab_size), np.float32)
                 seq = Sequence(item.seq_id, item.request.prompt, item.request.max_tokens)
                 seq.use_prefix_cache = not item.all_logits  # scoring needs every row
+                seq.image_keys = image_keys(item.request.images)
                 self.scheduler.add(seq)
             elif kind == "prefill":
                 seq_id, tokens, sink = item
@@ -514,7 +525,8 @@ class Engine:
                and not any(c.seq_id in self._scored for c in plan.chunks))
         logits = self.runner.step_device(plan.tokens, plan.positions, plan.slots,
                                          plan.write_index, plan.page_table,
-                                         sampled if few else None, plan.draft_rows)
+                                         sampled if few else None, plan.draft_rows,
+                                         self._image_inputs(plan))
         at_row = {r: 0 for r in sampled} if few else None
         for c in plan.chunks:
             if c.seq_id in self._prefills:
@@ -700,6 +712,25 @@ class Engine:
                               else job.mu)
             out[sid] = (tokens, None)
         return out
+
+    def _image_inputs(self, plan) -> tuple[np.ndarray, np.ndarray] | None:
+        """(mask [n], embeddings [n, D]) of the plan's image rows, or None without any."""
+        found = []
+        for c in plan.chunks:
+            job = self._jobs.get(c.seq_id)
+            for image in job.request.images if job is not None else ():
+                lo, hi = max(image.start, c.start), min(image.end, c.start + c.num_rows)
+                if lo < hi:
+                    found.append((c.first_row + lo - c.start, image.embeddings[lo - image.start:
+                                                                               hi - image.start]))
+        if not found:
+            return None
+        mask = np.zeros(len(plan), np.int64)
+        rows = np.zeros((len(plan), self.model.config.d_model), np.float32)
+        for row, embeddings in found:
+            mask[row:row + len(embeddings)] = 1
+            rows[row:row + len(embeddings)] = embeddings
+        return mask, rows
 
     def _usage(self, seq_id: int):
         usage = self._jobs[seq_id].usage()
@@ -922,6 +953,17 @@ class Engine:
                 jax.device_put(ids), jax.device_put(values),
                 jnp.zeros((T, self.vocab_size), jnp.float32), jax.device_put(np.False_))
         return self._zero_dries[T]
+
+
+def image_keys(images) -> dict[int, int]:
+    """Position -> the value a prefix-cache key hashes for each image row: negative (never a
+    token id), from the image's digest and the row's index in the image."""
+    out = {}
+    for image in images:
+        base = int.from_bytes(image.digest[:5], "little") << 16   # under 2**56
+        for i in range(len(image.embeddings)):
+            out[image.start + i] = -1 - (base + i)
+    return out
 
 
 def release_memory() -> None:

@@ -8,11 +8,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from kinetic.engine.sampling_params import SamplingParams
 from kinetic.grammar import Grammar
 
 MAX_STOP_STRINGS = 16
 MAX_LOGPROBS = 20
+
+
+@dataclass(frozen=True, eq=False)
+class ImageRows:
+    """An image's place in a prompt: prompt positions start .. start + n - 1 take the rows of
+    `embeddings` [n, d_model] (the projector's output) as their input instead of a token's
+    embedding. `digest` (the image's SHA-256) names those rows in the prefix cache's page
+    keys. non_causal: the rows attend to each other both ways (Gemma 3's images)."""
+
+    start: int
+    embeddings: np.ndarray
+    digest: bytes
+    non_causal: bool = False
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.embeddings)
 
 
 @dataclass(frozen=True)
@@ -23,7 +42,8 @@ class GenerationRequest:
     (llama-server's post_sampling_probs), instead of the raw logits'. grammar: every
     token drawn (and every drafted token kept) follows it, and end-of-generation is allowed
     only where it may end. special_text: control tokens come out as their text (always so with
-    a grammar, which matches them by their text; tool-call markers need it too)."""
+    a grammar, which matches them by their text; tool-call markers need it too). images:
+    prompt rows given as embeddings (ImageRows; their prompt ids are placeholders)."""
 
     prompt: list[int]
     params: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0))
@@ -34,6 +54,7 @@ class GenerationRequest:
     speculative: bool = True
     grammar: Grammar | None = None
     special_text: bool = False
+    images: tuple[ImageRows, ...] = ()   # prompt rows that are image embeddings, in order
 
     def __post_init__(self) -> None:
         if not self.prompt:
@@ -46,6 +67,11 @@ class GenerationRequest:
             raise ValueError(f"top_logprobs must be between 0 and {MAX_LOGPROBS}")
         if self.post_sampling and self.logprobs is None:
             raise ValueError("post_sampling needs logprobs")
+        at = 0
+        for image in self.images:
+            if image.start < at or image.end > len(self.prompt) or not len(image.embeddings):
+                raise ValueError("image rows must lie in the prompt, in order, apart")
+            at = image.end
 
 
 @dataclass(frozen=True)

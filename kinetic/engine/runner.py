@@ -44,6 +44,7 @@ class RunnerConfig:
     decode_steps: int = 1     # most greedy decode steps one device call runs (decode_steps)
     max_draft: int = 0        # most draft rows of one sequence in a step (recurrent models:
                               # the places its drafts' inputs are kept until verified)
+    image_rows: bool = False  # steps may take rows as embeddings (a vision model's images)
 
     def __post_init__(self) -> None:
         if self.step_tokens < 1:
@@ -70,6 +71,7 @@ class Runner:
         T = config.step_tokens
         self.row_buckets = ([b for b in ROW_BUCKETS if b < T] + [T]) if self.exact_rows else [T]
         self.state = RecurrentState(config) if cfg.recurrent else None
+        self._no_images: dict[int, jax.Array] = {}   # bucket -> zero embedding rows
         self._paged = [i for i in range(cfg.n_layer)
                        if not (cfg.recurrent_layers and cfg.recurrent_layers[i])]
 
@@ -114,7 +116,8 @@ class Runner:
     def step_device(self, tokens: np.ndarray, positions: np.ndarray, slots: np.ndarray,
                     write_index: np.ndarray, page_table: np.ndarray,
                     logit_rows: list[int] | None = None,
-                    drafts: np.ndarray | None = None) -> jax.Array:
+                    drafts: np.ndarray | None = None,
+                    images: tuple[np.ndarray, np.ndarray] | None = None) -> jax.Array:
         """Run one step over up to T rows (arrays of length n <= T) and update the cache.
         page_table: [S, P]. Returns the device array of logits [B, V] for every row of the
         step's bucket B >= n (rows n.. are padding). With logit_rows (kernel "ffi" only),
@@ -123,7 +126,8 @@ class Runner:
         following the target) skips the output projection at the T-row bucket ([0, V]) and
         gives row 0's logits at the smaller ones (fewer compiled shapes). drafts [n] bool:
         the rows that are unverified drafts (a recurrent model commits no state for them:
-        RecurrentState)."""
+        RecurrentState). images (config.image_rows only): (mask [n], embeddings [n, D]), the
+        rows where mask is 1 take their embedding as input instead of their token's."""
         T, n = self.config.step_tokens, len(tokens)
         if n > T:
             raise ValueError(f"{n} rows do not fit a {T}-row step")
@@ -142,11 +146,14 @@ class Runner:
             tokens, np.zeros(pad), positions, np.zeros(pad), slots, np.zeros(pad),
             write_index, RESERVED_PAGE * page_size + np.arange(pad) % page_size,
             table.ravel(), [] if rows is None else rows,
+            [] if not self.config.image_rows else self._image_mask(images, bucket),
             [] if self.state is None else self.state.plan(slots, positions, drafts, bucket)
             ]).astype(np.int32)
-        layout = (bucket, table.shape, None if rows is None else len(rows))
+        layout = (bucket, table.shape, None if rows is None else len(rows),
+                  self.config.image_rows)
         logits, self.cache = self._step(self._buffer, self._skeleton, self.cache,
-                                        jax.device_put(packed), layout)
+                                        jax.device_put(packed), layout,
+                                        self._image_embeds(images, bucket))
         return logits
 
     def decode_steps_at(self, n: int) -> int:
@@ -185,6 +192,26 @@ class Runner:
         out, self.cache = self._decode(self._buffer, self._skeleton, self.cache,
                                        jax.device_put(packed), bias, layout)
         return out
+
+    def _image_mask(self, images, bucket: int) -> np.ndarray:
+        mask = np.zeros(bucket, np.int64)
+        if images is not None:
+            mask[:len(images[0])] = images[0]
+        return mask
+
+    def _image_embeds(self, images, bucket: int) -> jax.Array | None:
+        """The step's embedding rows [bucket, D] (zeros where a row is a token), or None for
+        a runner without image rows."""
+        if not self.config.image_rows:
+            return None
+        D = self.model.config.d_model
+        if images is None:
+            if bucket not in self._no_images:
+                self._no_images[bucket] = jnp.zeros((bucket, D), jnp.float32)
+            return self._no_images[bucket]
+        rows = np.zeros((bucket, D), np.float32)
+        rows[:len(images[1])] = images[1]
+        return jnp.asarray(rows)
 
     def save_state(self, slot: int) -> StateSnapshot:
         """A copy of the slot's committed recurrent state (recurrent models only)."""
@@ -354,16 +381,18 @@ def _write_pages(cache, idx, arrays, paged):
             for i, layer in enumerate(cache)]
 
 
-def _forward(forward, cfg, buffer, skeleton, cache, packed, layout):
+def _forward(forward, cfg, buffer, skeleton, cache, packed, layout, embeds=None):
     """The model's forward (over the weights split_buffer took apart) and the StepInput
     that `packed` holds: rows tokens, positions,
     slots and write_index (each B long), the page table [S, P'] and the logit rows (R long,
     or none for all), laid out as Runner.step_device packs them; layout = (B, (S, P'), R)."""
-    B, (S, P), R = layout
+    B, (S, P), R, images = layout
     fields = [packed[i * B:(i + 1) * B] for i in range(4)]
     table = packed[4 * B:4 * B + S * P].reshape(S, P)
     at = 4 * B + S * P + (R or 0)
     rows = None if R is None else packed[4 * B + S * P:at]
+    mask = packed[at:at + B] if images else None
+    at += B if images else 0
     recur = RecurrentState.unpack(packed[at:], B) if cfg.recurrent else None
     return forward(join_buffer(buffer, skeleton), cfg, cache,
-                   StepInput(*fields, table, rows, recur))
+                   StepInput(*fields, table, rows, recur, embeds, mask))

@@ -126,6 +126,9 @@ class Sequence:
     arrival: int = -1               # order of `add`; older sequences are never preempted first
     use_prefix_cache: bool = True   # False: compute every row (teacher-forced scoring)
     prefill: bool = False           # only fills the prefix cache (add_prefill): never sampled
+    # image rows: position -> the value the page keys hash in place of the placeholder token
+    # (from the image's digest), so a cached page holds the same image's rows only
+    image_keys: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.prompt = list(self.prompt)
@@ -138,6 +141,16 @@ class Sequence:
     @property
     def n_prompt(self) -> int:
         return len(self.prompt)
+
+    @property
+    def key_tokens(self) -> list[int]:
+        """The tokens as the prefix cache's keys hash them: image rows by their image."""
+        if not self.image_keys:
+            return self.tokens
+        out = list(self.tokens)
+        for position, value in self.image_keys.items():
+            out[position] = value
+        return out
 
     @property
     def n_decoded(self) -> int:
@@ -545,7 +558,7 @@ class Scheduler:
         """Keys of the full pages of seq's known tokens that it has not computed yet."""
         ps = self.config.page_size
         full = len(seq.tokens) // ps
-        return extend_keys(seq.page_keys, seq.tokens, ps, full)[seq.num_computed // ps:full]
+        return extend_keys(seq.page_keys, seq.key_tokens, ps, full)[seq.num_computed // ps:full]
 
     def _admission_order(self) -> list[Sequence]:
         """The waiting sequences to admit into the free slots, in FIFO order, but for those
@@ -571,7 +584,7 @@ class Scheduler:
             return False
         ps = self.config.page_size
         cacheable = (len(seq.tokens) - 1) // ps
-        keys = extend_keys(seq.page_keys, seq.tokens, ps, cacheable)[:cacheable]
+        keys = extend_keys(seq.page_keys, seq.key_tokens, ps, cacheable)[:cacheable]
         j = len(self.pages.lookup(keys))
         while j < len(keys) and self.host is not None and keys[j] in self.host:
             j += 1
@@ -656,7 +669,7 @@ class Scheduler:
         # wants no logits, and its tokens are whole pages)
         last = 0 if seq.prefill else 1
         cacheable = (len(seq.tokens) - last) // ps if seq.use_prefix_cache else 0
-        keys = extend_keys(seq.page_keys, seq.tokens, ps, cacheable)[:cacheable]
+        keys = extend_keys(seq.page_keys, seq.key_tokens, ps, cacheable)[:cacheable]
         hits = self.pages.lookup(keys)
         revived = sum(self.pages.refcount(p) == 0 for p in hits)  # leave the evictable list
         # pages of the prefix that were evicted to host memory come back by copy
@@ -721,7 +734,7 @@ class Scheduler:
         parent = keys[-1] if keys else None
         pending = {key for _, key in self.pages.evicted}   # saved before this plan's restores
         for k in range(min(ps - 1, len(seq.tokens) - last - start), 0, -1):
-            kept = self._partials.get(partial_key(parent, seq.tokens[start:start + k]))
+            kept = self._partials.get(partial_key(parent, seq.key_tokens[start:start + k]))
             if kept is not None and (kept in self.host or kept in pending):
                 return kept, k
         return None
@@ -737,9 +750,9 @@ class Scheduler:
         full, k = divmod(seq.num_computed, ps)
         if k == 0 or full >= len(seq.pages):
             return
-        extend_keys(seq.page_keys, seq.tokens, ps, full)
+        extend_keys(seq.page_keys, seq.key_tokens, ps, full)
         parent = seq.page_keys[full - 1] if full else None
-        tail = seq.tokens[full * ps:full * ps + k]
+        tail = seq.key_tokens[full * ps:full * ps + k]
         kept = partial_key(parent, tail)
         if kept not in self.host:
             self.pages.evicted.append((seq.pages[full], kept))
@@ -769,7 +782,7 @@ class Scheduler:
 
     def _register_full_pages(self, seq: Sequence) -> None:
         full = seq.num_computed // self.config.page_size
-        extend_keys(seq.page_keys, seq.tokens, self.config.page_size, full)
+        extend_keys(seq.page_keys, seq.key_tokens, self.config.page_size, full)
         for i in range(seq.num_registered, full):
             self.pages.register(seq.pages[i], seq.page_keys[i])
         seq.num_registered = max(seq.num_registered, full)

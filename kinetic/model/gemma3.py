@@ -12,7 +12,7 @@ import math
 import jax
 
 from kinetic.model.config import Config
-from kinetic.model.layers import (StepInput, apply_rope, embed, geglu_ffn, linear,
+from kinetic.model.layers import (StepInput, apply_rope, input_rows, geglu_ffn, linear,
                                   output_logits, paged_attention, qkv, rms_norm, rope_angles,
                                   write_kv_pair)
 
@@ -42,7 +42,7 @@ def configure(cfg: Config, meta: dict) -> Config:
 def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
     """Logits [T, V] for the step's rows, and the cache with their K/V written."""
     T, eps = step.tokens.shape[0], cfg.norm_eps
-    x = embed(step.tokens, weights["token_embd"], cfg.embed_scale)  # [T, D]
+    x = input_rows(step, weights["token_embd"], cfg.embed_scale)  # [T, D]
     rope_global = rope_angles(step.positions, cfg, cfg.rope_base)
     rope_local = rope_angles(step.positions, cfg.replace(rope_freq_scale=1.0),
                              cfg.rope_base_local or cfg.rope_base)

@@ -38,6 +38,8 @@ class StepInput:
     page_table: [S, P] page ids of each slot's sequence, in order.
     logit_rows: [R] the rows whose logits are returned, in order (None: all T).
     recur: the recurrent layers' part (kinetic/model/delta_net.Recur; None: no such layer).
+    embeds, embed_mask: [T, D] and [T]: rows whose input is the given embedding (an image's
+      rows, where embed_mask is 1) instead of their token's (None: every row is a token).
     """
 
     tokens: jax.Array
@@ -47,6 +49,8 @@ class StepInput:
     page_table: jax.Array
     logit_rows: jax.Array | None = None
     recur: object | None = None
+    embeds: jax.Array | None = None
+    embed_mask: jax.Array | None = None
 
 
 def output_logits(x: jax.Array, step: StepInput, norm: jax.Array, output: Proj | None,
@@ -306,6 +310,15 @@ def qkv(x: jax.Array, w: dict, cfg: Config) -> tuple[jax.Array, jax.Array, jax.A
                           [w.get("attn_q.bias"), w.get("attn_k.bias"), w.get("attn_v.bias")])
     return (q.reshape(T, cfg.n_head, cfg.head_dim), k.reshape(T, cfg.n_kv_head, cfg.head_dim),
             v.reshape(T, cfg.n_kv_head, cfg.v_head_dim))
+
+
+def input_rows(step: StepInput, table: jax.Array | Proj, scale: float = 1.0) -> jax.Array:
+    """The step's input rows [T, D]: each token's embedding times `scale`, or where the step
+    gives one (an image's rows) that embedding as it is (llama.cpp scales token rows only)."""
+    x = embed(step.tokens, table, scale)
+    if step.embeds is None:
+        return x
+    return jnp.where(step.embed_mask[:, None] != 0, step.embeds, x)
 
 
 def embed(tokens: jax.Array, table: jax.Array | Proj, scale: float = 1.0) -> jax.Array:

@@ -22,7 +22,7 @@ import numpy as np
 from kinetic.model import qwen3
 from kinetic.model.config import Config, ModelConfigError
 from kinetic.model.experts import moe_ffn
-from kinetic.model.layers import (StepInput, embed, linear, output_logits, rms_norm,
+from kinetic.model.layers import (StepInput, input_rows, linear, output_logits, rms_norm,
                                   rope_angles, swiglu_ffn, write_kv_pair)
 
 GLOBAL_TENSORS = ("token_embd", "token_embd_norm")   # llama.cpp's name of LFM2's final norm
@@ -94,7 +94,7 @@ def short_conv(x: jax.Array, w: dict, cache: tuple[jax.Array, jax.Array], step: 
 def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
     """Logits [T, V] for the step's rows, and the cache with their rows written."""
     eps = cfg.norm_eps
-    x = embed(step.tokens, weights["token_embd"])
+    x = input_rows(step, weights["token_embd"])
     cos, sin = rope_angles(step.positions, cfg, cfg.rope_base)
     new_cache = []
     for i, (w, layer_cache) in enumerate(zip(weights["blk"], cache)):

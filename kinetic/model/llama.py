@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from kinetic.model.config import Config
-from kinetic.model.layers import (StepInput, apply_rope, embed, linear, output_logits,
+from kinetic.model.layers import (StepInput, apply_rope, input_rows, linear, output_logits,
                                   paged_attention, qkv, rms_norm, rope_angles, swiglu_ffn,
                                   write_kv_pair)
 
@@ -43,7 +43,7 @@ def attention_block(x: jax.Array, w: dict, kv: tuple[jax.Array, jax.Array], step
 
 def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
     """Logits [T, V] for the step's rows, and the cache with their K/V written."""
-    x = embed(step.tokens, weights["token_embd"])  # [T, D]
+    x = input_rows(step, weights["token_embd"])  # [T, D]
     cos, sin = rope_angles(step.positions, cfg, cfg.rope_base, weights.get("rope_freqs"))
     new_cache = []
     for w, kv in zip(weights["blk"], cache):

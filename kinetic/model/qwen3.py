@@ -7,7 +7,7 @@ from typing import Callable
 import jax
 
 from kinetic.model.config import Config
-from kinetic.model.layers import (StepInput, apply_rope, embed, linear, output_logits,
+from kinetic.model.layers import (StepInput, apply_rope, input_rows, linear, output_logits,
                                   paged_attention, qkv, rms_norm, rope_angles, swiglu_ffn,
                                   write_kv_pair)
 
@@ -32,7 +32,7 @@ def decoder(weights: dict, cfg: Config, cache: list, step: StepInput,
     """Qwen3's layers with `ffn(normed x, layer weights)` as the feed-forward block (a dense
     SwiGLU, or Qwen3-MoE's mixture of experts)."""
     eps = cfg.norm_eps
-    x = embed(step.tokens, weights["token_embd"])  # [T, D]
+    x = input_rows(step, weights["token_embd"])  # [T, D]
     cos, sin = rope_angles(step.positions, cfg, cfg.rope_base)
     new_cache = []
     for w, kv in zip(weights["blk"], cache):

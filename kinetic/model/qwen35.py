@@ -21,7 +21,7 @@ import numpy as np
 
 from kinetic.model.config import Config, ModelConfigError
 from kinetic.model.delta_net import conv_channels, delta_net_layer
-from kinetic.model.layers import (StepInput, apply_rope, embed, linear, linear_many,
+from kinetic.model.layers import (StepInput, apply_rope, input_rows, linear, linear_many,
                                   output_logits, paged_attention, rms_norm, rope_angles,
                                   swiglu_ffn, write_kv_pair)
 
@@ -104,7 +104,7 @@ def decoder(weights: dict, cfg: Config, cache: list, step: StepInput,
             ffn: Callable[[jax.Array, dict], jax.Array]):
     """Qwen3.5's layers with `ffn(normed x, layer weights)` as the feed-forward block."""
     eps = cfg.norm_eps
-    x = embed(step.tokens, weights["token_embd"])
+    x = input_rows(step, weights["token_embd"])
     cos, sin = rope_angles(step.positions, cfg, cfg.rope_base)
     new_cache = []
     for i, (w, layer_cache) in enumerate(zip(weights["blk"], cache)):
