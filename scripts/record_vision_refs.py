@@ -27,7 +27,15 @@ The marker: this llama-server replaces <__media__> by a random one per run (GET 
 {prompt: {prompt_string, multimodal_data: [base64 image]},
 n_predict 16, temperature 0, n_probs 20, post_sampling_probs false, cache_prompt false,
 return_tokens true}. llama-server does not return the ids of a multimodal prompt, and
-offers no endpoint for the image embeddings (see `header.embeddings`).
+offers no endpoint for the image embeddings.
+
+`embeddings` (also alone: `--embeddings-only` adds them to the existing files, checking the
+rebuilt files' SHA-256 against theirs): per image, the embedding rows of each image chunk in
+prompt order (gemma3: one; idefics3: the tiles row-major, then the global view), from
+llama-mtmd-cli (beside llama-server; `-fa off -t 2`, as the server ran) with
+MTMD_DEBUG_EMBEDDINGS=PATH. That build writes each encoded chunk to PATH as [int32 n_rows]
+[int32 n_embd][float32 rows], overwriting it chunk after chunk; PATH is a FIFO this script
+keeps open, so every chunk arrives in order.
 """
 
 from __future__ import annotations
@@ -39,9 +47,12 @@ import hashlib
 import io
 import json
 import math
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -186,6 +197,87 @@ def continuation(server: LlamaServer, prompt: str, image: bytes, marker: str) ->
             "tokens": r["tokens"], "steps": steps}
 
 
+def image_embeddings(mtmd_cli: str, text_path: Path, mmproj_path: Path, image: Path,
+                     tmp: Path) -> list[np.ndarray]:
+    """The rows of each image chunk llama-mtmd-cli encodes for `image`, in order."""
+    fifo = tmp / "embeddings.fifo"
+    if fifo.exists():
+        fifo.unlink()
+    os.mkfifo(fifo)
+    fd = os.open(fifo, os.O_RDWR)   # read and write ends: no EOF between the CLI's opens
+    chunks: list[np.ndarray] = []
+
+    def read_exactly(n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            part = os.read(fd, n - len(data))
+            if not part:
+                raise EOFError
+            data += part
+        return data
+
+    def reader() -> None:
+        try:
+            while True:
+                n_rows, n_embd = np.frombuffer(read_exactly(8), "<i4")
+                data = read_exactly(4 * int(n_rows) * int(n_embd))
+                chunks.append(np.frombuffer(data, "<f4").reshape(int(n_rows), int(n_embd)))
+        except (EOFError, OSError):
+            pass
+
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    try:
+        r = subprocess.run([mtmd_cli, "-m", str(text_path), "--mmproj", str(mmproj_path),
+                            "--image", str(image), "-p", "x", "-n", "1", "-t", "2",
+                            "-fa", "off", "--chat-template", "vicuna"],
+                           env={**os.environ, "MTMD_DEBUG_EMBEDDINGS": str(fifo)},
+                           capture_output=True, text=True, timeout=600)
+        if r.returncode:
+            raise RuntimeError(f"llama-mtmd-cli failed on {image.name}: {r.stderr[-2000:]}")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:   # the reader drains what the CLI wrote
+            n = len(chunks)
+            time.sleep(0.2)
+            if len(chunks) == n:
+                break
+    finally:
+        os.close(fd)
+        fifo.unlink()
+    if not chunks:
+        raise RuntimeError(f"llama-mtmd-cli wrote no embeddings for {image.name} (a build "
+                           "without MTMD_DEBUG_EMBEDDINGS=PATH?)")
+    return chunks
+
+
+def record_embeddings(name: str, binary: str, out: dict, tmp: Path) -> dict:
+    """`out` (a recorded file's object) with `embeddings` from llama-mtmd-cli."""
+    family, text_kwargs, mmproj_kwargs = PAIRS[name]
+    text_path = tiny_vision.write_tiny_text_model(tmp / f"{name}-text.gguf", family,
+                                                  **text_kwargs)
+    mmproj_path = tiny_vision.write_tiny_mmproj(tmp / f"{name}-mmproj.gguf", family,
+                                                **mmproj_kwargs)
+    for path, key in ((text_path, "text_sha256"), (mmproj_path, "mmproj_sha256")):
+        if hashlib.sha256(path.read_bytes()).hexdigest() != out[key]:
+            raise RuntimeError(f"{name}: the rebuilt {path.name} differs from the recorded one")
+    mtmd_cli = str(Path(binary).with_name("llama-mtmd-cli"))
+    images = {}
+    for image_name, args in IMAGES.items():
+        image = tmp / image_name
+        image.write_bytes(make_image(*args))
+        images[image_name] = [c.tolist() for c in
+                              image_embeddings(mtmd_cli, text_path, mmproj_path, image, tmp)]
+    out["embeddings"] = {
+        "what": "per image, the embedding rows of each image chunk in prompt order (gemma3: "
+                "the image; idefics3: the tiles row-major, then the global view), as "
+                "llama.cpp's mtmd encodes them (float32, rounded to 8 significant digits)",
+        "command": "MTMD_DEBUG_EMBEDDINGS=FIFO llama-mtmd-cli -m TEXT --mmproj MMPROJ "
+                   "--image IMAGE -p x -n 1 -t 2 -fa off --chat-template vicuna",
+        "images": images,
+    }
+    return out
+
+
 def record(name: str, binary: str, version: str, out_dir: Path, tmp: Path) -> Path:
     from kinetic.model.gguf_file import GGUFFile
     family, text_kwargs, mmproj_kwargs = PAIRS[name]
@@ -261,9 +353,8 @@ def record(name: str, binary: str, version: str, out_dir: Path, tmp: Path) -> Pa
                         "sampler (post_sampling_probs false)",
             "output_scale": f"{text_kwargs['output_scale']}: multiplies the final norm's "
                             "weight, as in tests/data/archs/",
-            "embeddings": "not recorded: llama-server has no endpoint for image embeddings "
-                          "(this build's libmtmd has a MTMD_DEBUG_EMBEDDINGS environment "
-                          "variable that prints them to the log, not used here)",
+            "embeddings": "llama-server has no endpoint for image embeddings: `embeddings` "
+                      "comes from llama-mtmd-cli (record_embeddings)",
             "steps_without_probabilities": f"{sum(t is None for t in tops)} of {len(tops)}",
             "median_top1_top2_gap": round(statistics.median(gaps), 4),
             "median_top1_prob": round(statistics.median(top1), 4),
@@ -280,6 +371,7 @@ def record(name: str, binary: str, version: str, out_dir: Path, tmp: Path) -> Pa
         "embedding_rows_per_tile": n_rows,
         "cases": cases,
     }
+    out = record_embeddings(name, binary, out, tmp)
     path = out_dir / f"{name}.json"
     path.write_text(json.dumps(rounded(out), ensure_ascii=False, separators=(",", ":"))
                     + "\n")
@@ -292,6 +384,8 @@ def main() -> None:
                     "bench/servers.py finds it)")
     ap.add_argument("--out", default=str(ROOT / "tests" / "data" / "vision"))
     ap.add_argument("--only", nargs="*", choices=sorted(PAIRS))
+    ap.add_argument("--embeddings-only", action="store_true",
+                    help="add llama-mtmd-cli's image embeddings to the existing files only")
     args = ap.parse_args()
     binary, version = reference_server(args.llama_server)
     out_dir = Path(args.out)
@@ -299,6 +393,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.only or PAIRS:
             t0 = time.monotonic()
+            if args.embeddings_only:
+                path = out_dir / f"{name}.json"
+                out = record_embeddings(name, binary, json.loads(path.read_text()), Path(tmp))
+                out["header"]["embeddings"] = ("llama-server has no endpoint for image "
+                                               "embeddings: `embeddings` comes from "
+                                               "llama-mtmd-cli (record_embeddings)")
+                path.write_text(json.dumps(rounded(out), ensure_ascii=False,
+                                           separators=(",", ":")) + "\n")
+                print(f"{path}: embeddings ({time.monotonic() - t0:.1f} s)", flush=True)
+                continue
             path = record(name, binary, version, out_dir, Path(tmp))
             header = json.loads(path.read_text())["header"]
             print(f"{path} ({path.stat().st_size // 1024} KiB, {time.monotonic() - t0:.1f} s, "

@@ -25,6 +25,8 @@ import math
 
 import numpy as np
 
+from kinetic.vision.images import ImageError
+
 F32 = np.float32
 
 
@@ -126,8 +128,10 @@ def idefics3_sizing(width: int, height: int, tile: int, longest_edge: int
                     ) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
     """(scaled (w, h), refined (w, h), grid (cols, rows)). Scaled: the longer side
     `longest_edge` (up or down), the other int(longest_edge / aspect) (or * aspect), made
-    even by adding one (transformers' _resize_output_size_rescale_to_max_len), at least 1;
-    refined: each scaled side rounded up to a multiple of `tile`."""
+    even by adding one (transformers' _resize_output_size_rescale_to_max_len); refined: each
+    scaled side rounded up to a multiple of `tile`. ImageError when a scaled side is 0 (an
+    image more than 2 * longest_edge times as wide as tall): llama.cpp refuses it too
+    ("resize target 96x0 is out of range")."""
     aspect = width / height
     if width >= height:
         w1, h1 = longest_edge, int(longest_edge / aspect)
@@ -135,7 +139,9 @@ def idefics3_sizing(width: int, height: int, tile: int, longest_edge: int
     else:
         w1, h1 = int(longest_edge * aspect), longest_edge
         w1 += w1 % 2
-    w1, h1 = max(w1, 1), max(h1, 1)
+    if w1 < 1 or h1 < 1:
+        raise ImageError(f"a {width}x{height} image is too narrow for this projector: "
+                         f"scaled to a longest side of {longest_edge} it has no pixels across")
     cols, rows = -(-w1 // tile), -(-h1 // tile)
     return (w1, h1), (cols * tile, rows * tile), (cols, rows)
 
