@@ -23,10 +23,11 @@ import numpy as np
 
 from kinetic.engine.engine import Engine
 from kinetic.engine.engine_config import EngineConfig
-from kinetic.engine.request import Delta, GenerationRequest
+from kinetic.engine.request import Delta, GenerationRequest, ImageRows
 from kinetic.engine.sampling_params import SamplingParams
 from kinetic.grammar import Grammar, compile_gbnf, compile_json_schema
 from kinetic.model.loader import LoadedModel, load_model
+from kinetic.text.chat_messages import MEDIA_MARKER
 from kinetic.text.chat_template import ChatTemplate
 from kinetic.text.tokenizer import Tokenizer
 
@@ -40,8 +41,10 @@ Messages = list[dict[str, Any]]
 class Model:
     """A loaded GGUF model with its tokenizer, chat template and one compiled step."""
 
-    def __init__(self, loaded: LoadedModel, tokenizer: Tokenizer, engine: Engine):
+    def __init__(self, loaded: LoadedModel, tokenizer: Tokenizer, engine: Engine,
+                 projector=None):
         self.loaded, self.tokenizer, self.engine = loaded, tokenizer, engine
+        self.projector = projector   # kinetic.vision.projector.Projector (--mmproj) or None
         self.config = loaded.config
         self.chat_template = ChatTemplate.from_metadata(loaded.file.metadata)
         # the template as given (the file's, or use_chat_template's), before kinetic's patches
@@ -88,10 +91,23 @@ class Model:
         text = self.apply_chat_template(prompt, **template_kwargs)
         return self.tokenize(text, add_special=True, parse_special=True)
 
-    def logits(self, token_ids: list[int]) -> np.ndarray:
+    def logits(self, token_ids: list[int], images: tuple[ImageRows, ...] = ()) -> np.ndarray:
         """Next-token logits at every position: float32 [len(token_ids), vocab], computed by
-        the engine's own steps (so they are the logits generation samples from)."""
-        return self.engine.score(list(token_ids))
+        the engine's own steps (so they are the logits generation samples from). images:
+        rows of token_ids that are image embeddings (image_prompt)."""
+        return self.engine.score(list(token_ids), tuple(images))
+
+    def image_prompt(self, text: str, images: list, marker: str = MEDIA_MARKER):
+        """(token ids, image rows) of a prompt `text` in which each `marker` stands for one of
+        `images` (kinetic.vision.images.Image, or PNG / JPEG bytes), laid out as llama.cpp's
+        mtmd does for this model's projector (needs --mmproj / load(mmproj=...)). Pass both
+        to `stream(ids, images=rows)` or `logits(ids, rows)`."""
+        from kinetic.vision.images import from_bytes
+        from kinetic.vision.prompt import image_prompt
+        if self.projector is None:
+            raise ValueError("this model has no vision projector (load it with mmproj=...)")
+        decoded = [from_bytes(i) if isinstance(i, (bytes, bytearray)) else i for i in images]
+        return image_prompt(self.tokenizer, self.projector, text, decoded, marker)
 
     def generate(self, prompt: str | Messages, max_tokens: int = 256, temperature: float = 0.0,
                  seed: int | None = None, *, grammar: str | Grammar | None = None,
@@ -112,14 +128,16 @@ class Model:
                temperature: float = 0.0, seed: int | None = None, *,
                params: SamplingParams | None = None, stop: tuple[str, ...] = (),
                logprobs: int | None = None, grammar: str | Grammar | None = None,
-               json_schema: dict | bool | None = None,
+               json_schema: dict | bool | None = None, images: tuple[ImageRows, ...] = (),
                **template_kwargs: Any) -> Iterator[Delta]:
         """The engine's deltas (token ids, text, log-probabilities, then the finish reason
         and usage) for a prompt given as text, messages or token ids. `params` replaces
         temperature and seed with a full SamplingParams (kinetic/engine/sampling_params);
-        `grammar` and `json_schema` as in `generate`."""
+        `grammar` and `json_schema` as in `generate`; `images` with token ids (image_prompt)."""
         request = self._request(prompt, max_tokens, temperature, seed, params, stop, logprobs,
                                 grammar, json_schema, template_kwargs)
+        if images:
+            request = dataclasses.replace(request, images=tuple(images))
         yield from self.engine.generate(request)
 
     def receipt(self, prompt: str | Messages | list[int], max_tokens: int | None = 256,
@@ -173,7 +191,8 @@ def load(path: str | os.PathLike[str], *, n_ctx: int = 4096, dtype: str = "bfloa
          parallel: int = 1, step_tokens: int = 0, page_size: int = 16,
          speculative: bool = True, draft: str | os.PathLike[str] | None = None,
          llama_rounding: bool = True, kernel: str = "auto",
-         progress: Callable[[int, int], None] | None = None) -> "Model | EmbeddingModel":
+         progress: Callable[[int, int], None] | None = None,
+         mmproj: str | os.PathLike[str] | None = None) -> "Model | EmbeddingModel":
     """Load a GGUF model for use from Python: a Model for a text model, an
     kinetic.embedding.EmbeddingModel for an embedding or ranking model (one whose file has a
     pooling type; n_ctx, kernel and progress apply to it, the rest is for generation).
@@ -187,13 +206,16 @@ def load(path: str | os.PathLike[str], *, n_ctx: int = 4096, dtype: str = "bfloa
     as half the free memory holds, up to 4; at most 64); step_tokens: most rows per step
     (0: 16, or 2 x parallel when that is more; at least parallel);
     speculative: drafting in the step's spare rows (never changes the output); draft: a
-    smaller GGUF model of the same vocabulary to draft with (else n-gram lookup).
+    smaller GGUF model of the same vocabulary to draft with (else n-gram lookup); mmproj:
+    a vision projector (llama.cpp's mmproj GGUF) for this text model: prompts with images
+    (Model.image_prompt).
     Raises a ValueError subclass naming the problem for a file that cannot be used.
     """
     config = EngineConfig(parallel=parallel, n_ctx=n_ctx, step_tokens=step_tokens,
                           page_size=page_size, speculative=speculative)
     return open_model(path, config, dtype=dtype, draft=draft, llama_rounding=llama_rounding,
-                      kernel=kernel, stage=lambda label: progress if label == "loading" else None)
+                      kernel=kernel, stage=lambda label: progress if label == "loading" else None,
+                      mmproj=mmproj)
 
 
 Stage = Callable[[str], "Callable[[int, int], None] | None"]
@@ -203,14 +225,16 @@ EMBEDDING_POOLINGS = ("none", "mean", "cls", "last")
 def open_model(path: str | os.PathLike[str], config: EngineConfig, *, dtype: str = "bfloat16",
                draft: str | os.PathLike[str] | None = None, llama_rounding: bool = True,
                kernel: str = "auto", stage: Stage | None = None,
-               compile: bool = False, pooling: str | None = None) -> "Model | EmbeddingModel":
+               compile: bool = False, pooling: str | None = None,
+               mmproj: str | os.PathLike[str] | None = None) -> "Model | EmbeddingModel":
     """A GGUF file ready to run, the one set-up of `load` and `kinetic serve`: the file read,
     its tokenizer, then an Engine over `config` for a text model (with `draft` for
     speculative decoding) or an Encoder for an embedding or ranking model. compile: every
     step shape compiled now, so that no request waits for XLA. stage(label) gives the
     progress callback of one stage ("loading", "loading the draft model", "compiling",
     "compiling the draft model"), or None. pooling: an embedding model's pooling instead of
-    the file's ("none", "mean", "cls" or "last"; llama-server's --pooling)."""
+    the file's ("none", "mean", "cls" or "last"; llama-server's --pooling). mmproj: a
+    vision projector for the text model (--mmproj), checked against it."""
     stage = stage or (lambda label: None)
     loaded = load_model(os.fspath(path), dtype=dtype, act_quant=llama_rounding,
                         progress=stage("loading"), kernel=kernel)
@@ -232,9 +256,21 @@ def open_model(path: str | os.PathLike[str], config: EngineConfig, *, dtype: str
     draft_model = None if draft is None else load_model(
         os.fspath(draft), dtype=dtype, act_quant=llama_rounding, kernel=kernel,
         progress=stage("loading the draft model"))
-    engine = Engine(loaded, tokenizer, config, draft=draft_model)
+    projector = None
+    if mmproj is not None:
+        from kinetic.vision.projector import load_projector
+        if loaded.config.task != "text":
+            raise ValueError("a vision projector (--mmproj) is for text models")
+        projector = load_projector(os.fspath(mmproj))
+        if projector.n_embd != loaded.config.d_model:
+            raise ValueError(f"{os.fspath(mmproj)} projects to width {projector.n_embd}; the "
+                             f"text model's is {loaded.config.d_model}: not its projector")
+        if projector.non_causal:
+            raise ValueError(f"{os.fspath(mmproj)}: {projector.family} images attend to "
+                             f"themselves both ways, which kinetic's attention does not do yet")
+    engine = Engine(loaded, tokenizer, config, draft=draft_model, images=projector is not None)
     if compile:
         engine.compile(progress=stage("compiling"))
         if engine.drafter is not None:
             engine.drafter.runner.compile(progress=stage("compiling the draft model"))
-    return Model(loaded, tokenizer, engine)
+    return Model(loaded, tokenizer, engine, projector)

@@ -46,3 +46,18 @@ def make_engine():
     yield make
     for e in made:
         e.close()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _free_compiled_code():
+    """Drop the XLA executables a test module compiled, after it. Each executable maps a few
+    regions of machine code, the session compiles thousands, and a process may hold at most
+    vm.max_map_count (65530) mappings: past it the next compile crashes the whole run (seen
+    as a segfault or an abort inside XLA's compiler). The engines a module closed need none
+    of them; the session's real models (loaded_real_model) compile again on their next use."""
+    yield
+    import gc
+
+    import jax
+    gc.collect()
+    jax.clear_caches()

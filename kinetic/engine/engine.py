@@ -310,11 +310,13 @@ class Engine:
             if not done:
                 self.cancel(seq_id)
 
-    def score(self, tokens: list[int]) -> np.ndarray:
+    def score(self, tokens: list[int], images: tuple = ()) -> np.ndarray:
         """Logits at every position of `tokens` ([len, V] float32), computed by the same
-        steps as generation (teacher forcing: receipts and parity use this)."""
+        steps as generation (teacher forcing: receipts and parity use this); images: rows of
+        `tokens` that are image embeddings (ImageRows)."""
         out: queue.SimpleQueue = queue.SimpleQueue()
-        request = GenerationRequest(list(tokens), max_tokens=1, speculative=False)
+        request = GenerationRequest(list(tokens), max_tokens=1, speculative=False,
+                                    images=tuple(images))
         seq_id = self.start(request, out.put, all_logits=True)
         while True:
             delta = out.get()
