@@ -11,7 +11,11 @@
 (f) a prompt chunk's rows (one slot, consecutive positions), which share one unit's key work,
     give the bits each row gets on its own (max_group=1), on every ISA and thread count;
 (g) a float16 cache holding every finite half reads the same on every path (the SIMD paths
-    convert with F16C, the scalar one in software).
+    convert with F16C, the scalar one in software);
+(h) rows whose end (last visible key) is past their position, as an image that attends to
+    itself both ways gives them (Gemma 3's): equal to the reference bitwise on every path,
+    thread count and group size, each row's bits its own, close to layers.paged_attention's
+    XLA path; rows whose end is their position keep the causal bits; a bad end is refused.
 """
 
 from __future__ import annotations
@@ -52,10 +56,13 @@ _kernel_jit = jax.jit(A.paged_attention, static_argnums=(4, 5, 6))
 _layers_jit = jax.jit(layers.paged_attention, static_argnums=(4, 5, 6))
 
 
-def jitted(q, k, v, page_table, slots, positions, scale, window=0, softcap=0.0, fn=_kernel_jit):
+def jitted(q, k, v, page_table, slots, positions, scale, window=0, softcap=0.0, fn=_kernel_jit,
+           ends=None):
     """The kernel through jit and the XLA FFI (what the engine calls)."""
+    more = {} if ends is None else {"ends": jnp.asarray(ends, jnp.int32)}
     return np.asarray(fn(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v),
-                         step_input(page_table, slots, positions), scale, window, softcap))
+                         step_input(page_table, slots, positions), scale, window, softcap,
+                         **more))
 
 
 @pytest.mark.parametrize("dtype,window,softcap", [("f32", 0, 0.0), ("f16", 5, 0.0),
@@ -169,6 +176,16 @@ def test_bad_input_is_an_error_not_a_crash():
         A.attention_host(q, k.astype(np.int8), *args[2:])
     with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
         jitted(q, k.astype(np.int8), *args[2:])
+    ends_before, ends_past = positions.copy(), positions.copy()
+    ends_before[1] = positions[1] - 1
+    ends_past[2] = table.shape[1] * PS
+    for ends in (ends_before, ends_past):
+        with pytest.raises(KernelError, match="end"):
+            A.attention_host(*args, ends=ends)
+        with pytest.raises(Exception, match="end"):
+            jitted(*args, ends=ends)
+    with pytest.raises(ValueError, match="ends must be"):
+        A.attention_host(*args, ends=positions[:3])
     # still fine afterwards
     assert np.array_equal(A.attention_host(*args), jitted(*args))
 
@@ -223,3 +240,61 @@ def test_f16_cache_of_every_finite_half():
         for threads in (1, 2):
             assert np.array_equal(A.attention_host(*args, isa=isa, threads=threads), base), isa
     assert np.array_equal(base, A.reference_attention(*args))
+
+
+def ends_case(rng, dtype):
+    """chunk_case's step with images (every row of one sees up to the image's last key): rows
+    54..65 of slot 0's first run (across a key block edge), the whole run at 0..4 of slot 1,
+    126..137 of slot 2, the last rows of slot 0's table (151..159); a single row (100) that
+    sees ten keys past itself; and slot 1's rows at 5 and 6 with ends 9 and 6 (ends that
+    fall: no group may join them)."""
+    q, k, v, table, slots, positions = chunk_case(rng, dtype)
+    ends = positions.copy()
+    for first, last in [(4, 15), (21, 25), (33, 44), (60, 68)]:
+        ends[first:last + 1] = positions[last]
+    ends[20] = positions[20] + 10
+    ends[48] = positions[48] + 4
+    return (q, k, v, table, slots, positions), ends
+
+
+@pytest.mark.parametrize("dtype,window,softcap", [("f32", 0, 0.0), ("f16", 7, 0.0),
+                                                  ("bf16", 20, 2.5)])
+def test_rows_that_see_past_their_position(dtype, window, softcap):
+    rng = np.random.default_rng(8)
+    case, ends = ends_case(rng, dtype)
+    args = (*case, 0.3, window, softcap)
+    alone = A.attention_host(*args, isa="scalar", threads=1, max_group=1, ends=ends)
+    assert np.array_equal(alone, A.reference_attention(*args, ends=ends))
+    for isa in kk.supported_isas():
+        for threads in (1, 2):
+            for max_group in (1, 3, None):
+                got = A.attention_host(*args, isa=isa, threads=threads, max_group=max_group,
+                                       ends=ends)
+                assert np.array_equal(got, alone), (isa, threads, max_group)
+    assert np.array_equal(jitted(*args, ends=ends), alone)
+    # a row's bits are its own: alone in its step, an image's row as a step of one
+    q, k, v, table, slots, positions = case
+    for t in (4, 15, 20, 22, 48, 49, 68):
+        one = A.attention_host(q[t:t + 1], k, v, table, slots[t:t + 1], positions[t:t + 1],
+                               *args[6:], ends=ends[t:t + 1])
+        assert np.array_equal(one[0], alone[t]), t
+    # rows whose end is their position keep the causal bits (no ends: the kernel's null
+    # pointer; ends = positions; jit's causal call); the others see more
+    causal = A.attention_host(*args)
+    same = ends == positions
+    assert np.array_equal(alone[same], causal[same])
+    assert not np.array_equal(alone[~same], causal[~same])
+    assert np.array_equal(A.attention_host(*args, ends=positions), causal)
+    assert np.array_equal(jitted(*args, ends=positions), causal)
+
+
+@pytest.mark.parametrize("window", [0, 7])
+def test_ends_close_to_layers_paged_attention(window):
+    rng = np.random.default_rng(9)
+    case, ends = ends_case(rng, "f32")
+    args = (*case, 0.3, window, 0.0)
+    ours = jitted(*args, ends=ends)
+    xla = jitted(*args, ends=ends, fn=_layers_jit)
+    err = np.abs(ours - xla).max() / np.abs(xla).max()
+    assert err < 1e-5, err
+    assert not np.allclose(xla, jitted(*args, fn=_layers_jit))  # the ends were honoured

@@ -1,15 +1,22 @@
 """Paged attention in C++ (csrc/attention.h), batch-invariant by construction: a row's output
-bits depend only on its own query, its slot's keys and values and its position, never on the
-other rows of the step, on T, on the page table's width, on the thread count or on the ISA.
+bits depend only on its own query, its slot's keys and values, its position and its end,
+never on the other rows of the step, on T, on the page table's width, on the thread count or
+on the ISA.
 
-    paged_attention(q, k_cache, v_cache, step, scale, window=0, softcap=0.0)
+    paged_attention(q, k_cache, v_cache, step, scale, window=0, softcap=0.0, ends=None)
         layers.paged_attention's signature and meaning, through the XLA FFI (jit, CPU)
-    attention_host(q, k_cache, v_cache, page_table, slots, positions, scale, ...)
+    attention_host(q, k_cache, v_cache, page_table, slots, positions, scale, ..., ends=None)
         the same kernel on numpy arrays through the C ABI, on a chosen ISA and thread count
-    reference_attention(...)
+    reference_attention(..., ends=None)
         numpy, float32, the kernel's own order of operations (bitwise equal to it)
 
-The arithmetic per (row t, query head h), keys l = lo..pos of the row's slot in order:
+Row t sees the keys lo..end of its slot: end = ends[t] (>= positions[t]; None: the
+positions, causal), lo = 0, or max(0, positions[t] - window + 1) with a window (always from
+the row's own position). An image that attends to itself both ways (Gemma 3's) gives each of
+its rows the image's last position as end, as llama.cpp masks key p0 for query p1 when
+(causal and p0 > p1) or p1 - p0 >= n_swa.
+
+The arithmetic per (row t, query head h), keys l = lo..end of the row's slot in order:
 qs = round_to_cache_dtype(q) * scale; score_l = sum over j in order of qs[j] * k_l[j]
 (each product rounded, then added); optional softcap * tanhf(score / softcap);
 p_l = expf(score_l - max); out = (sum over l in order of p_l * v_l) / (sum over l of p_l).
@@ -39,17 +46,20 @@ def _fmt(dtype) -> int:
 
 
 def paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, step, scale: float,
-                    window: int = 0, softcap: float = 0.0) -> jax.Array:
-    """Causal attention of each row's queries q [T, H, Q] over its own slot's keys
-    (step.page_table [S, P], step.slots [T], step.positions [T]); k_cache
+                    window: int = 0, softcap: float = 0.0, ends=None) -> jax.Array:
+    """Attention of each row's queries q [T, H, Q] over its own slot's keys
+    (step.page_table [S, P], step.slots [T], step.positions [T]) up to its end (ends [T],
+    each >= the row's position; None: the positions, causal); k_cache
     [pages, page_size, K, Q], v_cache [pages, page_size, K, Qv]. Returns f32 [T, H, Qv]."""
     ffi.register()
     _fmt(k_cache.dtype), _fmt(v_cache.dtype)
     T, H, _ = q.shape
+    positions = step.positions.astype(jnp.int32)
+    ends = positions if ends is None else jnp.asarray(ends).astype(jnp.int32)
     out = jax.ShapeDtypeStruct((T, H, v_cache.shape[-1]), jnp.float32)
     return jax.ffi.ffi_call("kinetic_attention", out)(
         q.astype(jnp.float32), k_cache, v_cache, step.page_table.astype(jnp.int32),
-        step.slots.astype(jnp.int32), step.positions.astype(jnp.int32),
+        step.slots.astype(jnp.int32), positions, ends,
         scale=np.float32(scale), window=np.int64(window), softcap=np.float32(softcap))
 
 
@@ -59,7 +69,7 @@ def _host_lib() -> ctypes.CDLL:
     if not _host_ready:
         i64, i32, ptr, f32 = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
         lib.kn_attention.argtypes = [ptr, i64, i64, i64, ptr, i32, ptr, i32, i64, i64, i64, i64,
-                                     ptr, i64, i64, ptr, ptr, f32, i64, f32, ptr, i32, i32,
+                                     ptr, i64, i64, ptr, ptr, ptr, f32, i64, f32, ptr, i32, i32,
                                      i32, ctypes.c_char_p, i32]
         _host_ready = True
     return lib
@@ -67,11 +77,13 @@ def _host_lib() -> ctypes.CDLL:
 
 def attention_host(q, k_cache, v_cache, page_table, slots, positions, scale: float,
                    window: int = 0, softcap: float = 0.0, isa: str | None = None,
-                   threads: int = 1, max_group: int | None = None) -> np.ndarray:
+                   threads: int = 1, max_group: int | None = None, ends=None) -> np.ndarray:
     """The kernel on numpy arrays (C ABI). isa: a path from kernels.supported_isas()
     (default: the active one); max_group: most rows of a prompt chunk (one slot,
     consecutive positions) that share a unit's key work, 1 for every row on its own
-    (default: the kernel's). Raises kernels.KernelError with the kernel's message."""
+    (default: the kernel's); ends: [T] each row's last visible key (None: the positions,
+    passed to the kernel as a null pointer). Raises kernels.KernelError with the kernel's
+    message."""
     lib = _host_lib()
     q = np.ascontiguousarray(q, dtype=np.float32)
     k_cache, v_cache = np.ascontiguousarray(k_cache), np.ascontiguousarray(v_cache)
@@ -84,15 +96,17 @@ def attention_host(q, k_cache, v_cache, page_table, slots, positions, scale: flo
     pages, page_size, K, Qk = k_cache.shape
     if Qk != Q or v_cache.shape[:3] != k_cache.shape[:3]:
         raise ValueError(f"cache shapes {k_cache.shape}, {v_cache.shape} do not fit q {q.shape}")
-    if slots.shape != (T,) or positions.shape != (T,):
-        raise ValueError("slots and positions must be [T]")
+    ends = None if ends is None else np.ascontiguousarray(ends, dtype=np.int32)
+    if slots.shape != (T,) or positions.shape != (T,) or getattr(ends, "shape", (T,)) != (T,):
+        raise ValueError("slots, positions and ends must be [T]")
     Qv = v_cache.shape[3]
     out = np.empty((T, H, Qv), np.float32)
     code = kernels.ISAS.index(isa) if isa is not None else lib.kn_active_isa()
     kernels._call(lib.kn_attention, q.ctypes.data, T, H, Q, k_cache.ctypes.data,
                   _fmt(k_cache.dtype), v_cache.ctypes.data, _fmt(v_cache.dtype), pages,
                   page_size, K, Qv, page_table.ctypes.data, page_table.shape[0],
-                  page_table.shape[1], slots.ctypes.data, positions.ctypes.data, float(scale),
+                  page_table.shape[1], slots.ctypes.data, positions.ctypes.data,
+                  None if ends is None else ends.ctypes.data, float(scale),
                   int(window), float(softcap), out.ctypes.data, code, int(threads),
                   int(max_group or 0))
     return out
@@ -109,7 +123,7 @@ def _libm():
 
 
 def reference_attention(q, k_cache, v_cache, page_table, slots, positions, scale: float,
-                        window: int = 0, softcap: float = 0.0) -> np.ndarray:
+                        window: int = 0, softcap: float = 0.0, ends=None) -> np.ndarray:
     """The kernel's arithmetic in numpy float32, in its order (module docstring): the
     scores as a loop over j of vectors across keys (lane-per-key order), the values as a
     loop over keys of vectors across j. Slow; for tests."""
@@ -125,8 +139,9 @@ def reference_attention(q, k_cache, v_cache, page_table, slots, positions, scale
     out = np.zeros((T, H, vc.shape[3]), np.float32)
     for t in range(T):
         pos, slot = int(positions[t]), int(slots[t])
+        end = pos if ends is None else int(ends[t])
         lo = max(0, pos - window + 1) if window > 0 else 0
-        ls = np.arange(lo, pos + 1)
+        ls = np.arange(lo, end + 1)
         pages = np.asarray(page_table)[slot, ls // page_size]
         keys, vals = kc[pages, ls % page_size], vc[pages, ls % page_size]  # [n, K, *]
         for h in range(H):

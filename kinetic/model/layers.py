@@ -237,8 +237,14 @@ def write_kv(cache: jax.Array, new: jax.Array, write_index: jax.Array) -> jax.Ar
 
 def paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, step: StepInput,
                     scale: float, window: int = 0, softcap: float = 0.0,
-                    kernel: str = "xla") -> jax.Array:
-    """Causal attention of each row's queries q [T, H, Q] over its own sequence's keys.
+                    kernel: str = "xla", ends: jax.Array | None = None) -> jax.Array:
+    """Attention of each row's queries q [T, H, Q] over its own sequence's keys, causal
+    unless ends says otherwise.
+
+    ends [T]: each row's last visible key (>= its position), for an image whose rows attend
+    to each other both ways; None: the positions. A window's lower bound is always from the
+    row's own position (llama.cpp masks key p0 for query p1 when (causal and p0 > p1) or
+    p1 - p0 >= n_swa).
 
     kernel "ffi": kinetic's C++ kernel (kinetic/kernels/attention.py), which walks only the
     row's own visible keys in one fixed order: a row's bits depend neither on T nor on the
@@ -252,7 +258,8 @@ def paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, step: 
     zeros. Returns [T, H, Qv].
     """
     if kernel == "ffi":
-        return native_attention.paged_attention(q, k_cache, v_cache, step, scale, window, softcap)
+        return native_attention.paged_attention(q, k_cache, v_cache, step, scale, window, softcap,
+                                                ends)
     T, H, Q = q.shape
     S, P = step.page_table.shape
     page_size, K, Qv = k_cache.shape[1], k_cache.shape[2], v_cache.shape[-1]
@@ -262,7 +269,8 @@ def paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, step: 
     qg = q.reshape(T, K, H // K, Q) * scale  # [T, K, G, Q]
     key_pos = jnp.arange(L, dtype=jnp.int32)[None, :]
     pos = step.positions[:, None]
-    visible = key_pos <= pos  # [T, L]
+    end = pos if ends is None else jnp.asarray(ends, jnp.int32)[:, None]
+    visible = key_pos <= end  # [T, L]
     if window:
         visible &= key_pos > pos - window
     out = None

@@ -23,17 +23,20 @@ void run_unit(Isa isa, const AttnArgs& a, int64_t t0, int64_t R, int64_t kh, flo
 
 struct Group { int64_t t0, R; };  // rows t0..t0+R-1
 
-// The step's groups: each run of rows of one slot at consecutive positions (a prompt
-// chunk: the scheduler puts its rows together) cut into as few near-equal pieces of at
-// most cap rows as there can be; any other row is a group of one.
+// The step's groups: each run of rows of one slot at consecutive positions whose ends
+// never decrease (a prompt chunk: the scheduler puts its rows together; an image's rows
+// share one end) cut into as few near-equal pieces of at most cap rows as there can be;
+// any other row is a group of one. So the group's last row has its largest end and its
+// first row the smallest lo, and attention_group_span covers every row's keys.
 std::vector<Group> make_groups(const AttnArgs& a, int64_t cap) {
   std::vector<Group> groups;
   for (int64_t t = 0; t < a.T;) {
-    int64_t end = t + 1;
-    while (end < a.T && a.slots[end] == a.slots[t] &&
-           a.positions[end] == int64_t(a.positions[end - 1]) + 1)
-      ++end;
-    const int64_t run = end - t, pieces = (run + cap - 1) / cap;
+    int64_t stop = t + 1;
+    while (stop < a.T && a.slots[stop] == a.slots[t] &&
+           a.positions[stop] == int64_t(a.positions[stop - 1]) + 1 &&
+           attention_end(a, stop) >= attention_end(a, stop - 1))
+      ++stop;
+    const int64_t run = stop - t, pieces = (run + cap - 1) / cap;
     for (int64_t p = 0; p < pieces; ++p) {
       const int64_t R = run / pieces + (p < run % pieces ? 1 : 0);
       groups.push_back({t, R});
@@ -79,6 +82,10 @@ const char* check_attention(const AttnArgs& a) {
     if (a.slots[t] < 0 || a.slots[t] >= a.S) return "a row's slot is outside [0, S)";
     if (a.positions[t] < 0 || a.positions[t] >= a.P * a.page_size)
       return "a row's position is negative or past its page table (P * page_size keys)";
+    if (a.ends && a.ends[t] < a.positions[t])
+      return "a row's end (its last visible key) is before its position";
+    if (a.ends && a.ends[t] >= a.P * a.page_size)
+      return "a row's end (its last visible key) is past its page table (P * page_size keys)";
   }
   return nullptr;
 }

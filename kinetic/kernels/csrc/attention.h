@@ -2,9 +2,13 @@
 // output bits depend only on its own query, its own slot's keys and values, and its position:
 // never on the other rows of the step, on T, on S or P, on the thread count or on the ISA.
 //
-// For row t (slot s = slots[t], position pos = positions[t]) and query head h (kv head
-// kh = h / (H / K)), the visible keys are l = lo..pos (lo = 0, or max(0, pos - window + 1)
-// with a window), key l being row l % page_size of page page_table[s, l / page_size]:
+// For row t (slot s = slots[t], position pos = positions[t], end e = ends[t], or pos
+// without ends) and query head h (kv head kh = h / (H / K)), the visible keys are
+// l = lo..e (lo = 0, or max(0, pos - window + 1) with a window: the window's lower bound is
+// always from the row's own position), key l being row l % page_size of page
+// page_table[s, l / page_size]. Causal rows have e = pos; a row of an image that attends to
+// itself both ways (Gemma 3's) has e = the image's last position, e >= pos, as llama.cpp
+// masks key p0 for query p1 when (causal and p0 > p1) or p1 - p0 >= window:
 //
 //   qs[j]    = round_to_cache_dtype(q[t, h, j]) * scale                 (f32)
 //   score_l  = ((0 + qs[0]*k_l[0]) + qs[1]*k_l[1]) + ... + qs[Q-1]*k_l[Q-1]
@@ -12,8 +16,8 @@
 //   score_l  = softcap * tanhf(score_l / softcap)                       (if softcap > 0)
 //   m        = max_l score_l
 //   p_l      = expf(score_l - m)
-//   den      = ((0 + p_lo) + p_lo+1) + ... + p_pos
-//   o[j]     = ((0 + p_lo*v_lo[j]) + p_lo+1*v_lo+1[j]) + ... + p_pos*v_pos[j]
+//   den      = ((0 + p_lo) + p_lo+1) + ... + p_e
+//   o[j]     = ((0 + p_lo*v_lo[j]) + p_lo+1*v_lo+1[j]) + ... + p_e*v_e[j]
 //   out[t, h, j] = o[j] / den
 //
 // q is rounded to the cache's storage type first, as layers.paged_attention does (llama.cpp
@@ -26,13 +30,14 @@
 // float lose nothing); the one exception is a signalling-NaN half, which the SIMD paths'
 // hardware conversion reads quieted, and which no KV cache holds (attention_impl.h).
 //
-// A prompt chunk's rows (one slot, consecutive positions) run as one unit, a group: their
-// keys together are gathered, converted and moved to a lane per key once, block by block,
-// each block is scored for every row of the group that sees some of its keys, and each
-// value row is converted once for all the rows that weigh it. A key's score is the same sum
-// whichever rows share its block, a row reads only the scores of its own keys lo..pos, and
-// its softmax and value sums run over them in the order above; so a group, like the thread
-// split, changes no bit of any row.
+// A prompt chunk's rows (one slot, consecutive positions, ends that never decrease: an
+// image's rows share one end, the rows after it go on from there) run as one unit, a group:
+// their keys together (the first row's lo to the last row's end) are gathered, converted
+// and moved to a lane per key once, block by block, each block is scored for every row of
+// the group that sees some of its keys, and each value row is converted once for all the
+// rows that weigh it. A key's score is the same sum whichever rows share its block, a row
+// reads only the scores of its own keys lo..e, and its softmax and value sums run over them
+// in the order above; so a group, like the thread split, changes no bit of any row.
 #pragma once
 
 #include <cstdint>
@@ -50,6 +55,8 @@ struct AttnArgs {
   const int32_t* page_table; // [S, P]
   const int32_t* slots;      // [T]
   const int32_t* positions;  // [T]
+  const int32_t* ends;       // [T] each row's last visible key, >= its position; nullptr:
+                             // the positions (causal)
   float* out;                // [T, H, Qv]
   int64_t T, H, K, Q, Qv;
   int64_t num_pages, page_size, S, P;
@@ -71,22 +78,29 @@ constexpr int64_t ATTN_MAX_GROUP = 16;  // most rows of a prompt chunk in one un
 const char* attention(const AttnArgs& a, Isa isa, int threads, const Schedule& schedule,
                       int64_t max_group = ATTN_MAX_GROUP);
 
-// Row t's visible keys lo..lo+n-1 and the scores' length npad (whole key blocks); a
-// checked row has 0 <= pos, so n >= 1.
+// Row t's last visible key: ends[t], or its position without ends.
+inline int64_t attention_end(const AttnArgs& a, int64_t t) {
+  return a.ends ? a.ends[t] : a.positions[t];
+}
+
+// Row t's visible keys lo..lo+n-1 (lo from its position and the window, the last its end)
+// and the scores' length npad (whole key blocks); a checked row has 0 <= pos <= end, so
+// n >= 1.
 struct AttnSpan { int64_t lo, n, npad; };
 inline AttnSpan attention_span(const AttnArgs& a, int64_t t) {
   const int64_t pos = a.positions[t];
   int64_t lo = a.window > 0 ? pos - a.window + 1 : 0;
   if (lo < 0) lo = 0;
-  const int64_t n = pos - lo + 1;
+  const int64_t n = attention_end(a, t) - lo + 1;
   return {lo, n, (n + ATTN_KEY_BLOCK - 1) / ATTN_KEY_BLOCK * ATTN_KEY_BLOCK};
 }
 
-// The keys of a group, rows t0..t0+R-1 of one slot at consecutive positions (R = 1: any
-// row): from the first row's lo to the last row's position, scored in whole key blocks
-// from there (npad). Row t0 + r's own keys are a part of them, from attention_span's lo.
+// The keys of a group, rows t0..t0+R-1 of one slot at consecutive positions with ends that
+// never decrease (R = 1: any row): from the first row's lo to the last row's end, scored
+// in whole key blocks from there (npad). Row t0 + r's own keys are a part of them, from
+// attention_span's lo to its end.
 inline AttnSpan attention_group_span(const AttnArgs& a, int64_t t0, int64_t R) {
-  const int64_t lo = attention_span(a, t0).lo, n = a.positions[t0 + R - 1] - lo + 1;
+  const int64_t lo = attention_span(a, t0).lo, n = attention_end(a, t0 + R - 1) - lo + 1;
   return {lo, n, (n + ATTN_KEY_BLOCK - 1) / ATTN_KEY_BLOCK * ATTN_KEY_BLOCK};
 }
 

@@ -305,7 +305,7 @@ void KN_ATTN_UNIT(const AttnArgs& a, int64_t t0, int64_t R, int64_t kh, float* s
   int64_t first[ATTN_MAX_GROUP], last[ATTN_MAX_GROUP];
   for (int64_t r = 0; r < R; ++r) {
     first[r] = attention_span(a, t0 + r).lo - L0;
-    last[r] = a.positions[t0 + r] - L0;
+    last[r] = attention_end(a, t0 + r) - L0;
   }
 
   // qs = round_to_cache_dtype(q) * scale, for the G query heads of kv head kh of each row
@@ -323,7 +323,7 @@ void KN_ATTN_UNIT(const AttnArgs& a, int64_t t0, int64_t R, int64_t kh, float* s
     for (int64_t i = 0; i < KB; ++i)
       rp[i] = i < nb ? row_f32(a.k_fmt, a.k, rows[b0 + i] * Q, Q, kbuf + i * Q) : zeros;
     transpose_keys(rp, Q, kt);
-    // the rows that see a key of the block, r0..r1-1: first[] and last[] grow with r, so
+    // the rows that see a key of the block, r0..r1-1: first[] and last[] never fall with r, so
     // they are the rows before the first that starts past the block, from the first that
     // ends in it or later; their (row, head)s rg are r0 * G .. r1 * G - 1, scored in pairs
     int64_t r0 = 0, r1 = R;

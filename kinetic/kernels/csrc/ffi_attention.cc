@@ -4,8 +4,10 @@
 //
 //   kinetic_attention(q f32[T, H, Q], k_cache [pages, page_size, K, Q],
 //                     v_cache [pages, page_size, K, Qv], page_table s32[S, P], slots s32[T],
-//                     positions s32[T]; scale f32, window s64, softcap f32)
+//                     positions s32[T], ends s32[T]; scale f32, window s64, softcap f32)
 //     -> out f32[T, H, Qv]         (the caches: f32, f16 or bf16, each on its own)
+//
+// ends: each row's last visible key (attention.h), the positions themselves when causal.
 #include <string>
 
 #include "attention.h"
@@ -25,8 +27,8 @@ ffi::Error bad(const std::string& msg) {
 ffi::Error Attention(ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k_cache,
                      ffi::AnyBuffer v_cache, ffi::Buffer<ffi::S32> page_table,
                      ffi::Buffer<ffi::S32> slots, ffi::Buffer<ffi::S32> positions,
-                     ffi::ResultBuffer<ffi::F32> out, float scale, int64_t window,
-                     float softcap) {
+                     ffi::Buffer<ffi::S32> ends, ffi::ResultBuffer<ffi::F32> out,
+                     float scale, int64_t window, float softcap) {
   auto qd = q.dimensions(), kd = k_cache.dimensions(), vd = v_cache.dimensions();
   auto pd = page_table.dimensions(), od = out->dimensions();
   if (qd.size() != 3) return bad("q must be [T, H, Q]");
@@ -38,8 +40,9 @@ ffi::Error Attention(ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k_cache,
   if (vd[0] != kd[0] || vd[1] != kd[1] || vd[2] != K)
     return bad("v_cache's pages, page size or kv heads differ from k_cache's");
   if (slots.dimensions().size() != 1 || slots.dimensions()[0] != T ||
-      positions.dimensions().size() != 1 || positions.dimensions()[0] != T)
-    return bad("slots and positions must be [T] with T = q's rows");
+      positions.dimensions().size() != 1 || positions.dimensions()[0] != T ||
+      ends.dimensions().size() != 1 || ends.dimensions()[0] != T)
+    return bad("slots, positions and ends must be [T] with T = q's rows");
   if (od.size() != 3 || od[0] != T || od[1] != H || od[2] != Qv)
     return bad("out must be [T, H, Qv]");
   const int k_fmt = kn::cache_fmt(k_cache.element_type()), v_fmt = kn::cache_fmt(v_cache.element_type());
@@ -54,6 +57,7 @@ ffi::Error Attention(ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k_cache,
   a.page_table = page_table.typed_data();
   a.slots = slots.typed_data();
   a.positions = positions.typed_data();
+  a.ends = ends.typed_data();
   a.out = out->typed_data();
   a.T = T; a.H = H; a.K = K; a.Q = Q; a.Qv = Qv;
   a.num_pages = kd[0]; a.page_size = kd[1]; a.S = pd[0]; a.P = pd[1];
@@ -74,6 +78,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kinetic_attention, Attention,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()

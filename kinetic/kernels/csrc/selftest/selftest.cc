@@ -1,6 +1,7 @@
 // A standalone check of the kernels for sanitizer builds (scripts/sanitize_kernels.sh): every
 // format, every ISA path this CPU has, 1 and 2 threads, several M; attention over random
-// float32, float16 and bfloat16 caches, single rows and prompt chunks; the row pieces. Each
+// float32, float16 and bfloat16 caches, single rows, prompt chunks and rows that see past
+// their position (ends: an image attending to itself both ways); the row pieces. Each
 // path must give the reference path's bits. Exit status 0 when every case matches; the
 // sanitizers abort on any undefined behaviour or bad access.
 #include <array>
@@ -106,10 +107,13 @@ std::vector<uint8_t> cache_bytes(int fmt, const std::vector<float>& x) {
   return b;
 }
 
-// Two steps over float32, float16 and bfloat16 caches: single rows of two slots, and
-// prompt chunks (runs of rows of one slot at consecutive positions, one across a key block
-// edge and longer than a group) beside single rows. Every path, thread count and group
-// size must give the bits of the scalar path with every row on its own.
+// Three steps over float32, float16 and bfloat16 caches: single rows of two slots, prompt
+// chunks (runs of rows of one slot at consecutive positions, one across a key block edge
+// and longer than a group) beside single rows, and the same chunks with ends: images whose
+// rows all see the image's last key (one inside the long run, across the key block edge,
+// one a whole run), single rows that see past themselves. Every path, thread count and group
+// size must give the bits of the scalar path with every row on its own; ends equal to the
+// positions must give the bits of no ends; a bad end must be refused.
 void check_attention(std::mt19937& rng) {
   std::normal_distribution<float> normal;
   const int64_t H = 6, K = 2, Q = 40, Qv = 24, pages = 41, ps = 4, S = 2, P = 20;
@@ -123,17 +127,23 @@ void check_attention(std::mt19937& rng) {
   for (auto [slot, pos, n] : {std::array<int, 3>{0, 55, 20}, {1, 0, 5}, {1, 70, 1},
                               {0, 3, 1}, {1, 5, 3}})
     for (int i = 0; i < n; ++i) chunk_slots.push_back(slot), chunk_positions.push_back(pos + i);
+  std::vector<int32_t> chunk_ends = chunk_positions;  // images: rows 3..13 (58..68), 20..24
+  for (int i = 3; i <= 13; ++i) chunk_ends[size_t(i)] = 68;
+  for (int i = 20; i <= 24; ++i) chunk_ends[size_t(i)] = 4;
+  chunk_ends[25] = 75;  // slot 1's row at 70 sees 71..75 too
+  chunk_ends[27] = 9;   // slot 1's row at 5 sees 6..9; the rows at 6 and 7 end before it
   for (int fmt : {F32, F16, BF16}) {
     const std::vector<uint8_t> kc = cache_bytes(fmt, kf), vc = cache_bytes(fmt, vf);
-    for (int chunks : {0, 1}) {
+    for (int chunks : {0, 1, 2}) {  // 2: the chunks with ends
       const std::vector<int32_t>& slots = chunks ? chunk_slots : rows_slots;
       const std::vector<int32_t>& positions = chunks ? chunk_positions : rows_positions;
+      const int32_t* ends = chunks == 2 ? chunk_ends.data() : nullptr;
       const int64_t T = int64_t(slots.size());
       std::vector<float> q(size_t(T * H * Q));
       for (auto& x : q) x = normal(rng);
       for (auto [window, softcap] : {std::pair<int64_t, float>{0, 0.f}, {5, 0.f}, {0, 2.f}}) {
         AttnArgs a{q.data(), kc.data(), vc.data(), fmt, fmt, table.data(), slots.data(),
-                   positions.data(), nullptr, T, H, K, Q, Qv, pages, ps, S, P, 0.125f,
+                   positions.data(), ends, nullptr, T, H, K, Q, Qv, pages, ps, S, P, 0.125f,
                    window, softcap};
         std::vector<float> ref(size_t(T * H * Qv));
         a.out = ref.data();
@@ -152,12 +162,33 @@ void check_attention(std::mt19937& rng) {
               char what[128];
               std::snprintf(what, sizeof(what),
                             "attention fmt %d %s %s threads %d group %lld window %lld", fmt,
-                            chunks ? "chunks" : "rows", isa_name(isa), threads,
-                            (long long)group, (long long)window);
+                            chunks == 2 ? "ends" : chunks ? "chunks" : "rows", isa_name(isa),
+                            threads, (long long)group, (long long)window);
               expect_same(ref, y, what);
             }
         }
+        if (chunks == 1) {  // ends equal to the positions: the causal bits
+          std::vector<float> y(ref.size());
+          a.ends = positions.data();
+          a.out = y.data();
+          attention(a, best_isa(), 2, thread_schedule());
+          expect_same(ref, y, "attention with ends = positions");
+        }
       }
+    }
+  }
+  // a bad end is refused: before its row's position, or past its page table
+  for (int32_t bad : {54, int32_t(P * ps)}) {
+    std::vector<int32_t> ends = chunk_ends;
+    ends[0] = bad;  // row 0 is at position 55
+    std::vector<float> q(size_t(int64_t(ends.size()) * H * Q)), y(size_t(ends.size()) * H * Qv);
+    AttnArgs a{q.data(), kf.data(), vf.data(), F32, F32, table.data(), chunk_slots.data(),
+               chunk_positions.data(), ends.data(), y.data(), int64_t(ends.size()), H, K, Q,
+               Qv, pages, ps, S, P, 0.125f, 0, 0.f};
+    const char* e = attention(a, ISA_SCALAR, 1, Schedule());
+    if (!e || !std::strstr(e, "end")) {
+      std::printf("MISMATCH: attention took a row's end %d\n", bad);
+      ++failures;
     }
   }
   std::vector<float> q(size_t(7 * H * Q)), w(Q), y(q.size()), c(q.size()), s(q.size());
