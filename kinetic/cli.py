@@ -38,9 +38,13 @@ def resolve_model(name: str) -> str:
 def cmd_run(args: argparse.Namespace) -> int:
     path = resolve_model(args.model)
     draft = resolve_model(args.model_draft) if args.model_draft else None
+    if args.image and not args.mmproj:
+        print("kinetic run: --image needs --mmproj (the model's vision projector)",
+              file=sys.stderr)
+        return 2
     import kinetic.llm
     model = kinetic.llm.load(path, n_ctx=args.ctx_size, dtype=args.dtype, draft=draft,
-                             progress=progress_printer("loading"))
+                             progress=progress_printer("loading"), mmproj=args.mmproj)
     if getattr(model, "kind", "text") != "text":
         what, route = (("an embedding", "/v1/embeddings") if model.kind == "embedding"
                        else ("a ranking", "/v1/rerank"))
@@ -48,10 +52,37 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"it (kinetic serve) for {route}, or use kinetic.load(...) in Python",
               file=sys.stderr)
         return 1
+    if args.image:
+        return _run_with_images(model, args)
     prompt = [{"role": "user", "content": args.prompt}] if args.chat else args.prompt
     for piece in model.generate(prompt, max_tokens=args.n_predict, temperature=args.temp,
                                 seed=args.seed):
         print(piece, end="", flush=True)
+    print()
+    return 0
+
+
+def _run_with_images(model, args: argparse.Namespace) -> int:
+    """kinetic run --image: each <__media__> of the prompt (none: all of them before it, as
+    llama-mtmd-cli puts them) stands for the next image."""
+    from kinetic.text.chat_messages import MEDIA_MARKER
+    from kinetic.vision.images import ImageError, from_bytes
+    text = args.prompt if MEDIA_MARKER in args.prompt else (
+        MEDIA_MARKER * len(args.image) + args.prompt)
+    if args.chat:
+        text = model.apply_chat_template([{"role": "user", "content": text}])
+    try:
+        images = []
+        for name in args.image:
+            with open(name, "rb") as f:
+                images.append(from_bytes(f.read()))
+        ids, rows = model.image_prompt(text, images)
+    except (OSError, ImageError) as e:
+        print(f"kinetic run: --image: {e}", file=sys.stderr)
+        return 1
+    for delta in model.stream(ids, args.n_predict, temperature=args.temp, seed=args.seed,
+                              images=rows):
+        print(delta.text, end="", flush=True)
     print()
     return 0
 
@@ -121,9 +152,6 @@ def serve_options(args: argparse.Namespace):
     from kinetic.api.core import ServerConfig
     from kinetic.api.server import ModelOptions
     from kinetic.engine.engine_config import EngineConfig, auto_step_tokens
-    if args.mmproj:
-        raise SystemExit("kinetic serve: --mmproj: vision models are not supported yet; "
-                         "serve the text model without it")
     if args.sign_key:
         from kinetic.api.receipt import use_signing_key
         from kinetic.receipts import ReceiptError
@@ -189,8 +217,10 @@ def serve_options(args: argparse.Namespace):
                           **given)
     model = resolve_model(args.model or args.model_flag)
     draft = resolve_model(args.model_draft) if args.model_draft else None
+    if args.mmproj and not os.path.isfile(args.mmproj):
+        raise SystemExit(f"kinetic serve: --mmproj {args.mmproj}: no such file")
     return config, ModelOptions(model, engine, args.dtype, draft, _sampling(args),
-                                _chat_template(args), args.pooling)
+                                _chat_template(args), args.pooling, args.mmproj)
 
 
 def _names(value: str | None) -> tuple[str, ...]:
@@ -400,7 +430,10 @@ def _add_serve(sub) -> None:
                        "true) with this Ed25519 private key, PEM PKCS#8 (kinetic keygen FILE "
                        "writes one); a key that cannot be used fails at start")
     serve.add_argument("--mmproj", metavar="FILE",
-                       help="vision projector: refused, vision models are not supported yet")
+                       help="vision projector (llama.cpp's mmproj GGUF) for the text model: "
+                       "chat messages may then carry images (image_url parts with base64 data "
+                       "URLs of PNG or JPEG). Projectors: SmolVLM / Idefics3; Gemma 3's is "
+                       "refused for now")
     serve.add_argument("--ollama", action="store_true",
                        help="also listen on Ollama's port 11434, for apps written for Ollama "
                        "(its /api routes are always served; without --port, only 11434)")
@@ -531,6 +564,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-md", "--model-draft", default=None,
                      help="a smaller model of the same vocabulary that drafts tokens for "
                      "speculative decoding (never changes the output)")
+    run.add_argument("--mmproj", metavar="FILE", default=None,
+                     help="the model's vision projector (llama.cpp's mmproj GGUF), for --image")
+    run.add_argument("--image", metavar="FILE", action="append", default=[],
+                     help="a PNG or JPEG image (repeatable): each <__media__> in the prompt "
+                     "stands for the next one (none: the images come before the prompt)")
     run.set_defaults(func=cmd_run)
 
     _add_serve(sub)

@@ -60,7 +60,7 @@ def test_context_zero_means_the_models_own():
 
 
 @pytest.mark.parametrize("argv,words", [
-    (["--mmproj", "p.gguf"], "vision"),
+    (["--mmproj", "/no/such/p.gguf"], "no such file"),
     (["-ub", "0"], "-ub"),
     (["-b", "0"], "-b"),
     (["--sign-key", "/no/such/key.pem"], "no such file"),
@@ -109,6 +109,11 @@ def test_help_documents_every_flag(capsys):
                  "--max-connections", "--stall-timeout", "--draft-max", "--cache-ram",
                  "--cache-type-k", "--cache-type-v"):
         assert flag in text
+
+
+def test_mmproj_is_taken(tmp_path):
+    (tmp_path / "p.gguf").write_bytes(b"")
+    assert options("--mmproj", str(tmp_path / "p.gguf"))[1].mmproj == str(tmp_path / "p.gguf")
 
 
 def test_model_draft_is_taken():

@@ -29,6 +29,7 @@ from kinetic.text.chat_template import ChatTemplateError
 @dataclass(frozen=True)
 class ChatPlan:
     prompt: list[int]
+    images: tuple                  # the prompt's image rows (engine.request.ImageRows)
     grammar: Grammar | None
     thinking: bool                 # split reasoning off the answer
     opens_thinking: bool           # the prompt ended inside a <think> block
@@ -60,7 +61,15 @@ def plan_chat(model, req: ChatRequest) -> ChatPlan:
     """Render and tokenize the prompt and compile the answer's grammar (blocking: run it in a
     worker thread). Raises APIError 400 for messages the template refuses, an invalid grammar
     or schema, or a tool schema kinetic cannot enforce."""
-    text, prompt = chat_prompt(model, req)
+    if req.images:
+        from kinetic.vision.images import ImageError
+        text = chat_text(model, req)
+        try:
+            prompt, images = model.image_prompt(text, list(req.images))
+        except ImageError as e:
+            raise bad_request(str(e), "messages") from None
+    else:
+        (text, prompt), images = chat_prompt(model, req), ()
     source = model.chat_template.source
     opens = prompt_opens_thinking(text)
     thinking = opens or template_knows_thinking(source)
@@ -79,7 +88,7 @@ def plan_chat(model, req: ChatRequest) -> ChatPlan:
             raise bad_request("a tool's parameters are nested too deeply", "tools") from None
     elif req.options.shape is not None:
         grammar = compile_shape(req.options.shape, model)
-    return ChatPlan(prompt, grammar, thinking, opens, fmt, req.tools)
+    return ChatPlan(prompt, images, grammar, thinking, opens, fmt, req.tools)
 
 
 class ChatReader:

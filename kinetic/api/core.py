@@ -120,8 +120,12 @@ def token_limit(state: ServerState, requested: int | None) -> int | None:
 
 
 def serves(state: ServerState) -> list[str]:
-    """What the loaded model serves, as /v1/models and /props list it."""
-    return {"text": ["chat", "completion"]}.get(state.kind, [state.kind])
+    """What the loaded model serves, as /v1/models and /props list it ("vision": it reads
+    images, with --mmproj)."""
+    if state.kind == "text":
+        vision = getattr(state.require_model(), "projector", None) is not None
+        return ["chat", "completion"] + (["vision"] if vision else [])
+    return [state.kind]
 
 
 def require_kind(state: ServerState, kind: str, what: str):

@@ -7,7 +7,7 @@ Prompts, as llama-server reads them. `prompt` is one prompt or a list of prompts
   - one prompt: a string; a list of token ids; a list mixing ids and strings
     ([12, 34, "text", 56]: the strings tokenized where they stand, BOS only when the list
     starts with a string); an object {"prompt_string": one of those} (with
-    "multimodal_data": 400, kinetic serves text only);
+    "multimodal_data": 400, images go to /v1/chat/completions);
   - a list holding no token id is a list of prompts, each one of the forms above (a list of
     strings alone is not one of them): the answer is then a list of answers, one per prompt
     with its `index`, unless it holds one prompt. At most MAX_PROMPTS.
@@ -108,8 +108,8 @@ def parse_prompts(value: Any) -> list[Prompt]:
 def _one_prompt(value: Any, at: str) -> Prompt:
     if isinstance(value, dict):
         if "multimodal_data" in value:
-            raise bad_request("multimodal_data needs a vision or audio model: the loaded model "
-                              "reads text only, and kinetic serve does not take --mmproj yet", at)
+            raise bad_request("multimodal_data is not read by /completion yet: send images as "
+                              "image_url parts to /v1/chat/completions (with --mmproj)", at)
         if "prompt_string" not in value:
             raise bad_request(f'{at} must be a string, token ids (mixed with strings or not) or '
                               f'{{"prompt_string": ...}}', at)

@@ -398,7 +398,7 @@ async def props():
         "model_alias": state.model_id,
         "model_path": model.loaded.file.path,
         "model_ftype": file_type(model.loaded.file.metadata),
-        "modalities": {"vision": False, "video": False, "audio": False},
+        "modalities": {"vision": model.projector is not None, "video": False, "audio": False},
         "is_sleeping": False,
         "endpoint_slots": state.config.slots_endpoint, "endpoint_props": False,
         "endpoint_metrics": True, "ui": state.config.webui,

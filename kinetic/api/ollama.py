@@ -128,8 +128,8 @@ def listed_name(state: ServerState) -> str:
 
 
 def capabilities(state: ServerState) -> list[str]:
-    """What the model does, in Ollama's words. Never "insert" (a suffix is refused) nor
-    "vision" (no image input yet)."""
+    """What the model does, in Ollama's words: "vision" with a projector (--mmproj); never
+    "insert" (a suffix is refused)."""
     model = state.require_model()
     if state.kind != "text":
         return ["embedding"] if state.kind == "embedding" else []
@@ -139,6 +139,8 @@ def capabilities(state: ServerState) -> list[str]:
         caps.append("tools")
     if template.supports_thinking or template_knows_thinking(template.source):
         caps.append("thinking")
+    if model.projector is not None:
+        caps.append("vision")
     return caps
 
 
@@ -264,8 +266,17 @@ def _refuse(body: dict, names: tuple[str, ...]) -> None:
 
 def _refuse_images(images: Any, at: str) -> None:
     if images not in (None, []):
-        raise bad_request(f"{at}: images need a vision model; the loaded model reads text only, "
-                          f"and kinetic serve does not take --mmproj yet", at)
+        raise bad_request(f"{at}: images need a vision model: kinetic serve was started "
+                          f"without --mmproj", at)
+
+
+def _image_parts(images: Any, at: str) -> list[dict]:
+    """A message's `images` (base64 PNG or JPEG files, as Ollama takes them) as the OpenAI
+    dialect's image_url parts, which parse_chat decodes and checks."""
+    if not isinstance(images, list) or not all(isinstance(i, str) for i in images):
+        raise bad_request(f"{at} must be a list of base64 images", at)
+    return [{"type": "image_url", "image_url": {"url": "data:image/png;base64," + i}}
+            for i in images]
 
 
 def sampling_fields(body: dict) -> dict[str, Any]:
@@ -312,13 +323,19 @@ def _think_kwargs(body: dict, state: ServerState) -> dict[str, Any]:
             else {"enable_thinking": True, "reasoning_effort": think})
 
 
-def _message(m: Any, at: str) -> Any:
+def _message(m: Any, at: str, vision: bool = False) -> Any:
     """One Ollama message as the OpenAI dialect's: thinking -> reasoning_content, tool_name
-    -> name, tool calls typed (their object arguments are kept: the template reads them)."""
+    -> name, tool calls typed (their object arguments are kept: the template reads them);
+    with a vision model, its images as image parts before its text."""
     if not isinstance(m, dict):
         return m   # parse_chat refuses it, naming it
-    _refuse_images(m.get("images"), f"{at}.images")
+    if not vision:
+        _refuse_images(m.get("images"), f"{at}.images")
     out = {k: m[k] for k in ("role", "content", "tool_call_id") if k in m}
+    if vision and m.get("images") not in (None, []):
+        text = m.get("content")
+        out["content"] = _image_parts(m["images"], f"{at}.images") + (
+            [{"type": "text", "text": text}] if isinstance(text, str) and text else [])
     if m.get("thinking") is not None:
         out["reasoning_content"] = m["thinking"]
     if m.get("tool_name") is not None:
@@ -356,10 +373,12 @@ def chat_request(body: dict, state: ServerState, messages: list) -> ChatRequest:
     tools = body.get("tools")
     if tools not in (None, []) and not model.chat_template.supports_tools:
         raise bad_request(f"{state.model_id!r} does not support tools", "tools")
-    fields.update(messages=[_message(m, f"messages[{i}]") for i, m in enumerate(messages)],
+    vision = model.projector is not None
+    fields.update(messages=[_message(m, f"messages[{i}]", vision)
+                            for i, m in enumerate(messages)],
                   tools=tools, chat_template_kwargs=_think_kwargs(body, state))
     try:
-        return parse_chat(fields, model.default_params, model.text_tokens)
+        return parse_chat(fields, model.default_params, model.text_tokens, vision)
     except APIError as e:
         raise renamed(e) from None
 
@@ -389,7 +408,7 @@ async def chat():
     plan = await asyncio.to_thread(plan_chat, state.require_model(), req)
     answer = Answer(state, name, "message", began, req.options, plan.reader())
     return await answer.respond(body, plan.prompt, plan.grammar,
-                                special_text=plan.calls is not None)
+                                special_text=plan.calls is not None, images=plan.images)
 
 
 @blueprint.post("/api/generate")
@@ -464,7 +483,7 @@ class Answer:
         self.task: Task | None = None
 
     async def respond(self, body: dict, prompt: list[int], grammar: Grammar | None,
-                      special_text: bool = False) -> Response:
+                      special_text: bool = False, images: tuple = ()) -> Response:
         """Run `prompt` (400 if it leaves no room in the context) and answer, streamed unless
         the body says "stream": false."""
         check_prompt_fits(len(prompt), self.state.require_model().n_ctx,
@@ -473,7 +492,7 @@ class Answer:
         try:
             gen = GenerationRequest(prompt, opts.params, token_limit(self.state, opts.max_tokens),
                                     opts.stop, opts.logprobs, grammar=grammar,
-                                    special_text=special_text)
+                                    special_text=special_text, images=images)
         except ValueError as e:
             raise bad_request(str(e), "options") from None
         if _flag(body, "stream", True):

@@ -134,12 +134,12 @@ async def rerank():
 # --- chat completions ---------------------------------------------------------------------
 
 def _generation_request(state: ServerState, prompt: list[int], opts: Options, param: str,
-                        grammar: Grammar | None = None,
-                        special_text: bool = False) -> GenerationRequest:
+                        grammar: Grammar | None = None, special_text: bool = False,
+                        images: tuple = ()) -> GenerationRequest:
     try:
         return GenerationRequest(prompt, opts.params, token_limit(state, opts.max_tokens),
                                  opts.stop, opts.logprobs, grammar=grammar,
-                                 special_text=special_text)
+                                 special_text=special_text, images=images)
     except ValueError as e:
         raise bad_request(str(e), param) from None
 
@@ -149,12 +149,13 @@ def _generation_request(state: ServerState, prompt: list[int], opts: Options, pa
 async def chat_completions():
     state = server_state()
     model = require_kind(state, "text", "chat completions")
-    req = parse_chat(await json_body(), model.default_params, model.text_tokens)
+    req = parse_chat(await json_body(), model.default_params, model.text_tokens,
+                     vision=model.projector is not None)
     plan = await asyncio.to_thread(plan_chat, model, req)
     check_prompt_fits(len(plan.prompt), model.n_ctx, "messages")
     job = _Job("chatcmpl", state, model.tokenizer, req.options)
     gen = _generation_request(state, plan.prompt, req.options, "messages", plan.grammar,
-                              special_text=plan.calls is not None)
+                              special_text=plan.calls is not None, images=plan.images)
     if req.options.receipt:
         job.receipt = await receipt_maker(state, gen)
     if req.options.stream:

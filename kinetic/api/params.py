@@ -75,6 +75,8 @@ class ChatRequest:
     tools: list[dict] | None = None      # the tools offered (none when tool_choice is "none")
     tool_choice: str | None = None       # "auto", "required", or the one function's name
     parallel_tool_calls: bool = False
+    images: tuple = ()                   # the image parts' images (kinetic.vision.images.Image),
+                                         # in the order of the messages' media markers
 
     @property
     def forced_call(self) -> bool:
@@ -461,11 +463,12 @@ def options(body: dict, defaults: SamplingParams, logprobs: int | None,
 MEDIA_PARTS = ("image_url", "input_image", "input_audio")
 
 
-def check_message(m: Any, at: str) -> None:
+def check_message(m: Any, at: str, images: list | None = None) -> None:
     """The types of one message, as far as kinetic and chat templates read it: a 400 naming
     the value at fault (`at` is the message's path). What is left to refuse (a missing
     content, a role or an order the template rejects) is chat_messages.py's and the
-    template's, still a 400."""
+    template's, still a 400. images: a list the image parts' decoded images are appended
+    to (a model with a vision projector); None: image parts are refused."""
     if not isinstance(m, dict):
         raise bad_request(f"{at} must be an object with a role", at)
     if not isinstance(m.get("role"), str):
@@ -473,7 +476,7 @@ def check_message(m: Any, at: str) -> None:
     content = m.get("content")
     if isinstance(content, list):
         for j, part in enumerate(content):
-            _check_part(part, f"{at}.content[{j}]")
+            _check_part(part, f"{at}.content[{j}]", images)
     elif content is not None and not isinstance(content, str):
         raise bad_request(f"{at}.content must be a string or a list of content parts",
                           f"{at}.content")
@@ -493,15 +496,26 @@ def check_message(m: Any, at: str) -> None:
             raise bad_request(f"{where}.id must be a string", f"{where}.id")
 
 
-def _check_part(part: Any, at: str) -> None:
-    """One content part: {"type": "text", "text": "..."}; media parts are refused (text-only
-    models), as is a type kinetic does not know."""
+def _check_part(part: Any, at: str, images: list | None = None) -> None:
+    """One content part: {"type": "text", "text": "..."}, or with a vision projector
+    (`images` not None) an image_url part, its data URL decoded and appended to `images`;
+    other media parts are refused, as is a type kinetic does not know."""
     kind = part.get("type") if isinstance(part, dict) else None
     if not isinstance(kind, str):
         raise bad_request(f'{at} must be a content part, {{"type": "text", "text": ...}}', at)
+    if kind == "image_url" and images is not None:
+        from kinetic.vision.images import ImageError, check_count, from_data_url
+        url = part.get("image_url")
+        url = url.get("url") if isinstance(url, dict) else url
+        try:
+            check_count(len(images) + 1)
+            images.append(from_data_url(url))
+        except ImageError as e:
+            raise bad_request(f"{at}: {e}", f"{at}.image_url") from None
+        return
     if kind in MEDIA_PARTS:
-        raise bad_request(f"{kind} parts need a vision or audio model: the loaded model reads "
-                          f"text only, and kinetic serve does not take --mmproj yet", at)
+        raise bad_request(f"{kind} parts need a vision model: kinetic serve reads images with "
+                          f"--mmproj (image_url parts), and audio not at all", at)
     if kind != "text":
         raise bad_request(f'{at}.type must be "text", got {kind[:40]!r}', f"{at}.type")
     if not isinstance(part.get("text"), str):
@@ -509,13 +523,15 @@ def _check_part(part: Any, at: str) -> None:
 
 
 def parse_chat(body: dict, defaults: SamplingParams,
-               tokenize: Tokenize | None = None) -> ChatRequest:
-    """A /v1/chat/completions body. Raises APIError (400) naming the field at fault."""
+               tokenize: Tokenize | None = None, vision: bool = False) -> ChatRequest:
+    """A /v1/chat/completions body. Raises APIError (400) naming the field at fault.
+    vision: the model reads images (image_url parts, decoded here)."""
     messages = _get(body, "messages")
     if not isinstance(messages, list) or not messages:
         raise bad_request("messages must be a non-empty list of messages", "messages")
+    images: list | None = [] if vision else None
     for i, m in enumerate(messages):
-        check_message(m, f"messages[{i}]")
+        check_message(m, f"messages[{i}]", images)
     kwargs = obj(body, "chat_template_kwargs") or {}
     for key in RESERVED_TEMPLATE_KWARGS:
         if key in kwargs:
@@ -527,7 +543,10 @@ def parse_chat(body: dict, defaults: SamplingParams,
     logprobs = (top or 0) if want else None
     opts = options(body, defaults, logprobs, tokenize)
     offered, choice, parallel = tools(body)
-    req = ChatRequest(messages, dict(kwargs), opts, offered, choice, parallel)
+    req = ChatRequest(messages, dict(kwargs), opts, offered, choice, parallel,
+                      tuple(images or ()))
+    if req.images and opts.receipt:
+        raise bad_request("requests with images cannot have a receipt yet", "receipt")
     if req.forced_call and opts.shape is not None:
         raise bad_request(f"tool_choice {'required' if choice == 'required' else 'of a function'}"
                           f" cannot be combined with {opts.shape.param}", "tool_choice")

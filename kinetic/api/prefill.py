@@ -29,7 +29,7 @@ from quart import Blueprint
 
 from kinetic.api.core import json_body, json_response, require_kind, server_state
 from kinetic.api.chat_reply import chat_prompt
-from kinetic.api.errors import APIError
+from kinetic.api.errors import APIError, bad_request
 from kinetic.api.params import ChatRequest, check_prompt_fits, parse_chat
 
 blueprint = Blueprint("prefill", __name__)
@@ -42,7 +42,11 @@ SENTINEL = "\x01"   # stands for "another last word": a control character no tex
 async def prefill():
     state = server_state()
     model = require_kind(state, "text", "prefills")
-    req = parse_chat(await json_body(), model.default_params, model.text_tokens)
+    req = parse_chat(await json_body(), model.default_params, model.text_tokens,
+                     vision=model.projector is not None)
+    if req.images:
+        raise bad_request("a prefill takes no images yet: send the conversation's text",
+                          "messages")
     prompt, cut = await asyncio.to_thread(prefill_prompt, model, req)
     check_prompt_fits(len(prompt), model.n_ctx, "messages")   # the completion would fail too
     result = await model.engine.submit_prefill(prompt[:cut])

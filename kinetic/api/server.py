@@ -68,6 +68,7 @@ class ModelOptions:
                                                    # that replace the model's defaults
     chat_template: str | None = None               # --chat-template(-file): Jinja source
     pooling: str | None = None                     # --pooling: an embedding model's pooling
+    mmproj: str | None = None                      # --mmproj: a vision projector
 
     @property
     def model_id(self) -> str:
@@ -84,7 +85,7 @@ def build_model(opts: ModelOptions, progress: Callable[[str], Callable[[int, int
     from kinetic.llm import open_model
 
     model = open_model(opts.path, opts.engine, dtype=opts.dtype, draft=opts.draft,
-                       stage=progress, compile=True, pooling=opts.pooling)
+                       stage=progress, compile=True, pooling=opts.pooling, mmproj=opts.mmproj)
     tokenizer = model.tokenizer
     first = tokenizer.bos_id if tokenizer.bos_id is not None else 0
     if model.loaded.config.task != "text":

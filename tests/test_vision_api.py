@@ -1,0 +1,153 @@
+"""Images through the server's chat completions (kinetic serve TEXT --mmproj MMPROJ), on the
+tiny random-weight SmolVLM-style pair (tests/tiny_vision.py) with a ChatML template: the
+official openai client sends an image part as a data URL and gets the answer the Python API
+gives for the same prompt and image; every bad image is a 400 in OpenAI's shape, and the
+server answers normally after them."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import numpy as np
+import openai
+import pytest
+from PIL import Image as PILImage
+
+from tests import tiny_vision
+from tests.app_client import model_app
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def png(w: int, h: int, seed: int) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    PILImage.fromarray(pixels).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def data_url(data: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("vision-api")
+    text = tiny_vision.write_tiny_text_model(folder / "text.gguf", "idefics3", qtype="Q8_0",
+                                             output_scale=16.0, d_model=64,
+                                             chat_template=CHATML)
+    mmproj = tiny_vision.write_tiny_mmproj(folder / "mmproj.gguf", "idefics3",
+                                           projection_dim=64)
+    return text, mmproj
+
+
+@pytest.fixture(scope="module")
+def app(files):
+    with model_app(files[0], n_ctx=1024, mmproj=files[1]) as client:
+        yield client
+
+
+def ask(app, content, **kw):
+    body = {"messages": [{"role": "user", "content": content}], "temperature": 0,
+            "max_tokens": 8, **kw}
+    return app.post("/v1/chat/completions", json.dumps(body).encode())
+
+
+def test_the_openai_client_sends_an_image_and_gets_the_python_apis_answer(files):
+    """`kinetic serve TEXT --mmproj MMPROJ`, and the official client over HTTP."""
+    import kinetic
+    from tests.serve_process import serving
+    image = png(40, 30, 1)
+    model = kinetic.load(files[0], mmproj=files[1], n_ctx=1024)
+    try:
+        text = model.apply_chat_template(
+            [{"role": "user", "content": "What is in this picture?<__media__>"}])
+        ids, rows = model.image_prompt(text, [image])
+        want = [model.tokenizer.decode([d]) for delta in model.stream(ids, 8, images=rows)
+                for d in delta.token_ids]
+    finally:
+        model.close()
+    with serving(str(files[0]), "--mmproj", str(files[1]), "-c", "1024", "-np", "1") as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        check_answers(client, image, want, len(ids))
+
+
+def check_answers(client, image, want, n_prompt):
+    out = client.chat.completions.create(
+        model="tiny", temperature=0, max_tokens=8, logprobs=True,
+        messages=[{"role": "user", "content": [
+            {"type": "text", "text": "What is in this picture?"},
+            {"type": "image_url", "image_url": {"url": data_url(image)}}]}])
+    got = [t.token for t in out.choices[0].logprobs.content]
+    assert got == want and out.usage.prompt_tokens == n_prompt
+    other = client.chat.completions.create(
+        model="tiny", temperature=0, max_tokens=8,
+        messages=[{"role": "user", "content": [
+            {"type": "text", "text": "What is in this picture?"},
+            {"type": "image_url", "image_url": {"url": data_url(png(40, 30, 2))}}]}])
+    assert other.choices[0].message.content != out.choices[0].message.content
+
+
+def _truncated() -> str:
+    data = png(64, 64, 3)
+    return data_url(data[:len(data) // 2])
+
+
+def _bomb() -> str:
+    import struct
+    import zlib
+    small = png(5, 7, 4)
+    chunk = b"IHDR" + struct.pack(">IIBBBBB", 60000, 60000, 8, 2, 0, 0, 0)
+    return data_url(small[:8] + struct.pack(">I", 13) + chunk
+                    + struct.pack(">I", zlib.crc32(chunk)) + small[33:])
+
+
+@pytest.mark.parametrize("url,words", [
+    ("https://example.com/cat.png", "fetches nothing"),
+    ("data:image/png;base64,@@@", "not valid base64"),
+    ("TRUNCATED", "truncated or corrupt"),
+    ("BOMB", "over the limit"),
+])
+def test_a_bad_image_is_a_400_naming_the_part(app, url, words):
+    url = {"TRUNCATED": _truncated, "BOMB": _bomb}.get(url, lambda: url)()
+    status, answer = ask(app, [{"type": "text", "text": "Hi"},
+                               {"type": "image_url", "image_url": {"url": url}}])
+    assert status == 400, answer
+    err = answer["error"]
+    assert words in err["message"] and err["param"] == "messages[0].content[1].image_url"
+    assert err["type"] == "invalid_request_error"
+    status, answer = ask(app, "Hello")   # nothing else disturbed
+    assert status == 200 and answer["choices"][0]["message"]["content"] is not None
+
+
+def test_too_many_images_and_a_receipt_are_refused(app):
+    part = {"type": "image_url", "image_url": {"url": data_url(png(4, 4, 5))}}
+    status, answer = ask(app, [part] * 100)
+    assert status == 400 and "limit is 16" in answer["error"]["message"]
+    status, answer = ask(app, [part], receipt=True)
+    assert status == 400 and answer["error"]["param"] == "receipt"
+
+
+def test_kinetic_run_reads_images(files, tmp_path, capsys):
+    """`kinetic run TEXT PROMPT --mmproj MMPROJ --image FILE` prints what the Python API gives
+    for the same prompt; --image without --mmproj stops with one line."""
+    import kinetic
+    from kinetic.cli import main
+    image = png(40, 30, 7)
+    (tmp_path / "i.png").write_bytes(image)
+    argv = ["run", str(files[0]), "Describe: <__media__> Answer:", "-n", "6",
+            "--mmproj", str(files[1]), "--image", str(tmp_path / "i.png")]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    model = kinetic.load(files[0], mmproj=files[1], n_ctx=4096)
+    try:
+        ids, rows = model.image_prompt("Describe: <__media__> Answer:", [image])
+        want = "".join(d.text for d in model.stream(ids, 6, images=rows))
+    finally:
+        model.close()
+    assert printed == want + "\n"
+    assert main(["run", str(files[0]), "hi", "--image", str(tmp_path / "i.png")]) == 2
+    assert "--mmproj" in capsys.readouterr().err
