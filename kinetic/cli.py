@@ -432,8 +432,7 @@ def _add_serve(sub) -> None:
     serve.add_argument("--mmproj", metavar="FILE",
                        help="vision projector (llama.cpp's mmproj GGUF) for the text model: "
                        "chat messages may then carry images (image_url parts with base64 data "
-                       "URLs of PNG or JPEG). Projectors: SmolVLM / Idefics3; Gemma 3's is "
-                       "refused for now")
+                       "URLs of PNG or JPEG). Projectors: Gemma 3, SmolVLM / Idefics3")
     serve.add_argument("--ollama", action="store_true",
                        help="also listen on Ollama's port 11434, for apps written for Ollama "
                        "(its /api routes are always served; without --port, only 11434)")

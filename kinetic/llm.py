@@ -265,9 +265,16 @@ def open_model(path: str | os.PathLike[str], config: EngineConfig, *, dtype: str
         if projector.n_embd != loaded.config.d_model:
             raise ValueError(f"{os.fspath(mmproj)} projects to width {projector.n_embd}; the "
                              f"text model's is {loaded.config.d_model}: not its projector")
-        if projector.non_causal:
+        if projector.non_causal and loaded.config.arch != "gemma3":
             raise ValueError(f"{os.fspath(mmproj)}: {projector.family} images attend to "
-                             f"themselves both ways, which kinetic's attention does not do yet")
+                             f"themselves both ways, which kinetic does for Gemma 3's text "
+                             f"model only, not {loaded.config.arch}")
+        if projector.non_causal and not config.step_tokens:
+            # an image whose rows see each other is computed in one step: the automatic step
+            # size grows to hold one (an explicit -ub smaller than that refuses images)
+            c = projector.cfg
+            rows = (c.image_size // c.patch_size // c.scale_factor) ** 2
+            config = dataclasses.replace(config, step_tokens=max(rows, 16, 2 * config.parallel))
     engine = Engine(loaded, tokenizer, config, draft=draft_model, images=projector is not None)
     if compile:
         engine.compile(progress=stage("compiling"))

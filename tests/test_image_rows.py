@@ -113,3 +113,22 @@ def test_bad_image_rows_are_refused(setup):
                         lambda d: None)
     finally:
         plain.close()
+
+
+def test_a_chunk_never_ends_inside_an_image_that_attends_both_ways():
+    """Gemma 3's image rows read the keys of the rows after them: the scheduler computes such
+    an image in one step, cutting the chunk before it rather than inside it."""
+    from kinetic.engine.scheduler import Scheduler, SchedulerConfig, Sequence
+    sched = Scheduler(SchedulerConfig(step_tokens=16, num_slots=1, page_size=16, num_pages=9,
+                                      pages_per_slot=8, chunk_tokens=16))
+    seq = Sequence(1, list(range(1, 41)), max_tokens=1)
+    seq.blocks = [(10, 22)]
+    sched.add(seq)
+    starts = []
+    for _ in range(4):
+        plan = sched.schedule()
+        if not len(plan):
+            break
+        starts.append((int(plan.positions[0]), len(plan)))
+        sched.complete(plan, {1: 5} if plan.chunks[0].sampled else {})
+    assert starts[:3] == [(0, 10), (10, 16), (26, 14)]

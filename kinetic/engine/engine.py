@@ -202,9 +202,11 @@ class Engine:
             if image.embeddings.shape[1:] != (self.model.config.d_model,):
                 raise ValueError(f"image rows of width {image.embeddings.shape[1:]}, not the "
                                  f"model's {self.model.config.d_model}")
-            if image.non_causal and len(image.embeddings) > self.config.chunk_tokens:
-                raise ValueError(f"an image of {len(image.embeddings)} rows does not fit a "
-                                 f"prompt chunk of {self.config.chunk_tokens} rows")
+            rows = min(self.config.chunk_tokens, self.config.step_tokens)
+            if image.non_causal and len(image.embeddings) > rows:
+                raise ValueError(f"an image of {len(image.embeddings)} rows that attend to each "
+                                 f"other must be computed in one step, and a prompt chunk here "
+                                 f"is at most {rows} rows (-ub, -b)")
         if self._dead:
             raise RuntimeError(self._dead)
         seq_id = next(self._ids)
@@ -467,6 +469,7 @@ class Engine:
                 seq = Sequence(item.seq_id, item.request.prompt, item.request.max_tokens)
                 seq.use_prefix_cache = not item.all_logits  # scoring needs every row
                 seq.image_keys = image_keys(item.request.images)
+                seq.blocks = [(i.start, i.end) for i in item.request.images if i.non_causal]
                 self.scheduler.add(seq)
             elif kind == "prefill":
                 seq_id, tokens, sink = item
@@ -715,8 +718,9 @@ class Engine:
             out[sid] = (tokens, None)
         return out
 
-    def _image_inputs(self, plan) -> tuple[np.ndarray, np.ndarray] | None:
-        """(mask [n], embeddings [n, D]) of the plan's image rows, or None without any."""
+    def _image_inputs(self, plan) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """(mask [n], embeddings [n, D], ends [n]) of the plan's image rows, or None without
+        any: an image that attends both ways gives its rows its last position as their end."""
         found = []
         for c in plan.chunks:
             job = self._jobs.get(c.seq_id)
@@ -724,15 +728,19 @@ class Engine:
                 lo, hi = max(image.start, c.start), min(image.end, c.start + c.num_rows)
                 if lo < hi:
                     found.append((c.first_row + lo - c.start, image.embeddings[lo - image.start:
-                                                                               hi - image.start]))
+                                                                               hi - image.start],
+                                  image.end - 1 if image.non_causal else None))
         if not found:
             return None
         mask = np.zeros(len(plan), np.int64)
         rows = np.zeros((len(plan), self.model.config.d_model), np.float32)
-        for row, embeddings in found:
+        ends = plan.positions.astype(np.int64).copy()
+        for row, embeddings, end in found:
             mask[row:row + len(embeddings)] = 1
             rows[row:row + len(embeddings)] = embeddings
-        return mask, rows
+            if end is not None:
+                ends[row:row + len(embeddings)] = end
+        return mask, rows, ends
 
     def _usage(self, seq_id: int):
         usage = self._jobs[seq_id].usage()

@@ -126,8 +126,10 @@ class Runner:
         following the target) skips the output projection at the T-row bucket ([0, V]) and
         gives row 0's logits at the smaller ones (fewer compiled shapes). drafts [n] bool:
         the rows that are unverified drafts (a recurrent model commits no state for them:
-        RecurrentState). images (config.image_rows only): (mask [n], embeddings [n, D]), the
-        rows where mask is 1 take their embedding as input instead of their token's."""
+        RecurrentState). images (config.image_rows only): (mask [n], embeddings [n, D], ends
+        [n]), the rows where mask is 1 take their embedding as input instead of their
+        token's, and each row sees the keys up to its end (its position, or its image's last
+        row's when the image attends both ways)."""
         T, n = self.config.step_tokens, len(tokens)
         if n > T:
             raise ValueError(f"{n} rows do not fit a {T}-row step")
@@ -146,7 +148,7 @@ class Runner:
             tokens, np.zeros(pad), positions, np.zeros(pad), slots, np.zeros(pad),
             write_index, RESERVED_PAGE * page_size + np.arange(pad) % page_size,
             table.ravel(), [] if rows is None else rows,
-            [] if not self.config.image_rows else self._image_mask(images, bucket),
+            [] if not self.config.image_rows else self._image_mask(images, bucket, positions),
             [] if self.state is None else self.state.plan(slots, positions, drafts, bucket)
             ]).astype(np.int32)
         layout = (bucket, table.shape, None if rows is None else len(rows),
@@ -193,11 +195,15 @@ class Runner:
                                        jax.device_put(packed), bias, layout)
         return out
 
-    def _image_mask(self, images, bucket: int) -> np.ndarray:
-        mask = np.zeros(bucket, np.int64)
+    def _image_mask(self, images, bucket: int, positions: np.ndarray) -> np.ndarray:
+        """The image rows' mask [bucket] and each row's last visible key [bucket] (its own
+        position but in an image that attends both ways), packed."""
+        mask, ends = np.zeros(bucket, np.int64), np.zeros(bucket, np.int64)
+        ends[:len(positions)] = positions
         if images is not None:
             mask[:len(images[0])] = images[0]
-        return mask
+            ends[:len(images[2])] = images[2]
+        return np.concatenate([mask, ends])
 
     def _image_embeds(self, images, bucket: int) -> jax.Array | None:
         """The step's embedding rows [bucket, D] (zeros where a row is a token), or None for
@@ -392,7 +398,8 @@ def _forward(forward, cfg, buffer, skeleton, cache, packed, layout, embeds=None)
     at = 4 * B + S * P + (R or 0)
     rows = None if R is None else packed[4 * B + S * P:at]
     mask = packed[at:at + B] if images else None
-    at += B if images else 0
+    ends = packed[at + B:at + 2 * B] if images else None
+    at += 2 * B if images else 0
     recur = RecurrentState.unpack(packed[at:], B) if cfg.recurrent else None
     return forward(join_buffer(buffer, skeleton), cfg, cache,
-                   StepInput(*fields, table, rows, recur, embeds, mask))
+                   StepInput(*fields, table, rows, recur, embeds, mask, ends))

@@ -129,6 +129,9 @@ class Sequence:
     # image rows: position -> the value the page keys hash in place of the placeholder token
     # (from the image's digest), so a cached page holds the same image's rows only
     image_keys: dict[int, int] = field(default_factory=dict)
+    # images whose rows attend to each other both ways: (start, end) positions, each computed
+    # in one step (a row reads the keys of the rows after it)
+    blocks: list[tuple[int, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.prompt = list(self.prompt)
@@ -793,6 +796,11 @@ class Scheduler:
         cut = self._snapshot_at(seq) if self.snapshots is not None and not n_draft else 0
         if start < cut < start + n:
             n = cut - start   # the rest next step, after the snapshot
+        for lo, hi in seq.blocks:   # a chunk never ends inside an image that attends both ways
+            if lo < start + n < hi and start < hi:
+                n = max(0, lo - start)   # up to the image, or (it starts in it) nothing yet
+        if n == 0:
+            return 0
         toks = seq.tokens[start:start + n - n_draft] + seq.draft[:n_draft]
         chunks.append(Chunk(seq.seq_id, len(rows), start, n, n_draft, sampled=not seq.prefill
                             and start + n - n_draft == len(seq.tokens)))

@@ -56,7 +56,8 @@ def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
             k = apply_rope(rms_norm(k, w["attn_k_norm"], eps), cos, sin, True)
             k_cache, v_cache = write_kv_pair((k_cache, v_cache), k, v, step.write_index)
             a = paged_attention(q, k_cache, v_cache, step, cfg.q_scale,
-                                window=cfg.sliding_window if sliding else 0, kernel=cfg.kernel)
+                                window=cfg.sliding_window if sliding else 0, kernel=cfg.kernel,
+                                ends=step.attend_end)   # an image's rows see each other
             a = linear(a.reshape(T, -1), w["attn_output"])
             x = x + rms_norm(a, w["post_attention_norm"], eps)
         with jax.named_scope("ffn"):

@@ -40,6 +40,8 @@ class StepInput:
     recur: the recurrent layers' part (kinetic/model/delta_net.Recur; None: no such layer).
     embeds, embed_mask: [T, D] and [T]: rows whose input is the given embedding (an image's
       rows, where embed_mask is 1) instead of their token's (None: every row is a token).
+    attend_end: [T] the last key position each row sees (an image whose rows see each other
+      both ways: its last row's; None: the row's own position, causal).
     """
 
     tokens: jax.Array
@@ -51,6 +53,7 @@ class StepInput:
     recur: object | None = None
     embeds: jax.Array | None = None
     embed_mask: jax.Array | None = None
+    attend_end: jax.Array | None = None
 
 
 def output_logits(x: jax.Array, step: StepInput, norm: jax.Array, output: Proj | None,
