@@ -45,6 +45,7 @@ class Model:
                  projector=None):
         self.loaded, self.tokenizer, self.engine = loaded, tokenizer, engine
         self.projector = projector   # kinetic.vision.projector.Projector (--mmproj) or None
+        self._pieces = None          # its PieceCache, made on first use
         self.config = loaded.config
         self.chat_template = ChatTemplate.from_metadata(loaded.file.metadata)
         # the template as given (the file's, or use_chat_template's), before kinetic's patches
@@ -103,11 +104,13 @@ class Model:
         mtmd does for this model's projector (needs --mmproj / load(mmproj=...)). Pass both
         to `stream(ids, images=rows)` or `logits(ids, rows)`."""
         from kinetic.vision.images import from_bytes
-        from kinetic.vision.prompt import image_prompt
+        from kinetic.vision.prompt import PieceCache, image_prompt
         if self.projector is None:
             raise ValueError("this model has no vision projector (load it with mmproj=...)")
+        if self._pieces is None:
+            self._pieces = PieceCache(self.projector)
         decoded = [from_bytes(i) if isinstance(i, (bytes, bytearray)) else i for i in images]
-        return image_prompt(self.tokenizer, self.projector, text, decoded, marker)
+        return image_prompt(self.tokenizer, self._pieces, text, decoded, marker)
 
     def generate(self, prompt: str | Messages, max_tokens: int = 256, temperature: float = 0.0,
                  seed: int | None = None, *, grammar: str | Grammar | None = None,

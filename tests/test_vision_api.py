@@ -151,3 +151,27 @@ def test_kinetic_run_reads_images(files, tmp_path, capsys):
     assert printed == want + "\n"
     assert main(["run", str(files[0]), "hi", "--image", str(tmp_path / "i.png")]) == 2
     assert "--mmproj" in capsys.readouterr().err
+
+
+def test_ollama_chat_images_and_what_the_server_says_it_reads(app):
+    """Ollama's message images, as base64 files, answer what the same image part gives on
+    /v1/chat/completions; /props, /v1/models and /api/show say the model reads images."""
+    image = png(24, 24, 9)
+    status, want = ask(app, [{"type": "image_url", "image_url": {"url": data_url(image)}},
+                             {"type": "text", "text": "Look."}])   # Ollama's order
+    assert status == 200
+    body = {"model": "tiny", "stream": False, "options": {"temperature": 0, "num_predict": 8},
+            "messages": [{"role": "user", "content": "Look.",
+                          "images": [base64.b64encode(image).decode()]}]}
+    status, got = app.post("/api/chat", json.dumps(body).encode())
+    assert status == 200, got
+    assert got["message"]["content"] == want["choices"][0]["message"]["content"]
+    body["messages"][0]["images"] = ["not base64!"]
+    status, bad = app.post("/api/chat", json.dumps(body).encode())
+    assert status == 400 and "base64" in bad["error"]
+    status, props = app.get("/props")
+    assert props["modalities"]["vision"] is True
+    status, models = app.get("/v1/models")
+    assert "vision" in models["data"][0]["capabilities"]
+    status, show = app.post("/api/show", json.dumps({"model": "tiny"}).encode())
+    assert "vision" in show["capabilities"]

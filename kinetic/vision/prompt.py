@@ -12,16 +12,37 @@ digest and the rows' place in it.
 from __future__ import annotations
 
 import hashlib
+from collections import OrderedDict
 
 from kinetic.engine.request import ImageRows
 from kinetic.vision.images import Image, ImageError, check_count
 
 PLACEHOLDER = 0   # the prompt id of an image row (its embedding is what the model reads)
+CACHED_IMAGES = 32   # images whose pieces a PieceCache keeps
+
+
+class PieceCache:
+    """The projector's pieces of the last CACHED_IMAGES images, by the image's digest: a
+    continued conversation sends its images again, and they are not encoded again."""
+
+    def __init__(self, projector):
+        self.projector = projector
+        self._pieces: OrderedDict[bytes, list] = OrderedDict()
+
+    def pieces(self, image: Image) -> list:
+        got = self._pieces.pop(image.digest, None)
+        if got is None:
+            got = self.projector.pieces(image)
+        self._pieces[image.digest] = got
+        while len(self._pieces) > CACHED_IMAGES:
+            self._pieces.popitem(last=False)
+        return got
 
 
 def image_prompt(tokenizer, projector, text: str, images: list[Image],
                  marker: str) -> tuple[list[int], tuple[ImageRows, ...]]:
-    """(prompt ids, image rows) of `text` whose `marker`s stand for `images`, in order."""
+    """(prompt ids, image rows) of `text` whose `marker`s stand for `images`, in order.
+    projector: a Projector, or a PieceCache over one."""
     check_count(len(images))
     pieces = text.split(marker)
     if len(pieces) - 1 != len(images):
@@ -41,7 +62,8 @@ def image_prompt(tokenizer, projector, text: str, images: list[Image],
                 ids.append(lookup_token(tokenizer, value))
             else:
                 digest = hashlib.sha256(images[i].digest + j.to_bytes(4, "little")).digest()
-                rows.append(ImageRows(len(ids), value, digest, projector.non_causal))
+                non_causal = getattr(projector, "projector", projector).non_causal
+                rows.append(ImageRows(len(ids), value, digest, non_causal))
                 ids += [PLACEHOLDER] * len(value)
     return ids, tuple(rows)
 
