@@ -102,7 +102,8 @@ class Model:
         """(token ids, image rows) of a prompt `text` in which each `marker` stands for one of
         `images` (kinetic.vision.images.Image, or PNG / JPEG bytes), laid out as llama.cpp's
         mtmd does for this model's projector (needs --mmproj / load(mmproj=...)). Pass both
-        to `stream(ids, images=rows)` or `logits(ids, rows)`."""
+        to `stream(ids, images=rows)` or `logits(ids, rows)`. (`generate` and `stream` also
+        take messages with image_url parts, as the server does.)"""
         from kinetic.vision.images import from_bytes
         from kinetic.vision.prompt import PieceCache, image_prompt
         if self.projector is None:
@@ -121,9 +122,9 @@ class Model:
         greedy; otherwise draws are keyed by (seed, position) and so repeatable. `grammar`
         (GBNF text or a compiled Grammar) or `json_schema` (True: any JSON) holds the text to
         that shape; GrammarError / UnsupportedSchema (ValueErrors) say why one cannot be used."""
-        ids = self.prompt_ids(prompt, **template_kwargs)
-        for delta in self.stream(ids, max_tokens=max_tokens, temperature=temperature,
-                                 seed=seed, grammar=grammar, json_schema=json_schema):
+        for delta in self.stream(prompt, max_tokens=max_tokens, temperature=temperature,
+                                 seed=seed, grammar=grammar, json_schema=json_schema,
+                                 **template_kwargs):
             if delta.text:
                 yield delta.text
 
@@ -169,7 +170,13 @@ class Model:
 
     def _request(self, prompt, max_tokens, temperature, seed, params, stop, logprobs, grammar,
                  json_schema, template_kwargs) -> GenerationRequest:
-        ids = prompt if _is_ids(prompt) else self.prompt_ids(prompt, **template_kwargs)
+        images = () if _is_ids(prompt) or isinstance(prompt, str) else _image_parts(prompt)
+        if images:   # messages with image_url parts (data URLs), as the server takes them
+            text = self.apply_chat_template(prompt, **template_kwargs)
+            ids, rows = self.image_prompt(text, list(images))
+        else:
+            ids = prompt if _is_ids(prompt) else self.prompt_ids(prompt, **template_kwargs)
+            rows = ()
         if params is None:
             params = dataclasses.replace(self.default_params, temperature=temperature, seed=seed)
         if isinstance(grammar, str):
@@ -179,11 +186,25 @@ class Model:
                 raise ValueError("give grammar or json_schema, not both")
             grammar = compile_json_schema(json_schema)
         return GenerationRequest([int(t) for t in ids], params, max_tokens, tuple(stop),
-                                 logprobs, grammar=grammar)
+                                 logprobs, grammar=grammar, images=rows)
 
     def close(self) -> None:
         """Stop the engine thread."""
         self.engine.close()
+
+
+def _image_parts(messages: Messages) -> list:
+    """The images of the messages' image_url parts (base64 data URLs of PNG or JPEG), in
+    order; kinetic.vision.images.ImageError for one that cannot be read."""
+    from kinetic.vision.images import from_data_url
+    out = []
+    for m in messages:
+        content = m.get("content") if isinstance(m, dict) else None
+        for part in content if isinstance(content, list) else ():
+            if isinstance(part, dict) and part.get("type") == "image_url":
+                url = part.get("image_url")
+                out.append(from_data_url(url.get("url") if isinstance(url, dict) else url))
+    return out
 
 
 def _is_ids(prompt: Any) -> bool:

@@ -175,3 +175,21 @@ def test_ollama_chat_images_and_what_the_server_says_it_reads(app):
     assert "vision" in models["data"][0]["capabilities"]
     status, show = app.post("/api/show", json.dumps({"model": "tiny"}).encode())
     assert "vision" in show["capabilities"]
+
+
+def test_the_python_api_takes_messages_with_image_parts(files):
+    """Model.generate / stream with messages holding image_url parts: the answer of
+    image_prompt's ids and rows for the same rendered conversation."""
+    import kinetic
+    image = png(30, 20, 11)
+    model = kinetic.load(files[0], mmproj=files[1], n_ctx=1024)
+    try:
+        messages = [{"role": "user", "content": [
+            {"type": "text", "text": "What is it?"},
+            {"type": "image_url", "image_url": {"url": data_url(image)}}]}]
+        got = "".join(model.generate(messages, max_tokens=6))
+        ids, rows = model.image_prompt(model.apply_chat_template(messages), [image])
+        want = "".join(d.text for d in model.stream(ids, 6, images=rows))
+    finally:
+        model.close()
+    assert got == want and ids.count(0) == sum(len(r.embeddings) for r in rows)
