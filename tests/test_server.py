@@ -306,7 +306,7 @@ BAD_REQUESTS = [
     (CHAT, {"messages": [{"role": "user", "content": [
         {"type": "text", "text": "What is this?"},
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]},
-     "messages[0].content[1]", "text only"),
+     "messages[0].content[1]", "--mmproj"),
     (CHAT, {"messages": [{"role": "user", "content": 5}]}, "messages[0].content",
      "string or a list of content parts"),
     ("/v1/completions", {"prompt": 5}, "prompt", ""),
