@@ -71,7 +71,7 @@ def test_answer_never_depends_on_load(setup, kind):
 def test_cache_bytes_per_token_are_what_the_runner_allocates(setup):
     """The memory check and the automatic --parallel count a convolution layer's float32
     input, not keys and values it does not have, and a delta-rule layer's state per sequence
-    (its slots' windows and matrices; the padding slot's too), not per token."""
+    (its slots' windows and matrices, and three more), not per token."""
     from kinetic.engine.engine_config import kv_bytes_per_token, recurrent_bytes_per_sequence
     _, engine, model = setup
     runner = engine("p1", parallel=1).runner
@@ -80,5 +80,6 @@ def test_cache_bytes_per_token_are_what_the_runner_allocates(setup):
     per_token = held // (runner.config.num_pages * runner.config.page_size)
     assert kv_bytes_per_token(model.config, runner.config.kv_dtype) == per_token
     states = sum(layer[0].nbytes + layer[1].nbytes for layer in runner.cache if len(layer) == 3)
-    assert states == recurrent_bytes_per_sequence(model.config) * (runner.config.num_slots + 1)
+    # the slots' states, and the padding, scratch and zero states (delta_net.extra_states)
+    assert states == recurrent_bytes_per_sequence(model.config) * (runner.config.num_slots + 3)
     assert (states > 0) == model.config.recurrent

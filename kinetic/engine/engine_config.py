@@ -104,7 +104,7 @@ def recurrent_bytes_per_sequence(model_config) -> int:
 def kv_memory_needed(model_config, config: EngineConfig) -> int:
     """Bytes of the KV cache of a resolved config: every page, the reserved one included."""
     return (kv_bytes_per_token(model_config, config.kv_dtype) * config.page_size * config.num_pages
-            + recurrent_bytes_per_sequence(model_config) * (config.parallel + 1))
+            + recurrent_bytes_per_sequence(model_config) * (config.parallel + 3))
 
 
 def check_kv_fits(model_config, config: EngineConfig) -> None:

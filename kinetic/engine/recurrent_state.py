@@ -10,8 +10,9 @@ state covers (`committed`) and how many draft rows after them left their inputs 
   p - committed pending inputs (the drafts the last step verified and accepted); a p outside
   committed .. committed + pending is an error: nobody restored the state the row needs
   (Runner.load_state does, from a snapshot, when a sequence resumes from a cached prefix);
-- a slot's later rows continue the row before them; sure rows commit, draft rows do not and
-  keep their inputs in the pending places 0, 1, ....
+- a slot's later rows continue from the state the row before them wrote; sure rows write
+  their slot's state (commit), draft rows the scratch state, keeping their inputs in the
+  pending places 0, 1, ....
 
 So the engine says nothing about drafts' outcomes: the next step's first position tells.
 """
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 import jax.numpy as jnp
 import numpy as np
 
-from kinetic.model.delta_net import FROM_CHAIN, FROM_SLOT, FROM_ZERO, Recur
+from kinetic.model.delta_net import Recur, extra_states
 
 
 class StateNotRestored(RuntimeError):
@@ -59,65 +60,66 @@ class RecurrentState:
              bucket: int) -> np.ndarray:
         """The packed Recur of a step whose first n rows are real (`unpack` reads it), and the
         record advanced past the step."""
-        n, S, K = len(slots), self.num_slots, self.max_draft
-        mode = np.full(bucket, FROM_ZERO)
-        state_slot = np.full(bucket, S)
-        commit = np.zeros(bucket, np.int64)
-        pend = np.full(bucket, -1)
+        n, K = len(slots), self.max_draft
+        PADDING, SCRATCH, ZERO = extra_states(self.num_slots)
+        read, write = np.full(bucket, ZERO), np.full(bucket, PADDING)
+        slot, pend = np.full(bucket, PADDING), np.full(bucket, -1)
         replay = []
         if not self.compiling:
             drafted: dict[int, int] = {}
             for r in range(n):
                 s, p = int(slots[r]), int(positions[r])
                 draft = drafts is not None and bool(drafts[r])
-                state_slot[r] = s
+                slot[r] = s
                 if r == 0 or int(slots[r - 1]) != s:
                     if draft:
                         raise ValueError(f"slot {s}: a step's first row of a slot is a draft")
                     if s in drafted:
                         raise ValueError(f"slot {s}: its rows are not together in the step")
                     drafted[s] = 0
-                    mode[r] = self._start(s, p, replay)
+                    read[r] = ZERO if self._start(s, p, replay) else s
                 elif p != int(positions[r - 1]) + 1:
                     raise ValueError(f"slot {s}: row {r} at position {p} does not follow "
                                      f"position {positions[r - 1]}")
-                else:
-                    mode[r] = FROM_CHAIN
+                else:   # the state the row before left: its slot's, or a draft chain's
+                    read[r] = SCRATCH if drafted[s] else s
                 if draft:
                     if drafted[s] >= K:
                         raise ValueError(f"slot {s}: more than max_draft={K} draft rows")
-                    pend[r] = drafted[s]
+                    pend[r], write[r] = drafted[s], SCRATCH
                     drafted[s] += 1
                 else:
                     if drafted[s]:
                         raise ValueError(f"slot {s}: a sure row after a draft row")
-                    commit[r] = 1
+                    write[r] = s
                     self.committed[s] = p + 1
             for s, count in drafted.items():
                 self.pending[s] = count
-        return self._pack(mode, state_slot, commit, pend, replay)
+        slots_, idx = self._replay_arrays(replay)
+        return np.concatenate([read, write, slot, pend, slots_, idx, [len(replay)]])
 
     def plan_decode(self, slots: np.ndarray, positions: np.ndarray, bucket: int) -> np.ndarray:
         """The packed recurrent part of Runner.decode_steps (`unpack_decode` reads it): N
         steps of one sure row per slot; the first starts as `plan` would, the others from
         the state the step before committed."""
-        n, S = len(slots), self.num_slots
-        mode = np.full(bucket, FROM_ZERO)
-        state_slot = np.full(bucket, S)
+        n = len(slots)
+        PADDING, _, ZERO = extra_states(self.num_slots)
+        read, write = np.full(bucket, ZERO), np.full(bucket, PADDING)
         replay = []
         for r in range(0 if self.compiling else n):
             s = int(slots[r])
-            state_slot[r] = s
-            mode[r] = self._start(s, int(positions[0, r]), replay)
+            write[r] = s
+            read[r] = ZERO if self._start(s, int(positions[0, r]), replay) else s
             self.committed[s], self.pending[s] = int(positions[-1, r]) + 1, 0
         slots_, idx = self._replay_arrays(replay)
-        return np.concatenate([mode, state_slot, slots_, idx, [len(replay)]])
+        return np.concatenate([read, write, slots_, idx, [len(replay)]])
 
-    def _start(self, s: int, p: int, replay: list) -> int:
-        """The mode of slot s's first row, at position p; queues its replays."""
+    def _start(self, s: int, p: int, replay: list) -> bool:
+        """Whether slot s's first row, at position p, starts a new sequence (from zeros);
+        queues the replays of the drafts accepted before it."""
         if p == 0:
             self.committed[s], self.pending[s] = 0, 0
-            return FROM_ZERO
+            return True
         back = p - self.committed[s]
         if not 0 <= back <= self.pending[s]:
             raise StateNotRestored(
@@ -125,7 +127,7 @@ class RecurrentState:
                 f"{self.committed[s]} positions (and {self.pending[s]} pending drafts)")
         replay += [(s, i) for i in range(back)]
         self.committed[s], self.pending[s] = p, 0
-        return FROM_SLOT
+        return False
 
     def _replay_arrays(self, replay: list) -> tuple[np.ndarray, np.ndarray]:
         R = self.replays
@@ -133,10 +135,6 @@ class RecurrentState:
         for i, (s, j) in enumerate(replay):
             slots[i], idx[i] = s, j
         return slots, idx
-
-    def _pack(self, mode, state_slot, commit, pend, replay) -> np.ndarray:
-        slots, idx = self._replay_arrays(replay)
-        return np.concatenate([mode, state_slot, commit, pend, slots, idx, [len(replay)]])
 
     @staticmethod
     def unpack(packed, B: int) -> Recur:
@@ -150,14 +148,13 @@ class RecurrentState:
     def unpack_decode(packed, B: int):
         """i -> the Recur of decode step i, from what `plan_decode` packed."""
         R = (packed.shape[0] - 2 * B - 1) // 2
-        mode, state_slot = packed[:B], packed[B:2 * B]
+        read, write = packed[:B], packed[B:2 * B]
         replay_slot, replay_idx = packed[2 * B:2 * B + R], packed[2 * B + R:2 * B + 2 * R]
         n_replay = packed[2 * B + 2 * R:]
-        ones = jnp.ones(B, jnp.int32)
 
-        def at(i):
-            first = i == 0
-            return Recur(jnp.where(first, mode, FROM_SLOT), state_slot, ones, -ones,
+        def at(i):   # after the first step, each row continues from what it wrote; its slot
+            first = i == 0   # (PADDING for padding rows) is what it writes
+            return Recur(jnp.where(first, read, write), write, write, -jnp.ones(B, jnp.int32),
                          replay_slot, replay_idx, jnp.where(first, n_replay, 0))
         return at
 

@@ -9,13 +9,18 @@ value head, a [key width, value width] matrix. The runner keeps one of each per 
 
 A step's rows update their slots' states one after the other, in row order, in one loop
 whose body is one token's update: so a row's bits depend only on its own slot's state and
-its own inputs, never on the other rows of the step or how many there are. Each row says
-where its starting state comes from (`Recur.mode`): its slot's committed state, the state
-the row before it left (a draft continues its chain), or zeros (position 0: a new
-sequence). Only rows that are sure (prompt rows and a sequence's newest token) commit their
-state to the slot; a draft row's update lives only along its chain, and its inputs are kept
-(`pending`), so that the next step first replays the drafts that were accepted onto the
-slot's state (`Recur.replay_*`), through the same loop body, before its own rows.
+its own inputs, never on the other rows of the step or how many there are. Each row reads
+one state and writes one (`Recur.read`, `Recur.write`, indices into the layer's state
+arrays): its slot's committed state, the scratch state a draft chain runs in, or the zero
+state (position 0: a new sequence). Only rows that are sure (prompt rows and a sequence's
+newest token) write their slot's state; a draft row writes the scratch state (the next
+draft of its chain reads it), and its inputs are kept (`pending`), so that the next step
+first replays the drafts that were accepted onto the slot's state (`Recur.replay_*`),
+through the same loop body, before its own rows.
+
+The state arrays have num_slots + 3 entries: the slots', then PADDING (padding rows write
+it, nobody reads it), SCRATCH (draft chains; a step's chains run one after the other) and
+ZERO (never written).
 """
 
 from __future__ import annotations
@@ -28,7 +33,11 @@ import jax.numpy as jnp
 from kinetic.model.config import Config
 from kinetic.model.layers import linear, linear_many, rms_norm
 
-FROM_SLOT, FROM_CHAIN, FROM_ZERO = 0, 1, 2   # Recur.mode: where a row's starting state is
+
+
+def extra_states(num_slots: int) -> tuple[int, int, int]:
+    """(PADDING, SCRATCH, ZERO): the state indices past the slots' (module docstring)."""
+    return num_slots, num_slots + 1, num_slots + 2
 
 
 @jax.tree_util.register_dataclass
@@ -36,17 +45,17 @@ FROM_SLOT, FROM_CHAIN, FROM_ZERO = 0, 1, 2   # Recur.mode: where a row's startin
 class Recur:
     """The recurrent layers' part of a step (runner.py fills it; all int32).
 
-    mode [T]: FROM_SLOT, FROM_CHAIN or FROM_ZERO. state_slot [T]: the row's state slot (the
-      extra slot S for padding rows). commit [T]: 1 where the row's new state becomes its
-      slot's. pend [T]: where a draft row keeps its inputs (pending[slot, pend]); -1 for
-      other rows (they write the extra place K). replay_slot, replay_idx [R]: the pending
-      inputs to apply to their slots' states first, in order; n_replay [1]: how many of
-      them are real.
+    read, write [T]: the state index the row starts from and the one its new state goes to
+      (extra_states). slot [T]: the row's slot (PADDING for padding rows), whose pending
+      places a draft row's inputs go to. pend [T]: where a draft row keeps its inputs
+      (pending[slot, pend]); -1 for other rows (they write the extra place K).
+      replay_slot, replay_idx [R]: the pending inputs to apply to their slots' states first,
+      in order; n_replay [1]: how many of them are real.
     """
 
-    mode: jax.Array
-    state_slot: jax.Array
-    commit: jax.Array
+    read: jax.Array
+    write: jax.Array
+    slot: jax.Array
     pend: jax.Array
     replay_slot: jax.Array
     replay_idx: jax.Array
@@ -54,12 +63,12 @@ class Recur:
 
 
 def state_shapes(cfg: Config, num_slots: int, max_pending: int) -> tuple[tuple[int, ...], ...]:
-    """Shapes of one delta-rule layer's (window, matrix, pending) arrays: num_slots + 1 state
-    slots (the last one for padding rows), max_pending + 1 pending places per slot."""
-    S, K = num_slots + 1, max_pending + 1
+    """Shapes of one delta-rule layer's (window, matrix, pending) arrays: num_slots + 3 states
+    (extra_states), max_pending + 1 pending places per slot (and the padding one's)."""
+    S, K = num_slots + 3, max_pending + 1
     return ((S, cfg.ssm_conv - 1, conv_channels(cfg)),
             (S, cfg.ssm_v_heads, cfg.ssm_state, cfg.ssm_state),
-            (S, K, event_width(cfg)))
+            (num_slots + 1, K, event_width(cfg)))
 
 
 def conv_channels(cfg: Config) -> int:
@@ -109,30 +118,27 @@ def recurrence(cfg: Config, taps: jax.Array, state: tuple, events: jax.Array, re
     K = pending.shape[1] - 1
 
     def body(i, carry):
-        windows, matrices, pending, run_w, run_m, out = carry
+        windows, matrices, pending, out = carry
         is_row = i >= n_replay
         r = jnp.maximum(i - n_replay, 0)
         ri = jnp.minimum(i, recur.replay_slot.shape[0] - 1)
-        slot = jnp.where(is_row, recur.state_slot[r], recur.replay_slot[ri])
-        mode = jnp.where(is_row, recur.mode[r], FROM_SLOT)
-        commit = jnp.where(is_row, recur.commit[r], 1)
-        event = jnp.where(is_row, events[r], pending[recur.replay_slot[ri], recur.replay_idx[ri]])
-        w0, m0 = windows[slot], matrices[slot]
-        w0 = jnp.where(mode == FROM_CHAIN, run_w, jnp.where(mode == FROM_ZERO, 0.0, w0))
-        m0 = jnp.where(mode == FROM_CHAIN, run_m, jnp.where(mode == FROM_ZERO, 0.0, m0))
-        w1, m1, o = _update(cfg, taps, w0, m0, event)
-        keep = commit == 1
-        windows = windows.at[slot].set(jnp.where(keep, w1, windows[slot]))
-        matrices = matrices.at[slot].set(jnp.where(keep, m1, matrices[slot]))
+        replayed = recur.replay_slot[ri]
+        read = jnp.where(is_row, recur.read[r], replayed)
+        write = jnp.where(is_row, recur.write[r], replayed)
+        event = jnp.where(is_row, events[r], pending[replayed, recur.replay_idx[ri]])
+        w1, m1, o = _update(cfg, taps, windows[read], matrices[read], event)
+        windows = jax.lax.dynamic_update_index_in_dim(windows, w1, write, 0)
+        matrices = jax.lax.dynamic_update_index_in_dim(matrices, m1, write, 0)
+        # a draft row keeps its inputs; the others write their slot's extra place K
+        slot = jnp.where(is_row, recur.slot[r], replayed)
         at = jnp.where(is_row & (recur.pend[r] >= 0), recur.pend[r], K)
-        pending = pending.at[slot, at].set(jnp.where(is_row, event, pending[slot, at]))
+        pending = pending.at[slot, at].set(event)
         out = out.at[jnp.where(is_row, r, T)].set(o)
-        return windows, matrices, pending, w1, m1, out
+        return windows, matrices, pending, out
 
     H, d = cfg.ssm_v_heads, cfg.ssm_state
-    carry = (windows, matrices, pending, jnp.zeros(windows.shape[1:]),
-             jnp.zeros(matrices.shape[1:]), jnp.zeros((T + 1, H, d)))
-    windows, matrices, pending, _, _, out = jax.lax.fori_loop(0, n_replay + T, body, carry)
+    carry = (windows, matrices, pending, jnp.zeros((T + 1, H, d)))
+    windows, matrices, pending, out = jax.lax.fori_loop(0, n_replay + T, body, carry)
     return out[:T], (windows, matrices, pending)
 
 
