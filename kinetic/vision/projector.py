@@ -21,13 +21,15 @@ idefics3 (MTMD_SLICE_TMPL_IDEFICS3; mtmd_image_preprocessor_idefics3 cuts the ti
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import jax.numpy as jnp
 import numpy as np
 
 from kinetic.model.gguf_file import GGUFFile
-from kinetic.model.weights import dequantize
+from kinetic.model.layers import Proj
+from kinetic.model.weights import _Packer, dequantize, kernel_choice
 from kinetic.vision import preprocess, siglip
 from kinetic.vision.images import Image
 
@@ -136,8 +138,9 @@ def load_projector(path: str) -> Projector:
         raise ProjectorError(f"{path}: clip.vision.preproc_image_size must be positive")
 
     weights = _weights(path, f, family, width, n_layer, side, scale, patch_size)
+    fc = weights.get("mm.model.fc.weight")
     n_embd = (weights["mm.input_projection.weight"].shape[1] if family == "gemma3"
-              else weights["mm.model.fc.weight"].shape[0])
+              else fc.n if isinstance(fc, Proj) else fc.shape[0])   # (a Proj's shape is (k, n))
     proj_dim = meta.get("clip.vision.projection_dim")
     if proj_dim is not None and int(proj_dim) != n_embd:
         raise ProjectorError(f"{path}: clip.vision.projection_dim {proj_dim} differs from the "
@@ -198,11 +201,22 @@ def _weights(path: str, f: GGUFFile, family: str, width: int, n_layer: int, side
         raise ProjectorError(f"{path}: the {family} mmproj file's tensors do not match"
                              + (f"; missing: {', '.join(missing[:8])}" if missing else "")
                              + (f"; not used: {', '.join(unused[:8])}" if unused else ""))
+    # the tower's matrices stay in their GGUF blocks and go through kinetic's kernel, as the
+    # text model's do (llama.cpp's rounding of the activations for each weight type, no
+    # float32 copy of an F16 tower); gemma3's input projection is used as x @ W, not W^T,
+    # and stays a float32 array, as do vectors
+    packer = _Packer(f) if kernel_choice("auto") == "ffi" else None
     out = {}
     for name, shape in shapes.items():
         raw = tensors[name]
         if tuple(raw.shape) != shape:
             raise ProjectorError(f"{path}: tensor {name} has shape {tuple(raw.shape)}, "
                                  f"expected {shape}")
-        out[name] = jnp.asarray(dequantize(raw).reshape(shape), jnp.float32)
+        matrix = len(shape) >= 2 and name != "mm.input_projection.weight" and name.endswith(
+            ".weight") and name != "v.position_embd.weight"
+        if packer is not None and matrix:
+            flat = dataclasses.replace(raw, shape=(shape[0], int(np.prod(shape[1:]))))
+            out[name] = packer.proj(flat)
+        else:
+            out[name] = jnp.asarray(dequantize(raw).reshape(shape), jnp.float32)
     return out

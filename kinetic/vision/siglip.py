@@ -21,6 +21,8 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
+from kinetic.model.layers import Proj, linear
+
 HI = jax.lax.Precision.HIGHEST
 
 
@@ -37,8 +39,11 @@ class TowerConfig:
 
 
 def _dense(x, w, b=None):
-    """x @ w.T (+ b): w as stored, [out, in]."""
-    y = jnp.einsum("ti,oi->to", x, w, precision=HI)
+    """x @ w.T (+ b): w as stored, [out, in] (a float32 array), or a packed projection
+    (kinetic's kernel, as the text model's weights)."""
+    if isinstance(w, Proj):
+        return linear(x, w, b)
+    y = jnp.einsum("ti,oi->to", x, w.reshape(w.shape[0], -1), precision=HI)
     return y if b is None else y + b
 
 
@@ -74,8 +79,7 @@ def tower(pixels, w, cfg: TowerConfig):
     gh, gw = pixels.shape[0] // p, pixels.shape[1] // p
     # [gh, p, gw, p, 3] -> [gh * gw, 3 * p * p] in the conv weight's (c, ky, kx) order
     blocks = pixels.reshape(gh, p, gw, p, 3).transpose(0, 2, 4, 1, 3).reshape(gh * gw, -1)
-    conv = w["v.patch_embd.weight"]
-    x = _dense(blocks, conv.reshape(conv.shape[0], -1), w["v.patch_embd.bias"])
+    x = _dense(blocks, w["v.patch_embd.weight"], w["v.patch_embd.bias"])
     x = x + w["v.position_embd.weight"]
     for i in range(cfg.n_layer):
         with jax.named_scope(f"block{i}"):
