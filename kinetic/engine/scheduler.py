@@ -35,6 +35,18 @@ One step, traced:
 
 Which rows a step holds never changes a row's result (DESIGN.md): only when it is computed.
 
+Recurrent models (Qwen3.5: `snapshots` set). A sequence's recurrent state is not in its
+pages, so it resumes from a cached prefix only where a state snapshot was kept
+(recurrent_state.StateSnapshots, keyed by the page key the snapshot's position ends): a
+prompt chunk is cut at the prompt's last page boundary so that a snapshot is taken there,
+a decoding sequence's latest full page gets one too, the plan carries the snapshot to
+restore (`state_loads`) and `complete` asks for the new ones (`take_state_saves`).
+Partial pages are not reused for them.
+
+Images. An image's rows (Sequence.image_keys) are keyed in pages by the image's digest,
+not by their placeholder ids; an image whose rows attend to each other both ways
+(Sequence.blocks: Gemma 3's) is computed within one step: a chunk never ends inside it.
+
 Prefills. A prefill (`add_prefill`) is a sequence that only fills the prefix cache: its rows
 are never sampled, and it ends once its tokens are computed. The prefix cache keeps full
 pages only, so a prefill's tokens are cut to whole pages when it is added (one shorter than a
