@@ -132,3 +132,18 @@ def test_a_chunk_never_ends_inside_an_image_that_attends_both_ways():
         starts.append((int(plan.positions[0]), len(plan)))
         sched.complete(plan, {1: 5} if plan.chunks[0].sampled else {})
     assert starts[:3] == [(0, 10), (10, 16), (26, 14)]
+
+
+def test_a_both_ways_image_gets_its_rows_beside_another_prompt():
+    """Two prompts share a step's rows; one whose next rows are a both-ways image larger than
+    its share still gets the whole image in one step, rather than waiting for ever."""
+    from kinetic.engine.scheduler import Scheduler, SchedulerConfig, Sequence
+    sched = Scheduler(SchedulerConfig(step_tokens=16, num_slots=2, page_size=16, num_pages=17,
+                                      pages_per_slot=8, chunk_tokens=16))
+    image = Sequence(1, list(range(1, 30)), max_tokens=1)
+    image.blocks = [(0, 12)]
+    sched.add(image)
+    sched.add(Sequence(2, list(range(100, 160)), max_tokens=1))
+    plan = sched.schedule()
+    rows = {c.seq_id: (c.start, c.num_rows) for c in plan.chunks}
+    assert rows[1] == (0, 12)

@@ -427,8 +427,9 @@ class Scheduler:
                 if self._budget == 0:
                     break
                 if seq.status is Status.RUNNING:   # else preempted for an older one
-                    self._take(seq, min(todo[seq.seq_id], self.config.chunk_tokens, share,
-                                        self._budget), preempted)
+                    n = max(min(todo[seq.seq_id], self.config.chunk_tokens, share),
+                            self._block_rows(seq))   # a both-ways image whole, if it can
+                    self._take(seq, min(n, self._budget), preempted)
             for seq in admit:
                 if preempted or self._budget == 0:
                     break
@@ -706,7 +707,9 @@ class Scheduler:
                                     self.pages.available - revived - len(from_host))
         if partial is not None:
             computed += partial[1]
-        n = min(len(seq.tokens) - computed, self.config.chunk_tokens, budget)
+        need = next((hi - computed for lo, hi in seq.blocks if lo <= computed < hi), 0)
+        n = min(len(seq.tokens) - computed, self.config.chunk_tokens,   # (a both-ways image
+                max(budget, min(need, self._budget)))                  # whole, if it can)
         n = min(n, (len(hits) + self.pages.available - revived) * ps - computed)
         if n < 1:
             return 0
@@ -820,6 +823,12 @@ class Scheduler:
             pos = start + i
             rows.append((seq.seq_id, tok, pos, seq.slot, seq.pages[pos // ps] * ps + pos % ps))
         return n
+
+    def _block_rows(self, seq: Sequence) -> int:
+        """The rows seq needs in this step when its next row is in an image whose rows attend
+        both ways (they are computed together: _emit); else 0."""
+        at = seq.num_computed
+        return next((hi - at for lo, hi in seq.blocks if lo <= at < hi), 0)
 
     def _snapshot_at(self, seq: Sequence) -> int:
         """Where a recurrent model keeps a state snapshot of seq's prompt: its last page
