@@ -117,7 +117,8 @@ class Runner:
                     write_index: np.ndarray, page_table: np.ndarray,
                     logit_rows: list[int] | None = None,
                     drafts: np.ndarray | None = None,
-                    images: tuple[np.ndarray, np.ndarray] | None = None) -> jax.Array:
+                    images: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+                    ) -> jax.Array:
         """Run one step over up to T rows (arrays of length n <= T) and update the cache.
         page_table: [S, P]. Returns the device array of logits [B, V] for every row of the
         step's bucket B >= n (rows n.. are padding). With logit_rows (kernel "ffi" only),
