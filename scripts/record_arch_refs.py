@@ -137,6 +137,14 @@ def continuation(server: LlamaServer, prompt: str) -> dict:
     if r["tokens_evaluated"] != len(ids):
         raise RuntimeError(f"{prompt!r}: /tokenize gave {len(ids)} ids, the completion "
                            f"evaluated {r['tokens_evaluated']}")
+    return {"prompt": prompt, "prompt_ids": ids, "content": r["content"],
+            "tokens": r["tokens"], "steps": greedy_steps(r, prompt)}
+
+
+def greedy_steps(r: dict, prompt: str) -> list[dict]:
+    """A /completion answer's steps (n_probs N_PROBS, return_tokens): per generated token its
+    id and top-N_PROBS raw log-probabilities, or None where llama-server gave none; checked
+    greedy and aligned with the tokens."""
     steps, probs = [], iter(r["completion_probabilities"])
     entry = next(probs, None)
     for j, t in enumerate(r["tokens"]):
@@ -157,8 +165,7 @@ def continuation(server: LlamaServer, prompt: str) -> dict:
         entry = next(probs, None)
     if entry is not None:
         raise RuntimeError(f"{prompt!r}: probabilities left over after the tokens: {entry}")
-    return {"prompt": prompt, "prompt_ids": ids, "content": r["content"],
-            "tokens": r["tokens"], "steps": steps}
+    return steps
 
 
 def record(name: str, binary: str, version: str, out_dir: Path, tmp: Path) -> Path:

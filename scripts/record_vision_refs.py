@@ -65,7 +65,7 @@ if str(ROOT) not in sys.path:
 
 from bench.servers import LlamaServer   # noqa: E402
 from scripts.record_arch_refs import (N_PREDICT, N_PROBS, OUTPUT_SCALE,   # noqa: E402
-                                      SERVER_FLAGS, post)
+                                      SERVER_FLAGS, greedy_steps, post)
 from scripts.record_embedding_refs import reference_server, rounded   # noqa: E402
 from tests import tiny_vision   # noqa: E402
 
@@ -175,26 +175,8 @@ def continuation(server: LlamaServer, prompt: str, image: bytes, marker: str) ->
                    "multimodal_data": [base64.b64encode(image).decode()]},
         "n_predict": N_PREDICT, "temperature": 0, "n_probs": N_PROBS,
         "post_sampling_probs": False, "cache_prompt": False, "return_tokens": True})
-    steps, probs = [], iter(r["completion_probabilities"])
-    entry = next(probs, None)
-    for j, t in enumerate(r["tokens"]):
-        if entry is None or entry["id"] != t:
-            if j + 1 < len(r["tokens"]) and r["tokens"][j + 1] == t:
-                raise RuntimeError(f"{prompt!r}: cannot tell which of steps {j}, {j + 1} "
-                                   "lost its probabilities")
-            steps.append({"id": t, "top_logprobs": None})
-            continue
-        top = entry["top_logprobs"]
-        if top[0]["id"] != t or len(top) != N_PROBS:
-            raise RuntimeError(f"{prompt!r}: step {j} is not greedy over {N_PROBS} raw "
-                               f"log-probabilities: {entry}")
-        steps.append({"id": t, "top_logprobs": [{"id": x["id"], "logprob": x["logprob"]}
-                                                for x in top]})
-        entry = next(probs, None)
-    if entry is not None:
-        raise RuntimeError(f"{prompt!r}: probabilities left over after the tokens: {entry}")
     return {"tokens_evaluated": r["tokens_evaluated"], "content": r["content"],
-            "tokens": r["tokens"], "steps": steps}
+            "tokens": r["tokens"], "steps": greedy_steps(r, prompt)}
 
 
 def image_embeddings(mtmd_cli: str, text_path: Path, mmproj_path: Path, image: Path,
