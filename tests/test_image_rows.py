@@ -23,7 +23,7 @@ from kinetic.engine.sampling_params import SamplingParams
 from kinetic.model.layers import embed
 from kinetic.model.loader import load_model
 from kinetic.text.tokenizer import Tokenizer
-from tests.test_invariance import alongside
+from tests.test_invariance import alongside, run
 from tests.tiny_models import write_tiny_model
 
 
@@ -39,15 +39,6 @@ def setup(tmp_path_factory):
 
 
 PROMPT = "Here is a picture of the sea at dawn, with three boats. What do you see in it?"
-
-
-def run(engine, request):
-    ids, lps, cached = [], [], None
-    for d in engine.generate(request):
-        ids += d.token_ids
-        lps += [(lp.token, lp.logprob, lp.top) for lp in d.logprobs]
-        cached = d.usage.cached_tokens if d.usage else cached
-    return ids, lps, cached
 
 
 def request(ids, images=(), **kw):

@@ -27,6 +27,7 @@ from kinetic.engine.sampling_params import SamplingParams
 from kinetic.engine.scheduler import Scheduler, SchedulerConfig, Sequence
 from kinetic.model.loader import load_model
 from kinetic.text.tokenizer import Tokenizer
+from tests.test_invariance import run
 from tests.tiny_models import write_tiny_model
 
 PS = 16
@@ -164,14 +165,6 @@ def test_a_continued_conversation_resumes_from_the_snapshot_as_cold(model):
     request = GenerationRequest(second, SamplingParams(temperature=0.0), max_tokens=12,
                                 logprobs=2)
     config = EngineConfig(n_ctx=512, parallel=2)
-
-    def run(engine, req):
-        ids, lps, cached = [], [], None
-        for d in engine.generate(req):
-            ids += d.token_ids
-            lps += [(lp.token, lp.logprob, lp.top) for lp in d.logprobs]
-            cached = d.usage.cached_tokens if d.usage else cached
-        return ids, lps, cached
     cold = Engine(model, tok, config)
     warm = Engine(model, tok, config)
     try:
