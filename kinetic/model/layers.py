@@ -294,6 +294,21 @@ def paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, step: 
     return out.reshape(T, H, Qv)  # [T, H, Qv]
 
 
+def residual_layers(x: jax.Array, weights: dict, cache: list, eps: float, mixer, ffn,
+                    ffn_norm: str = "ffn_norm") -> tuple[jax.Array, list]:
+    """A pre-norm decoder's layers over x [T, D]: per layer i, x += mixer(i, attn_norm(x), w,
+    the layer's cache) (which returns its output and the layer's new cache: attention, or a
+    hybrid's other mixer) then x += ffn(i, ffn_norm(x), w). Returns (x, the new cache)."""
+    new_cache = []
+    for i, (w, layer_cache) in enumerate(zip(weights["blk"], cache)):
+        y, layer_cache = mixer(i, rms_norm(x, w["attn_norm"], eps), w, layer_cache)
+        x = x + y
+        with jax.named_scope("ffn"):
+            x = x + ffn(i, rms_norm(x, w[ffn_norm], eps), w)
+        new_cache.append(layer_cache)
+    return x, new_cache
+
+
 def gelu_tanh(x: jax.Array) -> jax.Array:
     return jax.nn.gelu(x, approximate=True)
 

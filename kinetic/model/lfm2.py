@@ -22,8 +22,8 @@ import numpy as np
 from kinetic.model import qwen3
 from kinetic.model.config import Config, ModelConfigError
 from kinetic.model.experts import moe_ffn
-from kinetic.model.layers import (StepInput, input_rows, linear, output_logits, rms_norm,
-                                  rope_angles, swiglu_ffn, write_kv_pair)
+from kinetic.model.layers import (StepInput, input_rows, linear, output_logits,
+                                  residual_layers, rope_angles, swiglu_ffn, write_kv_pair)
 
 GLOBAL_TENSORS = ("token_embd", "token_embd_norm")   # llama.cpp's name of LFM2's final norm
 OPTIONAL_GLOBAL = ("output",)
@@ -94,21 +94,18 @@ def short_conv(x: jax.Array, w: dict, cache: tuple[jax.Array, jax.Array], step: 
 def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
     """Logits [T, V] for the step's rows, and the cache with their rows written."""
     eps = cfg.norm_eps
-    x = input_rows(step, weights["token_embd"])
     cos, sin = rope_angles(step.positions, cfg, cfg.rope_base)
-    new_cache = []
-    for i, (w, layer_cache) in enumerate(zip(weights["blk"], cache)):
-        h = rms_norm(x, w["attn_norm"], eps)
+
+    def mixer(i, h, w, layer_cache):
         if cfg.conv_layers[i]:
             with jax.named_scope("short_conv"):
-                y, layer_cache = short_conv(h, w, layer_cache, step, cfg)
-        else:
-            with jax.named_scope("attention"):
-                y, layer_cache = qwen3.attention(h, w, layer_cache, step, cfg, cos, sin)
-        x = x + y
-        with jax.named_scope("ffn"):
-            h = rms_norm(x, w["ffn_norm"], eps)
-            x = x + (moe_ffn(h, w, cfg) if moe_layer(cfg, i) else swiglu_ffn(h, w))
-        new_cache.append(layer_cache)
+                return short_conv(h, w, layer_cache, step, cfg)
+        with jax.named_scope("attention"):
+            return qwen3.attention(h, w, layer_cache, step, cfg, cos, sin)
+
+    def ffn(i, h, w):
+        return moe_ffn(h, w, cfg) if moe_layer(cfg, i) else swiglu_ffn(h, w)
+    x, new_cache = residual_layers(input_rows(step, weights["token_embd"]), weights, cache,
+                                   eps, mixer, ffn)
     return (output_logits(x, step, weights["token_embd_norm"], weights["output"], eps),
             new_cache)

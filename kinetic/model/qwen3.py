@@ -8,8 +8,8 @@ import jax
 
 from kinetic.model.config import Config
 from kinetic.model.layers import (StepInput, apply_rope, input_rows, linear, output_logits,
-                                  paged_attention, qkv, rms_norm, rope_angles, swiglu_ffn,
-                                  write_kv_pair)
+                                  paged_attention, qkv, residual_layers, rms_norm, rope_angles,
+                                  swiglu_ffn, write_kv_pair)
 
 GLOBAL_TENSORS = ("token_embd", "output_norm")
 OPTIONAL_GLOBAL = ("output",)
@@ -32,16 +32,13 @@ def decoder(weights: dict, cfg: Config, cache: list, step: StepInput,
     """Qwen3's layers with `ffn(normed x, layer weights)` as the feed-forward block (a dense
     SwiGLU, or Qwen3-MoE's mixture of experts)."""
     eps = cfg.norm_eps
-    x = input_rows(step, weights["token_embd"])  # [T, D]
     cos, sin = rope_angles(step.positions, cfg, cfg.rope_base)
-    new_cache = []
-    for w, kv in zip(weights["blk"], cache):
+
+    def mixer(i, h, w, kv):
         with jax.named_scope("attention"):
-            a, kv = attention(rms_norm(x, w["attn_norm"], eps), w, kv, step, cfg, cos, sin)
-            x = x + a
-        with jax.named_scope("ffn"):
-            x = x + ffn(rms_norm(x, w["ffn_norm"], eps), w)
-        new_cache.append(kv)
+            return attention(h, w, kv, step, cfg, cos, sin)
+    x, new_cache = residual_layers(input_rows(step, weights["token_embd"]), weights, cache,
+                                   eps, mixer, lambda i, h, w: ffn(h, w))
     return output_logits(x, step, weights["output_norm"], weights["output"], eps), new_cache
 
 

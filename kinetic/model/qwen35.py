@@ -22,8 +22,8 @@ import numpy as np
 from kinetic.model.config import Config, ModelConfigError
 from kinetic.model.delta_net import conv_channels, delta_net_layer
 from kinetic.model.layers import (StepInput, apply_rope, input_rows, linear, linear_many,
-                                  output_logits, paged_attention, rms_norm, rope_angles,
-                                  swiglu_ffn, write_kv_pair)
+                                  output_logits, paged_attention, residual_layers, rms_norm,
+                                  rope_angles, swiglu_ffn, write_kv_pair)
 
 GLOBAL_TENSORS = ("token_embd", "output_norm")
 OPTIONAL_GLOBAL = ("output",)
@@ -104,21 +104,17 @@ def decoder(weights: dict, cfg: Config, cache: list, step: StepInput,
             ffn: Callable[[jax.Array, dict], jax.Array]):
     """Qwen3.5's layers with `ffn(normed x, layer weights)` as the feed-forward block."""
     eps = cfg.norm_eps
-    x = input_rows(step, weights["token_embd"])
     cos, sin = rope_angles(step.positions, cfg, cfg.rope_base)
-    new_cache = []
-    for i, (w, layer_cache) in enumerate(zip(weights["blk"], cache)):
-        h = rms_norm(x, w["attn_norm"], eps)
+
+    def mixer(i, h, w, layer_cache):
         if cfg.recurrent_layers[i]:
             with jax.named_scope("delta_net"):
-                y, layer_cache = delta_net_layer(h, w, layer_cache, step.recur, cfg)
-        else:
-            with jax.named_scope("attention"):
-                y, layer_cache = attention(h, w, layer_cache, step, cfg, cos, sin)
-        x = x + y
-        with jax.named_scope("ffn"):
-            x = x + ffn(rms_norm(x, w["post_attention_norm"], eps), w)
-        new_cache.append(layer_cache)
+                return delta_net_layer(h, w, layer_cache, step.recur, cfg)
+        with jax.named_scope("attention"):
+            return attention(h, w, layer_cache, step, cfg, cos, sin)
+    x, new_cache = residual_layers(input_rows(step, weights["token_embd"]), weights, cache,
+                                   eps, mixer, lambda i, h, w: ffn(h, w),
+                                   ffn_norm="post_attention_norm")
     return output_logits(x, step, weights["output_norm"], weights["output"], eps), new_cache
 
 
