@@ -93,16 +93,19 @@ def test_truncated_and_corrupt_data_are_refused():
         images.from_bytes(bytes(corrupt))
 
 
+def bomb_png() -> bytes:
+    """A small PNG whose header claims 60000 x 60000 pixels (its data would be gigabytes)."""
+    small = encode(PILImage.fromarray(RGB))
+    chunk = b"IHDR" + struct.pack(">IIBBBBB", 60000, 60000, 8, 2, 0, 0, 0)
+    return (small[:8] + struct.pack(">I", 13) + chunk + struct.pack(">I", zlib.crc32(chunk))
+            + small[33:])
+
+
 def test_a_decompression_bomb_is_refused_from_its_header():
     """A PNG whose header claims 60000 x 60000 pixels is refused before any of it is
-    decompressed (its data would be gigabytes)."""
-    small = encode(PILImage.fromarray(RGB))
-    ihdr = struct.pack(">IIBBBBB", 60000, 60000, 8, 2, 0, 0, 0)
-    chunk = b"IHDR" + ihdr
-    bomb = small[:8] + struct.pack(">I", 13) + chunk + struct.pack(
-        ">I", zlib.crc32(chunk)) + small[33:]
+    decompressed."""
     with pytest.raises(ImageError, match="over the limit"):
-        images.from_bytes(bomb)
+        images.from_bytes(bomb_png())
 
 
 def test_sizes_and_counts_are_bounded():

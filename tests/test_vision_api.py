@@ -97,12 +97,8 @@ def _truncated() -> str:
 
 
 def _bomb() -> str:
-    import struct
-    import zlib
-    small = png(5, 7, 4)
-    chunk = b"IHDR" + struct.pack(">IIBBBBB", 60000, 60000, 8, 2, 0, 0, 0)
-    return data_url(small[:8] + struct.pack(">I", 13) + chunk
-                    + struct.pack(">I", zlib.crc32(chunk)) + small[33:])
+    from tests.test_images import bomb_png
+    return data_url(bomb_png())
 
 
 @pytest.mark.parametrize("url,words", [

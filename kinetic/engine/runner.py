@@ -72,8 +72,10 @@ class Runner:
         self.row_buckets = ([b for b in ROW_BUCKETS if b < T] + [T]) if self.exact_rows else [T]
         self.state = RecurrentState(config) if cfg.recurrent else None
         self._no_images: dict[int, jax.Array] = {}   # bucket -> zero embedding rows
-        self._paged = [i for i in range(cfg.n_layer)
-                       if not (cfg.recurrent_layers and cfg.recurrent_layers[i])]
+        # the layers whose cache is pages (k, v) and those whose is a per-slot state
+        recurrent = cfg.recurrent_layers or (False,) * cfg.n_layer
+        self._paged = tuple(i for i, r in enumerate(recurrent) if not r)
+        self._recurrent = tuple(i for i, r in enumerate(recurrent) if r)
 
     @property
     def cache(self) -> list:
@@ -222,17 +224,15 @@ class Runner:
 
     def save_state(self, slot: int) -> StateSnapshot:
         """A copy of the slot's committed recurrent state (recurrent models only)."""
-        layers = [i for i in range(len(self.cache)) if i not in self._paged]
         return StateSnapshot(self.state.committed[slot],
-                             _read_state(self.cache, slot, tuple(layers)),
+                             _read_state(self.cache, slot, self._recurrent),
                              self.state.pending[slot])
 
     def load_state(self, slot: int, snapshot: StateSnapshot, pending: bool = False) -> None:
         """Make `snapshot` the slot's committed recurrent state: a sequence resuming from the
         cached prefix the snapshot was taken at, or (pending: the slot's pending drafts'
         inputs are still the snapshot's) the slot put back as it was."""
-        layers = tuple(i for i in range(len(self.cache)) if i not in self._paged)
-        self.cache = _write_state(self.cache, jnp.int32(slot), snapshot.arrays, layers)
+        self.cache = _write_state(self.cache, jnp.int32(slot), snapshot.arrays, self._recurrent)
         self.state.restored(slot, snapshot.position, snapshot.pending if pending else 0)
 
     def key_bucket(self, positions: np.ndarray) -> int:
@@ -252,14 +252,13 @@ class Runner:
 
     def write_pages(self, pages: list[int], data: list[list[np.ndarray]]) -> None:
         """Fill whole cache pages from host copies (read_pages' format), in place."""
-        paged = tuple(self._paged)
         for start in range(0, len(pages), PAGE_COPY_BATCH):
             chunk, rows = pages[start:start + PAGE_COPY_BATCH], data[start:start + PAGE_COPY_BATCH]
             pad = PAGE_COPY_BATCH - len(chunk)  # fixed batch: one compiled shape
             idx = np.asarray(list(chunk) + [RESERVED_PAGE] * pad, np.int32)
             arrays = [np.stack([r[j] for r in rows] + [np.zeros_like(rows[0][j])] * pad)
                       for j in range(len(rows[0]))]
-            self.cache = _write_pages(self.cache, jnp.asarray(idx), arrays, paged)
+            self.cache = _write_pages(self.cache, jnp.asarray(idx), arrays, self._paged)
 
     def _logit_shape(self, bucket: int, want: list[int] | None) -> list[int] | None:
         """The logit rows a step at `bucket` rows computes for a caller who wants `want`

@@ -27,6 +27,7 @@ class PieceCache:
 
     def __init__(self, projector):
         self.projector = projector
+        self.non_causal = projector.non_causal
         self._pieces: OrderedDict[bytes, list] = OrderedDict()
 
     def pieces(self, image: Image) -> list:
@@ -62,8 +63,7 @@ def image_prompt(tokenizer, projector, text: str, images: list[Image],
                 ids.append(lookup_token(tokenizer, value))
             else:
                 digest = hashlib.sha256(images[i].digest + j.to_bytes(4, "little")).digest()
-                non_causal = getattr(projector, "projector", projector).non_causal
-                rows.append(ImageRows(len(ids), value, digest, non_causal))
+                rows.append(ImageRows(len(ids), value, digest, projector.non_causal))
                 ids += [PLACEHOLDER] * len(value)
     return ids, tuple(rows)
 
