@@ -751,8 +751,9 @@ class Scheduler:
         ps, start = self.config.page_size, len(keys) * self.config.page_size
         parent = keys[-1] if keys else None
         pending = {key for _, key in self.pages.evicted}   # saved before this plan's restores
+        keyed = seq.key_tokens   # (a copy, where the sequence has images: made once)
         for k in range(min(ps - 1, len(seq.tokens) - last - start), 0, -1):
-            kept = self._partials.get(partial_key(parent, seq.key_tokens[start:start + k]))
+            kept = self._partials.get(partial_key(parent, keyed[start:start + k]))
             if kept is not None and (kept in self.host or kept in pending):
                 return kept, k
         return None
@@ -768,9 +769,10 @@ class Scheduler:
         full, k = divmod(seq.num_computed, ps)
         if k == 0 or full >= len(seq.pages):
             return
-        extend_keys(seq.page_keys, seq.key_tokens, ps, full)
+        keyed = seq.key_tokens
+        extend_keys(seq.page_keys, keyed, ps, full)
         parent = seq.page_keys[full - 1] if full else None
-        tail = seq.key_tokens[full * ps:full * ps + k]
+        tail = keyed[full * ps:full * ps + k]
         kept = partial_key(parent, tail)
         if kept not in self.host:
             self.pages.evicted.append((seq.pages[full], kept))
