@@ -68,7 +68,7 @@ def test_chat_and_generate_streamed_equal_whole(client):
 
 
 def test_options_are_honoured(client):
-    capped = client.generate("qwen", "Count from 1 to 50.", options={"num_predict": 5})
+    capped = client.generate("qwen", "Count from 1 to 50.", options=dict(GREEDY, num_predict=5))
     assert capped.eval_count == 5 and capped.done_reason == "length"
     sampled = {"temperature": 1.0, "seed": 42, "num_predict": 24}
     first = client.generate("qwen", "Write a short poem.", options=sampled)
