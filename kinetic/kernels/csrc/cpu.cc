@@ -28,7 +28,8 @@ bool isa_supported(Isa isa) {
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
     case ISA_AVX512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+             __builtin_cpu_supports("fma") && has_f16c();  // (every AVX-512 CPU has both)
   }
   return false;
 #else

@@ -4,7 +4,7 @@
 // (simd_legacy16.h for the 32-value blocks, simd_kquant16.h for the K-quants;
 // the float formats keep the shared float loop), with VNNI's dpbusd for the unscaled block
 // dots (no int16 saturation, so Q8_0 can be offset by 128 instead of the sign trick) and
-// mask registers for the 5th bits of Q5_0 / Q5_1.
+// mask registers for the 5th bits of Q5_0 / Q5_1. Float weights: simd_float16.h.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -17,7 +17,7 @@
 namespace kn {
 namespace {
 
-#define KN_SIMD __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+#define KN_SIMD __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")))
 #define KN_INL KN_SIMD inline __attribute__((always_inline))
 
 // acc + the 8 int32 sums of 4 products u8 * s8, exact for every u8.
@@ -45,6 +45,8 @@ struct FQ8_0 {
 };
 
 #define KN_HAVE_COLS16 1
+// Block scales and F16 weights through F16C's vcvtph2ps (simd_driver.h f16x8).
+#define KN_F16C_SCALES 1
 
 #include "simd_driver.h"
 

@@ -11,7 +11,7 @@
 
 // 8 IEEE halves (the low 16 bits of int32 lanes, the rest zero) -> floats.
 //
-// With KN_F16C_SCALES (the AVX2 path) F16C's vcvtph2ps: 3 instructions where the software
+// With KN_F16C_SCALES (both SIMD paths) F16C's vcvtph2ps: 3 instructions where the software
 // conversion below takes 14, and the block scales are converted for every 8 columns of
 // every block (about a fifth of the one-row loop's instructions). It gives common.h
 // f16_to_f32's bits for every half (subnormals exactly, as normal floats; MXCSR's DAZ does not
@@ -20,8 +20,8 @@
 // weight times an activation), and a product with a signalling NaN operand is that NaN
 // quieted, so the products, and every result, have the reference's bits either way.
 //
-// Without it (the AVX-512 path) the software conversion, bit for bit f16_to_f32
-// (subnormals as man * 2^-24, inf / NaN payloads kept).
+// Without it the software conversion, bit for bit f16_to_f32 (subnormals as man * 2^-24,
+// inf / NaN payloads kept).
 #ifdef KN_F16C_SCALES
 KN_INL __m256 f16x8(__m256i h) {
   // the lanes hold 0 .. 0xFFFF, so the unsigned saturating pack keeps every one exactly
@@ -211,6 +211,8 @@ KN_SIMD void quant_run(const MatmulArgs& a, int64_t n0, int64_t n1) {
 }
 
 // ---- float formats ------------------------------------------------------------------
+// (The AVX2 path's; the AVX-512 path's are in simd_float16.h.)
+#ifndef KN_HAVE_COLS16
 
 // 8 weights from index k as floats (exact conversions).
 template <int FMT>
@@ -344,6 +346,10 @@ KN_SIMD void float_cols(const MatmulArgs& a, int64_t n0, int64_t n1) {
   }
 }
 
+#else
+#include "simd_float16.h"
+#endif
+
 // Every format this file accelerates; false hands the format to the reference.
 KN_SIMD bool dispatch(const MatmulArgs& a, int64_t n0, int64_t n1) {
   switch (a.fmt) {
@@ -357,9 +363,15 @@ KN_SIMD bool dispatch(const MatmulArgs& a, int64_t n0, int64_t n1) {
     case Q4_K: quant_run<FQ4_K>(a, n0, n1); return true;
     case Q5_K: quant_run<FQ5_K>(a, n0, n1); return true;
     case Q6_K: quant_run<FQ6_K>(a, n0, n1); return true;
+#ifdef KN_HAVE_COLS16
+    case F32: float_cols16<F32>(a, n0, n1); return true;
+    case F16: float_cols16<F16>(a, n0, n1); return true;
+    case BF16: float_cols16<BF16>(a, n0, n1); return true;
+#else
     case F32: float_cols<F32>(a, n0, n1); return true;
     case F16: float_cols<F16>(a, n0, n1); return true;
     case BF16: float_cols<BF16>(a, n0, n1); return true;
+#endif
   }
   return false;
 }

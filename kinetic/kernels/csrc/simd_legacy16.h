@@ -8,7 +8,12 @@
 // Included by simd_driver.h inside the AVX-512 path's namespace (simd_kquant16.h, after
 // it, uses its helpers).
 
-// 16 IEEE halves (low 16 bits of int32 lanes) -> floats, the same operations as f16x8.
+// 16 IEEE halves (low 16 bits of int32 lanes) -> floats, as f16x8 (simd_driver.h): F16C's
+// vcvtph2ps after a truncating pack (the lanes hold 0 .. 0xFFFF), else the software
+// conversion's operations.
+#ifdef KN_F16C_SCALES
+KN_INL __m512 f16x16(__m512i h) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h)); }
+#else
 KN_INL __m512 f16x16(__m512i h) {
   const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(h, _mm512_set1_epi32(0x8000)), 16);
   const __m512i em = _mm512_and_si512(h, _mm512_set1_epi32(0x7FFF));
@@ -22,6 +27,7 @@ KN_INL __m512 f16x16(__m512i h) {
   const __m512i subbits = _mm512_or_si512(_mm512_castps_si512(sub), sign);
   return _mm512_castsi512_ps(_mm512_mask_blend_epi32(is_sub, normal, subbits));
 }
+#endif
 
 // z[i] = (column lo(i) | column lo(i) + 4), lo(i) = i < 4 ? i : i + 4; returns t[0..7],
 // lane c of t[j] = int32 j of column c.
