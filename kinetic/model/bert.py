@@ -11,8 +11,6 @@ pools (kinetic/engine/encoder.py). As llama.cpp does, every token takes token ty
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 
@@ -77,13 +75,16 @@ def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
     if "token_types" in weights:
         x = x + embed(jnp.zeros_like(step.tokens), weights["token_types"])
     x = layer_norm(x, weights["token_embd_norm"], weights["token_embd_norm.bias"], eps)
-    both_ways = dataclasses.replace(step, positions=text_ends(step))
+    # every row sees its whole text: its own position, the text's last as its end (so a
+    # text's rows stay consecutive and share their key work in the kernel)
+    ends = text_ends(step)
     new_cache = []
     for w, kv in zip(weights["blk"], cache):
         with jax.named_scope("attention"):
             q, k, v = qkv(x, w, cfg)
             k_cache, v_cache = write_kv_pair(kv, k, v, step.write_index)
-            a = paged_attention(q, k_cache, v_cache, both_ways, cfg.q_scale, kernel=cfg.kernel)
+            a = paged_attention(q, k_cache, v_cache, step, cfg.q_scale, kernel=cfg.kernel,
+                                ends=ends)
             a = linear(a.reshape(T, -1), w["attn_output"], w["attn_output.bias"])
             x = layer_norm(x + a, w["attn_output_norm"], w["attn_output_norm.bias"], eps)
         with jax.named_scope("ffn"):
