@@ -33,14 +33,16 @@ KN_INL __m512 mul_add16(__m512 acc, __m512 x, __m512 w) {
 KN_INL float float_reduce16(__m512 l, const float* xm, const uint8_t* row, int fmt, int64_t K16,
                             int64_t K) {
   if (K16 == K) {
-    const __m256 h8 = _mm256_add_ps(_mm512_castps512_ps256(l), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(l), 1)));
+    const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(l), 1));
+    const __m256 h8 = _mm256_add_ps(_mm512_castps512_ps256(l), hi);   // lane i + lane i + 8
     const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
     const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
     return _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
   }
   float lanes[16];
   _mm512_storeu_ps(lanes, l);
-  for (int64_t k = K16; k < K; ++k) lanes[k % 16] = lanes[k % 16] + xm[k] * weight_value(fmt, row, k);
+  for (int64_t k = K16; k < K; ++k)
+    lanes[k % 16] = lanes[k % 16] + xm[k] * weight_value(fmt, row, k);
   return reduce_lanes(lanes);
 }
 

@@ -63,7 +63,8 @@ std::vector<uint8_t> random_weight(int fmt, int64_t n, int64_t k, std::mt19937& 
 void check_matmul_format(int fmt, int64_t n, int64_t k, std::mt19937& rng) {
   const std::vector<uint8_t> w = random_weight(fmt, n, k, rng);
   std::normal_distribution<float> normal;
-  for (int64_t m : {1, 3, 9, 16}) {  // the multi-row groups: 1, 3, 8 + 1, 8 + 8 (float tiles: 6 + 3, 6 + 6 + 4)
+  // the multi-row groups: 1, 3, 8 + 1, 8 + 8 (float tiles: 6 + 3, 6 + 6 + 4)
+  for (int64_t m : {1, 3, 9, 16}) {
     std::vector<float> x(size_t(m * k));
     for (auto& v : x) v = normal(rng);
     std::vector<float> ref(size_t(m * n));
