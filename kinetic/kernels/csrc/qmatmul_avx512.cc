@@ -1,8 +1,8 @@
 // AVX-512 (F, BW, VL, VNNI) path (chosen at run time; target attributes, never -march=native).
 // The AVX2 path's block formats (simd_formats.h) under simd_driver.h's 16-column loops, one
 // output column per lane of a 512-bit vector, for every quantized format at any M
-// (simd_legacy16.h for the 32-value blocks, simd_kquant16.h for the K-quants;
-// the float formats in 512-bit registers: simd_float16.h), with VNNI's dpbusd for the unscaled block
+// (simd_legacy16.h for the 32-value blocks, simd_kquant16.h for the K-quants; the float
+// formats in 512-bit registers: simd_float16.h), with VNNI's dpbusd for the unscaled block
 // dots (no int16 saturation, so Q8_0 can be offset by 128 instead of the sign trick) and
 // mask registers for the 5th bits of Q5_0 / Q5_1.
 #include <immintrin.h>
