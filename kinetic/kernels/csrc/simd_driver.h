@@ -211,7 +211,27 @@ KN_SIMD void quant_run(const MatmulArgs& a, int64_t n0, int64_t n1) {
 }
 
 // ---- float formats ------------------------------------------------------------------
-// (The AVX2 path's; the AVX-512 path's are in simd_float16.h.)
+// The end of one (row, column) pair of a float-weight dot, on both paths: its 16 lane
+// accumulators (l0: lanes 0..7, l1: 8..15) summed by reduce_lanes' halving in vector
+// registers, or, with a tail (K % 16 values), the tail and the halving by the reference's own
+// scalar code.
+KN_INL void float_tail(const float* xm, const uint8_t* row, int fmt, int64_t K16, int64_t K,
+                       __m256 l0, __m256 l1, float* out) {
+  if (K16 == K) {   // no tail: reduce_lanes' halving in vector registers, pair for pair
+    const __m256 h8 = _mm256_add_ps(l0, l1);                       // lane i + lane i + 8
+    const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
+    const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));       // + 2
+    *out = _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));  // + 1
+    return;
+  }
+  float lanes[16];
+  _mm256_storeu_ps(lanes, l0);
+  _mm256_storeu_ps(lanes + 8, l1);
+  for (int64_t k = K16; k < K; ++k) lanes[k % 16] = lanes[k % 16] + xm[k] * weight_value(fmt, row, k);
+  *out = reduce_lanes(lanes);
+}
+
+// (The rest is the AVX2 path's; the AVX-512 path's is in simd_float16.h.)
 #ifndef KN_HAVE_COLS16
 
 // 8 weights from index k as floats (exact conversions).
@@ -231,21 +251,6 @@ KN_INL __m256 wload8(const uint8_t* row, int64_t k) {
 // the add latency; each vector loaded once for two products). Rows go in blocks (float_rows), each block against every column
 // of the range, so that the block's activations stay in cache while the weights stream (a
 // weight row is small; the activations of hundreds of rows are not).
-KN_INL void float_tail(const float* xm, const uint8_t* row, int fmt, int64_t K16, int64_t K,
-                       __m256 l0, __m256 l1, float* out) {
-  if (K16 == K) {   // no tail: reduce_lanes' halving in vector registers, pair for pair
-    const __m256 h8 = _mm256_add_ps(l0, l1);                       // lane i + lane i + 8
-    const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
-    const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));       // + 2
-    *out = _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));  // + 1
-    return;
-  }
-  float lanes[16];
-  _mm256_storeu_ps(lanes, l0);
-  _mm256_storeu_ps(lanes + 8, l1);
-  for (int64_t k = K16; k < K; ++k) lanes[k % 16] = lanes[k % 16] + xm[k] * weight_value(fmt, row, k);
-  *out = reduce_lanes(lanes);
-}
 
 // rows of a block: their activations about 128 KiB (in L2), 4 to 64 rows, a multiple of 4
 inline int64_t float_rows(int64_t K) {

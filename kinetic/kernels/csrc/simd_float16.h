@@ -7,7 +7,8 @@
 // vector loaded once for kCols. Where both factors are halves (F16) the product is exact in
 // float32, so one fused multiply-add gives the multiply-then-add's bits (simd_driver.h
 // mul_add); F32 and BF16 keep the rounded product. The lanes are then summed by the
-// reference's halving (i + 8, i + 4, i + 2, i + 1), and a K % 16 tail by its scalar code.
+// reference's halving (i + 8, i + 4, i + 2, i + 1), and a K % 16 tail by its scalar code
+// (simd_driver.h float_tail, shared with the AVX2 path).
 //
 // Loop order: columns in panels whose weights stay in L2, then rows kRows at a time (their
 // activations in L1 while the panel's weights stream past), then the panel's columns kCols
@@ -27,23 +28,6 @@ template <int FMT>
 KN_INL __m512 mul_add16(__m512 acc, __m512 x, __m512 w) {
   if (FMT == F16) return _mm512_fmadd_ps(x, w, acc);   // exact product: same bits
   return _mm512_add_ps(acc, _mm512_mul_ps(x, w));
-}
-
-// The reference's halving of one pair's 16 lanes, then its scalar tail where K % 16 != 0.
-KN_INL float float_reduce16(__m512 l, const float* xm, const uint8_t* row, int fmt, int64_t K16,
-                            int64_t K) {
-  if (K16 == K) {
-    const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(l), 1));
-    const __m256 h8 = _mm256_add_ps(_mm512_castps512_ps256(l), hi);   // lane i + lane i + 8
-    const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
-    const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
-    return _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
-  }
-  float lanes[16];
-  _mm512_storeu_ps(lanes, l);
-  for (int64_t k = K16; k < K; ++k)
-    lanes[k % 16] = lanes[k % 16] + xm[k] * weight_value(fmt, row, k);
-  return reduce_lanes(lanes);
 }
 
 // One register tile: R rows (x[0..R)) against C columns (w[0..C)), every pair over all K.
@@ -69,7 +53,11 @@ KN_INL void float_tile16(const float* const* x, const uint8_t* const* w, int64_t
 #pragma GCC unroll 8
   for (int i = 0; i < R; ++i)
 #pragma GCC unroll 8
-    for (int j = 0; j < C; ++j) y[i * ldy + j] = float_reduce16(acc[i][j], x[i], w[j], FMT, K16, K);
+    for (int j = 0; j < C; ++j) {
+      const __m512 l = acc[i][j];
+      const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(l), 1));
+      float_tail(x[i], w[j], FMT, K16, K, _mm512_castps512_ps256(l), hi, y + i * ldy + j);
+    }
 }
 
 // Rows [m, m + R) against columns [n0, n1) of one panel, kCols at a time, then singly.
