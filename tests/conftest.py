@@ -2,9 +2,30 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
+
+
+def _share_compiled_code() -> None:
+    """One persistent XLA compilation cache for the whole session, in a directory of its own
+    that goes with it: the same step shapes compile in many tests (every server a test starts
+    compiles its model's shapes again, and _free_compiled_code below drops the session's
+    between modules), and a compile found there is loaded instead (the same executable, so
+    the same bits). Set here, before anything imports jax, and in the environment, so that
+    the servers the tests start share it. A JAX_COMPILATION_CACHE_DIR already set is kept."""
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return
+    path = tempfile.mkdtemp(prefix="kinetic-tests-xla-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = path
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+
+
+_share_compiled_code()
 
 
 def real_model_file(key: str) -> str:

@@ -26,7 +26,7 @@ from tests.tiny_models import write_tiny_model
 FAMILIES = {
     "qwen3moe": dict(n_expert=8, n_expert_used=2, qtype="Q8_0", output_scale=2.0),
     "lfm2": dict(n_layer=4, attention_layers=(2,), qtype="Q8_0", output_scale=2.0),
-    "qwen35moe": dict(n_expert=8, n_expert_used=2, qtype="Q8_0", output_scale=2.0),
+    "qwen35moe": dict(n_layer=2, n_expert=8, n_expert_used=2, qtype="Q8_0", output_scale=2.0),
 }
 
 
