@@ -17,7 +17,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from kinetic.api.core import ServerState
+from kinetic import kernels
+from kinetic.api.core import JSONText, ServerState
 from kinetic.api.errors import APIError, bad_request
 
 MAX_INPUTS = 256
@@ -124,13 +125,15 @@ def flag(body: dict[str, Any], name: str) -> bool:
     return value
 
 
-def vector_json(v: np.ndarray, encoding: str = "float") -> list[float] | str:
-    """A vector as the OpenAI API writes it: a list of floats, or base64 of its little-endian
-    float32 bytes."""
+def vector_json(v: np.ndarray, encoding: str = "float") -> JSONText | list[float] | str:
+    """A vector as the OpenAI API writes it: a list of floats (as JSON text written in C++
+    where the kernels are built: the same text as json.dumps of the list), or base64 of its
+    little-endian float32 bytes."""
     v = np.asarray(v, np.float32)
     if encoding == "base64":
         return base64.b64encode(v.astype("<f4").tobytes()).decode("ascii")
-    return v.tolist()
+    text = kernels.json_floats(v)
+    return v.tolist() if text is None else JSONText(text)
 
 
 def usage(n_tokens: int) -> dict[str, int]:

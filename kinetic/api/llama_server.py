@@ -537,8 +537,9 @@ async def embedding():
     ids = emb.token_ids(state, emb.parse_inputs(body.get(param), param), param,
                         emb.flag(body, "truncate"))
     if model.pooling == "none":   # as llama-server: token vectors are never normalized
-        vectors = [h.tolist() for h in await emb.encode(state, ids, model.encoder.hidden)]
+        vectors = [[emb.vector_json(row) for row in h]
+                   for h in await emb.encode(state, ids, model.encoder.hidden)]
     else:
         pooled = await emb.encode(state, ids, model.encoder.pooled)
-        vectors = [[normalize(v, kind).tolist()] for v in pooled]
+        vectors = [[emb.vector_json(normalize(v, kind))] for v in pooled]
     return json_response([{"index": i, "embedding": v} for i, v in enumerate(vectors)])

@@ -628,7 +628,7 @@ async def embed():
     ids = emb.token_ids(state, emb.parse_inputs(value, "input"), "input",
                         _flag(body, "truncate", True))
     vectors = await emb.encode(state, ids, model.encoder.pooled)
-    out = [normalize(np.asarray(v)[:dims], 2).tolist() for v in vectors]
+    out = [emb.vector_json(normalize(np.asarray(v)[:dims], 2)) for v in vectors]
     return json_response({"model": name, "embeddings": out,
                           "total_duration": int((time.perf_counter() - began) * 1e9),
                           "load_duration": 0, "prompt_eval_count": sum(len(t) for t in ids)})
@@ -649,4 +649,4 @@ async def embeddings():
         return json_response({"embedding": []})
     ids = emb.token_ids(state, [prompt], "prompt", True)
     (vector,) = await emb.encode(state, ids, model.encoder.pooled)
-    return json_response({"embedding": np.asarray(vector, np.float32).tolist()})
+    return json_response({"embedding": emb.vector_json(vector)})

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "float_json.h"
 #include "lazyzero.h"
 #include "qmatmul_api.h"
 
@@ -41,4 +42,11 @@ KN_API int kn_dequant_rows(int fmt, const uint8_t* w, int64_t N, int64_t K, cons
 // lazyzero.h on a host buffer: the bytes handed back to the system (the rest was memset).
 KN_API int64_t kn_lazy_zero(void* p, int64_t bytes) {
   return bytes > 0 ? int64_t(kn::lazy_zero(p, size_t(bytes))) : 0;
+}
+
+// float_json.h: x[0..n) as a JSON list into out (cap characters); the characters written, -1
+// if a value is not finite, -2 if cap is short of 2 + n * kn::kJsonFloatChars.
+KN_API int64_t kn_json_floats(const float* x, int64_t n, char* out, int64_t cap) {
+  if (n < 0 || cap < 2 || (cap - 2) / int64_t(kn::kJsonFloatChars) < n) return -2;
+  return kn::json_floats(x, size_t(n), out);
 }

@@ -1,18 +1,21 @@
 // A standalone check of the kernels for sanitizer builds (scripts/sanitize_kernels.sh): every
 // format, every ISA path this CPU has, 1 and 2 threads, several M; attention over random
 // float32, float16 and bfloat16 caches, single rows, prompt chunks and rows that see past
-// their position (ends: an image attending to itself both ways); the row pieces. Each
-// path must give the reference path's bits. Exit status 0 when every case matches; the
-// sanitizers abort on any undefined behaviour or bad access.
+// their position (ends: an image attending to itself both ways); the row pieces; the JSON
+// writer of float vectors (float_json.h). Each path must give the reference path's bits.
+// Exit status 0 when every case matches; the sanitizers abort on any undefined behaviour or
+// bad access.
 #include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "attention.h"
+#include "float_json.h"
 #include "qmatmul_api.h"
 #include "rownorm.h"
 
@@ -199,6 +202,28 @@ void check_attention(std::mt19937& rng) {
   cos_sin(q.data(), int64_t(q.size()), c.data(), s.data());
 }
 
+// float_json.h on values that take each of its layouts; Python's json.dumps wrote `want`
+// (tests/test_float_json.py compares millions of values with it).
+void check_json_floats() {
+  const float x[] = {0.0f, -0.0f, 1.0f, 0.1f, 1e-4f, 1e-5f, -1.5e-7f, 1e15f, 1e16f,
+                     123456.0f, 3.4028235e38f, 1.4e-45f};
+  const char* want = "[0.0,-0.0,1.0,0.10000000149011612,9.999999747378752e-05,"
+                     "9.999999747378752e-06,-1.500000053056283e-07,999999986991104.0,"
+                     "1.0000000272564224e+16,123456.0,3.4028234663852886e+38,1.401298464324817e-45]";
+  const size_t n = sizeof x / sizeof x[0];
+  std::vector<char> out(2 + n * kJsonFloatChars);
+  const int64_t len = json_floats(x, n, out.data());
+  if (len < 0 || std::string(out.data(), size_t(len)) != want) {
+    std::printf("json_floats: %s\n", len < 0 ? "refused" : std::string(out.data(), size_t(len)).c_str());
+    ++failures;
+  }
+  const float nan = std::nanf("");
+  if (json_floats(&nan, 1, out.data()) != -1) {
+    std::printf("json_floats: a NaN was written\n");
+    ++failures;
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -208,6 +233,7 @@ int main() {
       for (int64_t n : {37, 1})   // 1: a one-output projection (a shared expert's gate)
         check_matmul_format(fmt, n, k, rng);
   check_attention(rng);
+  check_json_floats();
   std::printf("%s (best path here: %s)\n", failures ? "FAILED" : "all paths agree",
               isa_name(best_isa()));
   return failures ? 1 : 0;
