@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
-from kinetic.engine.engine import Engine
+from kinetic.engine.engine import Engine, drop_staging_caches
 from kinetic.engine.engine_config import EngineConfig
 from kinetic.engine.request import Delta, GenerationRequest, ImageRows
 from kinetic.engine.sampling_params import SamplingParams
@@ -304,4 +304,5 @@ def open_model(path: str | os.PathLike[str], config: EngineConfig, *, dtype: str
         engine.compile(progress=stage("compiling"))
         if engine.drafter is not None:
             engine.drafter.runner.compile(progress=stage("compiling the draft model"))
+            drop_staging_caches()
     return Model(loaded, tokenizer, engine, projector)

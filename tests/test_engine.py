@@ -537,6 +537,8 @@ def test_no_request_compiles_after_engine_compile(make_engine):
     penalties over the whole context, DRY, Mirostat, logit bias, ignore_eos and logprobs,
     alone or mixed in one step (logprobs for some of its rows), then add no compiled entry
     (a compile on a request would stall every stream)."""
+    from jax._src import dispatch, monitoring
+
     from kinetic.engine import sampler
     engine = make_engine(parallel=4)
     # the ffi kernel's row buckets (the mock's logits are exact at any row count): the sampler
@@ -545,6 +547,12 @@ def test_no_request_compiles_after_engine_compile(make_engine):
     engine.compile()
     jitted = (sampler.sample, sampler.logprobs, sampler.greedy, sampler.pick_rows)
     before = [f._cache_size() for f in jitted]
+    compiles = []   # every XLA compile from here on (a persistent cache's hit included)
+
+    def count(event: str, seconds: float, **kw) -> None:
+        if event == dispatch.BACKEND_COMPILE_EVENT:
+            compiles.append(kw.get("fun_name", event))
+    monitoring.register_event_duration_secs_listener(count)
     asks = [SamplingParams(temperature=0.0), sampled(1), sampled(2, repeat_penalty=1.3,
             repeat_last_n=-1, presence_penalty=0.2), sampled(3, dry_multiplier=0.8),
             sampled(4, mirostat=2), SamplingParams(temperature=0.0, frequency_penalty=0.5),
@@ -561,7 +569,9 @@ def test_no_request_compiles_after_engine_compile(make_engine):
                 engine.start(GenerationRequest(ids("abcdefgh"[i:]), params, max_tokens=6,
                                                logprobs=1 if i % 2 else None), out)
         assert all(out.wait().finish_reason for out in outs)
+    monitoring.unregister_event_duration_listener(count)
     assert [f._cache_size() for f in jitted] == before
+    assert compiles == [], " ".join(compiles)
 
 
 def test_logprobs_are_computed_only_for_the_rows_that_ask(make_engine, monkeypatch):

@@ -220,7 +220,7 @@ class Runner:
             return self._no_images[bucket]
         rows = np.zeros((bucket, D), np.float32)
         rows[:len(images[1])] = images[1]
-        return jnp.asarray(rows)
+        return jax.device_put(rows)
 
     def save_state(self, slot: int) -> StateSnapshot:
         """A copy of the slot's committed recurrent state (recurrent models only)."""
@@ -246,9 +246,15 @@ class Runner:
     def read_pages(self, pages: list[int]) -> list[list[np.ndarray]]:
         """Host copies of whole cache pages: per page, a list of arrays [page_size, ...],
         k and v of every layer in order."""
-        idx = jnp.asarray(np.asarray(pages, np.int32))
-        stacked = [np.asarray(c[idx]) for i in self._paged for c in self.cache[i]]
-        return [[a[i] for a in stacked] for i in range(len(pages))]
+        out = []
+        for start in range(0, len(pages), PAGE_COPY_BATCH):
+            chunk = pages[start:start + PAGE_COPY_BATCH]
+            pad = PAGE_COPY_BATCH - len(chunk)  # fixed batch: one compiled shape
+            idx = np.asarray(list(chunk) + [RESERVED_PAGE] * pad, np.int32)
+            stacked = [np.asarray(a) for a in
+                       _read_pages(self.cache, jax.device_put(idx), self._paged)]
+            out += [[a[i] for a in stacked] for i in range(len(chunk))]
+        return out
 
     def write_pages(self, pages: list[int], data: list[list[np.ndarray]]) -> None:
         """Fill whole cache pages from host copies (read_pages' format), in place."""
@@ -258,7 +264,7 @@ class Runner:
             idx = np.asarray(list(chunk) + [RESERVED_PAGE] * pad, np.int32)
             arrays = [np.stack([r[j] for r in rows] + [np.zeros_like(rows[0][j])] * pad)
                       for j in range(len(rows[0]))]
-            self.cache = _write_pages(self.cache, jnp.asarray(idx), arrays, self._paged)
+            self.cache = _write_pages(self.cache, jax.device_put(idx), arrays, self._paged)
 
     def _logit_shape(self, bucket: int, want: list[int] | None) -> list[int] | None:
         """The logit rows a step at `bucket` rows computes for a caller who wants `want`
@@ -317,6 +323,8 @@ class Runner:
                               if bias is None else bias(rows)).block_until_ready()
             if progress:
                 progress(len(shapes) + i + 1, total)
+        if self._paged:   # the page copies to and from host memory (the prefix cache's tier)
+            self.write_pages([RESERVED_PAGE], self.read_pages([RESERVED_PAGE]))
         if self.state is not None:
             self.state.compiling = False
 
@@ -376,6 +384,12 @@ def _write_state(cache, slot, arrays, layers):
     for i, (window, matrix) in zip(layers, arrays):
         out[i] = (cache[i][0].at[slot].set(window), cache[i][1].at[slot].set(matrix), cache[i][2])
     return out
+
+
+@partial(jax.jit, static_argnums=(2,))
+def _read_pages(cache, idx, paged):
+    """Pages idx of the paged layers (`paged`): k and v of each, in order."""
+    return [c[idx] for i in paged for c in cache[i]]
 
 
 @partial(jax.jit, donate_argnums=(0,), static_argnums=(3,))
