@@ -28,6 +28,20 @@ def _share_compiled_code() -> None:
 _share_compiled_code()
 
 
+def pytest_xdist_auto_num_workers(config) -> int:
+    """Workers for `-n auto` (pyproject's addopts): one per core this process may use, at
+    most 4, and at most one per 4 GiB of available memory (a worker holds the real models
+    and the compiled steps of the modules it runs)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    try:
+        with open("/proc/meminfo") as f:
+            avail = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+        by_memory = max(1, avail // (4 << 20))
+    except (OSError, StopIteration, ValueError):
+        by_memory = 1
+    return max(1, min(cores or 1, 4, by_memory))
+
+
 def real_model_file(key: str) -> str:
     """Path of a real model, fetched on first use. Without network the test is skipped,
     saying why, unless KINETIC_REQUIRE_MODELS=1 (CI sets it) makes that a failure."""
