@@ -66,13 +66,16 @@ def _environ(extra: dict):
 
 class KineticServer:
     """`kinetic serve GGUF` (tests/serve_process.ServeProcess), drafting off unless `draft`.
-    step_tokens: -ub (0: kinetic's default); preload: LD_PRELOAD for the server process."""
+    step_tokens: -ub (0: kinetic's default); cache_type: -ctk/-ctv (f32, f16, bf16);
+    preload: LD_PRELOAD for the server process."""
 
     def __init__(self, gguf: str, *, parallel: int, n_ctx: int, draft: bool,
                  threads: int | None = None, step_tokens: int = 0, dtype: str = "bfloat16",
-                 preload: str | None = None, log=None):
+                 cache_type: str = "f32", preload: str | None = None, log=None):
         flags = ["-np", str(parallel), "-c", str(n_ctx * parallel), "--cache-ram", "0", "--dtype",
                  dtype]   # -c: the total of the slots, as llama-server counts it
+        if cache_type != "f32":   # kinetic's default KV type
+            flags += ["-ctk", cache_type, "-ctv", cache_type]
         if step_tokens:
             flags += ["-ub", str(step_tokens)]
         if not draft:

@@ -193,6 +193,9 @@ def main(argv=None) -> int:
                     help="kinetic serve --dtype (weights' compute type without the C++ kernel)")
     ap.add_argument("--step-tokens", type=int, default=0,
                     help="kinetic serve -ub, rows per step (0: its default)")
+    ap.add_argument("--cache-type", default="f32", choices=["f32", "f16", "bf16"],
+                    help="kinetic serve -ctk/-ctv, its KV cache's type (f32: its default; "
+                         "llama-server keeps its default, f16)")
     ap.add_argument("--kinetic-preload", metavar="LIB",
                     help="LD_PRELOAD for the kinetic processes, e.g. "
                          "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
@@ -244,7 +247,8 @@ def main(argv=None) -> int:
         for mode in modes:   # one at a time: their compiles would share the CPUs
             s = KineticServer(path, parallel=parallel, n_ctx=args.n_ctx, draft=mode == "on",
                               threads=args.threads, step_tokens=args.step_tokens,
-                              dtype=args.dtype, preload=args.kinetic_preload, log=logf)
+                              dtype=args.dtype, cache_type=args.cache_type,
+                              preload=args.kinetic_preload, log=logf)
             started_servers.append(s)
             name = "kinetic+draft" if mode == "on" else "kinetic"
             print(f"{name}: " + " ".join(s.cmd), flush=True)
