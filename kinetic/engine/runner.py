@@ -176,7 +176,8 @@ class Runner:
         "ffi" only): step i runs row r at positions[i, r], writing write_index[i, r], and
         feeds it the token that step i - 1 drew for it (tokens[r] at i = 0); each draw is
         sampler.greedy's (the full mask; bias as greedy takes it, at the row bucket B >= n:
-        the engine's sampler.Sparse pairs, or a dense [B, V] array). positions
+        the engine's sampler.Sparse pairs, or a dense [B, V] array; without pairs, the same
+        token from one C++ pass, native.row_argmax). positions
         and write_index: [N, n]. Returns the drawn tokens [N, B] (-1 where a row allowed no
         token; rows n.. are padding). The same tokens as N calls of step_device followed by
         sampler.greedy: a row's logits do not depend on the step's other rows."""
@@ -358,12 +359,21 @@ def _decode_loop(forward, cfg, buffer, skeleton, cache, packed, bias, layout):
     mask = jnp.full((B, -(-cfg.vocab_size // 32)), -1, jnp.int32)
     real = jnp.arange(B) < packed[-1]
 
+    def draw(logits):
+        """sampler.greedy's tokens: without bias pairs (the loop's rows allow every token)
+        one C++ pass over each row (native.row_argmax, the same first index of the same
+        maximum: greedy only adds zeros to it) instead of XLA's four."""
+        if not isinstance(bias, sampler.Sparse):
+            return sampler.greedy(logits, bias, mask)
+        return jax.lax.cond(jnp.any(bias.ids >= 0), lambda: sampler.greedy(logits, bias, mask),
+                            lambda: native.row_argmax(logits))
+
     def body(i, carry):
         cache, tok, out = carry
         step = StepInput(tok, positions[i], slots, write_index[i], table, None,
                          None if recurs is None else recurs(i))
         logits, cache = forward(weights, cfg, cache, step)
-        drawn = sampler.greedy(logits, bias, mask)
+        drawn = draw(logits)
         # the next input: the drawn token (0 for padding rows and rows that allowed none,
         # whose later tokens the engine discards)
         return cache, jnp.where(real & (drawn >= 0), drawn, 0), out.at[i].set(drawn)

@@ -6,6 +6,7 @@
     cos_sin(theta)                           theta f32 -> (cos, sin)
     kv_write(k_cache, v_cache, k, v, index)  the caches with the rows written, in place
     lazy_zeros(shape, dtype)                 zeros whose memory is taken as it is written
+    row_argmax(x)                            x [B, V] f32 -> [B] int32, the greedy token
 
 `data` is a uint8 device array holding the weight at byte `offset` (kinetic passes the whole
 memory-mapped GGUF file, zero-copy); fmt, offset, n and k are static.
@@ -38,7 +39,7 @@ def register() -> None:
     lib = kernels._need()
     for name in ("kinetic_qmatmul", "kinetic_dequant_rows", "kinetic_attention",
                  "kinetic_rms_norm", "kinetic_layer_norm", "kinetic_cos_sin", "kinetic_kv_write",
-                 "kinetic_lazy_zeros"):
+                 "kinetic_lazy_zeros", "kinetic_row_argmax"):
         jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu")
     _registered = True
 
@@ -112,6 +113,15 @@ def layer_norm(x: jax.Array, w: jax.Array, b: jax.Array, eps: float) -> jax.Arra
     x = x.astype(jnp.float32)
     return jax.ffi.ffi_call("kinetic_layer_norm", jax.ShapeDtypeStruct(x.shape, jnp.float32))(
         x, w.astype(jnp.float32), b.astype(jnp.float32), eps=np.float32(eps))
+
+
+def row_argmax(x: jax.Array) -> jax.Array:
+    """Per row of x [B, V]: the first index of its largest value, NaN read as -inf, or -1
+    where that value is not finite (argmax.h; reference.row_argmax). One pass over the row:
+    sampler.greedy's token for rows that allow every token and have no bias."""
+    register()
+    x = x.astype(jnp.float32)
+    return jax.ffi.ffi_call("kinetic_row_argmax", jax.ShapeDtypeStruct(x.shape[:1], jnp.int32))(x)
 
 
 def cos_sin(theta: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -323,3 +323,13 @@ def layer_norm(x, w, b, eps: float) -> np.ndarray:
         c = x - mean
         inv = (_f32(1) / np.sqrt(_lane_sum(c * c) / d + _f32(eps)))[..., None]
         return (c * inv) * w + b
+
+
+def row_argmax(x) -> np.ndarray:
+    """argmax.h in numpy: per row, the first index of the largest value with NaN read as
+    -inf, -1 where that value is not finite."""
+    x = np.asarray(x, np.float32)
+    clean = np.where(np.isnan(x), -np.inf, x)
+    top = clean.max(axis=1)
+    first = np.argmax(clean == top[:, None], axis=1).astype(np.int32)
+    return np.where(np.isfinite(top), first, -1).astype(np.int32)

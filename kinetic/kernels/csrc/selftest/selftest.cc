@@ -2,7 +2,7 @@
 // format, every ISA path this CPU has, 1 and 2 threads, several M; attention over random
 // float32, float16 and bfloat16 caches, single rows, prompt chunks and rows that see past
 // their position (ends: an image attending to itself both ways); the row pieces; the JSON
-// writer of float vectors (float_json.h). Each path must give the reference path's bits.
+// writer of float vectors (float_json.h); the greedy row argmax (argmax.h). Each path must give the reference path's bits.
 // Exit status 0 when every case matches; the sanitizers abort on any undefined behaviour or
 // bad access.
 #include <array>
@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "argmax.h"
 #include "attention.h"
 #include "float_json.h"
 #include "qmatmul_api.h"
@@ -224,6 +225,35 @@ void check_json_floats() {
   }
 }
 
+// argmax.h on rows whose answers are known: ties (the first), NaN (never), a maximum in the
+// scalar tail, no finite maximum (-1), +inf (-1), and a row of 1 value.
+void check_row_argmax() {
+  const float inf = INFINITY, nan = std::nanf("");
+  const int64_t v = 21;   // 5 vectors of 4 and a tail of 1
+  std::vector<float> x(6 * v, 0.0f);
+  x[3] = 2.0f, x[9] = 2.0f;                           // row 0: tie, first at 3
+  for (int64_t i = 0; i < v; ++i) x[v + i] = i % 2 ? nan : -1.0f;
+  x[v + v - 1] = 5.0f;                               // row 1: NaNs, the maximum last
+  for (int64_t i = 0; i < v; ++i) x[2 * v + i] = -inf;            // row 2: -1
+  for (int64_t i = 0; i < v; ++i) x[3 * v + i] = nan;             // row 3: -1
+  x[4 * v + 7] = inf;                                // row 4: -1
+  x[5 * v + 1] = -0.0f;                              // row 5: 0 (+0 and -0 are equal)
+  int32_t got[6];
+  row_argmax(x.data(), 6, v, got);
+  const int32_t want[6] = {3, int32_t(v - 1), -1, -1, -1, 0};
+  if (std::memcmp(got, want, sizeof want) != 0) {
+    std::printf("row_argmax: %d %d %d %d %d %d\n", got[0], got[1], got[2], got[3], got[4], got[5]);
+    ++failures;
+  }
+  const float one = 4.0f;
+  int32_t single = 7;
+  row_argmax(&one, 1, 1, &single);
+  if (single != 0) {
+    std::printf("row_argmax of one value: %d\n", single);
+    ++failures;
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -234,6 +264,7 @@ int main() {
         check_matmul_format(fmt, n, k, rng);
   check_attention(rng);
   check_json_floats();
+  check_row_argmax();
   std::printf("%s (best path here: %s)\n", failures ? "FAILED" : "all paths agree",
               isa_name(best_isa()));
   return failures ? 1 : 0;
