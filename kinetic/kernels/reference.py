@@ -331,5 +331,5 @@ def row_argmax(x) -> np.ndarray:
     x = np.asarray(x, np.float32)
     clean = np.where(np.isnan(x), -np.inf, x)
     top = clean.max(axis=1)
-    first = np.argmax(clean == top[:, None], axis=1).astype(np.int32)
+    first = np.argmax(clean == top[:, None], axis=1)
     return np.where(np.isfinite(top), first, -1).astype(np.int32)

@@ -2,9 +2,9 @@
 // format, every ISA path this CPU has, 1 and 2 threads, several M; attention over random
 // float32, float16 and bfloat16 caches, single rows, prompt chunks and rows that see past
 // their position (ends: an image attending to itself both ways); the row pieces; the JSON
-// writer of float vectors (float_json.h); the greedy row argmax (argmax.h). Each path must give the reference path's bits.
-// Exit status 0 when every case matches; the sanitizers abort on any undefined behaviour or
-// bad access.
+// writer of float vectors (float_json.h); the greedy row argmax (argmax.h). Each path must
+// give the reference path's bits. Exit status 0 when every case matches; the sanitizers
+// abort on any undefined behaviour or bad access.
 #include <array>
 #include <cmath>
 #include <cstdio>
@@ -242,7 +242,8 @@ void check_row_argmax() {
   row_argmax(x.data(), 6, v, got);
   const int32_t want[6] = {3, int32_t(v - 1), -1, -1, -1, 0};
   if (std::memcmp(got, want, sizeof want) != 0) {
-    std::printf("row_argmax: %d %d %d %d %d %d\n", got[0], got[1], got[2], got[3], got[4], got[5]);
+    std::printf("row_argmax: %d %d %d %d %d %d\n", got[0], got[1], got[2], got[3], got[4],
+                got[5]);
     ++failures;
   }
   const float one = 4.0f;
