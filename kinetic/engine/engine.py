@@ -358,9 +358,7 @@ class Engine:
             tokens, _ = sampler.sample(logits, params, self._no_history(B), self._zero_bias(B),
                                        self._full_mask(B), self._zero_dry(B))
             sampler.logprobs(logits, tokens, MAX_LOGPROBS)[0].block_until_ready()
-            sampler.greedy(logits, self._zero_bias(B), self._full_mask(B)).block_until_ready()
-            if self.runner.exact_rows:
-                _row_argmax(logits).block_until_ready()
+            self._greedy(logits, self._zero_bias(B), self._full_mask(B)).block_until_ready()
             for rows in {1, *self.runner.row_buckets}:   # the logits a step can return
                 sampler.pick_rows(jnp.zeros((rows, self.vocab_size), jnp.float32),
                                   jnp.zeros(B, jnp.int32)).block_until_ready()
@@ -823,8 +821,7 @@ class Engine:
         picked = logits if same else sampler.pick_rows(logits, jax.device_put(idx))
         chain = None   # sample's arguments, for post-sampling probabilities
         if all(sampler.plain_greedy(p) for p in params):   # no row parameters, history or DRY
-            one_pass = self.runner.exact_rows and self._unmasked(T, bias, masks)
-            tokens = _row_argmax(picked) if one_pass else sampler.greedy(picked, bias, masks)
+            tokens = self._greedy(picked, bias, masks)
             new_mu = [sampler.initial_mu(p) if m is None else m for p, m in zip(params, mus)]
         else:
             seeds, positions, histories = [], [], []
@@ -913,10 +910,12 @@ class Engine:
         self._last_bias = (T, rows, bias)
         return bias
 
-    def _unmasked(self, T: int, bias, masks) -> bool:
-        """Whether a step's sampled rows have no grammar mask and no bias pairs (the inputs
-        kept per bucket): then greedy's token is the C++ row argmax's (_row_argmax)."""
-        return masks is self._full_masks.get(T) and bias is self._zero_biases.get(T)
+    def _greedy(self, logits, bias, masks) -> jax.Array:
+        """sampler.greedy's tokens: from one C++ pass over each row where the C++ kernels
+        run (kernel "ffi"; _row_argmax), from sampler.greedy's XLA passes elsewhere."""
+        if self.runner.exact_rows and isinstance(bias, sampler.Sparse):
+            return _row_argmax(logits, bias.ids, bias.values, masks)
+        return sampler.greedy(logits, bias, masks)
 
     def _zero_bias(self, T: int) -> sampler.Sparse:
         """The bias of rows without logit_bias: no pairs (kept per sampler or row bucket)."""
@@ -988,9 +987,9 @@ def image_keys(images) -> dict[int, int]:
     return out
 
 
-# sampler.greedy's tokens for rows without a mask or bias pairs, in one C++ pass over each
-# row (kernel "ffi" only; kinetic/kernels/csrc/argmax.h): the first index of the row maximum
-# with NaN read as -inf, as greedy's (which adds only zeros to the logits here)
+# sampler.greedy's tokens in one C++ pass over each row (kernel "ffi" only;
+# kinetic/kernels/csrc/argmax.h): the first index of the row maximum after the mask and the
+# bias pairs, with NaN read as -inf, as greedy's
 _row_argmax = jax.jit(native.row_argmax)
 
 

@@ -176,11 +176,11 @@ class Runner:
         "ffi" only): step i runs row r at positions[i, r], writing write_index[i, r], and
         feeds it the token that step i - 1 drew for it (tokens[r] at i = 0); each draw is
         sampler.greedy's (the full mask; bias as greedy takes it, at the row bucket B >= n:
-        the engine's sampler.Sparse pairs, or a dense [B, V] array; without pairs, the same
-        token from one C++ pass, native.row_argmax). positions
-        and write_index: [N, n]. Returns the drawn tokens [N, B] (-1 where a row allowed no
-        token; rows n.. are padding). The same tokens as N calls of step_device followed by
-        sampler.greedy: a row's logits do not depend on the step's other rows."""
+        the engine's sampler.Sparse pairs, whose token comes from one C++ pass,
+        native.row_argmax; or a dense [B, V] array). positions and write_index: [N, n].
+        Returns the drawn tokens [N, B] (-1 where a row allowed no token; rows n.. are
+        padding). The same tokens as N calls of step_device followed by sampler.greedy: a
+        row's logits do not depend on the step's other rows."""
         if not self.exact_rows:
             raise ValueError("decode_steps needs the ffi kernel (XLA's dot is not batch-invariant)")
         N, n = positions.shape
@@ -356,17 +356,15 @@ def _decode_loop(forward, cfg, buffer, skeleton, cache, packed, bias, layout):
     table = packed[2 * B + 2 * N * B:at].reshape(S, P)
     recurs = RecurrentState.unpack_decode(packed[at:-1], B) if cfg.recurrent else None
     weights = join_buffer(buffer, skeleton)
-    mask = jnp.full((B, -(-cfg.vocab_size // 32)), -1, jnp.int32)
     real = jnp.arange(B) < packed[-1]
 
     def draw(logits):
-        """sampler.greedy's tokens: without bias pairs (the loop's rows allow every token)
-        one C++ pass over each row (native.row_argmax, the same first index of the same
-        maximum: greedy only adds zeros to it) instead of XLA's four."""
+        """sampler.greedy's tokens (the loop's rows allow every token): one C++ pass over
+        each row (native.row_argmax, the same token) instead of XLA's four."""
         if not isinstance(bias, sampler.Sparse):
-            return sampler.greedy(logits, bias, mask)
-        return jax.lax.cond(jnp.any(bias.ids >= 0), lambda: sampler.greedy(logits, bias, mask),
-                            lambda: native.row_argmax(logits))
+            return sampler.greedy(logits, bias, jnp.full((B, -(-cfg.vocab_size // 32)), -1,
+                                                         jnp.int32))
+        return native.row_argmax(logits, bias.ids, bias.values)
 
     def body(i, carry):
         cache, tok, out = carry

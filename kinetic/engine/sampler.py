@@ -197,7 +197,7 @@ def greedy(logits: jax.Array, bias: Sparse | jax.Array, mask: jax.Array) -> jax.
     x_bias without penalties or DRY), so the token is the same."""
     x = jnp.where(jnp.isnan(logits), _NEG, logits.astype(jnp.float32))
     x = jnp.where(_unpack_mask(mask, logits.shape[1]), x, _NEG)
-    return _argmax(x + _dense(bias, logits.shape[1]))
+    return _argmax(_plus_bias(x, bias))
 
 
 @functools.partial(jax.jit, static_argnames=("max_candidates",))
@@ -282,7 +282,7 @@ def _front(logits, p: RowParams, history, bias, mask, dry, max_candidates: int) 
     K = min(V, max(1, max_candidates))
     x = jnp.where(jnp.isnan(logits), _NEG, logits.astype(jnp.float32))
     x = jnp.where(_unpack_mask(mask, V), x, _NEG)
-    x_bias = x + _dense(bias, V)
+    x_bias = _plus_bias(x, bias)
     pen_on = (p.repeat_last_n > 0) & ((p.repeat_penalty != 1) | (p.frequency_penalty != 0)
                                       | (p.presence_penalty != 0))
     x_pen = lax.cond(jnp.any(pen_on), lambda: jnp.where(pen_on[:, None], _penalize(x_bias, history, p),
@@ -336,6 +336,13 @@ def _dense(rows: Sparse | jax.Array, V: int) -> jax.Array:
     ids = jnp.where(rows.ids >= 0, rows.ids, V)   # unused pairs fall outside and are dropped
     return jnp.zeros((B, V), jnp.float32).at[at, ids].set(rows.values.astype(jnp.float32),
                                                           mode="drop")
+
+
+def _plus_bias(x: jax.Array, bias: Sparse | jax.Array) -> jax.Array:
+    """x plus the logit bias, a NaN sum (a ban, -inf, on a +inf logit) read as -inf, as NaN
+    logits are: XLA's maximum over a row holding NaN depends on where the NaN falls."""
+    y = x + _dense(bias, x.shape[1])
+    return jnp.where(jnp.isnan(y), _NEG, y)
 
 
 def _minus_dry(x: jax.Array, dry: Sparse | jax.Array | None) -> jax.Array:

@@ -6,7 +6,7 @@
     cos_sin(theta)                           theta f32 -> (cos, sin)
     kv_write(k_cache, v_cache, k, v, index)  the caches with the rows written, in place
     lazy_zeros(shape, dtype)                 zeros whose memory is taken as it is written
-    row_argmax(x)                            x [B, V] f32 -> [B] int32, the greedy token
+    row_argmax(x, ids, values, mask)         x [B, V] f32 -> [B] int32, the greedy token
 
 `data` is a uint8 device array holding the weight at byte `offset` (kinetic passes the whole
 memory-mapped GGUF file, zero-copy); fmt, offset, n and k are static.
@@ -115,13 +115,20 @@ def layer_norm(x: jax.Array, w: jax.Array, b: jax.Array, eps: float) -> jax.Arra
         x, w.astype(jnp.float32), b.astype(jnp.float32), eps=np.float32(eps))
 
 
-def row_argmax(x: jax.Array) -> jax.Array:
-    """Per row of x [B, V]: the first index of its largest value, NaN read as -inf, or -1
-    where that value is not finite (argmax.h; reference.row_argmax). One pass over the row:
-    sampler.greedy's token for rows that allow every token and have no bias."""
+def row_argmax(x: jax.Array, ids: jax.Array | None = None, values: jax.Array | None = None,
+               mask: jax.Array | None = None) -> jax.Array:
+    """sampler.greedy's token for each row of x [B, V], from one C++ pass over it (argmax.h;
+    reference.row_argmax): the first index of the largest value after the mask (int32 [B,
+    ceil(V/32)] words, None: every token allowed) and the bias pairs (ids int32 and values
+    float32 [B, W], -1 for an unused pair; None: no bias), NaN read as -inf; -1 where that
+    value is not finite."""
     register()
-    x = x.astype(jnp.float32)
-    return jax.ffi.ffi_call("kinetic_row_argmax", jax.ShapeDtypeStruct(x.shape[:1], jnp.int32))(x)
+    B = x.shape[0]
+    if ids is None:
+        ids, values = jnp.full((B, 0), -1, jnp.int32), jnp.zeros((B, 0), jnp.float32)
+    mask = jnp.zeros((B, 0), jnp.int32) if mask is None else mask.astype(jnp.int32)
+    return jax.ffi.ffi_call("kinetic_row_argmax", jax.ShapeDtypeStruct((B,), jnp.int32))(
+        x.astype(jnp.float32), ids.astype(jnp.int32), values.astype(jnp.float32), mask)
 
 
 def cos_sin(theta: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -325,11 +325,23 @@ def layer_norm(x, w, b, eps: float) -> np.ndarray:
         return (c * inv) * w + b
 
 
-def row_argmax(x) -> np.ndarray:
-    """argmax.h in numpy: per row, the first index of the largest value with NaN read as
-    -inf, -1 where that value is not finite."""
+def row_argmax(x, ids=None, values=None, mask=None) -> np.ndarray:
+    """argmax.h in numpy: per row, y = (the mask allows t ? x[t], NaN read as -inf : -inf)
+    plus the value of the bias pair naming t (ids outside [0, V) unused), NaN read as -inf;
+    the first index of the largest y, -1 where that value is not finite."""
     x = np.asarray(x, np.float32)
-    clean = np.where(np.isnan(x), -np.inf, x)
+    B, V = x.shape
+    y = np.where(np.isnan(x), -np.inf, x)
+    if mask is not None:
+        bits = (np.asarray(mask, np.int32).view(np.uint32)[:, :, None]
+                >> np.arange(32, dtype=np.uint32)) & 1
+        y = np.where(bits.reshape(B, -1)[:, :V] == 1, y, -np.inf).astype(np.float32)
+    if ids is not None:
+        ids, values = np.asarray(ids), np.asarray(values, np.float32)
+        rows, cols = np.nonzero((ids >= 0) & (ids < V))
+        with np.errstate(invalid="ignore"):
+            y[rows, ids[rows, cols]] = y[rows, ids[rows, cols]] + values[rows, cols]
+    clean = np.where(np.isnan(y), -np.inf, y)
     top = clean.max(axis=1)
     first = np.argmax(clean == top[:, None], axis=1)
     return np.where(np.isfinite(top), first, -1).astype(np.int32)

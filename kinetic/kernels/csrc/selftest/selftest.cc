@@ -226,7 +226,9 @@ void check_json_floats() {
 }
 
 // argmax.h on rows whose answers are known: ties (the first), NaN (never), a maximum in the
-// scalar tail, no finite maximum (-1), +inf (-1), and a row of 1 value.
+// scalar tail, no finite maximum (-1), +inf (-1), a row of 1 value; then a mask and bias
+// pairs: a masked maximum, a banned one, a pair raising a token past the rest, and a ban on a
+// +inf logit (NaN, read as -inf).
 void check_row_argmax() {
   const float inf = INFINITY, nan = std::nanf("");
   const int64_t v = 21;   // 5 vectors of 4 and a tail of 1
@@ -239,7 +241,7 @@ void check_row_argmax() {
   x[4 * v + 7] = inf;                                // row 4: -1
   x[5 * v + 1] = -0.0f;                              // row 5: 0 (+0 and -0 are equal)
   int32_t got[6];
-  row_argmax(x.data(), 6, v, got);
+  row_argmax(x.data(), 6, v, nullptr, nullptr, 0, nullptr, got);
   const int32_t want[6] = {3, int32_t(v - 1), -1, -1, -1, 0};
   if (std::memcmp(got, want, sizeof want) != 0) {
     std::printf("row_argmax: %d %d %d %d %d %d\n", got[0], got[1], got[2], got[3], got[4],
@@ -248,9 +250,24 @@ void check_row_argmax() {
   }
   const float one = 4.0f;
   int32_t single = 7;
-  row_argmax(&one, 1, 1, &single);
+  row_argmax(&one, 1, 1, nullptr, nullptr, 0, nullptr, &single);
   if (single != 0) {
     std::printf("row_argmax of one value: %d\n", single);
+    ++failures;
+  }
+  const int64_t vm = 40;   // two mask words, the second partial
+  std::vector<float> y(4 * vm, 0.0f);
+  for (int64_t r = 0; r < 4; ++r) y[r * vm + 33] = 2.0f, y[r * vm + 5] = 1.0f;
+  y[3 * vm + 33] = inf;
+  const uint32_t all = ~0u, mask[8] = {1u << 5, 0, all, all, all, all, all, all};
+  const int32_t ids[8] = {-1, -1, 33, -1, 20, 33, 33, 40};
+  const float values[8] = {0, 0, -inf, 0, 3.0f, -1.0f, -inf, 9.0f};
+  int32_t pick[4];
+  row_argmax(y.data(), 4, vm, ids, values, 2, mask, pick);
+  const int32_t want_pick[4] = {5, 5, 20, 5};
+  if (std::memcmp(pick, want_pick, sizeof want_pick) != 0) {
+    std::printf("row_argmax with a mask and pairs: %d %d %d %d\n", pick[0], pick[1], pick[2],
+                pick[3]);
     ++failures;
   }
 }
