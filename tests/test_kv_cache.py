@@ -142,3 +142,23 @@ def test_check_invariants_catches_corruption():
     pm._free.append(pages[0])  # a used page also listed free
     with pytest.raises(AssertionError):
         pm.check_invariants()
+
+
+def test_written_pages_are_reused_before_never_used_ones_beyond_the_retained():
+    """With `retain` pages of released prefixes kept, allocation reuses the least recently
+    released evictable pages past that before it takes a never-used page (whose memory the
+    system has not given yet), so the cache's memory follows the pages in use at once."""
+    pm = PageManager(8, 2, retain=1)
+    a_tokens = [10, 11, 12, 13, 14, 15, 16]
+    a = keyed(pm, a_tokens, 3)
+    assert a == [1, 2, 3]
+    pm.release(a)
+    assert pm.evictable == [3, 2, 1]
+    assert pm.allocate(2) == [3, 2]    # A's tail, then the next, while more than 1 is kept
+    assert pm.evictable == [1] and pm.allocate(1) == [4]   # 1 kept: a never-used page
+    assert pm.match_prefix(a_tokens) == [1]   # A's head is still cached
+    pm.release([1])
+    pm.release([2])                    # unkeyed now: free, and reused first
+    assert pm.allocate(1) == [2]
+    assert pm.free_count == 3 and pm.allocate(4) == [5, 6, 7, 1]   # then the kept one
+    pm.check_invariants()

@@ -14,11 +14,15 @@ Every page 1..num_pages-1 is in exactly one state:
   free       refcount 0, no key; never used, or released without a key
   evictable  refcount 0, keyed: still matchable, kept in LRU order
   used       refcount > 0 (keyed or not)
-Allocation takes free pages first, then evicts the least recently released evictable page,
-dropping its key. Among free pages, released ones come before never-used ones (the last
-released first, a sequence's head before its tail), then the never-used ones, lowest id first:
-the cache's memory is taken from the system as pages are first written (Runner.cache), so
-reusing a written page costs nothing and a fresh one costs a page of memory per layer.
+The cache's memory is taken from the system as pages are first written (Runner.cache), so
+reusing a written page costs nothing and a never-used one costs a page of memory per layer.
+Allocation therefore takes written pages first: released free ones (the last released
+first, a sequence's head before its tail), then, once more than `retain` pages are
+evictable, the least recently released evictable page (its key dropped); only then a
+never-used page, lowest id first; and evictable pages again when none is left. The device
+thus keeps at least `retain` pages of released prefixes (the scheduler gives one slot's
+context), and its memory grows with the pages in use at once, not with every token ever
+served; older prefixes go to the host tier (host_cache.py, --cache-ram) as they are evicted.
 """
 
 from __future__ import annotations
@@ -68,13 +72,17 @@ def extend_keys(keys: list[bytes], tokens: Sequence[int], page_size: int,
 class PageManager:
     """Owns page ids 1..num_pages-1: their refcounts, keys and free / evictable lists."""
 
-    def __init__(self, num_pages: int, page_size: int):
+    def __init__(self, num_pages: int, page_size: int, retain: int | None = None):
+        """retain: evictable pages kept before a written one is reused rather than a
+        never-used one taken (None: all of them, never-used pages always first)."""
         if num_pages < 2 or page_size < 1:
             raise ValueError(f"need at least 2 pages (one is reserved) and page_size >= 1, "
                              f"got num_pages={num_pages}, page_size={page_size}")
         self.num_pages, self.page_size = num_pages, page_size
+        self.retain = num_pages if retain is None else max(0, retain)
         self._refs = [0] * num_pages
-        self._free: deque[int] = deque(range(1, num_pages))
+        self._free: deque[int] = deque()   # released free pages, next to be reused first
+        self._fresh = 1                   # never-used pages: self._fresh .. num_pages - 1
         self._evictable: OrderedDict[int, None] = OrderedDict()  # least recent first
         self._key_of: dict[int, bytes] = {}
         self._page_of: dict[bytes, int] = {}
@@ -86,7 +94,7 @@ class PageManager:
     @property
     def free_count(self) -> int:
         """Pages with no refcount and no key."""
-        return len(self._free)
+        return len(self._free) + self.num_pages - self._fresh
 
     @property
     def evictable(self) -> list[int]:
@@ -96,7 +104,7 @@ class PageManager:
     @property
     def available(self) -> int:
         """Pages `allocate` can hand out now: free plus evictable."""
-        return len(self._free) + len(self._evictable)
+        return self.free_count + len(self._evictable)
 
     def refcount(self, page: int) -> int:
         return self._refs[page]
@@ -163,14 +171,17 @@ class PageManager:
 
     # --- allocation -------------------------------------------------------------------
     def allocate(self, n: int) -> list[int]:
-        """n pages with refcount 1, free pages first, then evicted ones (their keys are
-        dropped). All or nothing: raises OutOfPages, changing nothing, if n > available."""
+        """n pages with refcount 1, written ones first (see the module's docstring; evicted
+        pages' keys are dropped). All or nothing: raises OutOfPages, changing nothing, if
+        n > available."""
         if n > self.available:
             raise OutOfPages(f"{n} pages requested, {self.available} available")
         pages = []
         for _ in range(n):
             if self._free:
                 page = self._free.popleft()
+            elif len(self._evictable) <= self.retain and self._fresh < self.num_pages:
+                page, self._fresh = self._fresh, self._fresh + 1
             else:
                 page, _ = self._evictable.popitem(last=False)
                 key = self._key_of.pop(page)
@@ -193,7 +204,7 @@ class PageManager:
                 if page in self._key_of:
                     self._evictable[page] = None
                 else:
-                    self._free.appendleft(page)   # reused before never-used pages
+                    self._free.appendleft(page)
 
     def check_invariants(self, held: dict[int, int] | None = None) -> None:
         """Raise AssertionError unless every page is in exactly one state, refcounts are
@@ -201,6 +212,8 @@ class PageManager:
         holders, is given) each refcount equals its number of holders."""
         free, evict = set(self._free), set(self._evictable)
         assert len(free) == len(self._free), "a page is twice in the free list"
+        assert all(p < self._fresh for p in free), "a never-used page is in the free list"
+        free |= set(range(self._fresh, self.num_pages))
         assert not free & evict, f"pages both free and evictable: {free & evict}"
         assert RESERVED_PAGE not in free | evict and self._refs[RESERVED_PAGE] == 0
         for page in range(1, self.num_pages):

@@ -259,7 +259,8 @@ class Scheduler:
 
     def __init__(self, config: SchedulerConfig):
         self.config = config
-        self.pages = PageManager(config.num_pages, config.page_size)
+        # released prefixes kept on the device: one slot's context (kv_cache's docstring)
+        self.pages = PageManager(config.num_pages, config.page_size, retain=config.pages_per_slot)
         self.sequences: dict[int, Sequence] = {}   # every unfinished sequence
         self.waiting: deque[Sequence] = deque()    # FIFO; preempted ones re-enter at the front
         self.running: list[Sequence] = []          # oldest arrival first
