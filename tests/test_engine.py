@@ -598,6 +598,31 @@ def test_logprobs_are_computed_only_for_the_rows_that_ask(make_engine, monkeypat
     assert max(sample_rows) >= 4 and set(logprob_rows) == {1}
 
 
+def test_more_sampled_rows_than_a_chunk_sample_four_at_a_time(make_engine, monkeypatch):
+    """sampler.sample runs at most SAMPLE_CHUNK (4) rows a call: a step sampling 7 rows
+    calls it in chunks, and each request gets its tokens and logprobs from alone."""
+    from kinetic.engine import sampler
+    from kinetic.engine.engine import SAMPLE_CHUNK
+    e = make_engine(parallel=8)
+    e.runner.row_buckets = [1, 2, 4, 8, 16]   # the ffi kernel's (exact at any row count)
+    assert e.sample_buckets == [1, 4, 16] and e.chunk_buckets == [1, 4] and SAMPLE_CHUNK == 4
+    requests = [GenerationRequest(ids("abcab"[:2 + i % 3]), params=sampled(10 + i),
+                                  max_tokens=6, logprobs=2 if i % 2 else None, speculative=False)
+                for i in range(7)]
+    alone = [run(e, r) for r in requests]
+    sample_rows = []
+    real_sample = sampler.sample
+    monkeypatch.setattr(sampler, "sample", lambda logits, *a, **kw: sample_rows.append(
+        logits.shape[0]) or real_sample(logits, *a, **kw))
+    with Paused(e):
+        outs = [Collector() for _ in requests]
+        for r, out in zip(requests, outs):
+            e.start(r, out)
+    together = [out.wait() for out in outs]
+    assert [(r.tokens, r.logprobs) for r in together] == [(r.tokens, r.logprobs) for r in alone]
+    assert max(sample_rows) == 4 and sample_rows.count(4) >= 2   # 7 rows: 4, then 3 (at 4)
+
+
 def test_dry_rows_past_the_pair_width_give_the_same_tokens(make_engine, monkeypatch):
     """A DRY row with more penalised tokens than DRY_WIDTH travels whole in the dense spill,
     in the compiled shape: the same tokens and logprobs as with room for every pair, and

@@ -72,6 +72,10 @@ HISTORY_WIDTH = 4096  # the penalties' window holds at most the last this many t
 # distinct tokens (SamplingParams refuses more) and ignore_eos adds the eog ids; an engine
 # whose tokenizer has more than 64 eog ids widens it to hold them all (Engine._bias_width)
 BIAS_WIDTH = MAX_LOGIT_BIAS + 64
+# most rows one call of sampler.sample takes; more sample in chunks of it (a row's draw does
+# not depend on the rows beside it). Chunks of 4 cost less per row than one call over 16 or
+# 32 rows on CPU, and each compiled size of the sampler holds tens of MB (docs/performance.md)
+SAMPLE_CHUNK = 4
 # DRY (token id, penalty) pairs per sampled row. A row's penalised tokens are the distinct ones
 # that followed an earlier occurrence of its last dry_allowed_length tokens (sampling_params.
 # dry_pairs): a handful in ordinary text, but up to every distinct token of the DRY window
@@ -349,14 +353,18 @@ class Engine:
         first step maps the weights in, so that the peak is one compile's, not their sum.
         JAX's tracing caches are dropped after (drop_staging_caches)."""
         for B in self.sample_buckets:
-            params = sampler.make_row_params([SamplingParams(temperature=0.8)] * B, [0] * B,
-                                             [1] * B, [None] * B, n_ctx=self.max_context)
             logits = jnp.zeros((B, self.vocab_size), jnp.float32)
-            # the arguments exactly as _sample passes them: its one compiled variant (bias and
-            # DRY pairs at their fixed widths, the DRY spill at [B, V]); logprobs run at the
-            # bucket of the rows that ask, picked from the step's logits (pick_rows below)
-            tokens, _ = sampler.sample(logits, params, self._no_history(B), self._zero_bias(B),
-                                       self._full_mask(B), self._zero_dry(B))
+            tokens = jnp.zeros((B,), jnp.int32)
+            if B in self.chunk_buckets:
+                params = sampler.make_row_params([SamplingParams(temperature=0.8)] * B, [0] * B,
+                                                 [1] * B, [None] * B, n_ctx=self.max_context)
+                # the arguments exactly as _sample_rows passes them: its one compiled variant
+                # (bias and DRY pairs at their fixed widths, the DRY spill at [B, V])
+                tokens, _ = sampler.sample(logits, params, self._no_history(B),
+                                           self._zero_bias(B), self._full_mask(B),
+                                           self._zero_dry(B))
+            # logprobs run at the bucket of the rows that ask, picked from the step's logits
+            # (pick_rows below)
             sampler.logprobs(logits, tokens, MAX_LOGPROBS)[0].block_until_ready()
             self._greedy(logits, self._zero_bias(B), self._full_mask(B)).block_until_ready()
             for rows in {1, *self.runner.row_buckets}:   # the logits a step can return
@@ -377,7 +385,7 @@ class Engine:
         with self._post_sampling_lock:
             if self._post_sampling_ready:
                 return
-            for B in self.sample_buckets:   # the arguments exactly as _sample passes them
+            for B in self.chunk_buckets:   # the arguments exactly as _sample_rows passes them
                 params = sampler.make_row_params([SamplingParams(temperature=0.8)] * B,
                                                  [0] * B, [1] * B, [None] * B,
                                                  n_ctx=self.max_context)
@@ -391,12 +399,21 @@ class Engine:
 
     @property
     def sample_buckets(self) -> list[int]:
-        """Rows of the compiled sampler: every other row bucket of the step (1, 4, 16, 64,
-        ...) and the largest. Each compiled size holds tens of MB of code (about 50 MB at a
-        262,144-token vocabulary), and sampling a few padding rows costs less than that."""
+        """Rows of the compiled greedy draw, log-probabilities and bitmasks: every other row
+        bucket of the step (1, 4, 16, 64, ...) and the largest (sampler.sample: the ones up
+        to SAMPLE_CHUNK, chunk_buckets). Each compiled size holds MBs of code, and sampling a
+        few padding rows costs less than that."""
         buckets = self.runner.row_buckets
         keep = [b for b in buckets if (b.bit_length() - 1) % 2 == 0]   # 1, 4, 16, ...
         return keep if keep[-1:] == buckets[-1:] else keep + buckets[-1:]
+
+    @property
+    def chunk_buckets(self) -> list[int]:
+        """The sizes sampler.sample is compiled at: the sampler buckets that hold a chunk of
+        up to SAMPLE_CHUNK rows (more rows sample in chunks: _sample); with XLA's kernel,
+        whose steps run at T rows only, that is T."""
+        top = self.sample_buckets[-1]
+        return sorted({self.sample_bucket(min(n, top)) for n in range(1, SAMPLE_CHUNK + 1)})
 
     def sample_bucket(self, n: int) -> int:
         """Rows of the compiled sampler that holds n rows."""
@@ -775,14 +792,15 @@ class Engine:
             if draft:
                 self.scheduler.set_draft(seq_id, draft)
 
-    def _masks(self, plan, rows: dict[int, list[int]]):
-        """The [T, ceil(V/32)] bitmask of the sampled rows, in `_sample`'s row order: all ones
-        for rows without a grammar; for a draft row, the grammar's mask after the drafted tokens
-        before it (drafts were cut to what the grammar allows, see `_grammar_prefix`)."""
-        T = self.sample_bucket(sum(len(r) for r in rows.values()))
+    def _masks(self, plan, rows: dict[int, list[int]]) -> np.ndarray | None:
+        """The [n, ceil(V/32)] bitmask of the n sampled rows, in `_sample`'s row order, on the
+        host (None when no row has a grammar: all ones): all ones for rows without a grammar;
+        for a draft row, the grammar's mask after the drafted tokens before it (drafts were
+        cut to what the grammar allows, see `_grammar_prefix`)."""
         if not any(self._jobs[sid].matcher is not None for sid in rows):
-            return self._full_mask(T)
-        out = np.full((T, (self.vocab_size + 31) // 32), -1, np.int32)
+            return None
+        out = np.full((sum(len(r) for r in rows.values()), (self.vocab_size + 31) // 32), -1,
+                      np.int32)
         i = 0
         for sid, row_ids in rows.items():
             matcher = self._jobs[sid].matcher
@@ -802,26 +820,60 @@ class Engine:
                 if sid in self._over_budget:   # its rows are sampled unmasked, then dropped
                     out[i:i + len(row_ids)] = -1
             i += len(row_ids)
+        return out
+
+    def _mask_rows(self, masks: np.ndarray | None, lo: int, n: int, T: int) -> jax.Array:
+        """Rows lo .. lo + n of _masks' bitmask on the device, padded to T rows."""
+        if masks is None:
+            return self._full_mask(T)
+        out = np.full((T, masks.shape[1]), -1, np.int32)
+        out[:n] = masks[lo:lo + n]
         return jax.device_put(out)
 
     def _sample(self, plan, logits, rows: dict[int, list[int]], masks, at_row=None) -> dict:
-        """Sample every wanted row in one call at the bucket of their count (log-probabilities
-        only for the rows that ask: _logprobs). at_row maps a plan row to its row of logits
-        (None: the same). Returns seq id -> (tokens drawn at its rows, per-row logprob entries
-        or None)."""
+        """Sample every wanted row (log-probabilities only for the rows that ask: _logprobs):
+        rows that are all plain greedy in one call at the bucket of their count, others
+        SAMPLE_CHUNK rows a call (_sample_rows). at_row maps a plan row to its row of logits
+        (None: the same); masks as _masks gives them. Returns seq id -> (tokens drawn at its
+        rows, per-row logprob entries or None)."""
         order = [(sid, r) for sid, rs in rows.items() for r in rs]
+        greedy = all(sampler.plain_greedy(self._jobs[sid].request.params) for sid, _ in order)
+        size = len(order) if greedy else SAMPLE_CHUNK
+        tokens, new_mu, lp_at = [], [], {}
+        for lo in range(0, len(order), size):
+            toks, mus, lps = self._sample_rows(plan, logits, order[lo:lo + size], masks, lo,
+                                               at_row)
+            tokens += toks
+            new_mu += mus
+            lp_at.update((lo + i, entry) for i, entry in lps.items())
+        out: dict[int, tuple[list[int], list | None]] = {}
+        for i, (sid, _) in enumerate(order):
+            job = self._jobs[sid]
+            toks, lps = out.setdefault(sid, ([], [] if job.request.logprobs is not None else None))
+            toks.append(tokens[i])
+            if lps is not None:
+                lps.append(lp_at[i])
+            if len(toks) == 1:
+                job.pending_mu = new_mu[i]
+        return out
+
+    def _sample_rows(self, plan, logits, order, masks, lo: int, at_row) -> tuple:
+        """One call of the sampler over `order`'s rows (rows lo.. of the step's sampled rows,
+        of masks), at the bucket of their count. Returns (tokens, new mu per row, logprob
+        entries by row of `order`)."""
         T = self.sample_bucket(len(order))
         idx = np.zeros(T, np.int32)
         idx[:len(order)] = [r if at_row is None else at_row[r] for _, r in order]
         params = [self._jobs[sid].request.params for sid, _ in order]
         mus = [self._jobs[sid].mu for sid, _ in order]
         bias = self._bias(order, T)
+        mask = self._mask_rows(masks, lo, len(order), T)
         # the sampled rows of the logits: often all of them, in order (no copy then)
         same = logits.shape[0] == T and (idx == np.arange(T)).all()
         picked = logits if same else sampler.pick_rows(logits, jax.device_put(idx))
         chain = None   # sample's arguments, for post-sampling probabilities
         if all(sampler.plain_greedy(p) for p in params):   # no row parameters, history or DRY
-            tokens = self._greedy(picked, bias, masks)
+            tokens = self._greedy(picked, bias, mask)
             new_mu = [sampler.initial_mu(p) if m is None else m for p, m in zip(params, mus)]
         else:
             seeds, positions, histories = [], [], []
@@ -838,22 +890,14 @@ class Engine:
             hist = (jax.device_put(history_rows(histories + [[]] * (T - len(order)),
                                                 self._history_width))
                     if any(sampler.penalties_on(p) for p in params) else self._no_history(T))
-            chain = (picked, row_params, hist, bias, masks, self._dry(order, histories, T))
+            chain = (picked, row_params, hist, bias, mask, self._dry(order, histories, T))
             tokens, new_mu = sampler.sample(*chain)
         lp_at = self._logprobs(logits, picked, idx, tokens, order)
         if any(self._jobs[sid].request.post_sampling for sid, _ in order):
             lp_at.update(self._post_sampling(order, tokens, chain))
-        tokens, new_mu = np.asarray(tokens), np.asarray(new_mu)
-        out: dict[int, tuple[list[int], list | None]] = {}
-        for i, (sid, _) in enumerate(order):
-            job = self._jobs[sid]
-            toks, lps = out.setdefault(sid, ([], [] if job.request.logprobs is not None else None))
-            toks.append(int(tokens[i]))
-            if lps is not None:
-                lps.append(lp_at[i])
-            if len(toks) == 1:
-                job.pending_mu = float(new_mu[i])
-        return out
+        n = len(order)
+        return ([int(t) for t in np.asarray(tokens)[:n]],
+                [float(m) for m in np.asarray(new_mu)[:n]], lp_at)
 
     def _logprobs(self, logits, picked, idx: np.ndarray, tokens, order) -> dict:
         """The log-probabilities of the sampled rows whose request asks for them, computed
