@@ -44,6 +44,15 @@ def behind_three(e, request):
 
 
 
+def all_at_once(e, requests):
+    """The results of `requests` started together, so that they share the engine's steps."""
+    with Paused(e):
+        outs = [Collector() for _ in requests]
+        for r, out in zip(requests, outs):
+            e.start(r, out)
+    return [out.wait() for out in outs]
+
+
 @pytest.fixture
 def engine(make_engine):
     return make_engine()  # 2 slots, 64-token context, 16-row steps, 4-token pages
@@ -614,11 +623,7 @@ def test_more_sampled_rows_than_a_chunk_sample_four_at_a_time(make_engine, monke
     real_sample = sampler.sample
     monkeypatch.setattr(sampler, "sample", lambda logits, *a, **kw: sample_rows.append(
         logits.shape[0]) or real_sample(logits, *a, **kw))
-    with Paused(e):
-        outs = [Collector() for _ in requests]
-        for r, out in zip(requests, outs):
-            e.start(r, out)
-    together = [out.wait() for out in outs]
+    together = all_at_once(e, requests)
     assert [(r.tokens, r.logprobs) for r in together] == [(r.tokens, r.logprobs) for r in alone]
     assert max(sample_rows) == 4 and sample_rows.count(4) >= 2   # 7 rows: 4, then 3 (at 4)
 
@@ -649,11 +654,7 @@ def test_dry_rows_past_the_pair_width_give_the_same_tokens(make_engine, monkeypa
         fits.append(bool((np.asarray(dry.ids) >= 0).any()))
         return dry
     e._dry = spy
-    with Paused(e):
-        outs = [Collector() for _ in requests]
-        for r, out in zip(requests, outs):
-            e.start(r, out)
-    narrow = [out.wait() for out in outs]
+    narrow = all_at_once(e, requests)
     assert [(r.tokens, r.logprobs) for r in narrow] == [(r.tokens, r.logprobs) for r in wide]
     assert any(s and f for s, f in zip(spills, fits))   # spilled and paired rows in one step
     assert sampler.sample._cache_size() == before
