@@ -33,7 +33,6 @@ wants rows, steps run one at a time (no several decode steps per call), so it ad
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import functools
 import itertools
 import os
@@ -63,6 +62,7 @@ from kinetic.engine.speculative import accept, ngram_draft
 from kinetic.grammar import (Grammar, GrammarTooCostly, MaskBudgetExceeded, Matcher, TokenVocab,
                              mask_budget)
 from kinetic.kernels import ffi as native
+from kinetic.memory import release_memory
 from kinetic.model.loader import LoadedModel
 from kinetic.text.tokenizer import Tokenizer
 
@@ -1035,15 +1035,6 @@ def image_keys(images) -> dict[int, int]:
 # kinetic/kernels/csrc/argmax.h): the first index of the row maximum after the mask and the
 # bias pairs, with NaN read as -inf, as greedy's
 _row_argmax = jax.jit(native.row_argmax)
-
-
-def release_memory() -> None:
-    """Hand the memory the C library keeps after frees back to the system (glibc's
-    malloc_trim; nothing elsewhere)."""
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def drop_staging_caches() -> None:
