@@ -8,11 +8,6 @@
 
 __version__ = "0.1.0"
 
-from kinetic.memory import hold_mmap_threshold as _hold_mmap_threshold
-
-# before JAX and XLA allocate: big freed blocks go back to the system (kinetic/memory.py)
-_hold_mmap_threshold()
-
 
 def load(path, **kwargs):
     """Load a GGUF model: see `kinetic.llm.load`."""

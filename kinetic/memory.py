@@ -1,25 +1,28 @@
 """The C library's heap: what kinetic asks of glibc's malloc so that a serving process holds
 the memory it uses, not the most it ever used (docs/architecture.md, "Memory").
 
-XLA's CPU runtime allocates every executable's buffers with malloc: a decode step's temporary
-block and its logits (16 MB a step at 16 rows of a 262,144-token vocabulary) are allocated and
-freed on every call. glibc serves blocks above its mmap threshold (128 KB at start) with mmap
-and hands them back on free, but after the first such free it raises the threshold to that
-block's size (up to 32 MB), and from then on blocks of that size come from the heap, where
-freed ones stay resident between the blocks still in use. Gemma 3 270M serving 16 streams grew
-by 80 MB more that way than with the threshold held (`kinetic serve` at `-np 16`, rounds of
-1 to 16 concurrent requests, docs/performance.md). Setting the threshold explicitly holds it.
+XLA compiles with many large temporary blocks. glibc serves blocks above its mmap threshold
+(128 KB at start) with mmap and hands them back on free, but after the first such free it raises
+the threshold to that block's size (up to 32 MB): from then on blocks of that size come from the
+heap, where freed ones stay resident between the blocks still in use. `compiling()` holds the
+threshold at 128 KB while Engine.compile runs (Gemma 3 270M at `-np 16`: 62 MB less anonymous
+memory once compiled), then sets it to 32 MB, the most glibc would raise it to: a decode step's
+buffers then come from the heap, warm, every step. Held at 128 KB while serving too, they
+would be mapped and unmapped on every call, and a step took 10-20% longer (docs/performance.md).
 
-Elsewhere than glibc (musl, macOS) both calls do nothing.
+Elsewhere than glibc (musl, macOS) these do nothing.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+from contextlib import contextmanager
+from typing import Iterator
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
-MMAP_THRESHOLD = 128 * 1024  # glibc's own starting value, kept instead of raised
+COMPILE_THRESHOLD = 128 * 1024  # glibc's own starting value
+SERVE_THRESHOLD = 32 * 1024 * 1024  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit systems
 
 
 def _libc():
@@ -29,17 +32,26 @@ def _libc():
         return None
 
 
-def hold_mmap_threshold() -> bool:
-    """Keep blocks of MMAP_THRESHOLD bytes and more out of the heap for the whole process
-    (each is mapped on malloc and unmapped on free). A threshold the user set in the
-    environment (MALLOC_MMAP_THRESHOLD_) is left as set. True where it was applied."""
+def set_mmap_threshold(size: int) -> bool:
+    """Blocks of `size` bytes and more mapped on malloc and unmapped on free, smaller ones from
+    the heap, for the whole process. A threshold the user set in the environment
+    (MALLOC_MMAP_THRESHOLD_) is left as set. True where it was applied."""
     if "MALLOC_MMAP_THRESHOLD_" in os.environ:
         return False
-    libc = _libc()
-    mallopt = getattr(libc, "mallopt", None)
-    if mallopt is None:
-        return False
-    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+    mallopt = getattr(_libc(), "mallopt", None)
+    return mallopt is not None and bool(mallopt(M_MMAP_THRESHOLD, size))
+
+
+@contextmanager
+def compiling() -> Iterator[None]:
+    """Compiles inside keep their big temporary blocks out of the heap; after, the heap serves
+    everything under SERVE_THRESHOLD."""
+    set_mmap_threshold(COMPILE_THRESHOLD)
+    try:
+        yield
+    finally:
+        set_mmap_threshold(SERVE_THRESHOLD)
+        release_memory()
 
 
 def release_memory() -> None:

@@ -62,6 +62,7 @@ from kinetic.engine.speculative import accept, ngram_draft
 from kinetic.grammar import (Grammar, GrammarTooCostly, MaskBudgetExceeded, Matcher, TokenVocab,
                              mask_budget)
 from kinetic.kernels import ffi as native
+from kinetic import memory
 from kinetic.memory import release_memory
 from kinetic.model.loader import LoadedModel
 from kinetic.text.tokenizer import Tokenizer
@@ -351,7 +352,12 @@ class Engine:
         Compiling takes hundreds of MB that the C library keeps after XLA frees them; they are
         handed back after each compile (release_memory), and the sampler compiles before the
         first step maps the weights in, so that the peak is one compile's, not their sum.
-        JAX's tracing caches are dropped after (drop_staging_caches)."""
+        JAX's tracing caches are dropped after (drop_staging_caches). glibc's mmap threshold
+        is held low meanwhile (memory.compiling)."""
+        with memory.compiling():
+            self._compile(progress)
+
+    def _compile(self, progress) -> None:
         for B in self.sample_buckets:
             logits = jnp.zeros((B, self.vocab_size), jnp.float32)
             tokens = jnp.zeros((B,), jnp.int32)
