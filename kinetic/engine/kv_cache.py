@@ -20,8 +20,8 @@ Allocation therefore takes written pages first: released free ones (the last rel
 first, a sequence's head before its tail), then, once more than `retain` pages are
 evictable, the least recently released evictable page (its key dropped); only then a
 never-used page, lowest id first; and evictable pages again when none is left. The device
-thus keeps at least `retain` pages of released prefixes (the scheduler gives one slot's
-context), and its memory grows with the pages in use at once, not with every token ever
+thus keeps at least `retain` pages of released prefixes (the scheduler gives a quarter of
+one slot's context), and its memory grows with the pages in use at once, not with every token ever
 served; older prefixes go to the host tier (host_cache.py, --cache-ram) as they are evicted.
 """
 
