@@ -21,8 +21,9 @@ first, a sequence's head before its tail), then, once more than `retain` pages a
 evictable, the least recently released evictable page (its key dropped); only then a
 never-used page, lowest id first; and evictable pages again when none is left. The device
 thus keeps at least `retain` pages of released prefixes (the scheduler gives a quarter of
-one slot's context), and its memory grows with the pages in use at once, not with every token ever
-served; older prefixes go to the host tier (host_cache.py, --cache-ram) as they are evicted.
+one slot's context), and its memory grows with the pages in use at once, not with every
+token ever served; older prefixes go to the host tier (host_cache.py, --cache-ram) as they
+are evicted.
 """
 
 from __future__ import annotations
