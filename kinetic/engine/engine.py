@@ -62,8 +62,7 @@ from kinetic.engine.speculative import accept, ngram_draft
 from kinetic.grammar import (Grammar, GrammarTooCostly, MaskBudgetExceeded, Matcher, TokenVocab,
                              mask_budget)
 from kinetic.kernels import ffi as native
-from kinetic import memory
-from kinetic.memory import release_memory
+from kinetic.memory import compiling, release_memory
 from kinetic.model.loader import LoadedModel
 from kinetic.text.tokenizer import Tokenizer
 
@@ -353,8 +352,8 @@ class Engine:
         handed back after each compile (release_memory), and the sampler compiles before the
         first step maps the weights in, so that the peak is one compile's, not their sum.
         JAX's tracing caches are dropped after (drop_staging_caches). glibc's mmap threshold
-        is held low meanwhile (memory.compiling)."""
-        with memory.compiling():
+        is held low meanwhile (kinetic.memory.compiling)."""
+        with compiling():
             self._compile(progress)
 
     def _compile(self, progress) -> None:
