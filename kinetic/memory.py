@@ -16,6 +16,7 @@ Elsewhere than glibc (musl, macOS) these do nothing.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 from contextlib import contextmanager
 from typing import Iterator
@@ -25,6 +26,7 @@ COMPILE_THRESHOLD = 128 * 1024  # glibc's own starting value
 SERVE_THRESHOLD = 32 * 1024 * 1024  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit systems
 
 
+@functools.cache
 def _libc():
     try:
         return ctypes.CDLL(None)
@@ -45,13 +47,13 @@ def set_mmap_threshold(size: int) -> bool:
 @contextmanager
 def compiling() -> Iterator[None]:
     """Compiles inside keep their big temporary blocks out of the heap; after, the heap serves
-    everything under SERVE_THRESHOLD."""
+    everything under SERVE_THRESHOLD. Handing back what the heap holds free is the caller's
+    (release_memory: Engine.compile does it after each compile)."""
     set_mmap_threshold(COMPILE_THRESHOLD)
     try:
         yield
     finally:
         set_mmap_threshold(SERVE_THRESHOLD)
-        release_memory()
 
 
 def release_memory() -> None:
