@@ -18,6 +18,10 @@ Each is called once to compile and warm up, then repeated until --min-time secon
 --min-reps calls have been timed; the figure is the median call, wall clock up to
 block_until_ready, so it includes JAX's dispatch (the "jit call floor" printed at the top).
 
+Weights are timed in the layout kinetic's loader gives them: where it repacks (the AVX-512
+path, unless KINETIC_REPACK=0; kinetic.model.weights.repack_wanted), the 32-value block formats
+are rearranged into the 16-column layout first, and their type is printed with a `*`.
+
 Columns: kernel ms; kernel GB/s = bytes of the weight in its GGUF blocks / time; GFLOP/s =
 2*M*N*K / time; of copy = kernel GB/s / the 2-thread copy bandwidth; xla ms; xla GB/s = the bf16
 weight's 2*N*K bytes / time; speed-up = xla ms / kernel ms.
@@ -142,25 +146,32 @@ HEAD = (f"{'model':12} {'tensor':26} {'type':5} {'N':>6} {'K':>5} {'M':>3} | {'k
 
 
 def bench_model(label: str, path: str, ms: list[int], args, copy2: float) -> list[dict]:
+    from kinetic import kernels
     from kinetic.model import quants
     from kinetic.model.gguf_file import GGUFFile
+    from kinetic.model.weights import repack_wanted
     f = GGUFFile(path)
     tied = "output.weight" not in f.tensors
     data = jax.device_put(f.bytes)   # the whole file, zero-copy, as kinetic passes it
+    repack = repack_wanted() and data.unsafe_buffer_pointer() == f.bytes.ctypes.data
     rng = np.random.default_rng(args.seed)
     rows = []
     for names in shape_groups(f):
         raw = f.tensors[names[0]]
         n, k = raw.shape
         wbytes = raw.data.nbytes
-        kern = kernel_fn(int(raw.qtype), raw.file_offset(f.bytes), n, k)
         w_kn = jnp.asarray(np.ascontiguousarray(quants.dequantize(raw).T), dtype=jnp.bfloat16)
+        fmt, offset = int(raw.qtype), raw.file_offset(f.bytes)
+        if repack and fmt in kernels.REPACKABLE and n >= 16:   # as the loader does
+            fmt = kernels.repack16_host(fmt, f.writable_bytes()[offset:offset + wbytes], n, k)
+        kern = kernel_fn(fmt, offset, n, k)
         tensor = "+".join(short(x, tied) for x in names)
         for m in ms:
             x = jax.device_put(rng.standard_normal((m, k), dtype=np.float32))
             tk = median_call(kern, (x, data), args.min_time, args.min_reps)
             tx = median_call(xla_dot, (x, w_kn), args.min_time, args.min_reps)
-            r = {"model": label, "tensor": tensor, "tensors": names, "type": raw.qtype.name,
+            r = {"model": label, "tensor": tensor, "tensors": names,
+                 "type": raw.qtype.name + ("*" if fmt & kernels.REPACK16 else ""),
                  "N": n, "K": k, "M": m, "weight_bytes": wbytes,
                  "kernel_s": tk, "kernel_GBps": wbytes / tk / 1e9,
                  "kernel_GFLOPps": 2 * m * n * k / tk / 1e9,

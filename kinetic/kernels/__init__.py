@@ -10,6 +10,7 @@ directly; its FFI handlers are registered with XLA once, at import.
     supported_isas()     every path this CPU can run (tests sweep them)
     qmatmul_host(...)    y = x . W^T on numpy arrays, on a chosen path and thread count
     dequant_rows_host()  rows of W as float32
+    repack16_host(...)   a weight rearranged in place into the 16-column layout (REPACK16)
 
 KINETIC_KERNEL_ISA=scalar|avx2|avx512 forces a path (every path gives the same bits); a name
 this CPU cannot run is an error at import, naming the paths it can.
@@ -42,6 +43,7 @@ def _load() -> ctypes.CDLL | None:
     lib.kn_isa_supported.argtypes = [i32]
     lib.kn_row_bytes.argtypes = [i32, i64]
     lib.kn_row_bytes.restype = i64
+    lib.kn_repack16.argtypes = [i32, ptr, i64, i64, ctypes.c_char_p, i32]
     lib.kn_lazy_zero.argtypes = [ptr, i64]
     lib.kn_lazy_zero.restype = i64
     lib.kn_json_floats.argtypes = [ptr, i64, ptr, i64]
@@ -127,6 +129,24 @@ def qmatmul_host(fmt: int, w: np.ndarray, n: int, k: int, x: np.ndarray,
     _call(lib.kn_qmatmul, int(fmt), w.ctypes.data, n, k, x.ctypes.data, x.shape[0],
           y.ctypes.data, code, int(threads))
     return y
+
+
+# The format id flag of the 16-column layout (csrc/repack.h): fmt | REPACK16 is fmt's blocks
+# rearranged so that the AVX-512 path reads 16 columns' blocks as the vectors it multiplies.
+REPACK16 = 256
+REPACKABLE = (2, 3, 6, 7, 8)  # Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
+
+
+def repack16_host(fmt: int, w: np.ndarray, n: int, k: int) -> int:
+    """Rearrange the n rows of k values of `fmt` (a writable contiguous uint8 array, holding
+    at least their bytes) in place into the 16-column layout; returns fmt | REPACK16, the id
+    to multiply them with. Every path gives the plain weight's bits for it."""
+    if not (isinstance(w, np.ndarray) and w.dtype == np.uint8 and w.flags.c_contiguous
+            and w.flags.writeable):
+        raise ValueError("repack16_host needs a writable contiguous uint8 array")
+    _weight_bytes(w, fmt, n, k)
+    _call(_need().kn_repack16, int(fmt), w.ctypes.data, n, k)
+    return int(fmt) | REPACK16
 
 
 def lazy_zero_host(a: np.ndarray) -> int:

@@ -30,6 +30,9 @@ y[M, N] = x[M, K] . W[N, K]^T, W in a GGUF block format, in three steps:
    Float weights: 16 lanes; x[k] * w[k] (rounded) is added to lane k % 16 in order of k,
    then lane i += lane i + 8, then + 4, + 2, + 1; the result is lane 0.
 
+A repacked weight (fmt | REPACK16, repack16 below) is the same blocks in another order:
+the same results.
+
 Dequantized rows (dequant.cc): float(q) * d (+ m), or float(q) * (d * float(sc)) (- dmin *
 float(mn)) for K-quants. All float math is float32 (nothing promotes to float64).
 """
@@ -59,6 +62,8 @@ FORMATS = {  # formats.cc format_info
 
 
 def format_info(fmt: int) -> Format:
+    if fmt & REPACK16 and fmt & ~REPACK16 in REPACK_FIELDS:
+        return FORMATS[fmt & ~REPACK16]
     if fmt not in FORMATS:
         raise ValueError(f"GGML type {fmt} is not one the kernel multiplies")
     return FORMATS[fmt]
@@ -75,6 +80,80 @@ def _rows(fmt: int, data, n: int, k: int) -> np.ndarray:
     if buf.size < need:
         raise ValueError(f"{buf.size} bytes cannot hold {n} rows of {need // n} bytes")
     return buf[:need].reshape(n, need // n)
+
+
+# --- the 16-column layout (repack.h, repack.cc) ---------------------------------------------
+
+REPACK16 = 256  # format id flag
+# a plain block's bytes and where it keeps m, qh and qs (None: absent)
+REPACK_FIELDS = {Q4_0: (18, None, None, 2), Q4_1: (20, 2, None, 4), Q5_0: (22, None, 2, 6),
+                 Q5_1: (24, 2, 4, 8), Q8_0: (34, None, None, 2)}
+
+
+def repack16(fmt: int, data, n: int, k: int) -> np.ndarray:
+    """The n rows' bytes in the 16-column layout (fmt | REPACK16), as uint8: rows [0, n16)
+    (n16 = n // 16 * 16) in groups of 16; block b of a group is d[16] (u16), m[16] where the
+    format has a min, hi[8] (u64: bit 4c + i of hi[j] is the 5th bit of column c's value 4j +
+    i) where it has 5th bits, then the values: byte 4c + i of vector j is column c's qs byte 4j
+    + i (Q8_0: 8 vectors, each byte xor 0x80; the 4-bit formats: 4, two values a byte)."""
+    size, m_at, qh_at, qs_at = REPACK_FIELDS[fmt]
+    out = _rows(fmt, data, n, k).reshape(-1).copy()
+    nb, n16 = k // 32, n // 16 * 16
+    if n16 == 0:
+        return out
+    G = n16 // 16
+    g = out[:n16 * nb * size].reshape(G, 16, nb, size).transpose(0, 2, 1, 3)  # [G, nb, c, B]
+    parts = [g[..., 0:2].reshape(G, nb, 32)]
+    if m_at is not None:
+        parts.append(g[..., m_at:m_at + 2].reshape(G, nb, 32))
+    if qh_at is not None:
+        qh = g[..., qh_at:qh_at + 4].copy().view("<u4")[..., 0].astype(np.uint64)  # [G, nb, c]
+        nibble = (qh[..., None] >> (4 * np.arange(8, dtype=np.uint64))) & 0xF      # [.., c, j]
+        at = (4 * np.arange(16, dtype=np.uint64))[:, None]                       # c's place
+        hi = np.bitwise_or.reduce(nibble << at, axis=-2)                          # [G, nb, j]
+        parts.append(hi.astype("<u8").view(np.uint8).reshape(G, nb, 64))
+    words = 8 if fmt == Q8_0 else 4
+    qs = g[..., qs_at:qs_at + 4 * words].reshape(G, nb, 16, words, 4).transpose(0, 1, 3, 2, 4)
+    parts.append((qs ^ 0x80 if fmt == Q8_0 else qs).reshape(G, nb, 64 * words))
+    out[:n16 * nb * size] = np.concatenate(parts, axis=-1).reshape(-1)
+    return out
+
+
+def unrepack16(fmt: int, data, n: int, k: int) -> np.ndarray:
+    """repack16 undone: the plain rows' bytes of a repacked weight (fmt plain)."""
+    size, m_at, qh_at, qs_at = REPACK_FIELDS[fmt]
+    out = _rows(fmt, data, n, k).reshape(-1).copy()
+    nb, n16 = k // 32, n // 16 * 16
+    if n16 == 0:
+        return out
+    G = n16 // 16
+    blocks = out[:n16 * nb * size].reshape(G, nb, 16 * size)
+    plain = np.zeros((G, nb, 16, size), np.uint8)
+    plain[..., 0:2] = blocks[..., 0:32].reshape(G, nb, 16, 2)
+    at = 32
+    if m_at is not None:
+        plain[..., m_at:m_at + 2] = blocks[..., at:at + 32].reshape(G, nb, 16, 2)
+        at += 32
+    if qh_at is not None:
+        hi = blocks[..., at:at + 64].copy().view("<u8")                           # [G, nb, j]
+        nibble = (hi[..., None, :] >> (4 * np.arange(16, dtype=np.uint64))[:, None]) & 0xF
+        qh = np.bitwise_or.reduce(nibble << (4 * np.arange(8, dtype=np.uint64)), axis=-1)
+        plain[..., qh_at:qh_at + 4] = qh.astype("<u4").view(np.uint8).reshape(G, nb, 16, 4)
+        at += 64
+    words = 8 if fmt == Q8_0 else 4
+    qs = blocks[..., at:at + 64 * words].reshape(G, nb, words, 16, 4).transpose(0, 1, 3, 2, 4)
+    plain[..., qs_at:qs_at + 4 * words] = (qs ^ 0x80 if fmt == Q8_0 else qs).reshape(
+        G, nb, 16, 4 * words)
+    out[:n16 * nb * size] = plain.transpose(0, 2, 1, 3).reshape(-1)
+    return out
+
+
+def _plain(fmt: int, data, n: int, k: int):
+    """(the plain format, its bytes) of a weight, repacked or not."""
+    if fmt & REPACK16:
+        format_info(fmt)   # a known repackable format
+        return fmt & ~REPACK16, unrepack16(fmt & ~REPACK16, data, n, k)
+    return fmt, data
 
 
 # --- conversions (common.h) and 1. unpack (formats.cc) -------------------------------------
@@ -185,6 +264,7 @@ def unpack(fmt: int, data, n: int, k: int):
 
 def dequantize(fmt: int, data, n: int, k: int) -> np.ndarray:
     """W as float32 [n, k], the values of dequant.cc (weight_value for float formats)."""
+    fmt, data = _plain(fmt, data, n, k)
     f = format_info(fmt)
     rows = _rows(fmt, data, n, k)
     if f.qk == 1:
@@ -265,6 +345,7 @@ def _float_matmul(w: np.ndarray, xf: np.ndarray) -> np.ndarray:
 
 def qmatmul(fmt: int, data, n: int, k: int, x) -> np.ndarray:
     """x [M, k] . W^T as float32 [M, n], bit for bit what the C++ kernel returns."""
+    fmt, data = _plain(fmt, data, n, k)
     f = format_info(fmt)
     x = np.ascontiguousarray(x, _f32)
     if x.ndim != 2 or x.shape[1] != k:

@@ -193,6 +193,8 @@ class GGUFFile:
             raise
         self._map = buf  # the tensors' views keep it alive too; this makes it explicit
         whole = np.frombuffer(buf, dtype=np.uint8) if infos else None
+        if whole is not None:
+            whole.flags.writeable = False
         # The whole file as one read-only uint8 array (page-aligned: XLA can use it in place)
         self.bytes: np.ndarray | None = whole
         self.tensors: dict[str, RawTensor] = {}
@@ -200,6 +202,12 @@ class GGUFFile:
             start = self._data_offset + t.offset
             self.tensors[t.name] = RawTensor(t.name, t.qtype, t.shape,
                                              whole[start:start + t.n_bytes])
+
+    def writable_bytes(self) -> np.ndarray:
+        """The whole file as a writable uint8 array over the same memory as `bytes`. The map
+        is private: a write changes this process's copy of a page, never the file (the
+        weight loader rearranges blocks in place, kinetic.model.weights)."""
+        return np.frombuffer(self._map, dtype=np.uint8)
 
     @property
     def architecture(self) -> str:
@@ -215,7 +223,8 @@ class GGUFFile:
 
 
 def _map(path: str) -> mmap.mmap:
-    """A read-only map of the file, after checking it exists and starts with the magic."""
+    """A private map of the file (copy on write: the file itself is never written), after
+    checking it exists and starts with the magic."""
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
@@ -223,7 +232,7 @@ def _map(path: str) -> mmap.mmap:
             if head != _MAGIC:
                 what = "it is empty" if not head else f"it starts with {head!r}"
                 raise GGUFError(f"{path}: not a GGUF file ({what}, not {_MAGIC!r})")
-            return mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
+            return mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
     except FileNotFoundError:
         raise GGUFError(f"{path}: no such file") from None
     except IsADirectoryError:

@@ -100,7 +100,9 @@ class Proj:
     - packed (fmt = the GGML type id): W stays in its GGUF blocks; `data` is the whole
       memory-mapped file as a uint8 array (one zero-copy buffer shared by every weight) and W
       starts `offset` bytes into it. kinetic's C++ kernel multiplies it (kinetic/kernels),
-      rounding activations as llama.cpp does, exact by construction.
+      rounding activations as llama.cpp does, exact by construction. fmt may carry
+      kernels.REPACK16: the blocks rearranged at load into the 16-column layout (same bytes,
+      same results; weights._Packer).
     - dense (fmt = DENSE): `data` is W transposed, [K, N], in a compute dtype, multiplied by
       XLA (GPU, non-x86, KINETIC_KERNEL=xla); `act_quant` emulates llama.cpp's activation
       rounding there: "q8_0", "q8_K", "f16" or "" (see weights.py)."""

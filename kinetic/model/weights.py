@@ -138,7 +138,11 @@ def load_weights(f: GGUFFile, cfg: Config, arch: ModuleType, dtype: jnp.dtype,
     type, and act_quant rounds activations as llama.cpp's CPU backend does before each
     projection (closer agreement with llama.cpp; see docs/parity.md); the ffi kernel always
     rounds them so."""
-    packed = _Packer(f) if kernel == "ffi" else None
+    packed = _Packer(f, repack_wanted()) if kernel == "ffi" else None
+    # host-read tensors keep their GGUF rows: the ranking head (engine.encoder.Head), and the
+    # token embedding unless it is also the output projection (a step gathers its rows)
+    tied = "output.weight" not in f.tensors and not cfg.pooling
+    host_read = set(HEAD_TENSORS) | (set() if tied else {"token_embd"})
     shapes = expected_shapes(cfg)
     if hasattr(arch, "tensor_shapes"):   # shapes that are the architecture's own
         shapes.update(arch.tensor_shapes(cfg))
@@ -176,7 +180,7 @@ def load_weights(f: GGUFFile, cfg: Config, arch: ModuleType, dtype: jnp.dtype,
                             _convert(name, dequantize(row), dtype,
                                      raw.qtype if act_quant else None))
         elif packed is not None and len(raw.shape) == 2:
-            target[name] = packed.proj(raw)
+            target[name] = packed.proj(raw, repack=name not in host_read)
         else:
             target[name] = _convert(name, dequantize(raw), dtype, raw.qtype if act_quant else None)
         if progress:
@@ -216,23 +220,47 @@ def _convert(name: str, value: np.ndarray, dtype: jnp.dtype,
     return jnp.asarray(value, dtype=jnp.float32)
 
 
-class _Packer:
-    """Packed Projs over one zero-copy device buffer of the whole file."""
+def repack_wanted() -> bool:
+    """Whether the loader rearranges 32-value block weights into the 16-column layout
+    (csrc/repack.h): where the kernel runs its AVX-512 path, which reads that layout without
+    unpacking it on every call, unless KINETIC_REPACK=0. The results are the same bits."""
+    return kernels.isa() == "avx512" and os.environ.get("KINETIC_REPACK", "1") != "0"
 
-    def __init__(self, f: GGUFFile):
+
+class _Packer:
+    """Packed Projs over one zero-copy device buffer of the whole file.
+
+    With repack (repack_wanted), each Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 projection of 16 rows
+    or more is rearranged in place, in the file's private map, into the 16-column layout
+    (its Proj's fmt then carries kernels.REPACK16): the written pages become the process's
+    own copy and the file's pages are no longer mapped, so memory holds the weights once.
+    Tensors read on the host from the file (a ranking head) are passed with repack=False."""
+
+    def __init__(self, f: GGUFFile, repack: bool = False):
         self.file = f
         self.data = jax.device_put(f.bytes)  # in place: the map is page-aligned
+        # The blocks are rearranged through the device buffer's own memory, before any step
+        # reads it; a buffer XLA copied would not see them, so then nothing is repacked.
+        in_place = self.data.unsafe_buffer_pointer() == f.bytes.ctypes.data
+        self.writable = f.writable_bytes() if repack and in_place else None
 
     def experts(self, raw: RawTensor) -> list[Proj]:
         """A mixture's stacked [E, N, K] matrices as E projections: expert e's rows follow
         expert e - 1's in the file, so each is an offset into the same blocks."""
         e, n, k = raw.shape
-        whole = self.proj(dataclasses.replace(raw, shape=(e * n, k)))
+        whole = self.proj(dataclasses.replace(raw, shape=(e * n, k)), repack=False)
         step = n * kernels.row_bytes(int(raw.qtype), k)
-        return [dataclasses.replace(whole, offset=whole.offset + i * step, n=n)
+        return [self._repack(dataclasses.replace(whole, offset=whole.offset + i * step, n=n))
                 for i in range(e)]
 
-    def proj(self, raw: RawTensor) -> Proj:
+    def _repack(self, p: Proj) -> Proj:
+        if self.writable is None or p.fmt not in kernels.REPACKABLE or p.n < 16:
+            return p
+        size = p.n * kernels.row_bytes(p.fmt, p.k)
+        fmt = kernels.repack16_host(p.fmt, self.writable[p.offset:p.offset + size], p.n, p.k)
+        return dataclasses.replace(p, fmt=fmt)
+
+    def proj(self, raw: RawTensor, repack: bool = True) -> Proj:
         quants.check_supported(raw.qtype, raw.name)
         n, k = raw.shape
         block = quants.block_size(raw.qtype)
@@ -242,7 +270,8 @@ class _Packer:
         if raw.data.nbytes != n * kernels.row_bytes(int(raw.qtype), k):
             raise ModelConfigError(f"{self.file.path}: tensor {raw.name!r} holds "
                                    f"{raw.data.nbytes} bytes, not {n} rows of {raw.qtype.name}")
-        return Proj(self.data, int(raw.qtype), raw.file_offset(self.file.bytes), n, k)
+        p = Proj(self.data, int(raw.qtype), raw.file_offset(self.file.bytes), n, k)
+        return self._repack(p) if repack else p
 
 
 def split_buffer(weights: dict) -> tuple[jax.Array | None, dict]:

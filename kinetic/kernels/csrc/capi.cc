@@ -7,6 +7,7 @@
 #include "float_json.h"
 #include "lazyzero.h"
 #include "qmatmul_api.h"
+#include "repack.h"
 
 #define KN_API extern "C" __attribute__((visibility("default")))
 
@@ -36,6 +37,13 @@ KN_API int kn_qmatmul(int fmt, const uint8_t* w, int64_t N, int64_t K, const flo
 KN_API int kn_dequant_rows(int fmt, const uint8_t* w, int64_t N, int64_t K, const int32_t* rows,
                            int64_t n_rows, float* out, char* err, int errlen) {
   const char* e = kn::dequant_rows(fmt, w, N, K, rows, n_rows, out);
+  return e ? fail(e, err, errlen) : 0;
+}
+
+// repack.h: N rows of K values of plain format fmt rearranged in place into the 16-column
+// layout (format id fmt | kn::kRepack16).
+KN_API int kn_repack16(int fmt, uint8_t* w, int64_t N, int64_t K, char* err, int errlen) {
+  const char* e = kn::repack16(fmt, w, N, K);
   return e ? fail(e, err, errlen) : 0;
 }
 

@@ -1,8 +1,12 @@
 #include "formats.h"
 
+#include "repack.h"
+
 namespace kn {
 
 const FormatInfo* format_info(int fmt) {
+  if (is_repacked(fmt))  // the 16-column layout (repack.h): the base format's blocks
+    return repackable(base_format(fmt)) ? format_info(base_format(fmt)) : nullptr;
   static const FormatInfo q4_0{32, 18, 32, ACT_Q8_0, false}, q4_1{32, 20, 32, ACT_Q8_1, true},
       q5_0{32, 22, 32, ACT_Q8_0, false}, q5_1{32, 24, 32, ACT_Q8_1, true},
       q8_0{32, 34, 32, ACT_Q8_0, false}, q2_k{256, 84, 16, ACT_Q8_K, true},

@@ -31,7 +31,8 @@ struct FormatInfo {
   bool has_min;     // a per-block (Q4_1, Q5_1) or per-sub-block (Q2_K, Q4_K, Q5_K) min
 };
 
-// nullptr for a type the kernel does not multiply.
+// nullptr for a type the kernel does not multiply. A repacked id (repack.h) has its base
+// format's info; unpack_block takes plain ids only.
 const FormatInfo* format_info(int fmt);
 
 struct Unpacked {

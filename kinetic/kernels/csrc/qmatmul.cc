@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "parallel.h"
+#include "repack.h"
 
 namespace kn {
 
@@ -26,10 +27,41 @@ const char* check_matmul(int fmt, int64_t N, int64_t K, int64_t M) {
 
 namespace {
 
-void run_cols(Isa isa, const MatmulArgs& a, int64_t n0, int64_t n1) {
+void run_plain(Isa isa, const MatmulArgs& a, int64_t n0, int64_t n1) {
   if (isa == ISA_AVX512 && qmatmul_cols_avx512(a, n0, n1)) return;
   if (isa >= ISA_AVX2 && qmatmul_cols_avx2(a, n0, n1)) return;
   qmatmul_cols_ref(a, n0, n1);
+}
+
+// A repacked weight (repack.h; n0 a multiple of 16, as every chunk starts): its groups on the
+// AVX-512 path's 16-column loop, or, on the other paths, each group's plain rows rebuilt and
+// multiplied as plain rows (the same arithmetic per column, so the same bits); the rows after
+// the last group are plain rows.
+void run_repacked(Isa isa, const MatmulArgs& a, int64_t n0, int64_t n1) {
+  const int64_t n16 = std::min(n1, repacked_rows(a.N));
+  if (n0 < n16 && !(isa == ISA_AVX512 && qmatmul_cols_avx512_r16(a, n0, n16))) {
+    std::vector<uint8_t> rows(size_t(16 * a.row_bytes));
+    std::vector<float> y(size_t(16 * a.M));
+    MatmulArgs g = a;
+    g.w = rows.data();
+    g.N = 16;
+    g.y = y.data();
+    g.repacked = false;
+    for (int64_t n = n0; n < n16; n += 16) {
+      unrepack_group(a.fmt, a.w + n * a.row_bytes, a.K / a.info->qk, rows.data());
+      run_plain(isa, g, 0, 16);
+      for (int64_t m = 0; m < a.M; ++m)
+        std::copy(y.begin() + m * 16, y.begin() + (m + 1) * 16, a.y + m * a.N + n);
+    }
+  }
+  if (std::max(n0, n16) < n1) run_plain(isa, a, std::max(n0, n16), n1);
+}
+
+void run_cols(Isa isa, const MatmulArgs& a, int64_t n0, int64_t n1) {
+  if (a.repacked)
+    run_repacked(isa, a, n0, n1);
+  else
+    run_plain(isa, a, n0, n1);
 }
 
 // Columns per chunk: enough chunks to balance the threads, each a whole number of 16
@@ -68,8 +100,8 @@ const char* qmatmul_parts(const MatmulPart* parts, int n_parts, int64_t K, const
       if (isa != ISA_SCALAR) by_block(acts[f->act]);
     }
     done[f->act] = true;
-    args.push_back({parts[p].fmt, f, parts[p].w, row_bytes(parts[p].fmt, K), parts[p].n, K, M,
-                    &acts[f->act], parts[p].y});
+    args.push_back({base_format(parts[p].fmt), f, parts[p].w, row_bytes(parts[p].fmt, K),
+                    parts[p].n, K, M, &acts[f->act], parts[p].y, is_repacked(parts[p].fmt)});
     cols.push_back(chunk_cols(parts[p].n, threads));
     first_chunk.push_back(first_chunk.back() + (parts[p].n + cols[p] - 1) / cols[p]);
   }

@@ -26,6 +26,7 @@ struct MatmulArgs {
   int64_t N, K, M;
   const QuantActs* acts;
   float* y;           // [M, N]
+  bool repacked = false;  // rows [0, N / 16 * 16) in the 16-column layout of fmt (repack.h)
 };
 
 // The integer results of one weight block against one activation block.
@@ -62,6 +63,8 @@ inline float weight_value(int fmt, const uint8_t* row, int64_t k) {
 void qmatmul_cols_ref(const MatmulArgs& a, int64_t n0, int64_t n1);
 bool qmatmul_cols_avx2(const MatmulArgs& a, int64_t n0, int64_t n1);
 bool qmatmul_cols_avx512(const MatmulArgs& a, int64_t n0, int64_t n1);
+// Columns [n0, n1) of a repacked weight, whole groups of 16 (n0, n1 multiples of 16).
+bool qmatmul_cols_avx512_r16(const MatmulArgs& a, int64_t n0, int64_t n1);
 
 // A plain error message, or nullptr when the shapes fit.
 const char* check_matmul(int fmt, int64_t N, int64_t K, int64_t M);

@@ -54,4 +54,8 @@ struct FQ8_0 {
 
 bool qmatmul_cols_avx512(const MatmulArgs& a, int64_t n0, int64_t n1) { return dispatch(a, n0, n1); }
 
+bool qmatmul_cols_avx512_r16(const MatmulArgs& a, int64_t n0, int64_t n1) {
+  return dispatch_r16(a, n0, n1);
+}
+
 }  // namespace kn

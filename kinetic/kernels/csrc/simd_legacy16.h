@@ -194,3 +194,84 @@ KN_SIMD void legacy_cols16(const MatmulArgs& a, int64_t n0, int64_t n1) {
   }
 }
 
+
+// ---- repacked weights (repack.h) ------------------------------------------------------------
+// A group's blocks are stored as the vectors unpack_strip builds: a strip is loads, the
+// 4-bit formats' nibbles split, the 5th bits added from their masks, the 16 scales converted
+// from one load. rows_any then runs as for plain rows, so the bits are the same.
+
+// 16 halves (one 256-bit load) -> floats.
+KN_INL __m512 f16x16_halves(__m256i h) {
+#ifdef KN_F16C_SCALES
+  return _mm512_cvtph_ps(h);
+#else
+  return f16x16(_mm512_cvtepu16_epi32(h));
+#endif
+}
+
+// next: the next group (its blocks prefetched as this group's are read, as unpack_strip does:
+// the hardware prefetcher stops at page boundaries).
+template <class F>
+KN_INL void unpack_strip_r16(const uint8_t* group, int64_t b0, int nbs, uintptr_t next, Strip16& s) {
+  constexpr bool Q8 = std::is_same_v<F, FQ8_0>;
+  constexpr bool HI = std::is_same_v<F, FQ5_0> || std::is_same_v<F, FQ5_1>;
+  constexpr int HI_AT = F::KIND ? 64 : 32, V_AT = HI_AT + (HI ? 64 : 0);  // repack.h Parts
+  const __m512i low4 = _mm512_set1_epi8(0x0F), bit4 = _mm512_set1_epi8(0x10);
+  for (int b = 0; b < nbs; ++b) {
+    const uint8_t* p = group + (b0 + b) * 16 * F::BYTES;
+    prefetch_slice(next, b0 + b, 16 * F::BYTES);
+    __m512i* t = s.t + 8 * b;
+    s.dw[b] = f16x16_halves(ld256(p));
+    s.mw[b] = F::KIND ? f16x16_halves(ld256(p + 32)) : _mm512_setzero_ps();
+    if constexpr (Q8) {
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) t[j] = _mm512_loadu_si512(p + V_AT + 64 * j);
+    } else {
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+        const __m512i q = _mm512_loadu_si512(p + V_AT + 64 * j);
+        __m512i lo = _mm512_and_si512(q, low4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), low4);
+        if constexpr (HI) {
+          uint64_t mlo, mhi;
+          std::memcpy(&mlo, p + HI_AT + 8 * j, 8);
+          std::memcpy(&mhi, p + HI_AT + 8 * (j + 4), 8);
+          lo = _mm512_or_si512(lo, _mm512_maskz_mov_epi8(__mmask64(mlo), bit4));
+          hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8(__mmask64(mhi), bit4));
+        }
+        t[j] = lo;
+        t[j + 4] = hi;
+      }
+    }
+  }
+}
+
+// Columns [n0, n1) of a repacked weight: whole groups, each group's bytes in one run.
+template <class F>
+KN_SIMD void legacy_cols16_r16(const MatmulArgs& a, int64_t n0, int64_t n1) {
+  const int64_t M = a.M, nb = a.K / F::QK;
+  const QuantActs& acts = *a.acts;
+  const std::vector<int32_t> init = offset_init<F>(acts);
+  std::vector<float> acc(size_t(M * 16));
+  Strip16 strip;
+  for (int64_t n = n0; n < n1; n += 16) {
+    const uint8_t* group = a.w + n * a.row_bytes;
+    std::fill(acc.begin(), acc.end(), 0.f);
+    for (int64_t b0 = 0; b0 < nb; b0 += kStrip) {
+      const int nbs = int(std::min<int64_t>(kStrip, nb - b0));
+      unpack_strip_r16<F>(group, b0, nbs, uintptr_t(group) + uintptr_t(16 * a.row_bytes), strip);
+      rows_any<F>(strip, nbs, b0, acts, init.data(), acc.data());
+    }
+    for (int64_t m = 0; m < M; ++m) _mm512_storeu_ps(a.y + m * a.N + n, _mm512_loadu_ps(&acc[size_t(16 * m)]));
+  }
+}
+
+KN_SIMD bool dispatch_r16(const MatmulArgs& a, int64_t n0, int64_t n1) {
+  switch (a.fmt) {
+    case Q4_0: legacy_cols16_r16<FQ4_0>(a, n0, n1); return true;
+    case Q4_1: legacy_cols16_r16<FQ4_1>(a, n0, n1); return true;
+    case Q5_0: legacy_cols16_r16<FQ5_0>(a, n0, n1); return true;
+    case Q5_1: legacy_cols16_r16<FQ5_1>(a, n0, n1); return true;
+    case Q8_0: legacy_cols16_r16<FQ8_0>(a, n0, n1); return true;
+  }
+  return false;
+}

@@ -2,7 +2,8 @@
 // format, every ISA path this CPU has, 1 and 2 threads, several M; attention over random
 // float32, float16 and bfloat16 caches, single rows, prompt chunks and rows that see past
 // their position (ends: an image attending to itself both ways); the row pieces; the JSON
-// writer of float vectors (float_json.h); the greedy row argmax (argmax.h). Each path must
+// writer of float vectors (float_json.h); the greedy row argmax (argmax.h); weights in the
+// 16-column layout (repack.h). Each path must
 // give the reference path's bits. Exit status 0 when every case matches; the sanitizers
 // abort on any undefined behaviour or bad access.
 #include <array>
@@ -18,6 +19,7 @@
 #include "attention.h"
 #include "float_json.h"
 #include "qmatmul_api.h"
+#include "repack.h"
 #include "rownorm.h"
 
 using namespace kn;
@@ -99,6 +101,53 @@ void check_matmul_format(int fmt, int64_t n, int64_t k, std::mt19937& rng) {
     std::printf("dequant error: %s\n", e);
     ++failures;
   }
+}
+
+// The 16-column layout (repack.h): every path on a repacked weight gives the plain weight's
+// bits, its rows gather to the plain rows, and undoing it gives the plain bytes back.
+void check_repacked_format(int fmt, int64_t n, int64_t k, std::mt19937& rng) {
+  const std::vector<uint8_t> w = random_weight(fmt, n, k, rng);
+  std::vector<uint8_t> rep = w;
+  if (const char* e = repack16(fmt, rep.data(), n, k)) {
+    std::printf("repack error: %s\n", e);
+    ++failures;
+    return;
+  }
+  const int rfmt = fmt | kRepack16;
+  const int64_t rb = row_bytes(fmt, k);
+  std::vector<uint8_t> back(size_t(16 * rb));
+  for (int64_t g = 0; g < n / 16; ++g) {
+    unrepack_group(fmt, rep.data() + g * 16 * rb, k / 32, back.data());
+    if (std::memcmp(back.data(), w.data() + g * 16 * rb, back.size()) != 0) {
+      std::printf("MISMATCH: unrepack_group fmt %d group %lld\n", fmt, (long long)g);
+      ++failures;
+    }
+  }
+  std::normal_distribution<float> normal;
+  for (int64_t m : {1, 3, 9}) {
+    std::vector<float> x(size_t(m * k));
+    for (auto& v : x) v = normal(rng);
+    std::vector<float> ref(size_t(m * n));
+    qmatmul(fmt, w.data(), n, k, x.data(), m, ref.data(), ISA_SCALAR, 1, Schedule());
+    for (Isa isa : {ISA_SCALAR, ISA_AVX2, ISA_AVX512}) {
+      if (!isa_supported(isa)) continue;
+      for (int threads : {1, 2}) {
+        std::vector<float> y(size_t(m * n));
+        qmatmul(rfmt, rep.data(), n, k, x.data(), m, y.data(), isa, threads, thread_schedule());
+        char what[96];
+        std::snprintf(what, sizeof(what), "repacked qmatmul fmt %d N %lld M %lld %s threads %d",
+                      fmt, (long long)n, (long long)m, isa_name(isa), threads);
+        expect_same(ref, y, what);
+      }
+    }
+  }
+  std::vector<int32_t> rows;
+  for (int64_t r = 0; r < n; r += 7) rows.push_back(int32_t(r));
+  rows.push_back(int32_t(n - 1));
+  std::vector<float> a(rows.size() * size_t(k)), b(a.size());
+  dequant_rows(fmt, w.data(), n, k, rows.data(), int64_t(rows.size()), a.data());
+  dequant_rows(rfmt, rep.data(), n, k, rows.data(), int64_t(rows.size()), b.data());
+  expect_same(a, b, "repacked dequant_rows");
 }
 
 // A cache of n floats in fmt (F32, F16 or BF16), as the kernel reads it.
@@ -280,6 +329,9 @@ int main() {
     for (int64_t k : {512, 768})  // 768: 24 blocks of 32, more than one strip of 16
       for (int64_t n : {37, 1})   // 1: a one-output projection (a shared expert's gate)
         check_matmul_format(fmt, n, k, rng);
+  for (int fmt : {Q4_0, Q4_1, Q5_0, Q5_1, Q8_0})
+    for (int64_t n : {37, 16, 5})   // groups and plain rows after them; one group; none
+      check_repacked_format(fmt, n, 768, rng);
   check_attention(rng);
   check_json_floats();
   check_row_argmax();

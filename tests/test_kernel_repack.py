@@ -1,0 +1,166 @@
+"""The 16-column layout of the 32-value block formats (csrc/repack.h): the C++ repack gives
+the numpy reference's bytes, undoing it gives the file's bytes back, and a repacked weight
+gives every kernel path the plain weight's bits (matmul and row gather), whether its rows
+fill whole groups of 16 or not. The loader repacks where the AVX-512 path runs; a model
+loaded with and without it gives the same logits, and the file on disk is never written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+
+from kinetic import kernels
+from kinetic.kernels import reference as R
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="the C++ kernel is not built")
+
+# GGML id -> block bytes and the offsets of its f16 fields (the rest random bytes)
+LEGACY = {2: (18, (0,)), 3: (20, (0, 2)), 6: (22, (0,)), 7: (24, (0, 2)), 8: (34, (0,))}
+SHAPES = ((16, 32), (37, 64), (53, 96), (5, 64))  # whole groups, a partial one, none at all
+
+
+def _weight(fmt: int, n: int, k: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    size, halves = LEGACY[fmt]
+    w = rng.integers(0, 256, (n, k // 32, size), dtype=np.uint8)
+    for at in halves:
+        h = (rng.standard_normal((n, k // 32)) * 0.02).astype(np.float16)
+        w[:, :, at:at + 2] = h.view(np.uint8).reshape(n, k // 32, 2)
+    return w.reshape(-1).copy()
+
+
+@pytest.mark.parametrize("fmt", sorted(LEGACY))
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_repack_matches_the_numpy_layout_and_undoes(fmt, n, k):
+    w = _weight(fmt, n, k)
+    mine = w.copy()
+    assert kernels.repack16_host(fmt, mine, n, k) == fmt | kernels.REPACK16
+    np.testing.assert_array_equal(mine, R.repack16(fmt, w, n, k))
+    np.testing.assert_array_equal(R.unrepack16(fmt, mine, n, k), w)
+    n16 = n // 16 * 16
+    tail = n16 * kernels.row_bytes(fmt, k)
+    np.testing.assert_array_equal(mine[tail:], w[tail:])   # rows after the groups stay put
+    if n16:
+        assert not np.array_equal(mine[:tail], w[:tail])
+
+
+def test_layout_of_one_q8_0_block():
+    """Byte for byte, repack.h's description: column c's scale at 2c, value 4j + i of column
+    c at 32 + 64 j + 4c + i, xor 0x80."""
+    n, k = 16, 32
+    w = _weight(8, n, k, seed=3)
+    out = w.copy()
+    kernels.repack16_host(8, out, n, k)
+    rows = w.reshape(n, 34)
+    for c in range(16):
+        assert bytes(out[2 * c:2 * c + 2]) == bytes(rows[c, 0:2])
+        for v in range(32):
+            j, i = divmod(v, 4)
+            assert out[32 + 64 * j + 4 * c + i] == rows[c, 2 + v] ^ 0x80
+
+
+def test_layout_of_one_q5_0_block():
+    """The 5th bits: bit 4c + i of hi[j] is bit 4j + i of column c's qh; values two a byte."""
+    n, k = 16, 32
+    w = _weight(6, n, k, seed=4)
+    out = w.copy()
+    kernels.repack16_host(6, out, n, k)
+    rows = w.reshape(n, 22)
+    hi = out[32:96].copy().view("<u8")
+    vals = out[96:352]
+    for c in range(16):
+        qh = int(rows[c, 2:6].copy().view("<u4")[0])
+        for v in range(32):
+            j, i = divmod(v, 4)
+            assert (int(hi[j]) >> (4 * c + i)) & 1 == (qh >> v) & 1
+        for v in range(16):
+            j, i = divmod(v, 4)
+            assert vals[64 * j + 4 * c + i] == rows[c, 6 + v]
+
+
+@pytest.mark.parametrize("fmt", sorted(LEGACY))
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_every_path_gives_the_plain_bits(fmt, n, k):
+    w = _weight(fmt, n, k, seed=n)
+    rep = w.copy()
+    rfmt = kernels.repack16_host(fmt, rep, n, k)
+    rng = np.random.default_rng(k)
+    for m in (1, 3, 8, 9):
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        x[0, :7] *= 50.0   # an outlier block
+        want = R.qmatmul(fmt, w, n, k, x).view(np.uint32)
+        np.testing.assert_array_equal(R.qmatmul(rfmt, rep, n, k, x).view(np.uint32), want)
+        for isa in kernels.supported_isas():
+            for threads in (1, 2):
+                got = kernels.qmatmul_host(rfmt, rep, n, k, x, isa=isa, threads=threads)
+                np.testing.assert_array_equal(got.view(np.uint32), want,
+                                              err_msg=f"{isa}, {threads} threads, M = {m}")
+
+
+@pytest.mark.parametrize("fmt", sorted(LEGACY))
+def test_row_gather_reads_the_layout(fmt):
+    n, k = 37, 64
+    w = _weight(fmt, n, k, seed=9)
+    rep = w.copy()
+    rfmt = kernels.repack16_host(fmt, rep, n, k)
+    rows = np.array([0, 15, 16, 31, 32, 36, 5, 5], np.int32)
+    want = kernels.dequant_rows_host(fmt, w, n, k, rows)
+    np.testing.assert_array_equal(kernels.dequant_rows_host(rfmt, rep, n, k, rows), want)
+    np.testing.assert_array_equal(R.dequantize(rfmt, rep, n, k)[rows], want)
+
+
+def test_refusals_leave_the_bytes_alone():
+    k = 256
+    w = np.arange(16 * 144, dtype=np.uint32).astype(np.uint8)   # 16 rows of Q4_K
+    before = w.copy()
+    with pytest.raises(kernels.KernelError, match="no 16-column layout"):
+        kernels.repack16_host(12, w, 16, k)
+    np.testing.assert_array_equal(w, before)
+    frozen = _weight(8, 16, 32)
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="writable"):
+        kernels.repack16_host(8, frozen, 16, 32)
+    with pytest.raises(ValueError, match="cannot hold"):
+        kernels.repack16_host(8, _weight(8, 16, 32)[:100].copy(), 16, 32)
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q5_0", "Q4_1"])
+def test_loaded_model_is_the_same_with_and_without_repack(tmp_path, monkeypatch, qtype):
+    """The loader's repack (forced here, so that every CPU runs it: off AVX-512 a repacked
+    weight goes through the plain paths group by group) changes no logit bit, covers the
+    projections and a tied output, and leaves the file as it was."""
+    pytest.importorskip("jax")
+    from kinetic.kernels import ffi
+    if not ffi.usable():
+        pytest.skip("the FFI kernels need JAX on the CPU")
+    import jax
+
+    import kinetic
+    from kinetic.model import weights as W
+    from kinetic.model.layers import Proj
+    from tests.tiny_models import write_tiny_model
+
+    path = write_tiny_model(tmp_path / "m.gguf", "llama", qtype=qtype, d_model=64, d_ffn=128,
+                            tied=True)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    ids = [1, 5, 9, 200, 3, 77, 12]
+
+    def run(repack: bool):
+        monkeypatch.setattr(W, "repack_wanted", lambda: repack)
+        model = kinetic.load(path, n_ctx=64, kernel="ffi", speculative=False)
+        try:
+            leaves = jax.tree.leaves(model.loaded.weights, is_leaf=lambda x: isinstance(x, Proj))
+            fmts = {p.fmt for p in leaves if isinstance(p, Proj)}
+            return fmts, np.asarray(model.logits(ids))
+        finally:
+            model.close()
+
+    plain_fmts, plain = run(False)
+    rep_fmts, rep = run(True)
+    assert all(not f & kernels.REPACK16 for f in plain_fmts)
+    assert any(f & kernels.REPACK16 for f in rep_fmts), rep_fmts
+    np.testing.assert_array_equal(rep.view(np.uint32), plain.view(np.uint32))
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
