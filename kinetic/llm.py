@@ -261,7 +261,7 @@ def open_model(path: str | os.PathLike[str], config: EngineConfig, *, dtype: str
     vision projector for the text model (--mmproj), checked against it."""
     stage = stage or (lambda label: None)
     loaded = load_model(os.fspath(path), dtype=dtype, act_quant=llama_rounding,
-                        progress=stage("loading"), kernel=kernel)
+                        progress=stage("loading"), kernel=kernel, defer_repack=True)
     tokenizer = Tokenizer.from_metadata(loaded.file.metadata)
     if pooling is not None and pooling != loaded.config.pooling:
         if loaded.config.task != "embedding" or pooling not in EMBEDDING_POOLINGS:
@@ -279,7 +279,7 @@ def open_model(path: str | os.PathLike[str], config: EngineConfig, *, dtype: str
                                     progress=stage("compiling") if compile else None)
     draft_model = None if draft is None else load_model(
         os.fspath(draft), dtype=dtype, act_quant=llama_rounding, kernel=kernel,
-        progress=stage("loading the draft model"))
+        progress=stage("loading the draft model"), defer_repack=True)
     projector = None
     if mmproj is not None:
         from kinetic.vision.projector import load_projector

@@ -350,7 +350,9 @@ class Engine:
 
         Compiling takes hundreds of MB that the C library keeps after XLA frees them; they are
         handed back after each compile (release_memory), and the sampler compiles before the
-        first step maps the weights in, so that the peak is one compile's, not their sum.
+        first step maps the weights in, so that the peak is one compile's, not their sum; the
+        steps warm up on zero weights (Runner.compile), and the weights are rearranged into
+        the kernel's layout only at the end (LoadedModel.finish_repack).
         JAX's tracing caches are dropped after (drop_staging_caches). glibc's mmap threshold
         is held low meanwhile (kinetic.memory.compiling)."""
         with compiling():
@@ -381,6 +383,9 @@ class Engine:
         self.runner.compile(progress=_releasing(progress), bias=self._zero_bias)
         drop_staging_caches()
         release_memory()
+        # the weights' 16-column rearrangement, left by the loader until the compiler's memory
+        # is handed back (Runner.compile warms up on zero weights)
+        self.runner.model.finish_repack()
 
     def prepare_post_sampling(self) -> None:
         """Compile sampler.distribution (post-sampling probabilities) at every sampler

@@ -67,6 +67,7 @@ class Runner:
         self._step = _compiled_step(model.arch.forward, cfg)
         self._decode = _compiled_decode(model.arch.forward, cfg)
         self._buffer, self._skeleton = split_buffer(model.weights)   # see split_buffer
+        self._warming = False   # compile's warm-up steps run (on zero weights)
         self.exact_rows = cfg.kernel == "ffi"
         T = config.step_tokens
         self.row_buckets = ([b for b in ROW_BUCKETS if b < T] + [T]) if self.exact_rows else [T]
@@ -156,6 +157,8 @@ class Runner:
             ]).astype(np.int32)
         layout = (bucket, table.shape, None if rows is None else len(rows),
                   self.config.image_rows)
+        if not self._warming:
+            self.model.finish_repack()
         logits, self.cache = self._step(self._buffer, self._skeleton, self.cache,
                                         jax.device_put(packed), layout,
                                         self._image_embeds(images, bucket))
@@ -195,6 +198,8 @@ class Runner:
             table.ravel(), [] if self.state is None else self.state.plan_decode(
                 slots, positions, bucket), [n]]).astype(np.int32)
         layout = (bucket, N, table.shape)   # n travels as data: one compiled loop per bucket
+        if not self._warming:
+            self.model.finish_repack()
         out, self.cache = self._decode(self._buffer, self._skeleton, self.cache,
                                        jax.device_put(packed), bias, layout)
         return out
@@ -299,7 +304,7 @@ class Runner:
         after each. The steps write only into the reserved page. bias(rows): the decode loops'
         bias at `rows` as their caller will pass it (the engine's sampler.Sparse; None: dense
         zeros), so that the loops compile for the caller's shapes."""
-        S, P, ps = self.config.num_slots, self.config.pages_per_slot, self.config.page_size
+        S = self.config.num_slots
         # (rows, key bucket, logit rows): every shape _logit_shape can give
         shapes = [(r, b, want) for r in self.row_buckets for b in self.buckets
                   for want in ((None, [0], []) if self.exact_rows else (None,))
@@ -310,6 +315,24 @@ class Runner:
         total = len(shapes) + len(loops)
         if self.state is not None:   # the compiling steps touch only the padding state slot
             self.state.compiling = True
+        # The warm-up steps read zero weights of the file buffer's shape (the same compiled
+        # code): a page never written costs no memory, so the weights (and their 16-column
+        # rearrangement, left to the first real step or Engine.compile's end) are not
+        # resident while the compiler's own peak is.
+        weights, self._warming = self._buffer, True
+        if weights is not None:
+            self._buffer = native.lazy_zeros(weights.shape, weights.dtype)
+        try:
+            self._warm_up(shapes, loops, total, progress, bias)
+        finally:
+            self._buffer, self._warming = weights, False
+        if self._paged:   # the page copies to and from host memory (the prefix cache's tier)
+            self.write_pages([RESERVED_PAGE], self.read_pages([RESERVED_PAGE]))
+        if self.state is not None:
+            self.state.compiling = False
+
+    def _warm_up(self, shapes, loops, total, progress, bias) -> None:
+        S, P, ps = self.config.num_slots, self.config.pages_per_slot, self.config.page_size
         for i, (rows, b, want) in enumerate(shapes):
             pos = np.full(rows, b * ps - 1)
             self.step_device(np.zeros(rows), pos, np.zeros(rows), np.arange(rows) % ps,
@@ -324,10 +347,6 @@ class Runner:
                               if bias is None else bias(rows)).block_until_ready()
             if progress:
                 progress(len(shapes) + i + 1, total)
-        if self._paged:   # the page copies to and from host memory (the prefix cache's tier)
-            self.write_pages([RESERVED_PAGE], self.read_pages([RESERVED_PAGE]))
-        if self.state is not None:
-            self.state.compiling = False
 
 
 @functools.cache

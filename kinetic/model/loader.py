@@ -7,7 +7,7 @@ message naming it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 
 import jax.numpy as jnp
@@ -17,7 +17,7 @@ from kinetic.model import (bert, gemma3, lfm2, lfm2moe, llama, mistral3, qwen2, 
 from kinetic.model.config import Config, ModelConfigError, base_config
 from kinetic.model.gguf_file import GGUFFile
 from kinetic.model.quants import UnsupportedTensorType
-from kinetic.model.weights import ProgressFn, kernel_choice, load_weights
+from kinetic.model.weights import ProgressFn, kernel_choice, load_weights, run_repacks
 
 ARCHITECTURES: dict[str, ModuleType] = {
     "bert": bert, "llama": llama, "mistral": llama, "mistral3": mistral3, "qwen2": qwen2,
@@ -33,6 +33,15 @@ class LoadedModel:
     config: Config
     weights: dict
     arch: ModuleType
+    # 16-column rearrangements load_model(defer_repack=True) left for finish_repack
+    pending_repack: list = field(default_factory=list)
+
+    def finish_repack(self) -> None:
+        """Do the weight rearrangements left for later (weights.run_repacks); a step reads
+        the weights only after this (Runner calls it, once its warm-up steps are done)."""
+        if self.pending_repack:
+            run_repacks(self.file, self.pending_repack)
+            self.pending_repack.clear()
 
 
 def read_config(f: GGUFFile) -> tuple[Config, ModuleType]:
@@ -60,19 +69,28 @@ def read_config(f: GGUFFile) -> tuple[Config, ModuleType]:
 
 
 def load_model(path: str, dtype: str = "bfloat16", act_quant: bool = True,
-               progress: ProgressFn | None = None, kernel: str = "auto") -> LoadedModel:
+               progress: ProgressFn | None = None, kernel: str = "auto",
+               defer_repack: bool = False) -> LoadedModel:
     """Open, check and convert a GGUF model. kernel: "ffi" (weights stay in their GGUF
     blocks, multiplied by kinetic's C++ kernel), "xla" (dequantized, multiplied by XLA) or
     "auto" (weights.kernel_choice). For "xla", dtype is the projections' compute type and
-    act_quant rounds activations as llama.cpp does (see weights.load_weights)."""
+    act_quant rounds activations as llama.cpp does (see weights.load_weights).
+    defer_repack: leave the weights' 16-column rearrangement (weights._Packer) to
+    LoadedModel.finish_repack, which a Runner calls after its warm-up steps: the compiler's
+    peak memory then does not meet the rearranged weights'."""
     f = GGUFFile(path)
     try:
         cfg, arch = read_config(f)
         kernel = kernel_choice(kernel)
         cfg = cfg.replace(kernel=kernel)
-        weights = load_weights(f, cfg, arch, jnp.dtype(dtype), act_quant, progress, kernel)
+        pending: list = []
+        weights = load_weights(f, cfg, arch, jnp.dtype(dtype), act_quant, progress, kernel,
+                               pending)
     except (ModelConfigError, UnsupportedTensorType) as e:
         if f.path in str(e):
             raise
         raise type(e)(f"{f.path}: {e}") from None
-    return LoadedModel(f, cfg, weights, arch)
+    loaded = LoadedModel(f, cfg, weights, arch, pending)
+    if not defer_repack:
+        loaded.finish_repack()
+    return loaded

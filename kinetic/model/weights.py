@@ -132,13 +132,14 @@ def _file_name(name: str) -> str:
 
 def load_weights(f: GGUFFile, cfg: Config, arch: ModuleType, dtype: jnp.dtype,
                  act_quant: bool = True, progress: ProgressFn | None = None,
-                 kernel: str = "xla") -> dict:
+                 kernel: str = "xla", pending: list | None = None) -> dict:
     """Read, check and convert every tensor; returns {"blk": [per-layer dicts], ...}.
     kernel: "ffi" or "xla" (kernel_choice). For "xla" only: dtype is the projections' compute
     type, and act_quant rounds activations as llama.cpp's CPU backend does before each
     projection (closer agreement with llama.cpp; see docs/parity.md); the ffi kernel always
-    rounds them so."""
-    packed = _Packer(f, repack_wanted()) if kernel == "ffi" else None
+    rounds them so. pending: a list that takes the 16-column rearrangements instead of doing
+    them now (_Packer; run_repacks does them)."""
+    packed = _Packer(f, repack_wanted(), pending) if kernel == "ffi" else None
     # host-read tensors keep their GGUF rows: the ranking head (engine.encoder.Head), and the
     # token embedding unless it is also the output projection (a step gathers its rows)
     tied = "output.weight" not in f.tensors and not cfg.pooling
@@ -234,10 +235,12 @@ class _Packer:
     or more is rearranged in place, in the file's private map, into the 16-column layout
     (its Proj's fmt then carries kernels.REPACK16): the written pages become the process's
     own copy and the file's pages are no longer mapped, so memory holds the weights once.
-    Tensors read on the host from the file (a ranking head) are passed with repack=False."""
+    Tensors read on the host from the file (a ranking head) are passed with repack=False.
+    With a `pending` list, the Projs get the repacked id at once but the bytes are left for
+    run_repacks (LoadedModel.finish_repack), which must run before a step reads them."""
 
-    def __init__(self, f: GGUFFile, repack: bool = False):
-        self.file = f
+    def __init__(self, f: GGUFFile, repack: bool = False, pending: list | None = None):
+        self.file, self.pending = f, pending
         self.data = jax.device_put(f.bytes)  # in place: the map is page-aligned
         # The blocks are rearranged through the device buffer's own memory, before any step
         # reads it; a buffer XLA copied would not see them, so then nothing is repacked.
@@ -257,8 +260,12 @@ class _Packer:
         if self.writable is None or p.fmt not in kernels.REPACKABLE or p.n < 16:
             return p
         size = p.n * kernels.row_bytes(p.fmt, p.k)
+        if self.pending is not None:
+            self.pending.append((p.fmt, p.offset, size, p.n, p.k))
+            return dataclasses.replace(p, fmt=p.fmt | kernels.REPACK16)
         fmt = kernels.repack16_host(p.fmt, self.writable[p.offset:p.offset + size], p.n, p.k)
         return dataclasses.replace(p, fmt=fmt)
+
 
     def proj(self, raw: RawTensor, repack: bool = True) -> Proj:
         quants.check_supported(raw.qtype, raw.name)
@@ -272,6 +279,13 @@ class _Packer:
                                    f"{raw.data.nbytes} bytes, not {n} rows of {raw.qtype.name}")
         p = Proj(self.data, int(raw.qtype), raw.file_offset(self.file.bytes), n, k)
         return self._repack(p) if repack else p
+
+
+def run_repacks(f: GGUFFile, pending: list) -> None:
+    """The rearrangements a _Packer with a pending list left (fmt, offset, size, n, k each)."""
+    whole = f.writable_bytes()
+    for fmt, offset, size, n, k in pending:
+        kernels.repack16_host(fmt, whole[offset:offset + size], n, k)
 
 
 def split_buffer(weights: dict) -> tuple[jax.Array | None, dict]:
