@@ -305,4 +305,5 @@ def open_model(path: str | os.PathLike[str], config: EngineConfig, *, dtype: str
         if engine.drafter is not None:
             engine.drafter.runner.compile(progress=stage("compiling the draft model"))
             drop_staging_caches()
+            engine.drafter.runner.model.finish_repack()   # as Engine.compile does its own
     return Model(loaded, tokenizer, engine, projector)
