@@ -175,3 +175,33 @@ def test_loaded_model_is_the_same_with_and_without_repack(tmp_path, monkeypatch,
         _, compiled = run(True, compile=True)
         np.testing.assert_array_equal(compiled.view(np.uint32), plain.view(np.uint32))
     assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "gemma3"])
+def test_compile_on_zero_weights_changes_nothing(tmp_path, arch):
+    """Runner.compile warms every step shape up on a zeroed buffer of the weights' shape
+    (then the weights are rearranged): afterwards a compiled engine answers as one that
+    compiled nothing, with a recurrent state (qwen35's padding slot took the warm-ups) and
+    sliding-window layers (gemma3)."""
+    from kinetic.kernels import ffi
+    if not ffi.usable():
+        pytest.skip("the FFI kernels need JAX on the CPU")
+    from kinetic.engine.engine_config import EngineConfig
+    from kinetic.llm import open_model
+    from tests.tiny_models import write_tiny_model
+
+    path = write_tiny_model(tmp_path / f"{arch}.gguf", arch, qtype="Q8_0")
+    ids = [1, 5, 9, 17, 33]
+    got = []
+    for compile in (False, True):
+        model = open_model(path, EngineConfig(parallel=2, n_ctx=64, speculative=False),
+                           kernel="ffi", compile=compile)
+        try:
+            logits = np.asarray(model.logits(ids))
+            tokens = [t for d in model.stream(ids, max_tokens=6) for t in d.token_ids]
+        finally:
+            model.close()
+        assert np.isfinite(logits).all()
+        got.append((logits, tokens))
+    np.testing.assert_array_equal(got[1][0].view(np.uint32), got[0][0].view(np.uint32))
+    assert got[1][1] == got[0][1] and len(got[0][1]) == 6
