@@ -266,7 +266,6 @@ class _Packer:
         fmt = kernels.repack16_host(p.fmt, self.writable[p.offset:p.offset + size], p.n, p.k)
         return dataclasses.replace(p, fmt=fmt)
 
-
     def proj(self, raw: RawTensor, repack: bool = True) -> Proj:
         quants.check_supported(raw.qtype, raw.name)
         n, k = raw.shape
