@@ -90,6 +90,11 @@ REPACK_FIELDS = {Q4_0: (18, None, None, 2), Q4_1: (20, 2, None, 4), Q5_0: (22, N
                  Q5_1: (24, 2, 4, 8), Q8_0: (34, None, None, 2)}
 
 
+def _grouped(fmt: int, data, n: int, k: int) -> tuple[np.ndarray, int, int]:
+    """(a copy of the n rows' bytes, flat; the whole groups of 16 rows; blocks per row)."""
+    return _rows(fmt, data, n, k).reshape(-1).copy(), n // 16, k // 32
+
+
 def repack16(fmt: int, data, n: int, k: int) -> np.ndarray:
     """The n rows' bytes in the 16-column layout (fmt | REPACK16), as uint8: rows [0, n16)
     (n16 = n // 16 * 16) in groups of 16; block b of a group is d[16] (u16), m[16] where the
@@ -97,11 +102,10 @@ def repack16(fmt: int, data, n: int, k: int) -> np.ndarray:
     i) where it has 5th bits, then the values: byte 4c + i of vector j is column c's qs byte 4j
     + i (Q8_0: 8 vectors, each byte xor 0x80; the 4-bit formats: 4, two values a byte)."""
     size, m_at, qh_at, qs_at = REPACK_FIELDS[fmt]
-    out = _rows(fmt, data, n, k).reshape(-1).copy()
-    nb, n16 = k // 32, n // 16 * 16
-    if n16 == 0:
+    out, G, nb = _grouped(fmt, data, n, k)
+    if G == 0:
         return out
-    G = n16 // 16
+    n16 = 16 * G
     g = out[:n16 * nb * size].reshape(G, 16, nb, size).transpose(0, 2, 1, 3)  # [G, nb, c, B]
     parts = [g[..., 0:2].reshape(G, nb, 32)]
     if m_at is not None:
@@ -122,11 +126,10 @@ def repack16(fmt: int, data, n: int, k: int) -> np.ndarray:
 def unrepack16(fmt: int, data, n: int, k: int) -> np.ndarray:
     """repack16 undone: the plain rows' bytes of a repacked weight (fmt plain)."""
     size, m_at, qh_at, qs_at = REPACK_FIELDS[fmt]
-    out = _rows(fmt, data, n, k).reshape(-1).copy()
-    nb, n16 = k // 32, n // 16 * 16
-    if n16 == 0:
+    out, G, nb = _grouped(fmt, data, n, k)
+    if G == 0:
         return out
-    G = n16 // 16
+    n16 = 16 * G
     blocks = out[:n16 * nb * size].reshape(G, nb, 16 * size)
     plain = np.zeros((G, nb, 16, size), np.uint8)
     plain[..., 0:2] = blocks[..., 0:32].reshape(G, nb, 16, 2)

@@ -142,7 +142,7 @@ def load_weights(f: GGUFFile, cfg: Config, arch: ModuleType, dtype: jnp.dtype,
     packed = _Packer(f, repack_wanted(), pending) if kernel == "ffi" else None
     # host-read tensors keep their GGUF rows: the ranking head (engine.encoder.Head), and the
     # token embedding unless it is also the output projection (a step gathers its rows)
-    tied = "output.weight" not in f.tensors and not cfg.pooling
+    tied = cfg.tied_output and not cfg.pooling
     host_read = set(HEAD_TENSORS) | (set() if tied else {"token_embd"})
     shapes = expected_shapes(cfg)
     if hasattr(arch, "tensor_shapes"):   # shapes that are the architecture's own

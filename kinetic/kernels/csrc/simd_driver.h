@@ -199,7 +199,7 @@ KN_SIMD void quant_run(const MatmulArgs& a, int64_t n0, int64_t n1) {
   if constexpr (K16<F>::HAVE)
     kquant_cols16<F>(a, n0, n1);
   else
-    legacy_cols16<F>(a, n0, n1);
+    legacy_cols16<F, false>(a, n0, n1);
 #else
   if (a.M == 1)
     quant_cols<F, true>(a, n0, n1);

@@ -172,29 +172,6 @@ KN_SIMD void rows_any(const Strip16& s, int nbs, int64_t b0, const QuantActs& x,
   }
 }
 
-template <class F>
-KN_SIMD void legacy_cols16(const MatmulArgs& a, int64_t n0, int64_t n1) {
-  const int64_t M = a.M, nb = a.K / F::QK;
-  const QuantActs& acts = *a.acts;
-  const std::vector<int32_t> init = offset_init<F>(acts);
-  std::vector<float> acc(size_t(M * 16));
-  Strip16 strip;
-  for (int64_t n = n0; n < n1; n += 16) {
-    const uint8_t* rows[16];
-    for (int c = 0; c < 16; ++c) rows[c] = a.w + std::min(n + c, n1 - 1) * a.row_bytes;
-    std::fill(acc.begin(), acc.end(), 0.f);
-    for (int64_t b0 = 0; b0 < nb; b0 += kStrip) {
-      const int nbs = int(std::min<int64_t>(kStrip, nb - b0));
-      unpack_strip<F>(rows, b0, nbs, uintptr_t(a.w) + uintptr_t((n + 16) * a.row_bytes), strip);
-      rows_any<F>(strip, nbs, b0, acts, init.data(), acc.data());
-    }
-    const __mmask16 valid = __mmask16((1u << std::min<int64_t>(16, n1 - n)) - 1);
-    for (int64_t m = 0; m < M; ++m)
-      _mm512_mask_storeu_ps(a.y + m * a.N + n, valid, _mm512_loadu_ps(&acc[size_t(16 * m)]));
-  }
-}
-
-
 // ---- repacked weights (repack.h) ------------------------------------------------------------
 // A group's blocks are stored as the vectors unpack_strip builds: a strip is loads, the
 // 4-bit formats' nibbles split, the 5th bits added from their masks, the 16 scales converted
@@ -245,33 +222,43 @@ KN_INL void unpack_strip_r16(const uint8_t* group, int64_t b0, int nbs, uintptr_
   }
 }
 
-// Columns [n0, n1) of a repacked weight: whole groups, each group's bytes in one run.
-template <class F>
-KN_SIMD void legacy_cols16_r16(const MatmulArgs& a, int64_t n0, int64_t n1) {
+// Columns [n0, n1), 16 at a time. R16: the weight is repacked (repack.h; n0 and n1 multiples
+// of 16), each group's blocks read as stored (unpack_strip_r16, above); else plain rows.
+template <class F, bool R16>
+KN_SIMD void legacy_cols16(const MatmulArgs& a, int64_t n0, int64_t n1) {
   const int64_t M = a.M, nb = a.K / F::QK;
   const QuantActs& acts = *a.acts;
   const std::vector<int32_t> init = offset_init<F>(acts);
   std::vector<float> acc(size_t(M * 16));
   Strip16 strip;
   for (int64_t n = n0; n < n1; n += 16) {
-    const uint8_t* group = a.w + n * a.row_bytes;
+    const uint8_t* rows[16];
+    if constexpr (!R16)
+      for (int c = 0; c < 16; ++c) rows[c] = a.w + std::min(n + c, n1 - 1) * a.row_bytes;
+    const uintptr_t next = uintptr_t(a.w) + uintptr_t((n + 16) * a.row_bytes);  // next group
     std::fill(acc.begin(), acc.end(), 0.f);
     for (int64_t b0 = 0; b0 < nb; b0 += kStrip) {
       const int nbs = int(std::min<int64_t>(kStrip, nb - b0));
-      unpack_strip_r16<F>(group, b0, nbs, uintptr_t(group) + uintptr_t(16 * a.row_bytes), strip);
+      if constexpr (R16)
+        unpack_strip_r16<F>(a.w + n * a.row_bytes, b0, nbs, next, strip);
+      else
+        unpack_strip<F>(rows, b0, nbs, next, strip);
       rows_any<F>(strip, nbs, b0, acts, init.data(), acc.data());
     }
-    for (int64_t m = 0; m < M; ++m) _mm512_storeu_ps(a.y + m * a.N + n, _mm512_loadu_ps(&acc[size_t(16 * m)]));
+    const __mmask16 valid = __mmask16((1u << std::min<int64_t>(16, n1 - n)) - 1);
+    for (int64_t m = 0; m < M; ++m)
+      _mm512_mask_storeu_ps(a.y + m * a.N + n, valid, _mm512_loadu_ps(&acc[size_t(16 * m)]));
   }
 }
 
+// A repacked weight's whole groups (qmatmul_cols_avx512_r16); false: not a repackable format.
 KN_SIMD bool dispatch_r16(const MatmulArgs& a, int64_t n0, int64_t n1) {
   switch (a.fmt) {
-    case Q4_0: legacy_cols16_r16<FQ4_0>(a, n0, n1); return true;
-    case Q4_1: legacy_cols16_r16<FQ4_1>(a, n0, n1); return true;
-    case Q5_0: legacy_cols16_r16<FQ5_0>(a, n0, n1); return true;
-    case Q5_1: legacy_cols16_r16<FQ5_1>(a, n0, n1); return true;
-    case Q8_0: legacy_cols16_r16<FQ8_0>(a, n0, n1); return true;
+    case Q4_0: legacy_cols16<FQ4_0, true>(a, n0, n1); return true;
+    case Q4_1: legacy_cols16<FQ4_1, true>(a, n0, n1); return true;
+    case Q5_0: legacy_cols16<FQ5_0, true>(a, n0, n1); return true;
+    case Q5_1: legacy_cols16<FQ5_1, true>(a, n0, n1); return true;
+    case Q8_0: legacy_cols16<FQ8_0, true>(a, n0, n1); return true;
   }
   return false;
 }
