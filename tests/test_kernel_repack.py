@@ -17,23 +17,27 @@ from kinetic.kernels import reference as R
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="the C++ kernel is not built")
 
-# GGML id -> block bytes and the offsets of its f16 fields (the rest random bytes)
-LEGACY = {2: (18, (0,)), 3: (20, (0, 2)), 6: (22, (0,)), 7: (24, (0, 2)), 8: (34, (0,))}
-SHAPES = ((16, 32), (37, 64), (53, 96), (5, 64))  # whole groups, a partial one, none at all
+# GGML id -> values and bytes per block, the offsets of its f16 fields (the rest random bytes)
+BLOCKS = {2: (32, 18, (0,)), 3: (32, 20, (0, 2)), 6: (32, 22, (0,)), 7: (32, 24, (0, 2)),
+          8: (32, 34, (0,)), 10: (256, 84, (80, 82)), 11: (256, 110, (108,)),
+          12: (256, 144, (0, 2)), 13: (256, 176, (0, 2)), 14: (256, 210, (208,))}
+assert sorted(BLOCKS) == sorted(kernels.REPACKABLE) == sorted(R.REPACKABLE)
+# whole groups, a partial one, none at all (K in blocks of each format)
+SHAPES = ((16, 1), (37, 2), (53, 3), (5, 2))
+CASES = [(fmt, n, nb * BLOCKS[fmt][0]) for fmt in sorted(BLOCKS) for n, nb in SHAPES]
 
 
 def _weight(fmt: int, n: int, k: int, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    size, halves = LEGACY[fmt]
-    w = rng.integers(0, 256, (n, k // 32, size), dtype=np.uint8)
+    qk, size, halves = BLOCKS[fmt]
+    w = rng.integers(0, 256, (n, k // qk, size), dtype=np.uint8)
     for at in halves:
-        h = (rng.standard_normal((n, k // 32)) * 0.02).astype(np.float16)
-        w[:, :, at:at + 2] = h.view(np.uint8).reshape(n, k // 32, 2)
+        h = (rng.standard_normal((n, k // qk)) * 0.02).astype(np.float16)
+        w[:, :, at:at + 2] = h.view(np.uint8).reshape(n, k // qk, 2)
     return w.reshape(-1).copy()
 
 
-@pytest.mark.parametrize("fmt", sorted(LEGACY))
-@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("fmt,n,k", CASES)
 def test_repack_matches_the_numpy_layout_and_undoes(fmt, n, k):
     w = _weight(fmt, n, k)
     mine = w.copy()
@@ -81,8 +85,7 @@ def test_layout_of_one_q5_0_block():
             assert vals[64 * j + 4 * c + i] == rows[c, 6 + v]
 
 
-@pytest.mark.parametrize("fmt", sorted(LEGACY))
-@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("fmt,n,k", CASES)
 def test_every_path_gives_the_plain_bits(fmt, n, k):
     w = _weight(fmt, n, k, seed=n)
     rep = w.copy()
@@ -100,9 +103,9 @@ def test_every_path_gives_the_plain_bits(fmt, n, k):
                                               err_msg=f"{isa}, {threads} threads, M = {m}")
 
 
-@pytest.mark.parametrize("fmt", sorted(LEGACY))
+@pytest.mark.parametrize("fmt", sorted(BLOCKS))
 def test_row_gather_reads_the_layout(fmt):
-    n, k = 37, 64
+    n, k = 37, 2 * BLOCKS[fmt][0]
     w = _weight(fmt, n, k, seed=9)
     rep = w.copy()
     rfmt = kernels.repack16_host(fmt, rep, n, k)
@@ -112,12 +115,31 @@ def test_row_gather_reads_the_layout(fmt):
     np.testing.assert_array_equal(R.dequantize(rfmt, rep, n, k)[rows], want)
 
 
+def test_layout_of_one_q6_k_block():
+    """The K-quants word by word: byte 4c + i of vector w is byte 4w + i of column c's block;
+    then the 2 bytes left of each block (Q6_K's d) at 64 * 52 + 2c."""
+    n, k = 16, 256
+    w = _weight(14, n, k, seed=5)
+    out = w.copy()
+    kernels.repack16_host(14, out, n, k)
+    rows = w.reshape(n, 210)
+    for c in range(16):
+        for b in range(208):
+            wd, i = divmod(b, 4)
+            assert out[64 * wd + 4 * c + i] == rows[c, b]
+        assert bytes(out[64 * 52 + 2 * c:64 * 52 + 2 * c + 2]) == bytes(rows[c, 208:210])
+
+
 def test_refusals_leave_the_bytes_alone():
-    k = 256
-    w = np.arange(16 * 144, dtype=np.uint32).astype(np.uint8)   # 16 rows of Q4_K
+    w = np.arange(16 * 64, dtype=np.uint32).astype(np.uint8)   # 16 rows of 32 f16 values
     before = w.copy()
     with pytest.raises(kernels.KernelError, match="no 16-column layout"):
-        kernels.repack16_host(12, w, 16, k)
+        kernels.repack16_host(1, w, 16, 32)
+    np.testing.assert_array_equal(w, before)
+    w = _weight(14, 16, 256)[:16 * 210].copy()   # Q6_K with K not a multiple of 256
+    before = w.copy()
+    with pytest.raises(kernels.KernelError, match="multiple"):
+        kernels.repack16_host(14, w, 32, 128)
     np.testing.assert_array_equal(w, before)
     frozen = _weight(8, 16, 32)
     frozen.flags.writeable = False

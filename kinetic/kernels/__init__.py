@@ -134,7 +134,7 @@ def qmatmul_host(fmt: int, w: np.ndarray, n: int, k: int, x: np.ndarray,
 # The format id flag of the 16-column layout (csrc/repack.h): fmt | REPACK16 is fmt's blocks
 # rearranged so that the AVX-512 path reads 16 columns' blocks as the vectors it multiplies.
 REPACK16 = 256
-REPACKABLE = (2, 3, 6, 7, 8)  # Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
+REPACKABLE = (2, 3, 6, 7, 8, 10, 11, 12, 13, 14)  # Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K .. Q6_K
 
 
 def repack16_host(fmt: int, w: np.ndarray, n: int, k: int) -> int:

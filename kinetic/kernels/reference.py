@@ -62,7 +62,7 @@ FORMATS = {  # formats.cc format_info
 
 
 def format_info(fmt: int) -> Format:
-    if fmt & REPACK16 and fmt & ~REPACK16 in REPACK_FIELDS:
+    if fmt & REPACK16 and fmt & ~REPACK16 in REPACKABLE:
         return FORMATS[fmt & ~REPACK16]
     if fmt not in FORMATS:
         raise ValueError(f"GGML type {fmt} is not one the kernel multiplies")
@@ -88,11 +88,36 @@ REPACK16 = 256  # format id flag
 # a plain block's bytes and where it keeps m, qh and qs (None: absent)
 REPACK_FIELDS = {Q4_0: (18, None, None, 2), Q4_1: (20, 2, None, 4), Q5_0: (22, None, 2, 6),
                  Q5_1: (24, 2, 4, 8), Q8_0: (34, None, None, 2)}
+KQUANTS = (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)   # repacked word by word (repack.h)
+REPACKABLE = tuple(REPACK_FIELDS) + KQUANTS
 
 
 def _grouped(fmt: int, data, n: int, k: int) -> tuple[np.ndarray, int, int]:
     """(a copy of the n rows' bytes, flat; the whole groups of 16 rows; blocks per row)."""
-    return _rows(fmt, data, n, k).reshape(-1).copy(), n // 16, k // 32
+    return _rows(fmt, data, n, k).reshape(-1).copy(), n // 16, k // FORMATS[fmt].qk
+
+
+def _kquant_words(fmt: int, data, n: int, k: int, pack: bool) -> np.ndarray:
+    """A K-quant weight's groups in (pack) or out of repack.h's word layout: block b of a
+    group is its 16 columns' blocks word by word (byte 4c + i of vector w: byte 4w + i of
+    column c's block), then the 2 bytes left of each block (Q3_K, Q6_K), column after column."""
+    out, G, nb = _grouped(fmt, data, n, k)
+    size = FORMATS[fmt].bytes
+    W, n16 = size // 4, 16 * G * nb * size
+    if G == 0:
+        return out
+    if pack:
+        g = out[:n16].reshape(G, 16, nb, size).transpose(0, 2, 1, 3)              # [G, nb, c, B]
+        words = g[..., :4 * W].reshape(G, nb, 16, W, 4).transpose(0, 1, 3, 2, 4)
+        parts = [words.reshape(G, nb, 64 * W), g[..., 4 * W:].reshape(G, nb, -1)]
+        out[:n16] = np.concatenate(parts, axis=-1).reshape(-1)
+    else:
+        blocks = out[:n16].reshape(G, nb, 16 * size)
+        words = blocks[..., :64 * W].reshape(G, nb, W, 16, 4).transpose(0, 1, 3, 2, 4)
+        plain = np.concatenate([words.reshape(G, nb, 16, 4 * W),
+                                blocks[..., 64 * W:].reshape(G, nb, 16, size - 4 * W)], axis=-1)
+        out[:n16] = plain.transpose(0, 2, 1, 3).reshape(-1)
+    return out
 
 
 def repack16(fmt: int, data, n: int, k: int) -> np.ndarray:
@@ -100,7 +125,10 @@ def repack16(fmt: int, data, n: int, k: int) -> np.ndarray:
     (n16 = n // 16 * 16) in groups of 16; block b of a group is d[16] (u16), m[16] where the
     format has a min, hi[8] (u64: bit 4c + i of hi[j] is the 5th bit of column c's value 4j +
     i) where it has 5th bits, then the values: byte 4c + i of vector j is column c's qs byte 4j
-    + i (Q8_0: 8 vectors, each byte xor 0x80; the 4-bit formats: 4, two values a byte)."""
+    + i (Q8_0: 8 vectors, each byte xor 0x80; the 4-bit formats: 4, two values a byte).
+    The K-quants: _kquant_words' layout."""
+    if fmt in KQUANTS:
+        return _kquant_words(fmt, data, n, k, pack=True)
     size, m_at, qh_at, qs_at = REPACK_FIELDS[fmt]
     out, G, nb = _grouped(fmt, data, n, k)
     if G == 0:
@@ -125,6 +153,8 @@ def repack16(fmt: int, data, n: int, k: int) -> np.ndarray:
 
 def unrepack16(fmt: int, data, n: int, k: int) -> np.ndarray:
     """repack16 undone: the plain rows' bytes of a repacked weight (fmt plain)."""
+    if fmt in KQUANTS:
+        return _kquant_words(fmt, data, n, k, pack=False)
     size, m_at, qh_at, qs_at = REPACK_FIELDS[fmt]
     out, G, nb = _grouped(fmt, data, n, k)
     if G == 0:

@@ -16,7 +16,7 @@ const char* dequant_rows(int fmt, const uint8_t* w, int64_t N, int64_t K, const 
   // A repacked weight's grouped rows (repack.h) are read one plain block at a time.
   const int plain = base_format(fmt);
   const int64_t grouped = is_repacked(fmt) ? repacked_rows(N) : 0;
-  uint8_t block[64];
+  uint8_t block[256];  // one plain block of any format (Q6_K: 210 bytes)
   Unpacked u;
   for (int64_t t = 0; t < n_rows; ++t) {
     const int64_t r = rows[t];

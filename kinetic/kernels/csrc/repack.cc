@@ -28,6 +28,33 @@ bool fields_of(int fmt, Fields& f) {
   return false;
 }
 
+// A 256-value K-quant block's bytes (repack.h's word layout), 0: not a K-quant.
+int kquant_bytes(int fmt) {
+  switch (fmt) {
+    case Q2_K: return 84;
+    case Q3_K: return 110;
+    case Q4_K: return 144;
+    case Q5_K: return 176;
+    case Q6_K: return 210;
+  }
+  return 0;
+}
+
+// The 16 columns' plain K-quant blocks src[c] (B bytes) -> one block in the word layout.
+void pack_words(int B, const uint8_t* const* src, uint8_t* dst) {
+  const int W = B / 4;
+  for (int w = 0; w < W; ++w)
+    for (int c = 0; c < 16; ++c) std::memcpy(dst + 64 * w + 4 * c, src[c] + 4 * w, 4);
+  for (int c = 0; c < 16; ++c) std::memcpy(dst + 64 * W + (B % 4) * c, src[c] + 4 * W, size_t(B % 4));
+}
+
+// Column c's plain K-quant block from the word-layout block at src.
+void unpack_words(int B, const uint8_t* src, int c, uint8_t* block) {
+  const int W = B / 4;
+  for (int w = 0; w < W; ++w) std::memcpy(block + 4 * w, src + 64 * w + 4 * c, 4);
+  std::memcpy(block + 4 * W, src + 64 * W + (B % 4) * c, size_t(B % 4));
+}
+
 // The byte offsets of the repacked block's parts: m, hi (when present) and v.
 struct Parts {
   int m, hi, v;
@@ -92,39 +119,48 @@ void unpack_column(const Fields& f, const uint8_t* src, int c, uint8_t* block) {
 
 bool repackable(int fmt) {
   Fields f;
-  return fields_of(fmt, f);
+  return fields_of(fmt, f) || kquant_bytes(fmt) != 0;
 }
 
 const char* repack16(int fmt, uint8_t* w, int64_t N, int64_t K) {
   Fields f;
-  if (!fields_of(fmt, f)) return "the weight's format has no 16-column layout";
-  if (N <= 0 || K <= 0 || K % 32) return "empty matrix, or K is not a multiple of 32";
-  const int64_t nb = K / 32, rb = nb * f.bytes;
+  const int kb = kquant_bytes(fmt);
+  if (!fields_of(fmt, f) && kb == 0) return "the weight's format has no 16-column layout";
+  const int qk = kb ? 256 : 32, B = kb ? kb : f.bytes;
+  if (N <= 0 || K <= 0 || K % qk) return "empty matrix, or K is not a multiple of the block size";
+  const int64_t nb = K / qk, rb = nb * B;
   std::vector<uint8_t> rows(size_t(16 * rb));
   for (int64_t g = 0; g < N / 16; ++g) {
     uint8_t* group = w + g * 16 * rb;
     std::memcpy(rows.data(), group, rows.size());
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* src[16];
-      for (int c = 0; c < 16; ++c) src[c] = rows.data() + c * rb + b * f.bytes;
-      pack_block(f, src, group + b * 16 * f.bytes);
+      for (int c = 0; c < 16; ++c) src[c] = rows.data() + c * rb + b * B;
+      if (kb)
+        pack_words(B, src, group + b * 16 * B);
+      else
+        pack_block(f, src, group + b * 16 * B);
     }
   }
   return nullptr;
 }
 
-void unrepack_group(int fmt, const uint8_t* group, int64_t nb, uint8_t* rows) {
-  Fields f;
-  if (!fields_of(fmt, f)) return;
-  const int64_t rb = nb * f.bytes;
-  for (int64_t b = 0; b < nb; ++b)
-    for (int c = 0; c < 16; ++c)
-      unpack_column(f, group + b * 16 * f.bytes, c, rows + c * rb + b * f.bytes);
-}
-
 void unrepack_block(int fmt, const uint8_t* group, int64_t b, int c, uint8_t* block) {
   Fields f;
-  if (fields_of(fmt, f)) unpack_column(f, group + b * 16 * f.bytes, c, block);
+  if (const int kb = kquant_bytes(fmt))
+    unpack_words(kb, group + b * 16 * kb, c, block);
+  else if (fields_of(fmt, f))
+    unpack_column(f, group + b * 16 * f.bytes, c, block);
+}
+
+void unrepack_group(int fmt, const uint8_t* group, int64_t nb, uint8_t* rows) {
+  Fields f;
+  const int kb = kquant_bytes(fmt);
+  if (!fields_of(fmt, f) && kb == 0) return;
+  const int B = kb ? kb : f.bytes;
+  const int64_t rb = nb * B;
+  for (int64_t b = 0; b < nb; ++b)
+    for (int c = 0; c < 16; ++c) unrepack_block(fmt, group, b, c, rows + c * rb + b * B);
 }
 
 }  // namespace kn

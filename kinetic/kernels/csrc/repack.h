@@ -1,4 +1,4 @@
-// The 16-column layout of the 32-value block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): the
+// The 16-column layout of the block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; the K-quants): the
 // same bytes as the GGUF rows, rearranged once at load so that the AVX-512 path reads each
 // block of 16 columns as the vectors it multiplies, instead of transposing 16 rows' bytes
 // and gathering their scales on every call. The arithmetic does not change, so neither do
@@ -18,6 +18,12 @@
 //              value + 128); the 4-bit formats hold two values
 //              a byte, as their qs: value 4j + i in the low
 //              nibble, value 16 + 4j + i in the high one
+//
+// A K-quant block (Q2_K .. Q6_K, 256 values, B = 84, 110, 144, 176 or 210 bytes) of a group
+// is its 16 columns' blocks word by word: W = B / 4 vectors of 64 bytes, byte 4c + i of
+// vector w being byte 4w + i of column c's block, then the B % 4 bytes left of each block
+// (Q3_K's and Q6_K's d), column after column. The AVX-512 path's loads then replace the
+// transposes it did on plain rows (simd_kquant16.h).
 //
 // Sizes: 16 * B for each format (Q8_0 32 + 512 = 16 * 34; Q4_0 32 + 256 = 16 * 18; Q4_1 64 +
 // 256; Q5_0 32 + 64 + 256; Q5_1 64 + 64 + 256), so a repacked matrix is its plain size and

@@ -197,7 +197,7 @@ KN_SIMD void quant_run(const MatmulArgs& a, int64_t n0, int64_t n1) {
 #ifdef KN_HAVE_COLS16
   static_assert(K16<F>::HAVE || F::QK == 32, "a quantized format without a 16-column path");
   if constexpr (K16<F>::HAVE)
-    kquant_cols16<F>(a, n0, n1);
+    kquant_cols16<F, false>(a, n0, n1);
   else
     legacy_cols16<F, false>(a, n0, n1);
 #else

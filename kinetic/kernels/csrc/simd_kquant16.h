@@ -54,6 +54,35 @@ KN_INL void transpose_bytes16(const uint8_t* const* rows, int64_t off, __m512i* 
   v[3] = _mm512_shuffle_i32x4(hi01, hi23, 0xDD);
 }
 
+// Where a group's block is read from, as vectors whose lane c is column c's: words(w0, n, t)
+// t[j] = u32 word w0 + j of the block (n = 4 or 8), word(w) one, tail() the u16 after the
+// last whole word (Q3_K's and Q6_K's d) as int32 lanes. Rows16: 16 plain GGUF rows, their
+// bytes transposed on every read; Words16: a repacked group's block (repack.h's word layout),
+// already in lanes, so every read is loads.
+struct Rows16 {
+  const uint8_t* const* rows;
+  int64_t off;  // the block's byte offset in each row
+  KN_INL void words(int w0, int n, __m512i* t) const {
+    if (n == 8)
+      transpose_bytes32(rows, off + 4 * w0, t);
+    else
+      transpose_bytes16(rows, off + 4 * w0, t);
+  }
+  KN_INL __m512i word(int w) const { return gather16_u32(rows, off + 4 * w); }
+  template <int B>
+  KN_INL __m512i tail() const { return _mm512_srli_epi32(gather16_u32(rows, off + B - 4), 16); }
+};
+
+struct Words16 {
+  const uint8_t* p;  // the block's 16 * B bytes
+  KN_INL void words(int w0, int n, __m512i* t) const {
+    for (int j = 0; j < n; ++j) t[j] = _mm512_loadu_si512(p + 64 * (w0 + j));
+  }
+  KN_INL __m512i word(int w) const { return _mm512_loadu_si512(p + 64 * w); }
+  template <int B>
+  KN_INL __m512i tail() const { return _mm512_cvtepu16_epi32(ld256(p + 64 * (B / 4))); }
+};
+
 KN_INL __m512i bytes64(int v) { return _mm512_set1_epi8(char(v)); }
 
 // Unsigned byte i of every u32 lane, as int32; signed: sign-extended.
@@ -71,9 +100,10 @@ KN_INL __m512i crumb(__m512i v, int j) { return _mm512_and_si512(_mm512_srli_epi
 
 // Q4_K / Q5_K header (d | dmin | scales[12]): d, dmin, and the 6-bit scales and mins
 // (formats.cc k4_scale_min; simd_formats.h k4_scales_mins, lane by lane).
-KN_INL void k4_header16(const uint8_t* const* rows, int64_t off, Tile16& t) {
+template <class Src>
+KN_INL void k4_header16(const Src& src, Tile16& t) {
   __m512i v[4];
-  transpose_bytes16(rows, off, v);
+  src.words(0, 4, v);
   t.dw = f16x16(_mm512_and_si512(v[0], _mm512_set1_epi32(0xFFFF)));
   t.mw = f16x16(_mm512_srli_epi32(v[0], 16));
   const __m512i m6 = bytes64(0x3f), m4 = bytes64(0x0f), m2 = bytes64(0x03);
@@ -96,13 +126,14 @@ KN_INL void k4_header16(const uint8_t* const* rows, int64_t off, Tile16& t) {
   }
 }
 
-// Q4_K / Q5_K values: the nibbles of qs[128] at off, chunk pair c of 32 bytes holding
+// Q4_K / Q5_K values: the nibbles of qs[128] from word w0, chunk pair c of 32 bytes holding
 // values 64c .. 64c + 31 (low nibbles) and 64c + 32 .. 64c + 63 (high).
-KN_INL void k4_values16(const uint8_t* const* rows, int64_t off, Tile16& t) {
+template <class Src>
+KN_INL void k4_values16(const Src& src, int w0, Tile16& t) {
 #pragma GCC unroll 4
   for (int c = 0; c < 4; ++c) {
     __m512i q[8];
-    transpose_bytes32(rows, off + 32 * c, q);
+    src.words(w0 + 8 * c, 8, q);
 #pragma GCC unroll 8
     for (int k = 0; k < 8; ++k) {
       t.u[16 * c + k] = _mm512_and_si512(q[k], bytes64(0x0F));
@@ -112,29 +143,31 @@ KN_INL void k4_values16(const uint8_t* const* rows, int64_t off, Tile16& t) {
 }
 
 // Per format: SUB values per sub-block, OFF the value offset (taken off via the activation
-// sums), MINS whether summ is used, load(rows, off, t) the block at rows[c] + off into t.
+// sums), MINS whether summ is used, load(src, t) the block src reads (Rows16, Words16) into t.
 template <class F> struct K16 { static constexpr bool HAVE = false; };
 
 template <> struct K16<FQ4_K> {  // d | dmin | scales[12] | qs[128]
   static constexpr bool HAVE = true, MINS = true;
   static constexpr int SUB = 32, OFF = 0;
-  KN_INL static void load(const uint8_t* const* rows, int64_t off, Tile16& t) {
-    k4_header16(rows, off, t);
-    k4_values16(rows, off + 16, t);
+  template <class Src>
+  KN_INL static void load(const Src& src, Tile16& t) {
+    k4_header16(src, t);
+    k4_values16(src, 4, t);
   }
 };
 
 template <> struct K16<FQ6_K> {  // ql[128] | qh[64] | scales int8[16] | d; value = (lo | hi << 4) - 32
   static constexpr bool HAVE = true, MINS = false;
   static constexpr int SUB = 16, OFF = 32;
-  KN_INL static void load(const uint8_t* const* rows, int64_t off, Tile16& t) {
+  template <class Src>
+  KN_INL static void load(const Src& src, Tile16& t) {
     const __m512i m4 = bytes64(0x0F), m30 = bytes64(0x30);
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {  // values 128h ..: ql[64h .. 64h + 63], qh[32h .. 32h + 31]
       __m512i l0[8], l1[8], qh[8];
-      transpose_bytes32(rows, off + 64 * h, l0);
-      transpose_bytes32(rows, off + 64 * h + 32, l1);
-      transpose_bytes32(rows, off + 128 + 32 * h, qh);
+      src.words(16 * h, 8, l0);
+      src.words(16 * h + 8, 8, l1);
+      src.words(32 + 8 * h, 8, qh);
       __m512i* u = t.u + 32 * h;
 #pragma GCC unroll 8
       for (int k = 0; k < 8; ++k) {  // simd_formats.h FQ6_K::load, lane by lane
@@ -146,21 +179,22 @@ template <> struct K16<FQ6_K> {  // ql[128] | qh[64] | scales int8[16] | d; valu
       }
     }
     __m512i v[4];
-    transpose_bytes16(rows, off + 192, v);
+    src.words(48, 4, v);
 #pragma GCC unroll 16
     for (int s = 0; s < 16; ++s) t.sc[s] = byte_s32(v[s / 4], s % 4);
-    t.dw = f16x16(_mm512_srli_epi32(gather16_u32(rows, off + 206), 16));
+    t.dw = f16x16(src.template tail<210>());
   }
 };
 
 template <> struct K16<FQ5_K> {  // d | dmin | scales[12] | qh[32] | qs[128]; bit i of qh[l]: bit 4 of 32i + l
   static constexpr bool HAVE = true, MINS = true;
   static constexpr int SUB = 32, OFF = 0;
-  KN_INL static void load(const uint8_t* const* rows, int64_t off, Tile16& t) {
-    k4_header16(rows, off, t);
-    k4_values16(rows, off + 48, t);
+  template <class Src>
+  KN_INL static void load(const Src& src, Tile16& t) {
+    k4_header16(src, t);
+    k4_values16(src, 12, t);
     __m512i qh[8];
-    transpose_bytes32(rows, off + 16, qh);
+    src.words(4, 8, qh);
 #pragma GCC unroll 8
     for (int i = 0; i < 8; ++i)  // chunk i: bit i of each qh byte to bit 4
 #pragma GCC unroll 8
@@ -171,13 +205,14 @@ template <> struct K16<FQ5_K> {  // d | dmin | scales[12] | qh[32] | qs[128]; bi
 template <> struct K16<FQ3_K> {  // hmask[32] | qs[64] | scales[12] | d; value = (lo | hbit << 2) - 4
   static constexpr bool HAVE = true, MINS = false;
   static constexpr int SUB = 16, OFF = 4;
-  KN_INL static void load(const uint8_t* const* rows, int64_t off, Tile16& t) {
+  template <class Src>
+  KN_INL static void load(const Src& src, Tile16& t) {
     __m512i hm[8];
-    transpose_bytes32(rows, off, hm);
+    src.words(0, 8, hm);
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {  // chunks 4h + j: bits 2j, 2j + 1 of qs[32h + l], hmask bit 4h + j
       __m512i q[8];
-      transpose_bytes32(rows, off + 32 + 32 * h, q);
+      src.words(8 + 8 * h, 8, q);
 #pragma GCC unroll 4
       for (int j = 0; j < 4; ++j)
 #pragma GCC unroll 8
@@ -187,7 +222,7 @@ template <> struct K16<FQ3_K> {  // hmask[32] | qs[64] | scales[12] | d; value =
     // The 16 6-bit scales (simd_formats.h FQ3_K::load, lane by lane), then minus 32: the u32
     // words t0, t1, t2 at bytes 96, 100, 104 (read from byte 92, not past the block's end).
     __m512i v[4];
-    transpose_bytes16(rows, off + 92, v);
+    src.words(23, 4, v);
     const __m512i t0 = v[1], t1 = v[2], t2 = v[3], m4 = bytes64(0x0f), m2 = bytes64(0x03);
     const __m512i s[4] = {
         _mm512_or_si512(_mm512_and_si512(t0, m4), _mm512_slli_epi32(_mm512_and_si512(t2, m2), 4)),
@@ -198,25 +233,26 @@ template <> struct K16<FQ3_K> {  // hmask[32] | qs[64] | scales[12] | d; value =
                         _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(t2, 6), m2), 4))};
 #pragma GCC unroll 16
     for (int i = 0; i < 16; ++i) t.sc[i] = _mm512_sub_epi32(byte_u32(s[i / 4], i % 4), _mm512_set1_epi32(32));
-    t.dw = f16x16(_mm512_srli_epi32(gather16_u32(rows, off + 106), 16));
+    t.dw = f16x16(src.template tail<110>());
   }
 };
 
 template <> struct K16<FQ2_K> {  // scales[16] (lo 4 scale, hi 4 min) | qs[64] | d | dmin
   static constexpr bool HAVE = true, MINS = true;
   static constexpr int SUB = 16, OFF = 0;
-  KN_INL static void load(const uint8_t* const* rows, int64_t off, Tile16& t) {
+  template <class Src>
+  KN_INL static void load(const Src& src, Tile16& t) {
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {  // chunks 4h + j: bits 2j, 2j + 1 of qs[32h + l]
       __m512i q[8];
-      transpose_bytes32(rows, off + 16 + 32 * h, q);
+      src.words(4 + 8 * h, 8, q);
 #pragma GCC unroll 4
       for (int j = 0; j < 4; ++j)
 #pragma GCC unroll 8
         for (int k = 0; k < 8; ++k) t.u[8 * (4 * h + j) + k] = crumb(q[k], j);
     }
     __m512i v[4];
-    transpose_bytes16(rows, off, v);
+    src.words(0, 4, v);
 #pragma GCC unroll 16
     for (int i = 0; i < 16; ++i) t.sc[i] = _mm512_and_si512(byte_u32(v[i / 4], i % 4), _mm512_set1_epi32(0x0F));
     const __m512i pairs = _mm512_set1_epi32(0x000F000F);  // high nibbles of bytes r, r + 2
@@ -224,7 +260,7 @@ template <> struct K16<FQ2_K> {  // scales[16] (lo 4 scale, hi 4 min) | qs[64] |
     for (int q = 0; q < 4; ++q)
 #pragma GCC unroll 2
       for (int r = 0; r < 2; ++r) t.mn[2 * q + r] = _mm512_and_si512(_mm512_srli_epi32(v[q], 8 * r + 4), pairs);
-    const __m512i dm = gather16_u32(rows, off + 80);
+    const __m512i dm = src.word(20);
     t.dw = f16x16(_mm512_and_si512(dm, _mm512_set1_epi32(0xFFFF)));
     t.mw = f16x16(_mm512_srli_epi32(dm, 16));
   }
@@ -291,7 +327,9 @@ KN_INL void k16_sums(const Tile16& t, const uint32_t* const* xw, const int32_t* 
       for (int r = 0; r < R; ++r) q[r] = dpwssd_bcast(q[r], t.mn[i], xa[r] + i);
 }
 
-template <class F>
+// Columns [n0, n1), 16 at a time. R16: the weight is repacked (repack.h's word layout; n0 and
+// n1 multiples of 16), each group's block read with loads (Words16); else plain rows (Rows16).
+template <class F, bool R16>
 KN_SIMD void kquant_cols16(const MatmulArgs& a, int64_t n0, int64_t n1) {
   using KQ = K16<F>;
   constexpr int NSUB = 256 / KQ::SUB, NW = KQ::MINS ? NSUB / 2 : NSUB;  // act words per row block
@@ -304,10 +342,17 @@ KN_SIMD void kquant_cols16(const MatmulArgs& a, int64_t n0, int64_t n1) {
   Tile16 t;
   for (int64_t n = n0; n < n1; n += 16) {
     const uint8_t* rows[16];
-    for (int c = 0; c < 16; ++c) rows[c] = a.w + std::min(n + c, n1 - 1) * a.row_bytes;
+    if constexpr (!R16)
+      for (int c = 0; c < 16; ++c) rows[c] = a.w + std::min(n + c, n1 - 1) * a.row_bytes;
     std::fill(acc.begin(), acc.end(), 0.f);
+    // the next group's rows (contiguous), a slice per block, as the legacy path does
+    const uintptr_t next = uintptr_t(a.w) + uintptr_t((n + 16) * a.row_bytes);
     for (int64_t b = 0; b < nb; ++b) {
-      KQ::load(rows, b * F::BYTES, t);
+      prefetch_slice(next, b, 16 * F::BYTES);
+      if constexpr (R16)
+        KQ::load(Words16{a.w + n * a.row_bytes + b * 16 * F::BYTES}, t);
+      else
+        KQ::load(Rows16{rows, b * F::BYTES}, t);
       // The reference's combine (qmatmul.h), operand for operand, for row m.
       auto finish = [&](int64_t m, __m512i isum, __m512i q) KN_INL_LAMBDA {
         const __m512 dx = _mm512_set1_ps(x.d[size_t(m * nb + b)]);
@@ -338,4 +383,21 @@ KN_SIMD void kquant_cols16(const MatmulArgs& a, int64_t n0, int64_t n1) {
     for (int64_t m = 0; m < M; ++m)
       for (int c = 0; c < valid; ++c) a.y[m * a.N + n + c] = acc[size_t(m * 16 + c)];
   }
+}
+
+// A repacked weight's whole groups (qmatmul_cols_avx512_r16); false: not a repackable format.
+KN_SIMD bool dispatch_r16(const MatmulArgs& a, int64_t n0, int64_t n1) {
+  switch (a.fmt) {
+    case Q4_0: legacy_cols16<FQ4_0, true>(a, n0, n1); return true;
+    case Q4_1: legacy_cols16<FQ4_1, true>(a, n0, n1); return true;
+    case Q5_0: legacy_cols16<FQ5_0, true>(a, n0, n1); return true;
+    case Q5_1: legacy_cols16<FQ5_1, true>(a, n0, n1); return true;
+    case Q8_0: legacy_cols16<FQ8_0, true>(a, n0, n1); return true;
+    case Q2_K: kquant_cols16<FQ2_K, true>(a, n0, n1); return true;
+    case Q3_K: kquant_cols16<FQ3_K, true>(a, n0, n1); return true;
+    case Q4_K: kquant_cols16<FQ4_K, true>(a, n0, n1); return true;
+    case Q5_K: kquant_cols16<FQ5_K, true>(a, n0, n1); return true;
+    case Q6_K: kquant_cols16<FQ6_K, true>(a, n0, n1); return true;
+  }
+  return false;
 }

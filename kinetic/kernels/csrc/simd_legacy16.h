@@ -250,15 +250,3 @@ KN_SIMD void legacy_cols16(const MatmulArgs& a, int64_t n0, int64_t n1) {
       _mm512_mask_storeu_ps(a.y + m * a.N + n, valid, _mm512_loadu_ps(&acc[size_t(16 * m)]));
   }
 }
-
-// A repacked weight's whole groups (qmatmul_cols_avx512_r16); false: not a repackable format.
-KN_SIMD bool dispatch_r16(const MatmulArgs& a, int64_t n0, int64_t n1) {
-  switch (a.fmt) {
-    case Q4_0: legacy_cols16<FQ4_0, true>(a, n0, n1); return true;
-    case Q4_1: legacy_cols16<FQ4_1, true>(a, n0, n1); return true;
-    case Q5_0: legacy_cols16<FQ5_0, true>(a, n0, n1); return true;
-    case Q5_1: legacy_cols16<FQ5_1, true>(a, n0, n1); return true;
-    case Q8_0: legacy_cols16<FQ8_0, true>(a, n0, n1); return true;
-  }
-  return false;
-}

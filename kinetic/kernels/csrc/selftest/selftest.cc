@@ -117,7 +117,7 @@ void check_repacked_format(int fmt, int64_t n, int64_t k, std::mt19937& rng) {
   const int64_t rb = row_bytes(fmt, k);
   std::vector<uint8_t> back(size_t(16 * rb));
   for (int64_t g = 0; g < n / 16; ++g) {
-    unrepack_group(fmt, rep.data() + g * 16 * rb, k / 32, back.data());
+    unrepack_group(fmt, rep.data() + g * 16 * rb, k / format_info(fmt)->qk, back.data());
     if (std::memcmp(back.data(), w.data() + g * 16 * rb, back.size()) != 0) {
       std::printf("MISMATCH: unrepack_group fmt %d group %lld\n", fmt, (long long)g);
       ++failures;
@@ -329,7 +329,7 @@ int main() {
     for (int64_t k : {512, 768})  // 768: 24 blocks of 32, more than one strip of 16
       for (int64_t n : {37, 1})   // 1: a one-output projection (a shared expert's gate)
         check_matmul_format(fmt, n, k, rng);
-  for (int fmt : {Q4_0, Q4_1, Q5_0, Q5_1, Q8_0})
+  for (int fmt : {Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K})
     for (int64_t n : {37, 16, 5})   // groups and plain rows after them; one group; none
       check_repacked_format(fmt, n, 768, rng);
   check_attention(rng);
