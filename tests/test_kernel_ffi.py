@@ -67,6 +67,18 @@ def test_row_pieces_give_a_row_the_same_bits_at_any_row_count():
     np.testing.assert_allclose(np.asarray(s), np.sin(theta.astype(np.float64)), atol=1e-6)
 
 
+def test_rms_norm_is_its_numpy_reference_bit_for_bit():
+    """Widths with and without a tail past the last 16 values (the C++ sums 16 lanes in
+    SIMD registers, the tail one by one)."""
+    from kinetic.kernels import reference
+    rng = np.random.default_rng(7)
+    for d in (16, 37, 256, 576, 640, 900):
+        x = (rng.standard_normal((9, d)) * 3 + 1).astype(np.float32)
+        w = rng.standard_normal(d).astype(np.float32)
+        got = np.asarray(jax.jit(lambda x: ffi.rms_norm(x, jnp.asarray(w), 1e-6))(x))
+        assert got.tobytes() == reference.rms_norm(x, w, 1e-6).tobytes(), d
+
+
 def test_layer_norm_is_its_numpy_reference_bit_for_bit_at_any_row_count():
     """The encoders' layer norm: the numpy reference's bits (kernels/reference.py), a row the
     same alone as among 64, and close to the float64 formula."""

@@ -427,6 +427,16 @@ def _lane_sum(v: np.ndarray) -> np.ndarray:
     return lanes[..., 0]
 
 
+def rms_norm(x, w, eps: float) -> np.ndarray:
+    """(x * (1 / sqrt(mean(x * x) + eps))) * w per row of x [..., D], float32 throughout, the
+    mean's sum in 16 lanes: bit for bit the C++ RMS norm (ffi.rms_norm)."""
+    x = np.asarray(x, _f32)
+    w, d = np.asarray(w, _f32), _f32(x.shape[-1])
+    with np.errstate(all="ignore"):
+        inv = (_f32(1) / np.sqrt(_lane_sum(x * x) / d + _f32(eps)))[..., None]
+        return (x * inv) * w
+
+
 def layer_norm(x, w, b, eps: float) -> np.ndarray:
     """((x - mean) * (1 / sqrt(var + eps))) * w + b per row of x [..., D], float32 throughout:
     bit for bit the C++ layer norm (ffi.layer_norm)."""

@@ -10,6 +10,8 @@
 #include <emmintrin.h>
 #endif
 
+#include "pool.h"
+
 namespace kn {
 namespace {
 
@@ -139,14 +141,16 @@ int32_t one_row(const float* x, int64_t v, const int32_t* ids, const float* valu
 
 void row_argmax(const float* x, int64_t rows, int64_t v, const int32_t* ids,
                 const float* values, int64_t w, const uint32_t* mask, int32_t* out) {
-  std::vector<std::pair<int32_t, float>> pairs;
-  std::vector<int32_t> pair_ids;
-  pairs.reserve(size_t(w));
-  pair_ids.reserve(size_t(w));
   const int64_t words = (v + 31) / 32;
-  for (int64_t r = 0; r < rows; ++r)
+  // a row per chunk, on the kernels' threads (a row is one thread's whole: no bit changes)
+  pool_run(rows, [&](int64_t r) {
+    std::vector<std::pair<int32_t, float>> pairs;
+    std::vector<int32_t> pair_ids;
+    pairs.reserve(size_t(w));
+    pair_ids.reserve(size_t(w));
     out[r] = one_row(x + r * v, v, ids + r * w, values + r * w, w, mask ? mask + r * words : nullptr,
                      pairs, pair_ids);
+  });
 }
 
 }  // namespace kn

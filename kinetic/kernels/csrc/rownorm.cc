@@ -2,18 +2,55 @@
 
 #include <cmath>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "qmatmul.h"
 
 namespace kn {
+
+namespace {
+
+// lanes[i % 16] = lanes[i % 16] + x[i] * x[i] for i in order (lanes start at zero): on x86-64
+// four SSE2 registers hold the 16 lanes (baseline, no run-time choice), each lane the
+// scalar loop's sequence of rounded products and sums (the build never fuses them). Kept in
+// an array, the lanes cost a store and a load per element.
+void square_lanes(const float* x, int64_t d, float* lanes) {
+  int64_t i = 0;
+#if defined(__SSE2__)
+  __m128 a[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
+  for (; i + 16 <= d; i += 16)
+    for (int j = 0; j < 4; ++j) {
+      const __m128 v = _mm_loadu_ps(x + i + 4 * j);
+      a[j] = _mm_add_ps(a[j], _mm_mul_ps(v, v));
+    }
+  for (int j = 0; j < 4; ++j) _mm_storeu_ps(lanes + 4 * j, a[j]);
+#endif
+  for (; i < d; ++i) lanes[i % 16] = lanes[i % 16] + x[i] * x[i];
+}
+
+// y[i] = (x[i] * inv) * w[i], four at a time where SSE2 is (the same two roundings).
+void scale_rows(const float* x, float inv, const float* w, int64_t d, float* y) {
+  int64_t i = 0;
+#if defined(__SSE2__)
+  const __m128 s = _mm_set1_ps(inv);
+  for (; i + 4 <= d; i += 4)
+    _mm_storeu_ps(y + i, _mm_mul_ps(_mm_mul_ps(_mm_loadu_ps(x + i), s), _mm_loadu_ps(w + i)));
+#endif
+  for (; i < d; ++i) y[i] = (x[i] * inv) * w[i];
+}
+
+}  // namespace
 
 void rms_norm_rows(const float* x, const float* w, int64_t rows, int64_t d, float eps, float* y) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * d;
     float lanes[16] = {};
-    for (int64_t i = 0; i < d; ++i) lanes[i % 16] = lanes[i % 16] + xr[i] * xr[i];
+    square_lanes(xr, d, lanes);
     const float mean = reduce_lanes(lanes) / float(d);
     const float inv = 1.0f / std::sqrt(mean + eps);
-    for (int64_t i = 0; i < d; ++i) y[r * d + i] = (xr[i] * inv) * w[i];
+    scale_rows(xr, inv, w, d, y + r * d);
   }
 }
 
