@@ -2,7 +2,8 @@
 // 512-bit vector, as simd_legacy16.h does for legacy blocks. Each column's block
 // is unpacked ONCE per call into a Tile16 (lane c of every vector = column c): the packed
 // bytes are transposed 32 at a time (transpose16) and the values unpacked in that layout,
-// the header bytes likewise 16 at a time. Then every row's block sums come out per lane:
+// the header bytes likewise 16 at a time; a repacked weight (repack.h) holds its bytes
+// already in that layout, and they are loaded instead (Rows16 / Words16 below). Then every row's block sums come out per lane:
 //   sumi = sum_s sc_s * (u_s . x_s - OFF * xsum_s)   dpbusd against broadcast activation
 //                                                    words, started at -OFF * xsum_s, then
 //                                                    one int32 multiply by sc_s
