@@ -51,14 +51,19 @@ def test_repack_matches_the_numpy_layout_and_undoes(fmt, n, k):
         assert not np.array_equal(mine[:tail], w[:tail])
 
 
+def _one_group(fmt: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(16 rows of one block repacked, the plain rows [16, block bytes])."""
+    qk, size, _ = BLOCKS[fmt]
+    w = _weight(fmt, 16, qk, seed=seed)
+    out = w.copy()
+    kernels.repack16_host(fmt, out, 16, qk)
+    return out, w.reshape(16, size)
+
+
 def test_layout_of_one_q8_0_block():
     """Byte for byte, repack.h's description: column c's scale at 2c, value 4j + i of column
     c at 32 + 64 j + 4c + i, xor 0x80."""
-    n, k = 16, 32
-    w = _weight(8, n, k, seed=3)
-    out = w.copy()
-    kernels.repack16_host(8, out, n, k)
-    rows = w.reshape(n, 34)
+    out, rows = _one_group(8, seed=3)
     for c in range(16):
         assert bytes(out[2 * c:2 * c + 2]) == bytes(rows[c, 0:2])
         for v in range(32):
@@ -68,11 +73,7 @@ def test_layout_of_one_q8_0_block():
 
 def test_layout_of_one_q5_0_block():
     """The 5th bits: bit 4c + i of hi[j] is bit 4j + i of column c's qh; values two a byte."""
-    n, k = 16, 32
-    w = _weight(6, n, k, seed=4)
-    out = w.copy()
-    kernels.repack16_host(6, out, n, k)
-    rows = w.reshape(n, 22)
+    out, rows = _one_group(6, seed=4)
     hi = out[32:96].copy().view("<u8")
     vals = out[96:352]
     for c in range(16):
@@ -118,11 +119,7 @@ def test_row_gather_reads_the_layout(fmt):
 def test_layout_of_one_q6_k_block():
     """The K-quants word by word: byte 4c + i of vector w is byte 4w + i of column c's block;
     then the 2 bytes left of each block (Q6_K's d) at 64 * 52 + 2c."""
-    n, k = 16, 256
-    w = _weight(14, n, k, seed=5)
-    out = w.copy()
-    kernels.repack16_host(14, out, n, k)
-    rows = w.reshape(n, 210)
+    out, rows = _one_group(14, seed=5)
     for c in range(16):
         for b in range(208):
             wd, i = divmod(b, 4)

@@ -28,16 +28,9 @@ bool fields_of(int fmt, Fields& f) {
   return false;
 }
 
-// A 256-value K-quant block's bytes (repack.h's word layout), 0: not a K-quant.
-int kquant_bytes(int fmt) {
-  switch (fmt) {
-    case Q2_K: return 84;
-    case Q3_K: return 110;
-    case Q4_K: return 144;
-    case Q5_K: return 176;
-    case Q6_K: return 210;
-  }
-  return 0;
+// Whether fmt is a K-quant: repacked word by word (repack.h), its block size from format_info.
+bool word_layout(int fmt) {
+  return fmt == Q2_K || fmt == Q3_K || fmt == Q4_K || fmt == Q5_K || fmt == Q6_K;
 }
 
 // The 16 columns' plain K-quant blocks src[c] (B bytes) -> one block in the word layout.
@@ -119,14 +112,14 @@ void unpack_column(const Fields& f, const uint8_t* src, int c, uint8_t* block) {
 
 bool repackable(int fmt) {
   Fields f;
-  return fields_of(fmt, f) || kquant_bytes(fmt) != 0;
+  return word_layout(fmt) || fields_of(fmt, f);
 }
 
 const char* repack16(int fmt, uint8_t* w, int64_t N, int64_t K) {
+  if (!repackable(fmt)) return "the weight's format has no 16-column layout";
   Fields f;
-  const int kb = kquant_bytes(fmt);
-  if (!fields_of(fmt, f) && kb == 0) return "the weight's format has no 16-column layout";
-  const int qk = kb ? 256 : 32, B = kb ? kb : f.bytes;
+  const bool words = !fields_of(fmt, f);
+  const int qk = format_info(fmt)->qk, B = format_info(fmt)->bytes;
   if (N <= 0 || K <= 0 || K % qk) return "empty matrix, or K is not a multiple of the block size";
   const int64_t nb = K / qk, rb = nb * B;
   std::vector<uint8_t> rows(size_t(16 * rb));
@@ -136,7 +129,7 @@ const char* repack16(int fmt, uint8_t* w, int64_t N, int64_t K) {
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* src[16];
       for (int c = 0; c < 16; ++c) src[c] = rows.data() + c * rb + b * B;
-      if (kb)
+      if (words)
         pack_words(B, src, group + b * 16 * B);
       else
         pack_block(f, src, group + b * 16 * B);
@@ -147,17 +140,15 @@ const char* repack16(int fmt, uint8_t* w, int64_t N, int64_t K) {
 
 void unrepack_block(int fmt, const uint8_t* group, int64_t b, int c, uint8_t* block) {
   Fields f;
-  if (const int kb = kquant_bytes(fmt))
-    unpack_words(kb, group + b * 16 * kb, c, block);
-  else if (fields_of(fmt, f))
+  if (fields_of(fmt, f))
     unpack_column(f, group + b * 16 * f.bytes, c, block);
+  else if (word_layout(fmt))
+    unpack_words(format_info(fmt)->bytes, group + b * 16 * format_info(fmt)->bytes, c, block);
 }
 
 void unrepack_group(int fmt, const uint8_t* group, int64_t nb, uint8_t* rows) {
-  Fields f;
-  const int kb = kquant_bytes(fmt);
-  if (!fields_of(fmt, f) && kb == 0) return;
-  const int B = kb ? kb : f.bytes;
+  if (!repackable(fmt)) return;
+  const int B = format_info(fmt)->bytes;
   const int64_t rb = nb * B;
   for (int64_t b = 0; b < nb; ++b)
     for (int c = 0; c < 16; ++c) unrepack_block(fmt, group, b, c, rows + c * rb + b * B);
