@@ -307,10 +307,11 @@ def check_row_buckets(model, ids: list[int], other: list[int]) -> None:
 
 
 def test_a_step_computes_only_the_logit_rows_asked_for(setup):
-    """A prompt chunk samples only its last row, a chunk before it none (Runner.step_device
-    logit_rows): one row's logits are that row's bits from the all-rows step, and a step
-    without logits at the T-row bucket skips the output projection yet fills the cache as
-    the all-rows step does (the next step's logits are the same bits)."""
+    """A prompt chunk samples only its last row, a chunk before it none, a decode step its
+    rows (Runner.step_device logit_rows): one row's logits are that row's bits from the
+    all-rows step, a step without logits at the T-row bucket skips the output projection yet
+    fills the cache as the all-rows step does (the next step's logits are the same bits),
+    and a step's other rows (not asked for, or padding) are not computed: 0."""
     import numpy as np
 
     from kinetic.engine.runner import Runner, RunnerConfig
@@ -335,5 +336,16 @@ def test_a_step_computes_only_the_logit_rows_asked_for(setup):
     one = chunk(some, 16, 20, [3])
     assert one.shape == (1, model.config.vocab_size)
     assert one.tobytes() == last[3:4].tobytes()
-    small = Runner(model, cfg)   # below the T-row bucket, [] gives row 0's logits instead
-    assert chunk(small, 0, 4, []).tobytes() == all_rows[:1].tobytes()
+    # below the T-row bucket, [] gives the bucket's rows, none computed: all 0
+    small = Runner(model, cfg)
+    none = chunk(small, 0, 4, [])
+    assert none.shape == (4, model.config.vocab_size) and not none.any()
+    # several rows: the bucket's rows, those asked for with their bits, the others 0
+    several = chunk(Runner(model, cfg), 0, 16, [2, 7, 15])
+    assert several.shape == all_rows.shape
+    assert several[[2, 7, 15]].tobytes() == all_rows[[2, 7, 15]].tobytes()
+    assert not np.delete(several, [2, 7, 15], axis=0).any()
+    # all rows of a step under its bucket: the padding rows are not computed
+    padded = chunk(Runner(model, cfg), 0, 5, None)
+    assert padded.shape == (8, model.config.vocab_size) and not padded[5:].any()
+    assert padded[:5].tobytes() == all_rows[:5].tobytes()

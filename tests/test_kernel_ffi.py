@@ -47,6 +47,27 @@ def test_jit_equals_the_c_abi_and_many_equals_one_each(weights):
         assert np.asarray(got).tobytes() == np.asarray(one).tobytes() == host.tobytes()
 
 
+def test_live_rows_get_their_bits_and_the_others_zero(weights):
+    """qmatmul with `live` (a step's sampled rows of the output projection): a live row's
+    result is the bits of the plain call, every other row is 0, whatever the pattern."""
+    data, parts, k = weights
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((9, k)).astype(np.float32)
+    dev = jax.device_put(data)
+    full = jax.jit(lambda x: ffi.qmatmul_many(x, dev, parts, k))(x)
+    masked = jax.jit(lambda x, live: ffi.qmatmul_many(x, dev, parts, k, live))
+    for live in ([1] * 9, [0] * 9, [0, 0, 0, 0, 0, 0, 0, 0, 1], [1, 0, 1, 1, 0, 0, 1, 0, 1],
+                 rng.integers(0, 2, 9)):
+        live = np.asarray(live, np.int32)
+        for got, want in zip(masked(x, live), full):
+            got, want = np.asarray(got), np.asarray(want)
+            on = live != 0
+            assert got[on].tobytes() == want[on].tobytes()
+            assert not got[~on].any()
+    with pytest.raises(Exception, match="live must be"):
+        masked(x, np.ones(8, np.int32))[0].block_until_ready()
+
+
 def test_row_pieces_give_a_row_the_same_bits_at_any_row_count():
     rng = np.random.default_rng(2)
     x = rng.standard_normal((64, 576)).astype(np.float32)

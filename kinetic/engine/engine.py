@@ -553,17 +553,17 @@ class Engine:
             self._finish_turn(plan, rows, self._run_decode_steps(plan, rows, n_steps), started,
                               multi=True)
             return
-        # A step that samples at most one row (a prompt chunk's last, or none before it)
-        # computes only the logits it samples (ffi kernel), unless a job scores every row;
-        # at_row maps a plan row to its row of the logits.
+        # A step computes only the logits it samples (ffi kernel: the output projection is
+        # the largest matrix of a small model), unless a job scores every row; at_row maps a
+        # plan row to its row of the logits (one sampled row: its logits alone).
         sampled = [r for rs in rows.values() for r in rs]
-        few = (self.runner.exact_rows and len(sampled) <= 1
-               and not any(c.seq_id in self._scored for c in plan.chunks))
+        only = (self.runner.exact_rows
+                and not any(c.seq_id in self._scored for c in plan.chunks))
         logits = self.runner.step_device(plan.tokens, plan.positions, plan.slots,
                                          plan.write_index, plan.page_table,
-                                         sampled if few else None, plan.draft_rows,
+                                         sampled if only else None, plan.draft_rows,
                                          self._image_inputs(plan))
-        at_row = {r: 0 for r in sampled} if few else None
+        at_row = {r: 0 for r in sampled} if only and len(sampled) == 1 else None
         for c in plan.chunks:
             if c.seq_id in self._prefills:
                 continue

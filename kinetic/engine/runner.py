@@ -124,11 +124,12 @@ class Runner:
                     ) -> jax.Array:
         """Run one step over up to T rows (arrays of length n <= T) and update the cache.
         page_table: [S, P]. Returns the device array of logits [B, V] for every row of the
-        step's bucket B >= n (rows n.. are padding). With logit_rows (kernel "ffi" only),
-        the caller needs only those rows: [r] (a prompt chunk samples only its last row)
-        gives [1, V] for row r alone; [] (a prompt chunk before its last, the draft model
-        following the target) skips the output projection at the T-row bucket ([0, V]) and
-        gives row 0's logits at the smaller ones (fewer compiled shapes). drafts [n] bool:
+        step's bucket B >= n (rows n.. are padding: 0 with the ffi kernel). With logit_rows
+        (kernel "ffi" only), the caller needs only those rows, and only they are computed:
+        [r] (a prompt chunk samples only its last row) gives [1, V] for row r alone; [] (a
+        prompt chunk before its last, the draft model following the target) skips the output
+        projection ([0, V] at the T-row bucket, [B, V] zeros at the smaller ones: fewer
+        compiled shapes); several rows give [B, V] with the others' rows 0. drafts [n] bool:
         the rows that are unverified drafts (a recurrent model commits no state for them:
         RecurrentState). images (config.image_rows only): (mask [n], embeddings [n, D], ends
         [n]), the rows where mask is 1 take their embedding as input instead of their
@@ -139,23 +140,26 @@ class Runner:
             raise ValueError(f"{n} rows do not fit a {T}-row step")
         if logit_rows is not None and not self.exact_rows:
             raise ValueError("logit_rows needs the ffi kernel (XLA's dot is not batch-invariant)")
-        if logit_rows is not None and len(logit_rows) > 1:
-            raise ValueError("a step returns every row's logits, one row's or none")
         bucket = self.row_bucket(n)
         pad = bucket - n
         page_size = self.config.page_size
-        rows = self._logit_shape(bucket, logit_rows)
+        shape = self._logit_shape(bucket, logit_rows)
+        if shape == "mask":
+            rows = np.zeros(bucket, np.int64)
+            rows[np.arange(n) if logit_rows is None else np.asarray(logit_rows, np.int64)] = 1
+        else:
+            rows = [] if shape == "all" else shape
         table = page_table[:, :self.key_bucket(positions)]
         # one host-to-device copy of every row input (each copy costs tens of microseconds,
         # a sizeable part of a one-row step on a small model); _forward splits it again
         packed = np.concatenate([
             tokens, np.zeros(pad), positions, np.zeros(pad), slots, np.zeros(pad),
             write_index, RESERVED_PAGE * page_size + np.arange(pad) % page_size,
-            table.ravel(), [] if rows is None else rows,
+            table.ravel(), rows,
             [] if not self.config.image_rows else self._image_mask(images, bucket, positions),
             [] if self.state is None else self.state.plan(slots, positions, drafts, bucket)
             ]).astype(np.int32)
-        layout = (bucket, table.shape, None if rows is None else len(rows),
+        layout = (bucket, table.shape, shape if isinstance(shape, str) else len(shape),
                   self.config.image_rows)
         if not self._warming:
             self.model.finish_repack()
@@ -272,15 +276,18 @@ class Runner:
                       for j in range(len(rows[0]))]
             self.cache = _write_pages(self.cache, jax.device_put(idx), arrays, self._paged)
 
-    def _logit_shape(self, bucket: int, want: list[int] | None) -> list[int] | None:
-        """The logit rows a step at `bucket` rows computes for a caller who wants `want`
-        (step_device): all (None), one ([r]), or none ([], at the T-row bucket only: the
-        prompt chunks that need none are full ones). At one row, all and one are the same."""
-        if want is None or (bucket == 1 and want):
-            return None
-        if not want and bucket != self.config.step_tokens:
-            return None if bucket == 1 else [0]
-        return want
+    def _logit_shape(self, bucket: int, want: list[int] | None) -> str | list[int]:
+        """The logits a step at `bucket` rows computes for a caller who wants the rows `want`
+        (step_device; None: all): "all" (the XLA kernel: every row's), else (the ffi kernel)
+        one row's alone ([r], [1, V]), none ([], [0, V], at the T-row bucket only: the prompt
+        chunks that need none are full ones), or "mask": [bucket, V], the wanted rows
+        computed and the others 0 (one compiled shape per bucket for every other want)."""
+        if not self.exact_rows:
+            return "all"
+        if want is not None and (len(want) == 1 and bucket > 1
+                                 or not want and bucket == self.config.step_tokens):
+            return list(want)
+        return "mask"
 
     @property
     def buckets(self) -> list[int]:
@@ -376,6 +383,7 @@ def _decode_loop(forward, cfg, buffer, skeleton, cache, packed, bias, layout):
     recurs = RecurrentState.unpack_decode(packed[at:-1], B) if cfg.recurrent else None
     weights = join_buffer(buffer, skeleton)
     real = jnp.arange(B) < packed[-1]
+    live = real.astype(jnp.int32)   # the padding rows' logits are not computed
 
     def draw(logits):
         """sampler.greedy's tokens (the loop's rows allow every token): one C++ pass over
@@ -388,7 +396,7 @@ def _decode_loop(forward, cfg, buffer, skeleton, cache, packed, bias, layout):
     def body(i, carry):
         cache, tok, out = carry
         step = StepInput(tok, positions[i], slots, write_index[i], table, None,
-                         None if recurs is None else recurs(i))
+                         None if recurs is None else recurs(i), logit_mask=live)
         logits, cache = forward(weights, cfg, cache, step)
         drawn = draw(logits)
         # the next input: the drawn token (0 for padding rows and rows that allowed none,
@@ -431,16 +439,19 @@ def _write_pages(cache, idx, arrays, paged):
 def _forward(forward, cfg, buffer, skeleton, cache, packed, layout, embeds=None):
     """The model's forward (over the weights split_buffer took apart) and the StepInput
     that `packed` holds: rows tokens, positions,
-    slots and write_index (each B long), the page table [S, P'] and the logit rows (R long,
-    or none for all), laid out as Runner.step_device packs them; layout = (B, (S, P'), R)."""
+    slots and write_index (each B long), the page table [S, P'] and the logit rows (R long;
+    R "mask": the logit mask, B long; "all": nothing), laid out as Runner.step_device packs
+    them; layout = (B, (S, P'), R, images)."""
     B, (S, P), R, images = layout
     fields = [packed[i * B:(i + 1) * B] for i in range(4)]
     table = packed[4 * B:4 * B + S * P].reshape(S, P)
-    at = 4 * B + S * P + (R or 0)
-    rows = None if R is None else packed[4 * B + S * P:at]
+    width = {"all": 0, "mask": B}.get(R, R)
+    at = 4 * B + S * P + width
+    rows = packed[4 * B + S * P:at] if isinstance(R, int) else None
+    logit_mask = packed[4 * B + S * P:at] if R == "mask" else None
     mask = packed[at:at + B] if images else None
     ends = packed[at + B:at + 2 * B] if images else None
     at += 2 * B if images else 0
     recur = RecurrentState.unpack(packed[at:], B) if cfg.recurrent else None
     return forward(join_buffer(buffer, skeleton), cfg, cache,
-                   StepInput(*fields, table, rows, recur, embeds, mask, ends))
+                   StepInput(*fields, table, rows, recur, embeds, mask, ends, logit_mask))

@@ -1,6 +1,7 @@
 """The FFI kernels as JAX functions, usable inside jit (CPU only).
 
-    qmatmul(x, data, fmt, offset, n, k)      x [..., k] f32 -> [..., n] f32
+    qmatmul(x, data, fmt, offset, n, k, live)  x [..., k] f32 -> [..., n] f32 (live: only
+                                             the rows flagged, the others 0)
     dequant_rows(rows, data, fmt, offset, n, k)  rows [T] int32 -> [T, k] f32
     rms_norm(x, w, eps)                      x [..., D] f32 -> [..., D] f32
     cos_sin(theta)                           theta f32 -> (cos, sin)
@@ -37,27 +38,32 @@ def register() -> None:
     if _registered:
         return
     lib = kernels._need()
-    for name in ("kinetic_qmatmul", "kinetic_dequant_rows", "kinetic_attention",
+    for name in ("kinetic_qmatmul", "kinetic_qmatmul_rows", "kinetic_dequant_rows",
+                 "kinetic_attention",
                  "kinetic_rms_norm", "kinetic_layer_norm", "kinetic_cos_sin", "kinetic_kv_write",
                  "kinetic_lazy_zeros", "kinetic_row_argmax"):
         jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu")
     _registered = True
 
 
-def qmatmul(x: jax.Array, data: jax.Array, fmt: int, offset: int, n: int, k: int) -> jax.Array:
-    return qmatmul_many(x, data, [(fmt, offset, n)], k)[0]
+def qmatmul(x: jax.Array, data: jax.Array, fmt: int, offset: int, n: int, k: int,
+            live: jax.Array | None = None) -> jax.Array:
+    return qmatmul_many(x, data, [(fmt, offset, n)], k, live)[0]
 
 
 def qmatmul_many(x: jax.Array, data: jax.Array, weights: list[tuple[int, int, int]],
-                 k: int) -> list[jax.Array]:
+                 k: int, live: jax.Array | None = None) -> list[jax.Array]:
     """x [..., k] times several weights (fmt, offset, n) of the same buffer, in one call:
-    [..., n] per weight, each what qmatmul gives for it alone."""
+    [..., n] per weight, each what qmatmul gives for it alone. live (x's rows flattened,
+    int32): only the rows where it is nonzero are computed, the others are 0."""
     register()
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k).astype(jnp.float32)
     shapes = [jax.ShapeDtypeStruct((x2.shape[0], n), jnp.float32) for _, _, n in weights]
-    outs = jax.ffi.ffi_call("kinetic_qmatmul", shapes)(
-        x2, data, fmts=np.array([w[0] for w in weights], np.int64),
+    args = (x2, data) if live is None else (x2, data, live.reshape(-1).astype(jnp.int32))
+    outs = jax.ffi.ffi_call("kinetic_qmatmul" if live is None else "kinetic_qmatmul_rows",
+                            shapes)(
+        *args, fmts=np.array([w[0] for w in weights], np.int64),
         offsets=np.array([w[1] for w in weights], np.int64),
         ns=np.array([w[2] for w in weights], np.int64), k=int(k))
     return [o.reshape(*lead, n) for o, (_, _, n) in zip(outs, weights)]

@@ -37,6 +37,9 @@ class StepInput:
       padding rows point into the reserved page 0, which no sequence ever reads as valid.
     page_table: [S, P] page ids of each slot's sequence, in order.
     logit_rows: [R] the rows whose logits are returned, in order (None: all T).
+    logit_mask: [T] int32, with logit_rows None: the rows whose logits are computed (nonzero);
+      the others' logits are 0 (None: every row's). A step that samples several rows pays
+      the output projection, the largest matrix of a small model, for those rows alone.
     recur: the recurrent layers' part (kinetic/model/delta_net.Recur; None: no such layer).
     embeds, embed_mask: [T, D] and [T]: rows whose input is the given embedding (an image's
       rows, where embed_mask is 1) instead of their token's (None: every row is a token).
@@ -54,6 +57,7 @@ class StepInput:
     embeds: jax.Array | None = None
     embed_mask: jax.Array | None = None
     attend_end: jax.Array | None = None
+    logit_mask: jax.Array | None = None
 
 
 def output_logits(x: jax.Array, step: StepInput, norm: jax.Array, output: Proj | None,
@@ -62,13 +66,13 @@ def output_logits(x: jax.Array, step: StepInput, norm: jax.Array, output: Proj |
     are sampled; None: all T rows of x [T, D]) after the final norm. A prompt chunk samples
     only its last row, one before it none, and the output projection is the largest matrix
     of a small model: R = 0 skips it. output None (an embedding model): the normed hidden
-    states [R, D] themselves."""
+    states [R, D] themselves. step.logit_mask: only the masked rows' logits are computed."""
     if step.logit_rows is not None:
         if step.logit_rows.shape[0] == 0:
             return jnp.zeros((0, x.shape[1] if output is None else output.shape[1]), jnp.float32)
         x = jnp.take(x, step.logit_rows, axis=0)
     x = rms_norm(x, norm, eps)
-    return x if output is None else linear(x, output)
+    return x if output is None else linear(x, output, live=step.logit_mask)
 
 
 @functools.cache
@@ -143,14 +147,18 @@ def quantize_activations(x: jax.Array, kind: str) -> jax.Array:
     return (q * d).reshape(x.shape)
 
 
-def linear(x: jax.Array, p: Proj, b: jax.Array | None = None) -> jax.Array:
+def linear(x: jax.Array, p: Proj, b: jax.Array | None = None,
+           live: jax.Array | None = None) -> jax.Array:
     """x [..., K] . W^T -> [..., N] float32: the one swap point between the C++ kernel
-    (packed weights) and XLA's dot (dense ones)."""
+    (packed weights) and XLA's dot (dense ones). live [T] (x [T, K]): the rows wanted; the
+    others are 0, and the C++ kernel does not compute them."""
     if p.fmt == DENSE:
         x = quantize_activations(x, p.act_quant)
         y = jnp.dot(x.astype(p.data.dtype), p.data, preferred_element_type=jnp.float32)
+        if live is not None:
+            y = jnp.where(live[:, None] != 0, y, 0.0)
     else:
-        y = native.qmatmul(x, p.data, p.fmt, p.offset, p.n, p.k)
+        y = native.qmatmul(x, p.data, p.fmt, p.offset, p.n, p.k, live)
     return y if b is None else y + b
 
 

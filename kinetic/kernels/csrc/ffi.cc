@@ -5,7 +5,10 @@
 //     weight p is n_p rows of k values in GGUF block format fmts[p], starting offsets[p]
 //     bytes into w (w is the whole memory-mapped GGUF file: one buffer, never a copy per
 //     tensor); several weights that read the same x go through one call
+//   kinetic_qmatmul_rows(x, w, live s32[M]; as kinetic_qmatmul) -> the same, computed for
+//     the rows m with live[m] != 0 only, every other row 0 (a step's sampled rows)
 //   kinetic_dequant_rows(rows s32[T], w u8[bytes]; fmt, offset, n, k) -> out f32[T, k]
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -30,9 +33,12 @@ ffi::Error check_weight(const ffi::Buffer<ffi::U8>& w, int64_t fmt, int64_t offs
 // another costs more than it saves. Which thread computes a column never changes its bits.
 constexpr int64_t kMinSplitWork = int64_t(1) << 16;
 
-ffi::Error QMatmul(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
-                   ffi::RemainingRets ys, ffi::Span<const int64_t> fmts,
-                   ffi::Span<const int64_t> offsets, ffi::Span<const int64_t> ns, int64_t k) {
+// The parts of one kinetic_qmatmul call, checked against x [M, K]; work: the weight bytes
+// the call reads times its rows / 4 (M: the rows it computes).
+ffi::Error matmul_parts(const ffi::Buffer<ffi::F32>& x, const ffi::Buffer<ffi::U8>& w,
+                        ffi::RemainingRets& ys, ffi::Span<const int64_t> fmts,
+                        ffi::Span<const int64_t> offsets, ffi::Span<const int64_t> ns, int64_t k,
+                        std::vector<kn::MatmulPart>& list, int64_t& bytes) {
   auto xd = x.dimensions();
   if (xd.size() != 2 || xd[1] != k)
     return ffi::Error::InvalidArgument("kinetic_qmatmul: x must be [M, K] with K = " +
@@ -41,8 +47,7 @@ ffi::Error QMatmul(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
   if (offsets.size() != parts || ns.size() != parts || ys.size() != parts || parts == 0)
     return ffi::Error::InvalidArgument("kinetic_qmatmul: one format, offset, n and result per "
                                        "weight");
-  std::vector<kn::MatmulPart> list;
-  int64_t work = 0;
+  bytes = 0;
   for (size_t p = 0; p < parts; ++p) {
     if (ffi::Error e = check_weight(w, fmts[p], offsets[p], ns[p], k); e.failure()) return e;
     auto y = ys.get<ffi::Buffer<ffi::F32>>(p);
@@ -51,13 +56,46 @@ ffi::Error QMatmul(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
     if (yd.size() != 2 || yd[0] != xd[0] || yd[1] != ns[p])
       return ffi::Error::InvalidArgument("kinetic_qmatmul: each result must be [M, N]");
     list.push_back({int(fmts[p]), w.typed_data() + offsets[p], ns[p], (*y)->typed_data()});
-    work += ns[p] * kn::row_bytes(int(fmts[p]), k);
+    bytes += ns[p] * kn::row_bytes(int(fmts[p]), k);
   }
-  work *= std::max<int64_t>(1, xd[0] / 4);
-  const int threads = work < kMinSplitWork ? 1 : kn::pool_threads();
-  const char* err = kn::qmatmul_parts(list.data(), int(parts), k, x.typed_data(), xd[0],
-                                      kn::active_isa(), threads, kn::Schedule());
+  return ffi::Error::Success();
+}
+
+int threads_for(int64_t bytes, int64_t rows) {
+  return bytes * std::max<int64_t>(1, rows / 4) < kMinSplitWork ? 1 : kn::pool_threads();
+}
+
+ffi::Error QMatmul(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
+                   ffi::RemainingRets ys, ffi::Span<const int64_t> fmts,
+                   ffi::Span<const int64_t> offsets, ffi::Span<const int64_t> ns, int64_t k) {
+  std::vector<kn::MatmulPart> list;
+  int64_t bytes = 0;
+  if (ffi::Error e = matmul_parts(x, w, ys, fmts, offsets, ns, k, list, bytes); e.failure())
+    return e;
+  const int64_t M = x.dimensions()[0];
+  const char* err = kn::qmatmul_parts(list.data(), int(list.size()), k, x.typed_data(), M,
+                                      kn::active_isa(), threads_for(bytes, M), kn::Schedule());
   if (err) return ffi::Error::InvalidArgument(std::string("kinetic_qmatmul: ") + err);
+  return ffi::Error::Success();
+}
+
+// kinetic_qmatmul over the rows whose live flag is set (kn::qmatmul_rows); the others are 0.
+ffi::Error QMatmulRows(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
+                       ffi::Buffer<ffi::S32> live, ffi::RemainingRets ys,
+                       ffi::Span<const int64_t> fmts, ffi::Span<const int64_t> offsets,
+                       ffi::Span<const int64_t> ns, int64_t k) {
+  std::vector<kn::MatmulPart> list;
+  int64_t bytes = 0;
+  if (ffi::Error e = matmul_parts(x, w, ys, fmts, offsets, ns, k, list, bytes); e.failure())
+    return e;
+  const int64_t M = x.dimensions()[0];
+  if (int64_t(live.element_count()) != M)
+    return ffi::Error::InvalidArgument("kinetic_qmatmul_rows: live must be [M]");
+  const int32_t* flags = live.typed_data();
+  const int64_t rows = std::count_if(flags, flags + M, [](int32_t f) { return f != 0; });
+  const char* err = kn::qmatmul_rows(list.data(), int(list.size()), k, x.typed_data(), M, flags,
+                                     kn::active_isa(), threads_for(bytes, rows), kn::Schedule());
+  if (err) return ffi::Error::InvalidArgument(std::string("kinetic_qmatmul_rows: ") + err);
   return ffi::Error::Success();
 }
 
@@ -84,6 +122,17 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kinetic_qmatmul, QMatmul,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::U8>>()
+                                  .RemainingRets()
+                                  .Attr<ffi::Span<const int64_t>>("fmts")
+                                  .Attr<ffi::Span<const int64_t>>("offsets")
+                                  .Attr<ffi::Span<const int64_t>>("ns")
+                                  .Attr<int64_t>("k"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kinetic_qmatmul_rows, QMatmulRows,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::U8>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
                                   .RemainingRets()
                                   .Attr<ffi::Span<const int64_t>>("fmts")
                                   .Attr<ffi::Span<const int64_t>>("offsets")

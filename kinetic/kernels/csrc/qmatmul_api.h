@@ -24,6 +24,13 @@ struct MatmulPart {
 const char* qmatmul_parts(const MatmulPart* parts, int n_parts, int64_t K, const float* x,
                           int64_t M, Isa isa, int threads, const Schedule& schedule);
 
+// qmatmul_parts over the rows m of x with live[m] != 0 (x and each y are [M, ...]): those
+// rows get the bits qmatmul_parts gives them, every other row of each y is zero, and only
+// the live rows cost work (a step's sampled rows of the output projection).
+const char* qmatmul_rows(const MatmulPart* parts, int n_parts, int64_t K, const float* x,
+                         int64_t M, const int32_t* live, Isa isa, int threads,
+                         const Schedule& schedule);
+
 // out[t, :] = the dequantized row rows[t] of W[N, K] (the values quants.py gives).
 const char* dequant_rows(int fmt, const uint8_t* w, int64_t N, int64_t K, const int32_t* rows,
                          int64_t n_rows, float* out);
