@@ -50,3 +50,39 @@ def test_kernel_variable_picks_the_xla_path(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={**os.environ, "KINETIC_KERNEL": "xla"}, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "xla"
+
+
+_PREFETCH_PRODUCT = """
+import hashlib, numpy as np
+from kinetic import kernels
+rng = np.random.default_rng(0)
+n, k = 48, 512
+x = rng.standard_normal((5, k)).astype(np.float32)
+out = hashlib.sha256()
+for fmt, qk, size, halves in ((8, 32, 34, (0,)), (12, 256, 144, (0, 2)), (6, 32, 22, (0,))):
+    w = rng.integers(0, 256, (n * k // qk, size), dtype=np.uint8)
+    for at in halves:   # finite small f16 scales
+        w[:, at:at + 2] = rng.uniform(1e-3, 3e-2, (len(w), 1)).astype(np.float16).view(np.uint8)
+    w = w.reshape(-1)
+    for isa in kernels.supported_isas():
+        for threads in (1, 2):
+            out.update(kernels.qmatmul_host(fmt, w, n, k, x, isa, threads).tobytes())
+    if fmt in kernels.REPACKABLE and "avx512" in kernels.supported_isas():
+        r = w.copy()
+        rfmt = kernels.repack16_host(fmt, r, n, k)
+        out.update(kernels.qmatmul_host(rfmt, r, n, k, x, "avx512", 2).tobytes())
+print(out.hexdigest())
+"""
+
+
+def test_software_prefetch_on_or_off_gives_the_same_bits():
+    """KINETIC_PREFETCH=0|1 (csrc/cpu.h, software_prefetch: off by default on AMD CPUs)
+    moves only where the time goes: every path, plain and repacked, gives the same bits."""
+    digests = set()
+    for value in ("0", "1"):
+        done = subprocess.run([sys.executable, "-c", _PREFETCH_PRODUCT], capture_output=True,
+                              text=True, env={**os.environ, "KINETIC_PREFETCH": value},
+                              timeout=300)
+        assert done.returncode == 0, done.stderr
+        digests.add(done.stdout.strip())
+    assert len(digests) == 1 and len(digests.pop()) == 64

@@ -16,10 +16,23 @@ bool has_f16c() {
   unsigned eax, ebx, ecx, edx;
   return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
 }
+
+// CPUID leaf 0's vendor: AMD's, or Hygon's (the same cores).
+bool amd_vendor() {
+  unsigned eax, ebx, ecx, edx;
+  if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return false;
+  char v[13];
+  std::memcpy(v, &ebx, 4);
+  std::memcpy(v + 4, &edx, 4);
+  std::memcpy(v + 8, &ecx, 4);
+  v[12] = 0;
+  return std::strcmp(v, "AuthenticAMD") == 0 || std::strcmp(v, "HygonGenuine") == 0;
+}
 }  // namespace
 #endif
 
-bool isa_supported(Isa isa) {
+namespace {
+bool probe_isa(Isa isa) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
   switch (isa) {
@@ -35,6 +48,26 @@ bool isa_supported(Isa isa) {
 #else
   return isa == ISA_SCALAR;
 #endif
+}
+}  // namespace
+
+// Probed once: every kernel call asks, and CPUID is slow under a hypervisor (a VM exit).
+bool isa_supported(Isa isa) {
+  static const bool has[3] = {probe_isa(ISA_SCALAR), probe_isa(ISA_AVX2), probe_isa(ISA_AVX512)};
+  return isa >= ISA_SCALAR && isa <= ISA_AVX512 && has[isa];
+}
+
+bool software_prefetch() {
+  static const bool on = [] {
+    const char* env = std::getenv("KINETIC_PREFETCH");
+    if (env && *env) return std::strcmp(env, "0") != 0;
+#if defined(__x86_64__) || defined(__i386__)
+    return !amd_vendor();
+#else
+    return true;
+#endif
+  }();
+  return on;
 }
 
 Isa best_isa() {

@@ -113,11 +113,18 @@ KN_SIMD void act_extras(const QuantActs& x, int64_t M, std::vector<int16_t>& bs)
 // take every row through them.
 constexpr int kStrip = 16;
 
+// The address of the column group `width` columns past column n, for prefetch_slice: 0 where
+// software prefetch is off (cpu.h).
+KN_INL uintptr_t next_group(const MatmulArgs& a, int64_t n, int width) {
+  return software_prefetch() ? uintptr_t(a.w) + uintptr_t((n + width) * a.row_bytes) : 0;
+}
+
 // Prefetch slice g of the bytes from p, `per` bytes a slice: the next column group's weights,
 // a slice per block unpacked, so that they arrive while this group computes (unpacking a
 // strip at once leaves the loads no compute to hide behind). p is an address, not a
 // pointer: past the last group it lies beyond the weight, and prefetches never fault.
 KN_INL void prefetch_slice(uintptr_t p, int64_t g, int64_t per) {
+  if (p == 0) return;   // software prefetch off (next_group)
   for (int64_t o = g * per; o < (g + 1) * per; o += 64)
     __builtin_prefetch(reinterpret_cast<const void*>(p + uintptr_t(o)), 0, 3);
 }
@@ -155,7 +162,7 @@ KN_SIMD void quant_cols(const MatmulArgs& a, int64_t n0, int64_t n1) {
     std::fill(acc.begin(), acc.end(), 0.f);
     // the next group's 8 rows (contiguous) are prefetched a slice per block, as the strips
     // do: rows of a few hundred bytes are too short for the hardware's stream prefetchers
-    const uintptr_t next = reinterpret_cast<uintptr_t>(a.w) + uintptr_t((n + 8) * a.row_bytes);
+    const uintptr_t next = next_group(a, n, 8);
     for (int64_t b = 0; b < nb; ++b) {
       prefetch_slice(next, b, 8 * F::BYTES);
       typename F::W w[8];

@@ -347,7 +347,7 @@ KN_SIMD void kquant_cols16(const MatmulArgs& a, int64_t n0, int64_t n1) {
       for (int c = 0; c < 16; ++c) rows[c] = a.w + std::min(n + c, n1 - 1) * a.row_bytes;
     std::fill(acc.begin(), acc.end(), 0.f);
     // the next group's rows (contiguous), a slice per block, as the legacy path does
-    const uintptr_t next = uintptr_t(a.w) + uintptr_t((n + 16) * a.row_bytes);
+    const uintptr_t next = next_group(a, n, 16);
     for (int64_t b = 0; b < nb; ++b) {
       prefetch_slice(next, b, 16 * F::BYTES);
       if constexpr (R16)

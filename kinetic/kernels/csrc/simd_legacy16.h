@@ -235,7 +235,7 @@ KN_SIMD void legacy_cols16(const MatmulArgs& a, int64_t n0, int64_t n1) {
     const uint8_t* rows[16];
     if constexpr (!R16)
       for (int c = 0; c < 16; ++c) rows[c] = a.w + std::min(n + c, n1 - 1) * a.row_bytes;
-    const uintptr_t next = uintptr_t(a.w) + uintptr_t((n + 16) * a.row_bytes);  // next group
+    const uintptr_t next = next_group(a, n, 16);
     std::fill(acc.begin(), acc.end(), 0.f);
     for (int64_t b0 = 0; b0 < nb; b0 += kStrip) {
       const int nbs = int(std::min<int64_t>(kStrip, nb - b0));

@@ -105,7 +105,7 @@ KN_SIMD void legacy_cols8(const MatmulArgs& a, int64_t n0, int64_t n1) {
     std::fill(acc.begin(), acc.end(), 0.f);
     for (int64_t b0 = 0; b0 < nb; b0 += kStrip) {
       const int nbs = int(std::min<int64_t>(kStrip, nb - b0));
-      unpack_strip8<F>(rows, b0, nbs, uintptr_t(a.w) + uintptr_t((n + 8) * a.row_bytes), strip);
+      unpack_strip8<F>(rows, b0, nbs, next_group(a, n, 8), strip);
       for (int64_t m = 0; m < M;) {  // 4 rows at a time (16 registers), the rest in one group
         const int r = int(std::min<int64_t>(4, M - m));
         float* am = &acc[size_t(8 * m)];
