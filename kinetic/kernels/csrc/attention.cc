@@ -4,6 +4,7 @@
 // thread count changes a bit).
 #include "attention.h"
 
+#include <memory>
 #include <vector>
 
 #include "common.h"
@@ -98,9 +99,11 @@ const char* attention(const AttnArgs& a, Isa isa, int threads, const Schedule& s
   const int64_t units = int64_t(groups.size()) * a.K;  // unit c: group c / K, kv head c % K
   run_chunks(units, threads, schedule, [&](int64_t c) {
     const Group& g = groups[size_t(c / a.K)];
-    std::vector<float> scratch(size_t(attention_scratch(a, g.t0, g.R)));
-    std::vector<int64_t> rows(size_t(attention_group_span(a, g.t0, g.R).n));
-    run_unit(isa, a, g.t0, g.R, c % a.K, scratch.data(), rows.data());
+    // Not zeroed: a unit writes every scratch value before it reads it (attention_impl.h),
+    // and zeroing it (52 KB at head size 64) cost a decode row's unit as much as its sums.
+    std::unique_ptr<float[]> scratch(new float[size_t(attention_scratch(a, g.t0, g.R))]);
+    std::unique_ptr<int64_t[]> rows(new int64_t[size_t(attention_group_span(a, g.t0, g.R).n)]);
+    run_unit(isa, a, g.t0, g.R, c % a.K, scratch.get(), rows.get());
   });
   return nullptr;
 }
