@@ -91,7 +91,8 @@ def table(res: dict) -> str:
     out.append(f"*  CPUs kept busy by other processes during that (best) run, "
                f"{'/'.join(short[n] for n in names)}.")
     out.append(f"** tokens/s the memory bandwidth allows: {res['bandwidth_used'] / 1e9:.1f} "
-               f"GB/s measured / {res['step_bytes'] / 1e6:.0f} MB of weights read per step, "
+               f"GB/s read (half of a copy's bytes moved) / {res['step_bytes'] / 1e6:.0f} MB "
+               f"of weights read per step, "
                f"xK for K streams sharing each step's reads (drafted tokens aside).")
     return "\n".join(out)
 

@@ -30,7 +30,8 @@ script waits up to --wait-quiet seconds for other processes to go quiet, and it 
 many CPUs they kept busy during the run (the table's `others` column: distrust a figure
 whose `others` is not near 0). The memory bandwidth is measured before and after
 (bench/probes.py), for the bound printed beside each decode figure: weight bytes read per
-step (the GGUF tensors; the token embedding only when it is also the output) / bandwidth.
+step (the GGUF tensors; the token embedding only when it is also the output) / the bytes a
+copy reads per second (half of those it moves).
 
 Output (bench/report.py): the table, with the ratios to llama-server; --json: every figure
 and every run; a PNG plot of aggregate decode tokens/s against streams (--plot, default
@@ -275,7 +276,8 @@ def main(argv=None) -> int:
                  for n, s in servers.items()},
         streams=args.streams, prompt_tokens=args.prompt_tokens,
         decode_tokens=args.decode_tokens, short_prompt=args.short_prompt, reps=args.reps,
-        parallel=parallel, n_ctx=args.n_ctx, bandwidth=bw, bandwidth_used=max(bw.values()),
+        parallel=parallel, n_ctx=args.n_ctx, bandwidth=bw,
+        bandwidth_used=max(bw.values()) / 2,   # bytes read per second: half a copy's moved
         step_bytes=step_bytes, tied_output=tied, model=label, path=path,
         date=started.isoformat(timespec="minutes"), load_before=load_before,
         load_after=load_note(), argv=sys.argv[1:] if argv is None else list(argv), cpu=cpu,
