@@ -186,41 +186,99 @@ KN_INL __m512 f16x16_halves(__m256i h) {
 #endif
 }
 
-// next: the next group (its blocks prefetched as this group's are read, as unpack_strip does:
-// the hardware prefetcher stops at page boundaries).
+// One repacked block of a group (at p): t[j] as unpack_strip builds it, its d and m per column.
 template <class F>
-KN_INL void unpack_strip_r16(const uint8_t* group, int64_t b0, int nbs, uintptr_t next, Strip16& s) {
+KN_INL void unpack_block_r16(const uint8_t* p, __m512i* t, __m512& dw, __m512& mw) {
   constexpr bool Q8 = std::is_same_v<F, FQ8_0>;
   constexpr bool HI = std::is_same_v<F, FQ5_0> || std::is_same_v<F, FQ5_1>;
   constexpr int HI_AT = F::KIND ? 64 : 32, V_AT = HI_AT + (HI ? 64 : 0);  // repack.h Parts
   const __m512i low4 = _mm512_set1_epi8(0x0F), bit4 = _mm512_set1_epi8(0x10);
-  for (int b = 0; b < nbs; ++b) {
-    const uint8_t* p = group + (b0 + b) * 16 * F::BYTES;
-    prefetch_slice(next, b0 + b, 16 * F::BYTES);
-    __m512i* t = s.t + 8 * b;
-    s.dw[b] = f16x16_halves(ld256(p));
-    s.mw[b] = F::KIND ? f16x16_halves(ld256(p + 32)) : _mm512_setzero_ps();
-    if constexpr (Q8) {
+  dw = f16x16_halves(ld256(p));
+  mw = F::KIND ? f16x16_halves(ld256(p + 32)) : _mm512_setzero_ps();
+  if constexpr (Q8) {
 #pragma GCC unroll 8
-      for (int j = 0; j < 8; ++j) t[j] = _mm512_loadu_si512(p + V_AT + 64 * j);
-    } else {
+    for (int j = 0; j < 8; ++j) t[j] = _mm512_loadu_si512(p + V_AT + 64 * j);
+  } else {
 #pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j) {
-        const __m512i q = _mm512_loadu_si512(p + V_AT + 64 * j);
-        __m512i lo = _mm512_and_si512(q, low4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), low4);
-        if constexpr (HI) {
-          uint64_t mlo, mhi;
-          std::memcpy(&mlo, p + HI_AT + 8 * j, 8);
-          std::memcpy(&mhi, p + HI_AT + 8 * (j + 4), 8);
-          lo = _mm512_or_si512(lo, _mm512_maskz_mov_epi8(__mmask64(mlo), bit4));
-          hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8(__mmask64(mhi), bit4));
-        }
-        t[j] = lo;
-        t[j + 4] = hi;
+    for (int j = 0; j < 4; ++j) {
+      const __m512i q = _mm512_loadu_si512(p + V_AT + 64 * j);
+      __m512i lo = _mm512_and_si512(q, low4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), low4);
+      if constexpr (HI) {
+        uint64_t mlo, mhi;
+        std::memcpy(&mlo, p + HI_AT + 8 * j, 8);
+        std::memcpy(&mhi, p + HI_AT + 8 * (j + 4), 8);
+        lo = _mm512_or_si512(lo, _mm512_maskz_mov_epi8(__mmask64(mlo), bit4));
+        hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8(__mmask64(mhi), bit4));
       }
+      t[j] = lo;
+      t[j + 4] = hi;
     }
   }
 }
+
+// next: the next group (its blocks prefetched as this group's are read, as unpack_strip does:
+// the hardware prefetcher stops at page boundaries).
+template <class F>
+KN_INL void unpack_strip_r16(const uint8_t* group, int64_t b0, int nbs, uintptr_t next, Strip16& s) {
+  for (int b = 0; b < nbs; ++b) {
+    prefetch_slice(next, b0 + b, 16 * F::BYTES);
+    unpack_block_r16<F>(group + (b0 + b) * 16 * F::BYTES, s.t + 8 * b, s.dw[b], s.mw[b]);
+  }
+}
+
+// R <= 8 rows from m0 against a repacked group's nb blocks, a block at a time, its vectors in
+// registers and the rows' accumulators too (no strip in memory: at few rows, storing and
+// reloading the strip cost as much as the sums). Per row and block the sums and the combine
+// are rows_strip's, in the same order, so the bits are the same; acc16: the R rows' 16 columns.
+template <class F, int R>
+KN_SIMD void rows_group_r16(const uint8_t* group, int64_t nb, uintptr_t next, const QuantActs& x,
+                            const int32_t* init, int64_t m0, float* acc16) {
+  __m512 acc[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    prefetch_slice(next, b, 16 * F::BYTES);
+    __m512i t[8];
+    __m512 dw, mw;
+    unpack_block_r16<F>(group + b * 16 * F::BYTES, t, dw, mw);
+    const int64_t i0 = b * x.M + m0;  // block b, row m0
+    const uint32_t* xw = x.bq.data() + 8 * i0;
+    __m512i p[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) p[r] = F::XOFF ? _mm512_set1_epi32(init[i0 + r]) : _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j)
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) p[r] = dpbusd_bcast(p[r], t[j], xw + 8 * r + j);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      __m512 step = _mm512_mul_ps(_mm512_cvtepi32_ps(p[r]), _mm512_mul_ps(dw, _mm512_set1_ps(x.bd[size_t(i0 + r)])));
+      if (F::KIND == 1) step = _mm512_add_ps(step, _mm512_mul_ps(mw, _mm512_set1_ps(x.bs[size_t(i0 + r)])));
+      acc[r] = _mm512_add_ps(acc[r], step);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc16 + 16 * r, acc[r]);
+}
+
+// Every row (at most kFewRows) against a repacked group: rows_group_r16 at R = M.
+template <class F>
+KN_SIMD void few_rows_r16(const uint8_t* group, int64_t nb, uintptr_t next, const QuantActs& x,
+                          const int32_t* init, float* acc) {
+  switch (x.M) {
+    case 8: rows_group_r16<F, 8>(group, nb, next, x, init, 0, acc); break;
+    case 7: rows_group_r16<F, 7>(group, nb, next, x, init, 0, acc); break;
+    case 6: rows_group_r16<F, 6>(group, nb, next, x, init, 0, acc); break;
+    case 5: rows_group_r16<F, 5>(group, nb, next, x, init, 0, acc); break;
+    case 4: rows_group_r16<F, 4>(group, nb, next, x, init, 0, acc); break;
+    case 3: rows_group_r16<F, 3>(group, nb, next, x, init, 0, acc); break;
+    case 2: rows_group_r16<F, 2>(group, nb, next, x, init, 0, acc); break;
+    default: rows_group_r16<F, 1>(group, nb, next, x, init, 0, acc); break;
+  }
+}
+
+// Rows up to which a repacked weight's groups run block by block in registers (few_rows_r16).
+constexpr int64_t kFewRows = 8;
 
 // Columns [n0, n1), 16 at a time. R16: the weight is repacked (repack.h; n0 and n1 multiples
 // of 16), each group's blocks read as stored (unpack_strip_r16, above); else plain rows.
@@ -237,13 +295,17 @@ KN_SIMD void legacy_cols16(const MatmulArgs& a, int64_t n0, int64_t n1) {
       for (int c = 0; c < 16; ++c) rows[c] = a.w + std::min(n + c, n1 - 1) * a.row_bytes;
     const uintptr_t next = next_group(a, n, 16);
     std::fill(acc.begin(), acc.end(), 0.f);
-    for (int64_t b0 = 0; b0 < nb; b0 += kStrip) {
-      const int nbs = int(std::min<int64_t>(kStrip, nb - b0));
-      if constexpr (R16)
-        unpack_strip_r16<F>(a.w + n * a.row_bytes, b0, nbs, next, strip);
-      else
-        unpack_strip<F>(rows, b0, nbs, next, strip);
-      rows_any<F>(strip, nbs, b0, acts, init.data(), acc.data());
+    if (R16 && M <= kFewRows) {   // a block at a time, in registers
+      few_rows_r16<F>(a.w + n * a.row_bytes, nb, next, acts, init.data(), acc.data());
+    } else {
+      for (int64_t b0 = 0; b0 < nb; b0 += kStrip) {
+        const int nbs = int(std::min<int64_t>(kStrip, nb - b0));
+        if constexpr (R16)
+          unpack_strip_r16<F>(a.w + n * a.row_bytes, b0, nbs, next, strip);
+        else
+          unpack_strip<F>(rows, b0, nbs, next, strip);
+        rows_any<F>(strip, nbs, b0, acts, init.data(), acc.data());
+      }
     }
     const __mmask16 valid = __mmask16((1u << std::min<int64_t>(16, n1 - n)) - 1);
     for (int64_t m = 0; m < M; ++m)
