@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -55,19 +56,17 @@ def test_kernel_variable_picks_the_xla_path(tmp_path):
 _PREFETCH_PRODUCT = """
 import hashlib, numpy as np
 from kinetic import kernels
+from tests.test_kernel_ffi import Q4_K, Q5_0, Q8_0, random_blocks
 rng = np.random.default_rng(0)
 n, k = 48, 512
 x = rng.standard_normal((5, k)).astype(np.float32)
 out = hashlib.sha256()
-for fmt, qk, size, halves in ((8, 32, 34, (0,)), (12, 256, 144, (0, 2)), (6, 32, 22, (0,))):
-    w = rng.integers(0, 256, (n * k // qk, size), dtype=np.uint8)
-    for at in halves:   # finite small f16 scales
-        w[:, at:at + 2] = rng.uniform(1e-3, 3e-2, (len(w), 1)).astype(np.float16).view(np.uint8)
-    w = w.reshape(-1)
+for fmt in (Q8_0, Q4_K, Q5_0):
+    w = random_blocks(fmt, n, k, rng)
     for isa in kernels.supported_isas():
         for threads in (1, 2):
             out.update(kernels.qmatmul_host(fmt, w, n, k, x, isa, threads).tobytes())
-    if fmt in kernels.REPACKABLE and "avx512" in kernels.supported_isas():
+    if "avx512" in kernels.supported_isas():
         r = w.copy()
         rfmt = kernels.repack16_host(fmt, r, n, k)
         out.update(kernels.qmatmul_host(rfmt, r, n, k, x, "avx512", 2).tobytes())
@@ -82,7 +81,7 @@ def test_software_prefetch_on_or_off_gives_the_same_bits():
     for value in ("0", "1"):
         done = subprocess.run([sys.executable, "-c", _PREFETCH_PRODUCT], capture_output=True,
                               text=True, env={**os.environ, "KINETIC_PREFETCH": value},
-                              timeout=300)
+                              cwd=Path(__file__).resolve().parent.parent, timeout=300)
         assert done.returncode == 0, done.stderr
         digests.add(done.stdout.strip())
     assert len(digests) == 1 and len(digests.pop()) == 64

@@ -33,8 +33,8 @@ ffi::Error check_weight(const ffi::Buffer<ffi::U8>& w, int64_t fmt, int64_t offs
 // another costs more than it saves. Which thread computes a column never changes its bits.
 constexpr int64_t kMinSplitWork = int64_t(1) << 16;
 
-// The parts of one kinetic_qmatmul call, checked against x [M, K]; work: the weight bytes
-// the call reads times its rows / 4 (M: the rows it computes).
+// The parts of one kinetic_qmatmul call, checked against x [M, K]; bytes: the weight bytes
+// the call reads.
 ffi::Error matmul_parts(const ffi::Buffer<ffi::F32>& x, const ffi::Buffer<ffi::U8>& w,
                         ffi::RemainingRets& ys, ffi::Span<const int64_t> fmts,
                         ffi::Span<const int64_t> offsets, ffi::Span<const int64_t> ns, int64_t k,
@@ -61,22 +61,36 @@ ffi::Error matmul_parts(const ffi::Buffer<ffi::F32>& x, const ffi::Buffer<ffi::U
   return ffi::Error::Success();
 }
 
-int threads_for(int64_t bytes, int64_t rows) {
-  return bytes * std::max<int64_t>(1, rows / 4) < kMinSplitWork ? 1 : kn::pool_threads();
-}
-
-ffi::Error QMatmul(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
-                   ffi::RemainingRets ys, ffi::Span<const int64_t> fmts,
-                   ffi::Span<const int64_t> offsets, ffi::Span<const int64_t> ns, int64_t k) {
+// Both matmul handlers: the parts checked, then every row of x (live nullptr, qmatmul_parts)
+// or the rows whose live flag is set (qmatmul_rows; live_count flags, which must be M).
+ffi::Error run_matmul(const char* name, const ffi::Buffer<ffi::F32>& x,
+                      const ffi::Buffer<ffi::U8>& w, ffi::RemainingRets& ys,
+                      ffi::Span<const int64_t> fmts, ffi::Span<const int64_t> offsets,
+                      ffi::Span<const int64_t> ns, int64_t k, const int32_t* live,
+                      int64_t live_count) {
   std::vector<kn::MatmulPart> list;
   int64_t bytes = 0;
   if (ffi::Error e = matmul_parts(x, w, ys, fmts, offsets, ns, k, list, bytes); e.failure())
     return e;
   const int64_t M = x.dimensions()[0];
-  const char* err = kn::qmatmul_parts(list.data(), int(list.size()), k, x.typed_data(), M,
-                                      kn::active_isa(), threads_for(bytes, M), kn::Schedule());
-  if (err) return ffi::Error::InvalidArgument(std::string("kinetic_qmatmul: ") + err);
+  if (live && live_count != M)
+    return ffi::Error::InvalidArgument(std::string(name) + ": live must be [M]");
+  const int64_t rows = live ? std::count_if(live, live + M, [](int32_t f) { return f != 0; }) : M;
+  const int64_t work = bytes * std::max<int64_t>(1, rows / 4);
+  const int threads = work < kMinSplitWork ? 1 : kn::pool_threads();
+  const char* err =
+      live ? kn::qmatmul_rows(list.data(), int(list.size()), k, x.typed_data(), M, live,
+                              kn::active_isa(), threads, kn::Schedule())
+           : kn::qmatmul_parts(list.data(), int(list.size()), k, x.typed_data(), M,
+                               kn::active_isa(), threads, kn::Schedule());
+  if (err) return ffi::Error::InvalidArgument(std::string(name) + ": " + err);
   return ffi::Error::Success();
+}
+
+ffi::Error QMatmul(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
+                   ffi::RemainingRets ys, ffi::Span<const int64_t> fmts,
+                   ffi::Span<const int64_t> offsets, ffi::Span<const int64_t> ns, int64_t k) {
+  return run_matmul("kinetic_qmatmul", x, w, ys, fmts, offsets, ns, k, nullptr, 0);
 }
 
 // kinetic_qmatmul over the rows whose live flag is set (kn::qmatmul_rows); the others are 0.
@@ -84,19 +98,8 @@ ffi::Error QMatmulRows(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
                        ffi::Buffer<ffi::S32> live, ffi::RemainingRets ys,
                        ffi::Span<const int64_t> fmts, ffi::Span<const int64_t> offsets,
                        ffi::Span<const int64_t> ns, int64_t k) {
-  std::vector<kn::MatmulPart> list;
-  int64_t bytes = 0;
-  if (ffi::Error e = matmul_parts(x, w, ys, fmts, offsets, ns, k, list, bytes); e.failure())
-    return e;
-  const int64_t M = x.dimensions()[0];
-  if (int64_t(live.element_count()) != M)
-    return ffi::Error::InvalidArgument("kinetic_qmatmul_rows: live must be [M]");
-  const int32_t* flags = live.typed_data();
-  const int64_t rows = std::count_if(flags, flags + M, [](int32_t f) { return f != 0; });
-  const char* err = kn::qmatmul_rows(list.data(), int(list.size()), k, x.typed_data(), M, flags,
-                                     kn::active_isa(), threads_for(bytes, rows), kn::Schedule());
-  if (err) return ffi::Error::InvalidArgument(std::string("kinetic_qmatmul_rows: ") + err);
-  return ffi::Error::Success();
+  return run_matmul("kinetic_qmatmul_rows", x, w, ys, fmts, offsets, ns, k, live.typed_data(),
+                    int64_t(live.element_count()));
 }
 
 ffi::Error DequantRows(ffi::Buffer<ffi::S32> rows, ffi::Buffer<ffi::U8> w,

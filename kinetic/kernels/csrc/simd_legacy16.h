@@ -113,6 +113,46 @@ KN_INL void unpack_strip(const uint8_t* const* rows, int64_t b0, int nbs, uintpt
   }
 }
 
+// One block against R rows: t[j] the block's 8 vectors, dw / mw its d and m per column, i0
+// the first row's index into the activations' block-major arrays (block b, row m: b * M + m).
+// Per row the integer sum by 8 dpbusd from -XOFF * (sum of its activations), then the
+// reference's combine into acc[r]. Every path through a legacy block takes this sequence.
+template <class F, int R>
+KN_INL void block_rows(const __m512i* t, __m512 dw, __m512 mw, const QuantActs& x,
+                       const int32_t* init, int64_t i0, __m512* acc) {
+  const uint32_t* xw = x.bq.data() + 8 * i0;
+  __m512i p[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) p[r] = F::XOFF ? _mm512_set1_epi32(init[i0 + r]) : _mm512_setzero_si512();
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; ++j) {
+    const __m512i u = _mm512_load_si512(&t[j]);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) p[r] = dpbusd_bcast(p[r], u, xw + 8 * r + j);
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    __m512 step = _mm512_mul_ps(_mm512_cvtepi32_ps(p[r]), _mm512_mul_ps(dw, _mm512_set1_ps(x.bd[size_t(i0 + r)])));
+    if (F::KIND == 1) step = _mm512_add_ps(step, _mm512_mul_ps(mw, _mm512_set1_ps(x.bs[size_t(i0 + r)])));
+    acc[r] = _mm512_add_ps(acc[r], step);
+  }
+}
+
+// fn(std::integral_constant<int, r>()) for r = 1 .. 8: the row-group size as a constant.
+template <class Fn>
+KN_INL void with_rows(int r, Fn&& fn) {
+  switch (r) {
+    case 8: fn(std::integral_constant<int, 8>()); break;
+    case 7: fn(std::integral_constant<int, 7>()); break;
+    case 6: fn(std::integral_constant<int, 6>()); break;
+    case 5: fn(std::integral_constant<int, 5>()); break;
+    case 4: fn(std::integral_constant<int, 4>()); break;
+    case 3: fn(std::integral_constant<int, 3>()); break;
+    case 2: fn(std::integral_constant<int, 2>()); break;
+    default: fn(std::integral_constant<int, 1>()); break;
+  }
+}
+
 // R rows from m against the strip's nbs blocks from b0: acc[r] (16 columns of row m + r) in
 // registers across the strip, each strip vector loaded once for the R rows.
 template <class F, int R>
@@ -121,33 +161,8 @@ KN_SIMD void rows_strip(const Strip16& s, int nbs, int64_t b0, const QuantActs& 
   __m512 acc[R];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) acc[r] = _mm512_loadu_ps(acc16 + 16 * r);
-  const int64_t i0 = b0 * x.M + m;  // block b0, row m
-  const uint32_t* xw = x.bq.data() + 8 * i0;
-  const float* d = x.bd.data() + i0;
-  const float* sx = F::KIND == 1 ? x.bs.data() + i0 : nullptr;
-  const int32_t* start = F::XOFF ? init + i0 : nullptr;  // the rows' -XOFF * sums
-  for (int b = 0; b < nbs; ++b) {
-    __m512i p[R];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) p[r] = F::XOFF ? _mm512_set1_epi32(start[r]) : _mm512_setzero_si512();
-#pragma GCC unroll 8
-    for (int j = 0; j < 8; ++j) {
-      const __m512i u = _mm512_load_si512(&s.t[8 * b + j]);
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) p[r] = dpbusd_bcast(p[r], u, xw + 8 * r + j);
-    }
-    const __m512 dw = s.dw[b], mw = s.mw[b];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      __m512 step = _mm512_mul_ps(_mm512_cvtepi32_ps(p[r]), _mm512_mul_ps(dw, _mm512_set1_ps(d[r])));
-      if (F::KIND == 1) step = _mm512_add_ps(step, _mm512_mul_ps(mw, _mm512_set1_ps(sx[r])));
-      acc[r] = _mm512_add_ps(acc[r], step);
-    }
-    xw += 8 * x.M;
-    d += x.M;
-    if (F::KIND == 1) sx += x.M;
-    if (F::XOFF) start += x.M;
-  }
+  for (int b = 0; b < nbs; ++b)
+    block_rows<F, R>(s.t + 8 * b, s.dw[b], s.mw[b], x, init, (b0 + b) * x.M + m, acc);
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc16 + 16 * r, acc[r]);
 }
@@ -157,17 +172,9 @@ template <class F>
 KN_SIMD void rows_any(const Strip16& s, int nbs, int64_t b0, const QuantActs& x, const int32_t* init, float* acc) {
   for (int64_t m = 0; m < x.M;) {
     const int r = int(std::min<int64_t>(8, x.M - m));
-    float* am = acc + 16 * m;
-    switch (r) {
-      case 8: rows_strip<F, 8>(s, nbs, b0, x, init, m, am); break;
-      case 7: rows_strip<F, 7>(s, nbs, b0, x, init, m, am); break;
-      case 6: rows_strip<F, 6>(s, nbs, b0, x, init, m, am); break;
-      case 5: rows_strip<F, 5>(s, nbs, b0, x, init, m, am); break;
-      case 4: rows_strip<F, 4>(s, nbs, b0, x, init, m, am); break;
-      case 3: rows_strip<F, 3>(s, nbs, b0, x, init, m, am); break;
-      case 2: rows_strip<F, 2>(s, nbs, b0, x, init, m, am); break;
-      default: rows_strip<F, 1>(s, nbs, b0, x, init, m, am); break;
-    }
+    with_rows(r, [&](auto rows) KN_INL_LAMBDA {
+      rows_strip<F, decltype(rows)::value>(s, nbs, b0, x, init, m, acc + 16 * m);
+    });
     m += r;
   }
 }
@@ -226,55 +233,29 @@ KN_INL void unpack_strip_r16(const uint8_t* group, int64_t b0, int nbs, uintptr_
   }
 }
 
-// R <= 8 rows from m0 against a repacked group's nb blocks, a block at a time, its vectors in
+// Every row (M <= 8) against a repacked group's nb blocks, a block at a time, its vectors in
 // registers and the rows' accumulators too (no strip in memory: at few rows, storing and
 // reloading the strip cost as much as the sums). Per row and block the sums and the combine
-// are rows_strip's, in the same order, so the bits are the same; acc16: the R rows' 16 columns.
-template <class F, int R>
-KN_SIMD void rows_group_r16(const uint8_t* group, int64_t nb, uintptr_t next, const QuantActs& x,
-                            const int32_t* init, int64_t m0, float* acc16) {
-  __m512 acc[R];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    prefetch_slice(next, b, 16 * F::BYTES);
-    __m512i t[8];
-    __m512 dw, mw;
-    unpack_block_r16<F>(group + b * 16 * F::BYTES, t, dw, mw);
-    const int64_t i0 = b * x.M + m0;  // block b, row m0
-    const uint32_t* xw = x.bq.data() + 8 * i0;
-    __m512i p[R];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) p[r] = F::XOFF ? _mm512_set1_epi32(init[i0 + r]) : _mm512_setzero_si512();
-#pragma GCC unroll 8
-    for (int j = 0; j < 8; ++j)
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) p[r] = dpbusd_bcast(p[r], t[j], xw + 8 * r + j);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      __m512 step = _mm512_mul_ps(_mm512_cvtepi32_ps(p[r]), _mm512_mul_ps(dw, _mm512_set1_ps(x.bd[size_t(i0 + r)])));
-      if (F::KIND == 1) step = _mm512_add_ps(step, _mm512_mul_ps(mw, _mm512_set1_ps(x.bs[size_t(i0 + r)])));
-      acc[r] = _mm512_add_ps(acc[r], step);
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc16 + 16 * r, acc[r]);
-}
-
-// Every row (at most kFewRows) against a repacked group: rows_group_r16 at R = M.
+// are rows_strip's (block_rows), in the same order, so the bits are the same; acc: the rows'
+// 16 columns.
 template <class F>
 KN_SIMD void few_rows_r16(const uint8_t* group, int64_t nb, uintptr_t next, const QuantActs& x,
-                          const int32_t* init, float* acc) {
-  switch (x.M) {
-    case 8: rows_group_r16<F, 8>(group, nb, next, x, init, 0, acc); break;
-    case 7: rows_group_r16<F, 7>(group, nb, next, x, init, 0, acc); break;
-    case 6: rows_group_r16<F, 6>(group, nb, next, x, init, 0, acc); break;
-    case 5: rows_group_r16<F, 5>(group, nb, next, x, init, 0, acc); break;
-    case 4: rows_group_r16<F, 4>(group, nb, next, x, init, 0, acc); break;
-    case 3: rows_group_r16<F, 3>(group, nb, next, x, init, 0, acc); break;
-    case 2: rows_group_r16<F, 2>(group, nb, next, x, init, 0, acc); break;
-    default: rows_group_r16<F, 1>(group, nb, next, x, init, 0, acc); break;
-  }
+                          const int32_t* init, float* acc16) {
+  with_rows(int(x.M), [&](auto rows) KN_INL_LAMBDA {
+    constexpr int R = decltype(rows)::value;
+    __m512 acc[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      prefetch_slice(next, b, 16 * F::BYTES);
+      __m512i t[8];
+      __m512 dw, mw;
+      unpack_block_r16<F>(group + b * 16 * F::BYTES, t, dw, mw);
+      block_rows<F, R>(t, dw, mw, x, init, b * x.M, acc);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc16 + 16 * r, acc[r]);
+  });
 }
 
 // Rows up to which a repacked weight's groups run block by block in registers (few_rows_r16).
