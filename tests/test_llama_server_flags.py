@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -221,6 +222,54 @@ def test_slot_actions_refuse_bad_requests(app, path, body, status):
 def test_restore_refuses_a_file_it_did_not_write(app, saves):
     (saves / "alien.bin").write_bytes(b"\x00GGUF not a slot")
     status, body = app.post("/slots/0?action=restore", b'{"filename": "alien.bin"}')
+    assert status == 400 and "not a slot file" in body["error"]["message"]
+
+
+def _saved_slot(app) -> int:
+    return _completion(app, "a prompt to save")["id_slot"]
+
+
+def test_save_never_writes_through_a_symbolic_link(app, saves, tmp_path):
+    outside = tmp_path / "outside.txt"
+    outside.write_text("precious")
+    (saves / "link.bin").symlink_to(outside)
+    slot = _saved_slot(app)
+    status, body = app.post(f"/slots/{slot}?action=save", b'{"filename": "link.bin"}')
+    assert status == 400 and "symbolic link" in body["error"]["message"]
+    assert_error_shape(status, body)
+    status, body = app.post("/slots/0?action=restore", b'{"filename": "link.bin"}')
+    assert status == 400 and "symbolic link" in body["error"]["message"]
+    assert outside.read_text() == "precious" and (saves / "link.bin").is_symlink()
+
+
+def test_save_and_restore_refuse_a_folder_a_fifo_and_a_hard_link(app, saves, tmp_path):
+    (saves / "folder.bin").mkdir()
+    os.mkfifo(saves / "fifo.bin")
+    outside = tmp_path / "linked.txt"
+    outside.write_text("precious")
+    os.link(outside, saves / "hard.bin")
+    slot = _saved_slot(app)
+    for name in ("folder.bin", "fifo.bin", "hard.bin"):
+        for action in ("save", "restore"):   # a FIFO must not block the restore either
+            status, body = app.post(f"/slots/{slot}?action={action}",
+                                    json.dumps({"filename": name}).encode())
+            assert status == 400 and name in body["error"]["message"], (name, action, body)
+            assert str(saves) not in body["error"]["message"]
+    assert outside.read_text() == "precious"
+
+
+def test_save_replaces_a_plain_file_whole(app, saves):
+    (saves / "again.bin").write_bytes(b"old contents")
+    slot = _saved_slot(app)
+    status, body = app.post(f"/slots/{slot}?action=save", b'{"filename": "again.bin"}')
+    assert status == 200, body
+    assert json.loads((saves / "again.bin").read_bytes())["format"] == "kinetic-slot-cache"
+    assert not [p for p in saves.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_restore_refuses_a_deep_file_without_a_recursion_error(app, saves):
+    (saves / "deep.bin").write_bytes(b"[" * 100_000 + b"]" * 100_000)
+    status, body = app.post("/slots/0?action=restore", b'{"filename": "deep.bin"}')
     assert status == 400 and "not a slot file" in body["error"]["message"]
 
 

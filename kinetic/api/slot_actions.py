@@ -14,7 +14,12 @@ answer's tokens that were run), and:
 - erase drops the cached pages of those ids that no running request uses.
 
 File names are bare names inside --slot-save-path (no directory parts, no leading dot);
-without --slot-save-path, save and restore answer 501.
+without --slot-save-path, save and restore answer 501. The folder may be shared with other
+local users (a folder under /tmp), so a name is only ever opened inside it, never through a
+symbolic link: an existing name that is not a plain file of one name (a link, a folder, a
+FIFO, a hard link) is a 400 naming it, a save writes a new file and renames it over the
+name, and a restore parses at most MAX_FILE_BYTES nested at most MAX_FILE_DEPTH deep. Errors
+name the file, never the folder's path.
 
 POST /apply-template renders a conversation through the chat template, as a chat completion
 would, and answers {"prompt": text} without running the model.
@@ -23,14 +28,19 @@ would, and answers {"prompt": text} without running the model.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import json
 import os
 import re
+import secrets
+import stat
 import time
 
 from quart import Blueprint, request
 
 from kinetic.api.chat_reply import chat_text
+from kinetic.api.body import nesting_depth
 from kinetic.api.core import (ServerState, json_body, json_response, require_kind,
                               server_state)
 from kinetic.api.errors import APIError, bad_request
@@ -41,6 +51,7 @@ blueprint = Blueprint("slot_actions", __name__)
 FILE_FORMAT = "kinetic-slot-cache"
 FILE_VERSION = 1
 MAX_FILE_BYTES = 16 << 20                     # a restore reads at most this much
+MAX_FILE_DEPTH = 4                            # and parses JSON nested at most this deep
 NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,254}")
 
 
@@ -62,15 +73,15 @@ async def slot_action(id_slot: int):
         raise APIError(501, "This server does not support slots action. Start it with "
                        "`--slot-save-path`")
     body = await json_body() if await request.get_data() else {}
-    path = _file_path(state, body.get("filename"))
+    name = _file_name(body.get("filename"))
     began = time.perf_counter()
     if action == "save":
         tokens = _slot_tokens(state, id_slot)
-        written = await asyncio.to_thread(_write, path, state, tokens)
-        return json_response({"id_slot": id_slot, "filename": os.path.basename(path),
+        written = await asyncio.to_thread(_write, name, state, tokens)
+        return json_response({"id_slot": id_slot, "filename": name,
                               "n_saved": len(tokens), "n_written": written,
                               "timings": {"save_ms": 1e3 * (time.perf_counter() - began)}})
-    tokens, read = await asyncio.to_thread(_read, path, state)
+    tokens, read = await asyncio.to_thread(_read, name, state)
     if len(tokens) >= model.n_ctx:
         raise bad_request(f"the file holds {len(tokens)} tokens; a slot's context holds "
                           f"{model.n_ctx}", "filename")
@@ -78,7 +89,7 @@ async def slot_action(id_slot: int):
         result = await model.engine.submit_prefill(tokens)
         if result.error is not None:
             raise APIError(500, result.error)
-    return json_response({"id_slot": id_slot, "filename": os.path.basename(path),
+    return json_response({"id_slot": id_slot, "filename": name,
                           "n_restored": len(tokens), "n_read": read,
                           "timings": {"restore_ms": 1e3 * (time.perf_counter() - began)}})
 
@@ -94,41 +105,105 @@ def _slot_tokens(state: ServerState, id_slot: int) -> list[int]:
     return list(task.request.prompt) + task.output[:-1]
 
 
-def _file_path(state: ServerState, name) -> str:
+def _file_name(name) -> str:
     if not isinstance(name, str) or not NAME.fullmatch(name) or ".." in name:
         raise bad_request("filename must be a plain file name (letters, digits, '_', '-', "
                           "'.'; no directories, no leading dot)", "filename")
-    return os.path.join(state.config.slot_save_path, name)
+    return name
 
 
-def _write(path: str, state: ServerState, tokens: list[int]) -> int:
+def _save_dir(state: ServerState) -> int:
+    """A descriptor of --slot-save-path: every file is opened relative to it, by its bare
+    name, so the folder is looked up once and a name never resolves elsewhere."""
+    try:
+        return os.open(state.config.slot_save_path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as e:
+        raise APIError(500, f"the slot save folder cannot be opened ({e.strerror or e})") \
+            from None
+
+
+def _check_regular(st: os.stat_result, name: str) -> None:
+    """400 unless `st` (not following a link) is a plain file with no other name: a symbolic
+    link, a folder, a FIFO or a device is refused, and so is a hard link, which another
+    local user could have made to a file outside the folder."""
+    if stat.S_ISLNK(st.st_mode):
+        raise bad_request(f"{name} is a symbolic link in the slot save folder; slot files "
+                          f"must be plain files", "filename")
+    if not stat.S_ISREG(st.st_mode):
+        raise bad_request(f"{name} is not a plain file in the slot save folder", "filename")
+    if st.st_nlink > 1:
+        raise bad_request(f"{name} has other names (hard links); slot files must be plain "
+                          f"files", "filename")
+
+
+def _write(name: str, state: ServerState, tokens: list[int]) -> int:
+    """Write the slot file `name`: into a new file of the folder, renamed over `name` once
+    complete, so that nothing outside the folder is ever opened for writing (a rename
+    replaces a link; it never writes through one) and a reader never sees half a file. A
+    `name` that exists must be a plain file (_check_regular)."""
     data = json.dumps({"format": FILE_FORMAT, "version": FILE_VERSION,
                        "model": os.path.basename(state.require_model().loaded.file.path),
                        "vocab_size": state.require_model().config.vocab_size,
                        "tokens": tokens}).encode()
+    folder = _save_dir(state)
+    temp = f".{name}.{secrets.token_hex(8)}.tmp"
     try:
-        with open(path, "wb") as f:
-            f.write(data)
+        try:
+            _check_regular(os.stat(name, dir_fd=folder, follow_symlinks=False), name)
+        except FileNotFoundError:
+            pass
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
+                     dir_fd=folder)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(temp, name, src_dir_fd=folder, dst_dir_fd=folder)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temp, dir_fd=folder)
+            raise
     except OSError as e:
-        raise APIError(500, f"cannot write {os.path.basename(path)}: {e.strerror or e}") from None
+        raise APIError(500, f"cannot write {name}: {e.strerror or 'error'}") from None
+    finally:
+        os.close(folder)
     return len(data)
 
 
-def _read(path: str, state: ServerState) -> tuple[list[int], int]:
-    name = os.path.basename(path)
+def _read(name: str, state: ServerState) -> tuple[list[int], int]:
+    """The token ids of the slot file `name`, opened without following a link and without
+    blocking (a FIFO), then checked to be a plain file (_check_regular) of at most
+    MAX_FILE_BYTES, nested at most MAX_FILE_DEPTH deep."""
+    folder = _save_dir(state)
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_FILE_BYTES + 1)
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
     except FileNotFoundError:
         raise bad_request(f"no slot file {name!r} in the save path", "filename") from None
     except OSError as e:
-        raise APIError(500, f"cannot read {name}: {e.strerror or e}") from None
+        if e.errno == errno.ELOOP:   # O_NOFOLLOW met a link
+            raise bad_request(f"{name} is a symbolic link in the slot save folder; slot files "
+                              f"must be plain files", "filename") from None
+        raise APIError(500, f"cannot read {name}: {e.strerror or 'error'}") from None
+    finally:
+        os.close(folder)
+    try:
+        try:
+            _check_regular(os.fstat(fd), name)
+        except BaseException:
+            os.close(fd)
+            raise
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+    except OSError as e:
+        raise APIError(500, f"cannot read {name}: {e.strerror or 'error'}") from None
     if len(data) > MAX_FILE_BYTES:
         raise bad_request(f"{name} is larger than {MAX_FILE_BYTES} bytes", "filename")
-    try:
-        saved = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        saved = None
+    saved = None
+    if data.count(b"[") + data.count(b"{") <= MAX_FILE_DEPTH or \
+            nesting_depth(data) <= MAX_FILE_DEPTH:   # never a RecursionError in the parser
+        try:
+            saved = json.loads(data)
+        except (ValueError, UnicodeDecodeError):
+            pass
     if not isinstance(saved, dict) or saved.get("format") != FILE_FORMAT:
         raise bad_request(f"{name} is not a slot file kinetic wrote", "filename")
     if saved.get("version") != FILE_VERSION:
