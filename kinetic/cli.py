@@ -186,6 +186,7 @@ def serve_options(args: argparse.Namespace):
         stall_timeout=args.stall_timeout, sign_key=args.sign_key, ollama=args.ollama,
         aliases=_names(args.alias), tags=_names(args.tags), n_predict=args.n_predict,
         slots_endpoint=not args.no_slots, slot_save_path=args.slot_save_path,
+        allowed_hosts=tuple(n.lower().rstrip(".") for n in _names(args.allowed_hosts)),
         verbose=args.verbose, webui=not args.no_webui)
     if args.slot_save_path is not None and not os.path.isdir(args.slot_save_path):
         raise SystemExit(f"kinetic serve: --slot-save-path {args.slot_save_path}: not a "
@@ -394,6 +395,11 @@ def _add_serve(sub) -> None:
                        "every route but /health; several keys: comma-separated")
     serve.add_argument("--api-key-file", metavar="FILE",
                        help="read API keys from FILE, one per line")
+    serve.add_argument("--allowed-hosts", metavar="NAMES",
+                       help="on a loopback --host without --api-key, Host names served beside "
+                       "this computer's own (localhost, *.localhost, 127.0.0.0/8, [::1]), "
+                       "comma-separated; '*' serves any (default: none; other Host names get "
+                       "403, which stops DNS rebinding)")
     serve.add_argument("-to", "--timeout", type=float, default=30.0, metavar="SECONDS",
                        help="seconds a client has to send its request (default 30); slower "
                        "clients are disconnected")

@@ -124,6 +124,45 @@ def test_local_pages_can_read_every_answer(app):
     assert status == 200 and "Access-Control-Allow-Origin" not in head
 
 
+@pytest.mark.parametrize("path", ["/slots", "/props", "/metrics", "/api/ps", "/v1/models",
+                                  "/health"])
+def test_a_foreign_host_name_is_refused_on_loopback(app, path):
+    # DNS rebinding: a page whose name now resolves to 127.0.0.1 sends no Origin (same-origin)
+    # but its own name as Host
+    status, head, answer = app.request("GET", path, headers={"Host": "attacker.example"})
+    assert status == 403
+    if path.startswith("/api/"):   # Ollama's own error shape
+        assert "attacker.example" in answer["error"]
+    else:
+        assert assert_error_shape(status, answer)["type"] == "permission_error"
+    for host in ("localhost:8080", "127.0.0.1", "127.3.4.5:80", "[::1]:8080", "app.localhost",
+                 "LOCALHOST."):
+        assert app.request("GET", path, headers={"Host": host})[0] == 200, host
+
+
+def test_allowed_hosts_an_api_key_or_a_public_address_lift_the_host_rule(app):
+    foreign = {"Host": "box.lan:8080"}
+    assert app.request("GET", "/v1/models", headers=foreign)[0] == 403
+    with server_config(app, allowed_hosts=("box.lan",)):
+        assert app.request("GET", "/v1/models", headers=foreign)[0] == 200
+        assert app.request("GET", "/v1/models", headers={"Host": "other.lan"})[0] == 403
+    with server_config(app, allowed_hosts=("*",)):
+        assert app.request("GET", "/v1/models", headers=foreign)[0] == 200
+    with server_config(app, api_keys=("k",)):   # the key guards every route but /health
+        assert app.request("GET", "/v1/models", headers=dict(foreign, **{
+            "Authorization": "Bearer k"}))[0] == 200
+    with server_config(app, host="0.0.0.0"):    # reached under names it cannot know
+        assert app.request("GET", "/v1/models", headers=foreign)[0] == 200
+
+
+@pytest.mark.parametrize("header,name", [
+    ("localhost:8080", "localhost"), ("[::1]:80", "::1"), ("Example.COM.", "example.com"),
+    ("a:b", None), ("[::1", None), ("[::1]x", None), (":80", None)])
+def test_host_names_are_read_without_port_or_brackets(header, name):
+    from kinetic.api.access import host_name
+    assert host_name(header) == name
+
+
 # --- streamed chat framing ----------------------------------------------------------------
 
 def byte_token_bias(app) -> dict[str, int]:

@@ -1,15 +1,21 @@
 """What every request passes before its route runs, and how every error is written.
 
 `guard`, in order:
-0. an OPTIONS request is a browser's CORS preflight: answered 200 at once, as llama-server
+0. a Host header that names anything but this computer gets 403, on every route, when the
+   server listens on a loopback address and has no API key (`host_allowed`): a web page can
+   make its own name resolve to 127.0.0.1 (DNS rebinding) and then read the server's answers
+   as same-origin, sending no Origin at all; its requests still carry its own name as Host.
+   --allowed-hosts names more hosts. A server listening on another address is reached under
+   names it cannot know, so there the check is off, and the docs say to set --api-key;
+1. an OPTIONS request is a browser's CORS preflight: answered 200 at once, as llama-server
    answers it (`preflight`), for any Origin; it runs nothing, and a foreign page that goes on
    to send its request still meets rule 1;
-1. a browser `Origin` that is not this computer gets 403, on every route, so that no web page
+2. a browser `Origin` that is not this computer gets 403, on every route, so that no web page
    can drive the server, whatever content type it sends;
-2. every route but /health and /v1/health needs the API key when the server has one (401);
-3. POST bodies of the OpenAI routes must be application/json (415) and, on every route, at
+3. every route but /health and /v1/health needs the API key when the server has one (401);
+4. POST bodies of the OpenAI routes must be application/json (415) and, on every route, at
    most `max_body_bytes` (413); a client has `request_timeout` seconds to send its body;
-4. while the model loads, every route but health answers 503.
+5. while the model loads, every route but health answers 503.
 A connection past --max-connections never gets here: server.py answers it 503 on accept.
 
 Every error, the router's 404 and 405 included, is written in the OpenAI shape (errors.py),
@@ -42,6 +48,11 @@ CORS_METHODS = "GET, POST, DELETE, OPTIONS"   # every method a route takes, as l
 async def guard() -> Response | None:
     state = server_state()
     g.began = time.monotonic()
+    if not host_allowed(state.config, request.headers.get("Host")):
+        raise APIError(403, f"requests for the host {request.headers.get('Host')!r} are "
+                       f"refused: this server answers for this computer's own names "
+                       f"(localhost, 127.0.0.1, [::1]); start it with --allowed-hosts to "
+                       f"add others")
     origin = request.headers.get("Origin")
     if request.method == "OPTIONS":
         return preflight(origin)
@@ -114,12 +125,46 @@ def is_local_origin(origin: str) -> bool:
         return False
     if parts.scheme not in ("http", "https") or host is None:
         return False
+    return is_loopback_name(host)
+
+
+def is_loopback_name(host: str) -> bool:
+    """Whether a host name (lower case, no port, no brackets) is this computer's own:
+    localhost, a name under .localhost, an address of 127.0.0.0/8 or ::1."""
     if host in LOCAL_HOSTS or host.endswith(".localhost"):
         return True
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def host_allowed(config, header: str | None) -> bool:
+    """Rule 0 of `guard`: whether a request's Host header may be served. Checked only when
+    the server listens on a loopback address and has no API key; then the Host must be a
+    loopback name or one of --allowed-hosts ("*" allows any). A request without a Host
+    (HTTP/1.0) comes from no browser: served."""
+    if header is None or config.api_keys or "*" in config.allowed_hosts:
+        return True
+    if not is_loopback_name(config.host.strip("[]").lower()):
+        return True
+    name = host_name(header)
+    return name is not None and (is_loopback_name(name) or name in config.allowed_hosts)
+
+
+def host_name(header: str) -> str | None:
+    """The name of a Host header, lower case, without its port, brackets or a final dot
+    (`[::1]:8080` -> `::1`); None when it is not a well-formed host."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        name, sep, rest = header[1:].partition("]")
+        if not sep or (rest and not (rest[0] == ":" and rest[1:].isdigit())):
+            return None
+        return name
+    name, sep, port = header.partition(":")
+    if sep and not port.isdigit():
+        return None
+    return name.rstrip(".") or None
 
 
 def is_ollama_path(path: str) -> bool:

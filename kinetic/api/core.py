@@ -59,6 +59,8 @@ class ServerConfig:
     n_predict: int = -1                # --n-predict: most tokens of any answer; -1: no limit
     slots_endpoint: bool = True        # --no-slots: GET /slots answers 501
     slot_save_path: str | None = None  # --slot-save-path: where /slots/N?action=save writes
+    allowed_hosts: tuple[str, ...] = ()   # --allowed-hosts: Host names served beside this
+                                          # computer's own ("*": any), on a loopback address
     verbose: bool = False              # --verbose: a log line per request
     webui: bool = True                 # --no-webui: no page at /
 
@@ -74,6 +76,9 @@ class ServerConfig:
                              f"{self.stall_timeout}")
         if any(not k for k in self.api_keys):
             raise ValueError("an API key must not be empty")
+        if any(not h or h != h.strip().lower().rstrip(".") for h in self.allowed_hosts):
+            raise ValueError("--allowed-hosts: names must be non-empty, in lower case, without "
+                             "spaces or a final dot")
         if any(not a for a in self.aliases):
             raise ValueError("--alias: a name must not be empty")
         if self.n_predict == 0 or self.n_predict < -1:
