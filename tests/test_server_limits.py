@@ -21,7 +21,8 @@ CHAT = "/v1/chat/completions"
 
 @pytest.fixture(scope="module")
 def server():
-    with serving(real_model_file("smollm2"), "-c", "256", "-np", "2", "--timeout", "1",
+    # -c 8192: each slot holds 4096 tokens, so a stream outlives the 5 s a stop gives it
+    with serving(real_model_file("smollm2"), "-c", "8192", "-np", "2", "--timeout", "1",
                  "--max-connections", "2") as s:
         yield s
 
@@ -73,8 +74,57 @@ def test_connections_past_the_limit_get_503(server):
         time.sleep(0.2)
 
 
-def test_sigterm_stops_cleanly(server):
-    assert server.signal(signal.SIGTERM) == 0
+@pytest.mark.parametrize("path", [b"/v1/mod\xc3\xa9ls", b"/v1/\x00models", b"/v1/a b"])
+def test_a_path_http_cannot_carry_gets_a_json_400(server, path):
+    with server.connect() as sock:
+        sock.sendall(b"GET " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        status, headers, body = split_response(read_to_end(sock))
+    assert status == 400 and headers["content-type"] == "application/json"
+    err = json.loads(body)["error"]
+    assert err["type"] == "invalid_request_error" and "percent-encode" in err["message"]
+
+
+def _chunked_body(sock) -> bytes:
+    """The rest of a chunked answer, decoded, checked to end with the terminating chunk."""
+    data = read_to_end(sock)
+    assert data.endswith(b"0\r\n\r\n"), data[-200:]
+    out, rest = b"", data
+    while True:
+        size, _, rest = rest.partition(b"\r\n")
+        n = int(size, 16)
+        if n == 0:
+            return out
+        out, rest = out + rest[:n], rest[n + 2:]
+
+
+def test_sigterm_ends_running_streams_with_an_error_then_stops(server):
+    # a stream in each shape: OpenAI's SSE and Ollama's NDJSON; both would run for thousands
+    # of tokens, far past the 5 s a stop gives them
+    chat = json.dumps({"messages": [{"role": "user", "content": "Tell me a story."}],
+                       "max_tokens": 4000, "ignore_eos": True, "temperature": 0,
+                       "stream": True}).encode()
+    generate = json.dumps({"model": "m", "prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "raw": True,
+                           "options": {"num_predict": 4000, "temperature": 0}}).encode()
+    streams = []
+    for path, body, marker in (("/v1/chat/completions", chat, b'"content":"'),
+                               ("/api/generate", generate, b'"response":')):
+        sock = server.connect()
+        sock.sendall(raw_request("POST", path, {"Content-Type": "application/json",
+                                                "Content-Length": str(len(body))}, body))
+        head = read_until(sock, marker)
+        assert b" 200 " in head.split(b"\r\n")[0], head
+        streams.append((sock, head.partition(b"\r\n\r\n")[2]))
+    server.proc.send_signal(signal.SIGTERM)
+    (sse, sse_start), (ndjson, ndjson_start) = streams
+    with sse, ndjson:
+        sse_rest, ndjson_rest = _chunked_body(sse), _chunked_body(ndjson)
+    events = [e for e in sse_rest.decode().split("\n\n") if e]
+    assert events[-1].startswith("data: {"), events[-3:]
+    error = json.loads(events[-1][len("data: "):])["error"]
+    assert error["type"] == "unavailable_error" and "stopping" in error["message"]
+    last = json.loads(ndjson_rest.decode().strip().splitlines()[-1])
+    assert set(last) == {"error"} and "stopping" in last["error"]
+    assert server.proc.wait(timeout=120) == 0
     assert "kinetic: stopped" in server.output()
 
 

@@ -20,7 +20,7 @@ import re
 import secrets
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 from quart import Response, current_app, request
 
@@ -99,6 +99,18 @@ class ServerState:
         self.created = int(time.time())
         self.activity = Activity()         # every generation since ready (metrics.py)
         self.streams = StreamStore()       # resumable streams (X-Conversation-Id)
+        self.generations: dict[int, Callable[[str], None]] = {}   # running generations by
+                                           # engine id: each one's `end(message)` (core.
+                                           # generation), called when the server stops
+
+    def end_generations(self, message: str) -> int:
+        """End every running generation now with an error `message` (a stop: server.py), so
+        that each answer, streamed or not, ends with an error in its dialect's shape instead
+        of a connection cut without a word. Returns how many there were."""
+        ends = list(self.generations.values())
+        for end in ends:
+            end(message)
+        return len(ends)
 
     @property
     def ready(self) -> bool:
@@ -258,6 +270,12 @@ async def generation(state: ServerState, request_: GenerationRequest, label: str
     task.id = engine.start(request_, sink)
     state.activity.started(task)
     done = False
+
+    def end(message: str) -> None:   # on the loop: after what the engine has sent, an error
+        engine.cancel(task.id)
+        out.put_nowait(Delta(finish_reason="error", error=message, busy=True))
+
+    state.generations[task.id] = end
     try:
         while not done:
             delta = await out.get()
@@ -267,6 +285,7 @@ async def generation(state: ServerState, request_: GenerationRequest, label: str
                 log.error("%s failed: %s", label, delta.error)
             yield delta
     finally:
+        state.generations.pop(task.id, None)
         state.activity.ended(task)
         if not done:
             engine.cancel(task.id)

@@ -6,8 +6,10 @@ will use and runs one short warm-up request (progress on stderr: a bar on a term
 plain lines in a log), then the server prints one line with its address and serves.
 
 Stopping always stops. SIGINT or SIGTERM: no new connections, idle ones close, requests
-still running get GRACEFUL_SECONDS to finish and are then cancelled, and the engine thread
-stops between two steps. A watchdog thread, started with the stop, ends the process (status
+still running get GRACEFUL_SECONDS to finish; then each answer still running ends with an
+error in its dialect's shape (a stream's error event or line, then its end; a 503 for one
+not streamed), resumable streams included, and what is left after CANCELLED_SECONDS is
+cancelled; the engine thread stops between two steps. A watchdog thread, started with the stop, ends the process (status
 1, with a message) if all that has not finished within STOP_SECONDS: an engine thread stuck
 in a long device call can never be joined. A second signal ends the process at once.
 
@@ -34,17 +36,20 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import h11
+import hypercorn.protocol
 from hypercorn.asyncio.lifespan import Lifespan
 from hypercorn.asyncio.tcp_server import TCPServer
 from hypercorn.asyncio.worker_context import WorkerContext
 from hypercorn.config import Config as HypercornConfig, Sockets
+from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.utils import wrap_app
 
 from kinetic import kernels
 from kinetic.progress import progress_printer
 from kinetic.api.app import create_app
 from kinetic.api.core import ServerConfig, ServerState, dumps, log
-from kinetic.api.errors import error_body
+from kinetic.api.errors import ERROR_TYPES, error_body
 from kinetic.engine.engine_config import EngineConfig
 
 GRACEFUL_SECONDS = 5.0     # a stop: running requests' time to finish before they are cancelled
@@ -181,7 +186,7 @@ async def _main(config: ServerConfig, opts: ModelOptions) -> int:
     print(f"kinetic: loading {opts.path}", file=sys.stderr, flush=True)
     loader = threading.Thread(target=load, name="kinetic-loader", daemon=True)
     loader.start()
-    await _serve(app, hconfig, sockets, config.max_connections, stop)
+    await _serve(app, hconfig, sockets, config.max_connections, stop, state.end_generations)
     if loader.is_alive():  # stopped while loading: XLA may be compiling; leave at once
         print("kinetic: stopped while loading", file=sys.stderr, flush=True)
         sys.stdout.flush()
@@ -276,6 +281,38 @@ async def _refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
         writer.close()
 
 
+# what a request h11 cannot read is told, by the status it hints (Hypercorn's own answer
+# has no body at all)
+UNREADABLE = {
+    431: "the request's headers are larger than the server takes (16 KiB)",
+    501: "the request's Transfer-Encoding is not one the server takes (only chunked)",
+}
+UNREADABLE_DEFAULT = ("the request is not valid HTTP/1.1: its request line or a header is "
+                      "malformed (a path must be ASCII without spaces or control characters: "
+                      "percent-encode other bytes)")
+
+
+class _H11(H11Protocol):
+    """Hypercorn's HTTP/1.1 protocol, answering a request it cannot parse (a non-ASCII byte
+    or a NUL in the path, a malformed header) with an error in the OpenAI shape: Hypercorn's
+    own answer is an empty 400 that no client can read a reason from. No route ran, so the
+    path, and with it the dialect, is unknown: the OpenAI shape is the server's default."""
+
+    async def _send_error_response(self, status_code: int) -> None:
+        body = dumps(error_body(UNREADABLE.get(status_code, UNREADABLE_DEFAULT),
+                                ERROR_TYPES.get(status_code, "invalid_request_error"))).encode()
+        headers = [(b"content-type", b"application/json"),
+                   (b"content-length", str(len(body)).encode()), (b"connection", b"close"),
+                   *self.config.response_headers("h11")]
+        await self._send_h11_event(h11.Response(status_code=status_code, headers=headers))
+        await self._send_h11_event(h11.Data(data=body))
+        await self._send_h11_event(h11.EndOfMessage())
+
+
+# Hypercorn's ProtocolWrapper builds its HTTP/1.1 protocol by this module-level name
+hypercorn.protocol.H11Protocol = _H11
+
+
 def title_case_headers(app):
     """The ASGI app with its answers' header names written as llama-server writes them
     (Content-Type, Access-Control-Allow-Origin): ASGI hands them on lowercased, and scripts
@@ -294,9 +331,12 @@ def title_case_headers(app):
 
 
 async def _serve(app, hconfig: HypercornConfig, sockets, max_connections: int,
-                 stop: asyncio.Event) -> None:
+                 stop: asyncio.Event, end_generations: Callable[[str], int]) -> None:
     """Hypercorn's worker loop (hypercorn.asyncio.run.worker_serve) with a count of open
-    connections: each one past `max_connections` is refused at once (`_refuse`)."""
+    connections: each one past `max_connections` is refused at once (`_refuse`). Once `stop`
+    is set and the grace period is over, `end_generations(message)` ends the answers still
+    running with an error each (ServerState.end_generations), which they get
+    CANCELLED_SECONDS to send before everything left is cancelled."""
     loop = asyncio.get_running_loop()
     asgi = wrap_app(title_case_headers(app), hconfig.wsgi_max_body_size, "asgi")
     lifespan_state: dict = {}
@@ -335,6 +375,14 @@ async def _serve(app, hconfig: HypercornConfig, sockets, max_connections: int,
             server.close()
         if tasks:
             await asyncio.wait(set(tasks), timeout=GRACEFUL_SECONDS)
+        # answers still running, streams and resumable streams included, end with an error
+        # in their dialect's shape (an SSE error event, an NDJSON error line, a 503), so a
+        # client can tell a stop from a network fault
+        ended = end_generations(f"the server is stopping: the answer was cut after the "
+                                f"{GRACEFUL_SECONDS:g} s that running requests get")
+        others = asyncio.all_tasks() - {asyncio.current_task(), lifespan_task}
+        if ended and others:   # connections, and resumable streams' tasks, which have none
+            await asyncio.wait(others, timeout=CANCELLED_SECONDS)
         # what still runs is cancelled, which cancels its generation: the connections, and
         # the request tasks Quart starts beside them (cancelling a connection leaves those)
         running = asyncio.all_tasks() - {asyncio.current_task(), lifespan_task}
