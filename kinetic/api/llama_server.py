@@ -37,7 +37,8 @@ from kinetic.api.llama_completion import (LlamaCompletion, parse_completion, pic
                                           probabilities, progress, prompt_ids)
 from kinetic.api.metrics import Task, metric_values, prometheus_text
 from kinetic.api.receipt import receipt_maker
-from kinetic.api.params import boolean, check_prompt_fits, compile_shape
+from kinetic.api.params import (INT32_MAX, boolean, check_prompt_fits, compile_shape,
+                                integer)
 from kinetic.engine.encoder import normalize
 from kinetic.engine.request import Delta, GenerationRequest
 from kinetic.engine.sampling_params import SamplingParams
@@ -534,6 +535,7 @@ async def embedding():
     if not isinstance(kind, int) or isinstance(kind, bool):
         raise bad_request("embd_normalize must be a whole number (-1: none, 0: max absolute, "
                           "1: taxicab, 2: Euclidean, p > 2: p-norm)", "embd_normalize")
+    integer(body, "embd_normalize", -INT32_MAX - 1, INT32_MAX)   # 32 bits, as llama-server's
     ids = emb.token_ids(state, emb.parse_inputs(body.get(param), param), param,
                         emb.flag(body, "truncate"))
     if model.pooling == "none":   # as llama-server: token vectors are never normalized
