@@ -295,6 +295,7 @@ def _chat_template(args: argparse.Namespace) -> str | None:
 
 def cmd_keygen(args: argparse.Namespace) -> int:
     from kinetic.receipts import write_signing_key
+    from kinetic.receipts.signing import fingerprint
     try:
         public = write_signing_key(args.file, force=args.force)
     except FileExistsError:
@@ -305,7 +306,8 @@ def cmd_keygen(args: argparse.Namespace) -> int:
         return 1
     print(public)
     print(f"kinetic: wrote an Ed25519 private key to {args.file} (mode 0600); the line above is "
-          f"its public key, which receipts signed with it carry", file=sys.stderr)
+          f"its public key, which receipts signed with it carry (fingerprint "
+          f"{fingerprint(public)}, as verify-receipt names the signer)", file=sys.stderr)
     return 0
 
 

@@ -187,6 +187,11 @@ def check(setup, receipt: dict, signed: bool = True) -> receipts.Verification:
     assert result.exit_code == 0 and result.ok
     assert result.n_tokens == len(receipt["output"]["token_ids"])
     assert result.signed_by == (setup["public"] if signed else None)
+    assert result.trusted is False   # no public_key asked for
+    if signed:   # then a note says so plainly, naming the signer's fingerprint
+        assert result.signer.startswith("SHA256:") and f"signed by key {result.signer}" in \
+            result.message
+        assert any("no trusted key" in n and result.signer in n for n in result.notes)
     return result
 
 
@@ -349,10 +354,14 @@ def test_cli_verifies_a_good_receipt_with_its_signer(setup, seeded, capsys):
                           "--public-key", setup["public"]], capsys)
     n = len(seeded["output"]["token_ids"])
     assert code == 0 and f"verified: {n} tokens identical" in out, err
+    assert f"signed by key {receipts.signing.fingerprint(setup['public'])}" in out
+    assert "no trusted key" not in err   # --public-key named the signer
     assert "verifying" in err          # the progress bar
     # the whole answer works too, the model found by name in kinetic's cache
     code, out, err = cli([write(setup, "answer.json", {"id": "x", "receipt": seeded})], capsys)
     assert code == 0 and "verified" in out, err
+    # without --public-key any key's signature holds: stderr says so, naming the key
+    assert "no trusted key was given" in err and "--public-key" in err
 
 
 @pytest.mark.real_model

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,13 @@ def parse_public_key(value: str) -> bytes:
         raise ReceiptError("--public-key: not an Ed25519 public key (base64 of 32 bytes, as "
                            "kinetic keygen prints it, or a PEM file)")
     return raw
+
+
+def fingerprint(public_key: str | bytes) -> str:
+    """A public key's fingerprint, as OpenSSH writes one: "SHA256:" and the unpadded base64 of
+    the SHA-256 of its raw 32 bytes (`public_key`: those bytes, or their base64)."""
+    raw = public_key if isinstance(public_key, bytes) else base64.b64decode(public_key)
+    return "SHA256:" + base64.b64encode(hashlib.sha256(raw).digest()).decode().rstrip("=")
 
 
 def _unb64(text: Any) -> bytes | None:

@@ -15,7 +15,7 @@ import numpy as np
 from kinetic import __version__
 from kinetic.receipts.record import (RECEIPT_VERSION, ReceiptError, _is_int, _need,
                                      _rebuild_request, _weights, model_record)
-from kinetic.receipts.signing import Tampered, check_signature, parse_public_key
+from kinetic.receipts.signing import Tampered, check_signature, fingerprint, parse_public_key
 
 FINISH_REASONS = ("stop", "length", "cancelled")
 
@@ -40,7 +40,10 @@ class Verification:
     token and the engine's, either None where one answer has ended) or "unusable" (the
     receipt cannot be checked: `message` says why). `n_tokens` counts the identical tokens
     before any difference; `signed_by` is the signer's public key (base64) when the
-    signature holds; `notes` are remarks that did not stop the check (another device, say)."""
+    signature holds, and `trusted` whether it is the key the caller asked for (`public_key`):
+    without one, a signature only shows that the receipt is whole, not who made it (anyone
+    can sign with a key of their own); `notes` are remarks that did not stop the check
+    (another device, an untrusted signer)."""
 
     status: str
     message: str
@@ -49,7 +52,13 @@ class Verification:
     receipt_token: TokenInfo | None = None
     engine_token: TokenInfo | None = None
     signed_by: str | None = None
+    trusted: bool = False
     notes: tuple[str, ...] = ()
+
+    @property
+    def signer(self) -> str | None:
+        """The signer's key fingerprint (signing.fingerprint), None when unsigned."""
+        return None if self.signed_by is None else fingerprint(self.signed_by)
 
     @property
     def ok(self) -> bool:
@@ -93,7 +102,15 @@ def verify_receipt(receipt: dict | str | bytes | os.PathLike, model=None, *,
             return _unusable(str(e))
         except ReceiptError as e:
             return _unusable(str(e))
-        return _verify(rec, model, signed_by, progress)
+        found = _verify(rec, model, signed_by, progress)
+        if signed_by is None or found.status == "unusable":
+            return found
+        if key is not None:
+            return dataclasses.replace(found, trusted=True)
+        return dataclasses.replace(found, notes=found.notes + (
+            f"signed by key {fingerprint(signed_by)} ({signed_by}), but no trusted key was "
+            f"given: the signature shows the receipt is whole, not who made it (anyone can "
+            f"sign with a key of their own); pass --public-key to check the signer",))
     except ReceiptError as e:
         return _unusable(str(e))
 
@@ -331,7 +348,7 @@ def _replay(engine, request, seed: int, out_ids: list[int], text: str, finish: s
         return Verification("differs", f"the {n} tokens are identical, but their text is "
                             f"{_clip(derived)}, not {_clip(text)} as the receipt says",
                             n_tokens=n, **base)
-    signed = f"signed by {signed_by}" if signed_by else "unsigned"
+    signed = f"signed by key {fingerprint(signed_by)}" if signed_by else "unsigned"
     return Verification("verified", f"verified: {n} tokens identical ({finish}; {signed})",
                         n_tokens=n, **base)
 
