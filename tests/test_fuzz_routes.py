@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from kinetic.api.app import create_app
 from kinetic.api.core import ServerConfig, ServerState
 from kinetic.api.params import SAMPLING_FIELDS
-from tests.app_client import SERVED_BODIES, assert_route_error, in_process_app
+from tests.app_client import SERVED_BODIES, assert_route_error, in_process_app, model_app
+from tests.embedding_models import write_bert
 
 EXAMPLES = 300          # per route; the whole file runs in about 30 s on 2 cores
 REQUEST_TIMEOUT = 30.0  # seconds; a request still unanswered then is a hang, and fails
@@ -252,3 +253,68 @@ def test_route_survives_fuzzing(app, endpoint):
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     status, answer = app.post("/v1/chat/completions", json.dumps(chat).encode())
     assert status == 200 and answer["choices"][0]["finish_reason"] == "length", answer
+
+
+# --- the routes of embedding and ranking models ----------------------------------------------
+
+inputs = st.one_of(texts, token_ids, st.lists(st.one_of(texts, token_ids), max_size=3),
+                   st.lists(st.one_of(st.integers(-2, 40_000), texts), max_size=4))
+ENCODER_FIELDS = {
+    "/v1/embeddings": ({"input": ["a cat", "a dog"]}, dict(
+        input=maybe(inputs), encoding_format=maybe(st.sampled_from(["float", "base64", "x"])),
+        dimensions=maybe(numbers), truncate=maybe(st.booleans()), model=maybe(texts),
+        user=maybe(texts))),
+    "/embedding": ({"content": "a cat"}, dict(
+        content=maybe(inputs), input=maybe(inputs), embd_normalize=maybe(numbers),
+        truncate=maybe(st.booleans()))),
+    "/api/embed": ({"model": "m", "input": "a cat"}, dict(
+        input=maybe(inputs), model=maybe(texts), truncate=maybe(st.booleans()),
+        dimensions=maybe(numbers), options=maybe(OLLAMA_OPTIONS),
+        keep_alive=maybe(st.sampled_from([0, "5m", -1, "x"])))),
+    "/api/embeddings": ({"model": "m", "prompt": "a cat"}, dict(
+        prompt=maybe(texts), model=maybe(texts), options=maybe(OLLAMA_OPTIONS))),
+    "/v1/rerank": ({"query": "a cat", "documents": ["a dog", "a cat"]}, dict(
+        query=maybe(texts), documents=maybe(st.lists(st.one_of(texts, st.fixed_dictionaries(
+            {}, optional={"text": maybe(texts)})), max_size=3)), top_n=maybe(numbers),
+        return_documents=maybe(st.booleans()), truncate=maybe(st.booleans()))),
+}
+
+
+def encoder_bodies(path: str) -> st.SearchStrategy:
+    served, fields = ENCODER_FIELDS[path]
+    one = st.sampled_from(sorted(fields)).flatmap(
+        lambda name: fields[name].map(lambda value: {**served, name: value}))
+    few = st.lists(st.sampled_from(sorted(fields)), max_size=3, unique=True).flatmap(
+        lambda names: st.fixed_dictionaries({name: fields[name] for name in names}))
+    # mostly the served body with one field drawn, so that most draws reach the encoder
+    objs = st.integers(1, 4).flatmap(lambda i: few if i == 1 else one)
+    as_json = objs.map(lambda b: json.dumps(b).encode())
+    return st.integers(1, 4).flatmap(lambda i: as_json if i > 1 else st.builds(
+        _insert, as_json, st.integers(0, 1 << 16), st.binary(min_size=1, max_size=4)))
+
+
+@pytest.mark.parametrize("path", sorted(ENCODER_FIELDS))
+def test_encoder_route_survives_fuzzing(tmp_path, path):
+    """The embedding routes on an embedding model and rerank on a ranking one (the routes
+    the text model above refuses at once), a fifth as many draws each."""
+    rank = path == "/v1/rerank"
+    model = write_bert(tmp_path / "tiny-bert.gguf", pooling="rank" if rank else "mean",
+                       classifier=rank)
+    answered = {"ok": 0, "refused": 0}
+    with model_app(model) as app:
+        @settings(max_examples=EXAMPLES // 5, deadline=None, derandomize=True, database=None,
+                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                         HealthCheck.filter_too_much])
+        @given(body=encoder_bodies(path))
+        def one(body: bytes) -> None:
+            status, answer = app.post(path, body, timeout=REQUEST_TIMEOUT)
+            if status == 200:
+                answered["ok"] += 1
+            else:
+                assert_route_error(path, status, answer, f"{path} {body[:300]!r}")
+                answered["refused"] += 1
+
+        one()
+        assert answered["ok"] and answered["refused"], answered
+        served = ENCODER_FIELDS[path][0]
+        assert app.post(path, json.dumps(served).encode())[0] == 200
