@@ -5,6 +5,12 @@ contents are copied here first (keyed by the same hash chain as the device prefi
 later request that starts the same way gets them back by a copy instead of recomputing them.
 On this CPU a page copy costs a few microseconds per layer, far less than the share of a step
 its 16 tokens would cost to recompute. LRU, bounded in bytes.
+
+The bound counts what the store holds: an array that is a view into a bigger block (a page
+of Runner.read_pages' batch of 8, itself a view of XLA's buffer) is copied in, since the view
+would keep the whole block alive. Kept as views, each page held up to 8 pages' bytes while
+counting one, and a server's memory grew by about 1 GB per batch request of 64 prompts, to
+about 8 times --cache-ram (issue 36; docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -28,14 +34,15 @@ class HostPageStore:
 
     def put(self, key: bytes, data: list[np.ndarray]) -> None:
         """Keep one page's arrays (one per cache, e.g. per layer k and v); the least recently
-        used pages go when the store is over capacity."""
+        used pages go when the store is over capacity. Views are copied: the store owns
+        exactly the bytes it counts."""
         size = sum(a.nbytes for a in data)
         if size > self.capacity:
             return
         if key in self._pages:
             self._pages.move_to_end(key)
             return
-        self._pages[key] = data
+        self._pages[key] = [a if a.flags.owndata else a.copy() for a in data]
         self.used += size
         while self.used > self.capacity:
             _, old = self._pages.popitem(last=False)
