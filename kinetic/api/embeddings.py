@@ -6,6 +6,11 @@ in /metrics. The routes (openai.py: /v1/embeddings, /v1/rerank; llama_server.py:
 Limits: at most MAX_INPUTS texts (or documents) a request, each 1 to n_ctx tokens; a token id
 must be in the vocabulary. An input over the context is a 400 naming its index, unless the
 request asks to truncate it (then its first n_ctx tokens run).
+
+Fairness: `encode` runs a request's inputs a piece at a time, the inputs of one encoder step
+(at most step_tokens rows, or one text longer than that), and the requests take turns piece
+by piece (`Turns`, round-robin), so a one-token request behind a 256 x 512-token one waits
+for one step of it, not for all 256.
 """
 
 from __future__ import annotations
@@ -13,7 +18,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
-from typing import Any, Callable
+from collections import deque
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Callable
+from weakref import WeakKeyDictionary
 
 import numpy as np
 
@@ -106,15 +114,83 @@ def token_ids(state: ServerState, items: list[Item], param: str,
 
 async def encode(state: ServerState, texts: list[list[int]], run: Callable[[list], list]) -> list:
     """run(texts) (one of the model's encoder methods: pooled, hidden, scores) in a worker
-    thread, counted in /metrics as one request of sum(len) prompt tokens."""
+    thread a piece at a time, the texts of one encoder step (Encoder.batches), taking turns
+    with the pieces of the other requests (`Turns`): a one-text request waits for at most one
+    step of a 256-text one, not for all of it. The pieces are the steps the whole list would
+    run, so the answers are the same bits. Counted in /metrics as one request of sum(len)
+    prompt tokens."""
+    encoder = state.require_model().encoder
     state.activity.encoding += 1
     began = time.perf_counter()
     try:
-        return await asyncio.to_thread(run, texts)
+        return await in_turns(_turns_of(encoder), encoder.batches(texts), texts, run)
     finally:
         state.activity.encoding -= 1
         state.activity.encoded(sum(len(t) for t in texts), max(len(t) for t in texts),
                                time.perf_counter() - began)
+
+
+class Turns:
+    """Round-robin turns on the event loop: one turn runs at a time, the requests waiting
+    take theirs in the order they asked, and a request with more to do asks again after its
+    turn, behind those already waiting. A request cancelled while it waits leaves the line;
+    one cancelled holding the turn hands it on."""
+
+    def __init__(self) -> None:
+        self._line: deque[asyncio.Future] = deque()
+        self._busy = False
+
+    @asynccontextmanager
+    async def turn(self) -> AsyncIterator[None]:
+        if self._busy:
+            handed = asyncio.get_running_loop().create_future()
+            self._line.append(handed)
+            try:
+                await handed
+            except asyncio.CancelledError:
+                if handed.done() and not handed.cancelled():   # it had just been handed over
+                    self._hand_on()
+                raise   # (a cancelled future left in the line is skipped by _hand_on)
+        self._busy = True
+        try:
+            yield
+        finally:
+            self._hand_on()
+
+    @property
+    def waiting(self) -> int:
+        return sum(not f.done() for f in self._line)
+
+    def _hand_on(self) -> None:
+        while self._line:
+            handed = self._line.popleft()
+            if not handed.done():
+                handed.set_result(None)
+                return   # still busy: the turn goes to `handed`
+        self._busy = False
+
+
+_TURNS: WeakKeyDictionary[Any, Turns] = WeakKeyDictionary()   # one line per encoder
+
+
+def _turns_of(encoder: Any) -> Turns:
+    turns = _TURNS.get(encoder)
+    if turns is None:
+        turns = _TURNS[encoder] = Turns()
+    return turns
+
+
+async def in_turns(turns: Turns, pieces: list[list[int]], texts: list,
+                   run: Callable[[list], list]) -> list:
+    """run over texts, one piece (a list of indices into texts) a turn, each in a worker
+    thread; the results in the texts' order."""
+    out: list = [None] * len(texts)
+    for piece in pieces:
+        async with turns.turn():
+            results = await asyncio.to_thread(run, [texts[i] for i in piece])
+        for i, r in zip(piece, results):
+            out[i] = r
+    return out
 
 
 def flag(body: dict[str, Any], name: str) -> bool:

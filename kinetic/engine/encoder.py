@@ -124,7 +124,7 @@ class Encoder:
                                  f"{self.n_ctx}")
         out: list[np.ndarray | None] = [None] * len(texts)
         with self._lock:
-            for batch in self._batches(texts):
+            for batch in self.batches(texts):
                 for i, h in zip(batch, self._run([texts[i] for i in batch])):
                     out[i] = h
         return out
@@ -154,10 +154,12 @@ class Encoder:
             return h[-1].copy()
         return h   # none: every token's vector
 
-    def _batches(self, texts: Sequence[Sequence[int]]) -> list[list[int]]:
+    def batches(self, texts: Sequence[Sequence[int]]) -> list[list[int]]:
         """The texts' indices packed into steps: longest first, each into the first step with
         room in its rows (step_tokens) and slots (first-fit decreasing), so that few steps
-        run, each nearly full. Which texts share a step changes no text's result."""
+        run, each nearly full. Which texts share a step changes no text's result. The texts
+        of one batch, given alone in this order, pack into that one step again (the server
+        runs a request a batch at a time: api/embeddings.py)."""
         steps: list[list[int]] = []
         rows: list[int] = []
         limit, slots = self.config.step_tokens, self.config.texts_per_step

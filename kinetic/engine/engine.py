@@ -501,6 +501,7 @@ class Engine:
                 seq.use_prefix_cache = not item.all_logits  # scoring needs every row
                 seq.image_keys = image_keys(item.request.images)
                 seq.blocks = [(i.start, i.end) for i in item.request.images if i.non_causal]
+                seq.group = item.request.group
                 self.scheduler.add(seq)
             elif kind == "prefill":
                 seq_id, tokens, sink = item

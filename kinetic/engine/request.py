@@ -6,6 +6,7 @@ of `Delta`s, the last of which carries `finish_reason` and `usage`.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,7 +44,9 @@ class GenerationRequest:
     token drawn (and every drafted token kept) follows it, and end-of-generation is allowed
     only where it may end. special_text: control tokens come out as their text (always so with
     a grammar, which matches them by their text; tool-call markers need it too). images:
-    prompt rows given as embeddings (ImageRows; their prompt ids are placeholders)."""
+    prompt rows given as embeddings (ImageRows; their prompt ids are placeholders). group:
+    who asked, any hashable (one HTTP request's prompts share one): the scheduler hands free
+    slots round-robin across groups; None: a group of its own."""
 
     prompt: list[int]
     params: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0))
@@ -55,6 +58,7 @@ class GenerationRequest:
     grammar: Grammar | None = None
     special_text: bool = False
     images: tuple[ImageRows, ...] = ()   # prompt rows that are image embeddings, in order
+    group: Hashable | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt:
@@ -106,4 +110,5 @@ class Delta:
     usage: Usage | None = None
     error: str | None = None           # with finish_reason "error": what went wrong
     busy: bool = False                 # with "error": this request alone overran a budget
-                                       # (its grammar's masks), not an engine failure: 503
+                                       # (its grammar's masks), or the server is stopping;
+                                       # not an engine failure: 503

@@ -12,13 +12,14 @@ One step, traced:
                1. decode rows: one for every running sequence that is caught up, oldest
                   first, so a stream never skips a step while prompts are being computed;
                2. prompt rows: the running sequences with prompt rows left (oldest first),
-                  then waiting sequences admitted in FIFO order into free slots with their
-                  cached prefix, share what is left equally (each at most chunk_tokens; rows
-                  a short prompt leaves go to the oldest first), so a short request behind a
-                  long prompt gets its first token within a few steps, whatever the long
-                  one's length, and the long one still advances every step. A waiting
-                  sequence whose next prefix page a running one is computing waits for it
-                  (to find it cached, not compute it twice) and later arrivals go past it;
+                  then waiting sequences admitted into free slots (round-robin across
+                  groups: "Fairness" below) with their cached prefix, share what is left
+                  equally (each at most chunk_tokens; rows a short prompt leaves go to the
+                  oldest first), so a short request behind a long prompt gets its first
+                  token within a few steps, whatever the long one's length, and the long
+                  one still advances every step. A waiting sequence whose next prefix page
+                  a running one is computing waits for it (to find it cached, not compute
+                  it twice) and the ones behind it go past it;
                3. draft rows: what is left goes to the drafts of the caught-up sequences,
                   oldest first (a draft is a guess; a prompt row is sure work).
                4. prefill rows (/v1/prefill): what is still left goes to the prefills, the
@@ -34,6 +35,16 @@ One step, traced:
                and release their pages at once.
 
 Which rows a step holds never changes a row's result (DESIGN.md): only when it is computed.
+
+Fairness. Every sequence has a group (`Sequence.group`: the API gives all the prompts of one
+HTTP request one group; by default a sequence is a group of its own). Free slots go to the
+waiting sequences round-robin across groups, not in arrival order: each admission is a
+group's turn, the next free slot goes to the group whose last turn is the oldest (a group
+new to the queue comes right before the one served last), and it takes its oldest waiting
+sequence (`_fair_order`). So a one-prompt request that arrives behind a 256-prompt one takes
+the next slot that frees instead of waiting for 256 answers, and the big one still has a
+turn in every round, however many others come. With one sequence per group this is the
+arrival order. Preempted sequences still go first.
 
 Recurrent models (Qwen3.5: `snapshots` set). A sequence's recurrent state is not in its
 pages, so it resumes from a cached prefix only where a state snapshot was kept
@@ -60,7 +71,9 @@ in the cache, and its `Prefilled` record in `ended` for the engine to answer.
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict, deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -136,6 +149,9 @@ class Sequence:
     finish_reason: str | None = None
     draft: list[int] = field(default_factory=list)  # proposed tokens to verify next step
     arrival: int = -1               # order of `add`; older sequences are never preempted first
+    group: object = None            # who asked (one HTTP request's prompts share one): waiting
+                                    # sequences are admitted round-robin across groups;
+                                    # None: a group of its own
     use_prefix_cache: bool = True   # False: compute every row (teacher-forced scoring)
     prefill: bool = False           # only fills the prefix cache (add_prefill): never sampled
     # image rows: position -> the value the page keys hash in place of the placeholder token
@@ -253,6 +269,10 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _group(seq: Sequence) -> object:
+    return seq if seq.group is None else seq.group
+
+
 class Scheduler:
     """Continuous batching over S slots and a shared pool of KV pages (see the module
     docstring for one step). Owns the PageManager and every Sequence it was given."""
@@ -264,7 +284,8 @@ class Scheduler:
         self.pages = PageManager(config.num_pages, config.page_size,
                                  retain=max(1, config.pages_per_slot // 4))
         self.sequences: dict[int, Sequence] = {}   # every unfinished sequence
-        self.waiting: deque[Sequence] = deque()    # FIFO; preempted ones re-enter at the front
+        self.waiting: deque[Sequence] = deque()    # in arrival order; preempted ones re-enter
+                                                   # at the front
         self.running: list[Sequence] = []          # oldest arrival first
         self.prefills: deque[Sequence] = deque()   # prefills waiting for a slot, oldest first
         self.filling: list[Sequence] = []          # prefills in a slot, oldest first
@@ -272,6 +293,10 @@ class Scheduler:
         self.num_preemptions = 0
         self._slots: list[Sequence | None] = [None] * config.num_slots
         self._arrivals = 0
+        # fairness (_fair_order): group -> [its unfinished sequences, the number of its last
+        # turn], and the number of the latest turn (one per admission)
+        self._groups: dict[object, list[int]] = {}
+        self._turn = 0
         self._budget = 0                       # while planning: rows left in the step
         self._taken: dict[int, tuple[int, int]] = {}   # while planning: seq id -> (rows, drafts)
         self.host = None       # a container of page keys held in host memory (engine's tier)
@@ -307,6 +332,7 @@ class Scheduler:
         seq.arrival, self._arrivals = self._arrivals, self._arrivals + 1
         self.sequences[seq.seq_id] = seq
         self.waiting.append(seq)
+        self._groups.setdefault(_group(seq), [0, self._turn - 1])[0] += 1
 
     def add_prefill(self, seq_id: int, tokens: list[int]) -> Sequence | None:
         """Queue a prefill of `tokens` cut to whole pages (the module docstring's "Prefills"),
@@ -385,6 +411,11 @@ class Scheduler:
         else:
             (self.prefills if seq.prefill else self.waiting).remove(seq)
         seq.status, seq.finish_reason, seq.draft = Status.FINISHED, reason, []
+        if not seq.prefill:
+            group = self._groups[_group(seq)]
+            group[0] -= 1
+            if not group[0]:
+                del self._groups[_group(seq)]
         if seq.prefill:
             self.ended.append(Prefilled(seq_id, self.cached_tokens(seq.tokens),
                                         max(0, seq.num_computed - seq.num_cached)))
@@ -398,13 +429,14 @@ class Scheduler:
         """Plan the next step of at most step_tokens rows (the module docstring's four
         passes): a decode row for every caught-up running sequence, oldest first; then
         prompt rows in equal shares for the running sequences still in their prompt and the
-        waiting ones admitted, FIFO, into free slots (taking their cached prefix; see
-        _admission_order for the ones that wait for a prefix being computed); then draft
-        rows; then prefill rows (_fill), every prefill having ended first if a request
-        waits. When pages run out (evictable ones are reclaimed by the PageManager first),
-        the prefills give theirs up, then the newest running sequence is preempted: its pages
-        released, num_computed reset, any rows it had in this step dropped, and it is
-        re-queued at the front of the waiting queue; a step that preempted admits nothing.
+        waiting ones admitted into free slots, round-robin across groups (taking their
+        cached prefix; see _admission_order for the order and for the ones that wait for a
+        prefix being computed); then draft rows; then prefill rows (_fill), every prefill
+        having ended first if a request waits. When pages run out (evictable ones are
+        reclaimed by the PageManager first), the prefills give theirs up, then the newest
+        running sequence is preempted: its pages released, num_computed reset, any rows it
+        had in this step dropped, and it is re-queued at the front of the waiting queue; a
+        step that preempted admits nothing.
         Allocates the pages of every row."""
         self._budget, self._taken, preempted = self.config.step_tokens, {}, []
         if self.snapshots is not None:   # a snapshot goes with its prefix's last page
@@ -438,8 +470,9 @@ class Scheduler:
                     break
                 n = self._admit(seq, min(share, self._budget))
                 if n == 0:
-                    break  # it does not fit: later arrivals wait behind it (FIFO)
+                    break  # it does not fit: the ones after it wait behind it
                 self.waiting.remove(seq)
+                self._took_turn(seq)
                 todo[seq.seq_id] = len(seq.tokens) - seq.num_computed
                 self._taken[seq.seq_id] = (n, 0)
                 self._budget -= n
@@ -558,6 +591,11 @@ class Scheduler:
         assert [s.arrival for s in self.running] == sorted(s.arrival for s in self.running)
         assert len(self.running) + len(self.waiting) + len(self.prefills) + len(
             self.filling) == len(self.sequences)
+        members: dict[object, int] = {}
+        for seq in self.running + list(self.waiting):
+            members[_group(seq)] = members.get(_group(seq), 0) + 1
+        assert members == {g: n for g, (n, _) in self._groups.items()}
+        assert all(turn <= self._turn for _, turn in self._groups.values())
         self.pages.check_invariants(held)
 
     # --- internals --------------------------------------------------------------------
@@ -580,21 +618,60 @@ class Scheduler:
         return extend_keys(seq.page_keys, seq.key_tokens, ps, full)[seq.num_computed // ps:full]
 
     def _admission_order(self) -> list[Sequence]:
-        """The waiting sequences to admit into the free slots, in FIFO order, but for those
-        whose next prefix page a running (or earlier admitted) sequence is computing: they
-        wait for it, to find it cached rather than compute it twice, and later arrivals that
-        do not share it go past them. (_admit may still find one does not fit.)"""
+        """The waiting sequences to admit into the free slots: the preempted ones first, then
+        round-robin across groups (`_fair_order`), but for those whose next prefix page a
+        running (or earlier admitted) sequence is computing: they wait for it, to find it
+        cached rather than compute it twice, and the ones behind them that do not share it go
+        past them. (_admit may still find one does not fit.)"""
         free = self._slots.count(None)
+        if not free:
+            return []
         computing = {k for s in self.running if len(s.tokens) - s.num_computed > 1
                      for k in self._future_keys(s)}
         out = []
-        for seq in self.waiting:
+        for seq in self._fair_order(lambda seq: not self._waits_for_prefix(seq, computing)):
+            out.append(seq)
+            computing.update(self._future_keys(seq))
             if len(out) == free:
                 break
-            if not self._waits_for_prefix(seq, computing):
-                out.append(seq)
-                computing.update(self._future_keys(seq))
         return out
+
+    def _fair_order(self, admissible) -> Iterator[Sequence]:
+        """The waiting sequences that `admissible` accepts, in the order they would take
+        free slots: the preempted ones (at the front of the queue) first; then turn by turn,
+        the group whose last turn is the oldest (one that has had none counts the turn given
+        just before it arrived as its own: it comes before the group served last) takes its
+        oldest waiting sequence; on a tie, the group waiting longest. So one request's 256
+        prompts take turns with a later request's one instead of all going first, and with
+        one sequence per group (the default) this is the queue's order. A sequence
+        `admissible` refuses is passed over and takes no turn."""
+        queues: dict[object, deque[tuple[int, Sequence]]] = {}
+        for i, seq in enumerate(self.waiting):
+            if seq.status is Status.PREEMPTED:
+                if admissible(seq):
+                    yield seq
+            else:
+                queues.setdefault(_group(seq), deque()).append((i, seq))
+        # (the group's last turn, the queue position of its oldest waiting, the group): the
+        # positions differ, so groups themselves are never compared
+        turns = [(self._groups[g][1], q[0][0], g) for g, q in queues.items()]
+        heapq.heapify(turns)
+        turn = self._turn
+        while turns:
+            last, _, g = heapq.heappop(turns)
+            q = queues[g]
+            seq = q.popleft()[1]
+            if admissible(seq):
+                yield seq
+                turn += 1
+                last = turn
+            if q:
+                heapq.heappush(turns, (last, q[0][0], g))
+
+    def _took_turn(self, seq: Sequence) -> None:
+        """Count `seq`'s admission as its group's turn (_fair_order)."""
+        self._turn += 1
+        self._groups[_group(seq)][1] = self._turn
 
     def _waits_for_prefix(self, seq: Sequence, computing: set[bytes]) -> bool:
         """Whether waiting `seq`'s first page not cached (on the device or in host memory)
