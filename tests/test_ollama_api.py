@@ -38,7 +38,7 @@ def app(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(app) -> ollama.Client:
-    return ollama.Client(host="http://kinetic.test", transport=Transport(app))
+    return ollama.Client(host="http://localhost", transport=Transport(app))
 
 
 def post(app: AppClient, path: str, body, headers=None):
@@ -330,7 +330,7 @@ def bert(tmp_path_factory):
     path = write_bert(tmp_path_factory.mktemp("ollama-embed") / "tiny-bert.gguf",
                       pooling="mean")
     with model_app(path) as a:
-        yield a, ollama.Client(host="http://kinetic.test", transport=Transport(a))
+        yield a, ollama.Client(host="http://localhost", transport=Transport(a))
 
 
 def test_embed_is_normalized_and_matches_the_model(bert):
