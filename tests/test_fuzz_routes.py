@@ -231,15 +231,15 @@ def test_the_fuzzed_routes_exist():
         set(FIELDS) - set(ENDPOINTS)
 
 
-@pytest.mark.parametrize("endpoint", sorted(ENDPOINTS))
-def test_route_survives_fuzzing(app, endpoint):
-    path = ENDPOINTS[endpoint]
+def fuzz(app, path: str, strategy: st.SearchStrategy, examples: int) -> dict[str, int]:
+    """Send `examples` bodies drawn from `strategy` to `path`: each a 200 or a 4xx in the
+    route's error shape. Returns how many were answered ok and refused."""
     answered = {"ok": 0, "refused": 0}
 
-    @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
+    @settings(max_examples=examples, deadline=None, derandomize=True, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                      HealthCheck.filter_too_much])
-    @given(body=bodies(endpoint))
+    @given(body=strategy)
     def one(body: bytes) -> None:
         status, answer = app.post(path, body, timeout=REQUEST_TIMEOUT)
         if status == 200:
@@ -249,6 +249,12 @@ def test_route_survives_fuzzing(app, endpoint):
             answered["refused"] += 1
 
     one()
+    return answered
+
+
+@pytest.mark.parametrize("endpoint", sorted(ENDPOINTS))
+def test_route_survives_fuzzing(app, endpoint):
+    answered = fuzz(app, ENDPOINTS[endpoint], bodies(endpoint), EXAMPLES)
     assert answered["refused"], answered  # the draws reach the checks
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     status, answer = app.post("/v1/chat/completions", json.dumps(chat).encode())
@@ -300,21 +306,8 @@ def test_encoder_route_survives_fuzzing(tmp_path, path):
     rank = path == "/v1/rerank"
     model = write_bert(tmp_path / "tiny-bert.gguf", pooling="rank" if rank else "mean",
                        classifier=rank)
-    answered = {"ok": 0, "refused": 0}
     with model_app(model) as app:
-        @settings(max_examples=EXAMPLES // 5, deadline=None, derandomize=True, database=None,
-                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                         HealthCheck.filter_too_much])
-        @given(body=encoder_bodies(path))
-        def one(body: bytes) -> None:
-            status, answer = app.post(path, body, timeout=REQUEST_TIMEOUT)
-            if status == 200:
-                answered["ok"] += 1
-            else:
-                assert_route_error(path, status, answer, f"{path} {body[:300]!r}")
-                answered["refused"] += 1
-
-        one()
+        answered = fuzz(app, path, encoder_bodies(path), EXAMPLES // 5)
         assert answered["ok"] and answered["refused"], answered
         served = ENCODER_FIELDS[path][0]
         assert app.post(path, json.dumps(served).encode())[0] == 200
