@@ -18,11 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from kinetic.api.errors import bad_request
+from kinetic.api.offload import prompt_tokens, refuse_by_length
 from kinetic.api.params import ChatRequest, compile_shape, ready_grammar
 from kinetic.chat.reasoning import (ReasoningSplitter, prompt_opens_thinking,
                                     template_knows_thinking)
 from kinetic.chat.tool_calls import ToolCall, ToolFormat, tool_format
 from kinetic.grammar import Grammar, GrammarError, UnsupportedSchema
+from kinetic.text.chat_messages import MEDIA_MARKER
 from kinetic.text.chat_template import ChatTemplateError
 
 
@@ -50,26 +52,32 @@ def chat_text(model, req: ChatRequest) -> str:
         raise bad_request(f"the chat template refused the messages: {e}", "messages") from None
 
 
-def chat_prompt(model, req: ChatRequest) -> tuple[str, list[int]]:
+def chat_prompt(model, req: ChatRequest, n_ctx: int | None = None,
+                param: str = "messages") -> tuple[str, list[int]]:
     """The prompt of a chat request, as text (chat_text) and token ids (a prefill renders it
-    the same way: kinetic/api/prefill.py)."""
+    the same way: kinetic/api/prefill.py); with `n_ctx`, the context 400 (naming `param`) as
+    soon as the text cannot fit (offload.prompt_tokens)."""
     text = chat_text(model, req)
-    return text, model.tokenize(text, add_special=True, parse_special=True)
+    return text, prompt_tokens(model.tokenizer, text, n_ctx, param)
 
 
-def plan_chat(model, req: ChatRequest) -> ChatPlan:
+def plan_chat(model, req: ChatRequest, param: str = "messages") -> ChatPlan:
     """Render and tokenize the prompt and compile the answer's grammar (blocking: run it in a
-    worker thread). Raises APIError 400 for messages the template refuses, an invalid grammar
-    or schema, or a tool schema kinetic cannot enforce."""
+    worker thread, offload.py). Raises APIError 400 for messages the template refuses, a
+    prompt that cannot fit the context, an invalid grammar or schema, or a tool schema
+    kinetic cannot enforce."""
     if req.images:
         from kinetic.vision.images import ImageError
         text = chat_text(model, req)
+        # text that cannot fit is refused before the images are laid out (their rows
+        # only add to it)
+        refuse_by_length(model.tokenizer, text.replace(MEDIA_MARKER, ""), model.n_ctx, param)
         try:
             prompt, images = model.image_prompt(text, list(req.images))
         except ImageError as e:
             raise bad_request(str(e), "messages") from None
     else:
-        (text, prompt), images = chat_prompt(model, req), ()
+        (text, prompt), images = chat_prompt(model, req, model.n_ctx, param), ()
     source = model.chat_template.source
     opens = prompt_opens_thinking(text)
     thinking = opens or template_knows_thinking(source)

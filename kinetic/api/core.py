@@ -14,6 +14,7 @@ parser (params.py) -> `generation` runs it in the engine, recorded in `ServerSta
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import re
@@ -27,6 +28,7 @@ from quart import Response, current_app, request
 from kinetic.api.body import parse_json_object
 from kinetic.api.errors import bad_request, unavailable
 from kinetic.api.metrics import Activity, Task
+from kinetic.api.offload import prompt_tokens
 from kinetic.api.stream_store import MAX_ID_CHARS, StreamStore
 from kinetic.engine.request import Delta, GenerationRequest, TokenLogprob
 
@@ -159,14 +161,15 @@ def require_kind(state: ServerState, kind: str, what: str):
 
 def completion_prompt_ids(model, prompt: str | list[int]) -> list[int]:
     """A completion's prompt as token ids: ids checked against the vocabulary (400), text
-    tokenized as llama-server does (BOS where the model adds it, special tokens parsed)."""
+    tokenized as llama-server does (BOS where the model adds it, special tokens parsed), the
+    context 400 as soon as it cannot fit (offload.prompt_tokens). Blocking: a worker thread."""
     if isinstance(prompt, list):
         bad = [t for t in prompt if not 0 <= t < model.config.vocab_size]
         if bad:
             raise bad_request(f"token id {bad[0]} is outside the vocabulary "
                               f"(0..{model.config.vocab_size - 1})", "prompt")
         return list(prompt)
-    return model.prompt_ids(prompt)
+    return prompt_tokens(model.tokenizer, prompt, model.n_ctx, "prompt")
 
 
 def chat_logprobs(tok, lps: tuple[TokenLogprob, ...] | list[TokenLogprob]) -> list:
@@ -271,9 +274,13 @@ async def generation(state: ServerState, request_: GenerationRequest, label: str
     state.activity.started(task)
     done = False
 
+    stop = Delta(finish_reason="error", busy=True)   # ended by the server's stop (end)
+
     def end(message: str) -> None:   # on the loop: after what the engine has sent, an error
+        nonlocal stop
         engine.cancel(task.id)
-        out.put_nowait(Delta(finish_reason="error", error=message, busy=True))
+        stop = dataclasses.replace(stop, error=message)
+        out.put_nowait(stop)
 
     state.generations[task.id] = end
     try:
@@ -281,7 +288,10 @@ async def generation(state: ServerState, request_: GenerationRequest, label: str
             delta = await out.get()
             state.activity.saw(task, delta)
             done = delta.finish_reason is not None
-            if delta.finish_reason == "error":
+            if delta is stop:
+                log.info("%s cancelled after %d tokens (the server is stopping)", label,
+                         task.n_decoded)
+            elif delta.finish_reason == "error":
                 log.error("%s failed: %s", label, delta.error)
             yield delta
     finally:

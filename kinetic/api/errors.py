@@ -52,10 +52,13 @@ def error_body(message: str, type: str, param: str | None = None, code: str | No
                       **(extra or {})}}
 
 
-def context_exceeded(n_tokens: int, n_ctx: int, param: str) -> APIError:
+def context_exceeded(n_tokens: int, n_ctx: int, param: str, at_least: bool = False) -> APIError:
     """400 for a prompt that leaves no room in the context, in llama-server's shape (its type,
-    `n_prompt_tokens` and `n_ctx`) with OpenAI's code for the same error."""
-    return APIError(400, f"the request ({n_tokens} tokens) exceeds the available context size "
+    `n_prompt_tokens` and `n_ctx`) with OpenAI's code for the same error. at_least: the
+    prompt was refused before it was wholly tokenized (kinetic/api/offload.py), and
+    `n_tokens` is what is known of its count."""
+    count = f"at least {n_tokens}" if at_least else f"{n_tokens}"
+    return APIError(400, f"the request ({count} tokens) exceeds the available context size "
                     f"({n_ctx} tokens); start the server with a larger -c",
                     type="exceed_context_size_error", param=param,
                     code="context_length_exceeded",

@@ -21,6 +21,7 @@ from typing import Any, Union
 
 from kinetic.api.embeddings import MAX_INPUTS
 from kinetic.api.errors import bad_request
+from kinetic.api.offload import prompt_tokens
 from kinetic.api.params import (MAX_STOP_CHARS, MAX_TOKENS_LIMIT, Shape, Tokenize, boolean,
                                 integer, sampling_params, shape, strings)
 from kinetic.engine.request import MAX_LOGPROBS, MAX_STOP_STRINGS, TokenLogprob
@@ -130,16 +131,19 @@ def _one_prompt(value: Any, at: str) -> Prompt:
 def prompt_ids(model, prompt: Prompt, at: str) -> list[int]:
     """A prompt's token ids, as llama-server makes them: text tokenized with special tokens
     parsed, BOS (where the model adds it) only before text that starts the prompt; ids
-    checked against the vocabulary (400 naming `at`). Blocking: run it in a worker thread."""
+    checked against the vocabulary (400 naming `at`); the context 400 as soon as the prompt
+    cannot fit (offload.prompt_tokens). Blocking: run it in a worker thread."""
+    tok, n_ctx = model.tokenizer, model.n_ctx
     if isinstance(prompt, str):
-        return model.prompt_ids(prompt)
-    out: list[int] = []
+        return prompt_tokens(tok, prompt, n_ctx, at)
     vocab = model.config.vocab_size
+    bad = [p for p in prompt if not isinstance(p, str) and not 0 <= p < vocab]
+    if bad:   # before any text is tokenized, which may refuse the prompt as too long
+        raise bad_request(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})", at)
+    out: list[int] = []
     for i, part in enumerate(prompt):
         if isinstance(part, str):
-            out += model.tokenize(part, add_special=i == 0, parse_special=True)
-        elif not 0 <= part < vocab:
-            raise bad_request(f"token id {part} is outside the vocabulary (0..{vocab - 1})", at)
+            out += prompt_tokens(tok, part, n_ctx, at, add_special=i == 0, used=len(out))
         else:
             out.append(part)
     return out

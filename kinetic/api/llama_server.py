@@ -29,13 +29,14 @@ from quart import Blueprint, Response, request
 
 from kinetic import __version__, kernels
 from kinetic.api import embeddings as emb
-from kinetic.api.core import (ServerState, generation, json_body, json_response,
+from kinetic.api.core import (ServerState, dumps, generation, json_body, json_response,
                               require_kind, server_state, serves, sse_event, sse_response,
                               token_limit)
 from kinetic.api.errors import APIError, bad_request, engine_error, unavailable
 from kinetic.api.llama_completion import (LlamaCompletion, parse_completion, pick_fields,
                                           probabilities, progress, prompt_ids)
 from kinetic.api.metrics import Task, metric_values, prometheus_text
+from kinetic.api.offload import input_ids, offload, prompt_tokens
 from kinetic.api.receipt import receipt_maker
 from kinetic.api.params import (INT32_MAX, boolean, check_prompt_fits, compile_shape,
                                 integer)
@@ -92,8 +93,9 @@ def generation_settings(p: SamplingParams, *, seed: int | None = None,
 async def completion():
     state = server_state()
     model = require_kind(state, "text", "completions")
-    req = parse_completion(await json_body(), model.default_params, model.text_tokens)
-    prompts = await asyncio.to_thread(_prompts_ids, model, req)
+    req = await offload(parse_completion, await json_body(), model.default_params,
+                        model.text_tokens)
+    prompts = await offload(_prompts_ids, model, req)
     grammar = None
     if req.shape is not None:
         grammar = await asyncio.to_thread(compile_shape, req.shape, model)
@@ -101,10 +103,11 @@ async def completion():
         await asyncio.to_thread(model.engine.prepare_post_sampling)   # once: seconds
     limit = None if req.n_predict == -1 else token_limit(state, req.n_predict)
     answers = []
+    group = object()   # the prompts take turns for slots with other requests' (scheduler.py)
     for index, ids in enumerate(prompts):
         gen = GenerationRequest(ids, req.params, limit, req.stop, logprobs=req.n_probs or None,
                                 post_sampling=req.post_sampling_probs and req.n_probs > 0,
-                                grammar=grammar)
+                                grammar=grammar, group=group)
         # the prompt as run, as llama-server shows it: BOS and special tokens written out
         answer = _Answer(state, req, gen, model.tokenizer.decode_pieces(ids), index)
         if req.receipt:
@@ -301,20 +304,42 @@ async def tokenize():
     add_special = boolean(body, "add_special")
     parse_special = boolean(body, "parse_special")
     with_pieces = boolean(body, "with_pieces")
-    tok = model.tokenizer
     # llama-server's defaults: no BOS, special tokens written in the text are parsed
-    ids = await asyncio.to_thread(tok.encode, content, bool(add_special),
-                                  parse_special is not False)
+    answer = await offload(_tokens_answer, model.tokenizer, content, bool(add_special),
+                           parse_special is not False, bool(with_pieces))
+    return Response(answer, mimetype="application/json")
+
+
+def _tokens_answer(tok: Tokenizer, content: str, add_special: bool, parse_special: bool,
+                   with_pieces: bool) -> str:
+    """/tokenize's answer as JSON text: no context limit (llama-server has none here; the
+    body's size is one), tokenized in pieces that stop if the client goes away. Blocking: a
+    worker thread, which also writes the answer (millions of ids for a large body)."""
+    ids = prompt_tokens(tok, content, None, "content", add_special=add_special,
+                        parse_special=parse_special)
     if with_pieces:
-        return json_response({"tokens": [{"id": t, "piece": _piece(tok, t)} for t in ids]})
-    return json_response({"tokens": ids})
+        return _tokens_json([{"id": t, "piece": _piece(tok, t)} for t in ids])
+    return _tokens_json(ids)
+
+
+def _tokens_json(items: list, per: int = 1 << 16) -> str:
+    """dumps({"tokens": items}), written `per` items at a time: one dumps of millions holds
+    the interpreter lock, and so the event loop, for the whole of it (half a second)."""
+    parts = (dumps(items[i:i + per])[1:-1] for i in range(0, len(items), per))
+    return '{"tokens":[' + ",".join(parts) + "]}"
 
 
 @blueprint.post("/detokenize")
 async def detokenize():
     tok = server_state().require_model().tokenizer
     body = await json_body()
-    ids = body.get("tokens", [])
+    return Response(await offload(_text_answer, tok, body.get("tokens", [])),
+                    mimetype="application/json")
+
+
+def _text_answer(tok: Tokenizer, ids) -> str:
+    """/detokenize's answer as JSON text, the ids checked (400). Blocking: a worker thread
+    (a large body holds millions of ids)."""
     if not isinstance(ids, list) or not all(
             isinstance(t, int) and not isinstance(t, bool) for t in ids):
         raise bad_request("tokens must be a list of token ids", "tokens")
@@ -322,7 +347,7 @@ async def detokenize():
     if bad:
         raise bad_request(f"token id {bad[0]} is outside the vocabulary "
                           f"(0..{tok.vocab_size - 1})", "tokens")
-    return json_response({"content": tok.decode_pieces(ids)})
+    return dumps({"content": tok.decode_pieces(ids)})
 
 
 # --- the server ---------------------------------------------------------------------------
@@ -536,7 +561,7 @@ async def embedding():
         raise bad_request("embd_normalize must be a whole number (-1: none, 0: max absolute, "
                           "1: taxicab, 2: Euclidean, p > 2: p-norm)", "embd_normalize")
     integer(body, "embd_normalize", -INT32_MAX - 1, INT32_MAX)   # 32 bits, as llama-server's
-    ids = emb.token_ids(state, emb.parse_inputs(body.get(param), param), param,
+    ids = await offload(input_ids, state, emb.parse_inputs(body.get(param), param), param,
                         emb.flag(body, "truncate"))
     if model.pooling == "none":   # as llama-server: token vectors are never normalized
         vectors = [[emb.vector_json(row) for row in h]

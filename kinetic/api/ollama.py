@@ -40,6 +40,7 @@ from kinetic.api.core import (ServerState, chat_logprobs, completion_prompt_ids,
                               generation, json_body, json_response, server_state, token_limit)
 from kinetic.api.errors import APIError, bad_request, engine_error
 from kinetic.api.metrics import Task
+from kinetic.api.offload import input_ids, offload
 from kinetic.api.params import (MAX_LOGPROBS, ChatRequest, Options, check_prompt_fits,
                                 compile_shape, options as read_options, parse_chat)
 from kinetic.chat.reasoning import template_knows_thinking
@@ -404,8 +405,8 @@ async def chat():
         raise bad_request("messages must be a list of messages", "messages")
     if not messages:
         return json_response(_ready_answer(name, "message", body.get("keep_alive")))
-    req = chat_request(body, state, messages)
-    plan = await asyncio.to_thread(plan_chat, state.require_model(), req)
+    req = await offload(chat_request, body, state, messages)
+    plan = await offload(plan_chat, state.require_model(), req)
     answer = Answer(state, name, "message", began, req.options, plan.reader())
     return await answer.respond(body, plan.prompt, plan.grammar,
                                 special_text=plan.calls is not None, images=plan.images)
@@ -425,18 +426,18 @@ async def generate():
     model = state.require_model()
     if _flag(body, "raw", False):
         try:
-            opts = read_options(sampling_fields(body), model.default_params,
-                                _logprobs(body), model.text_tokens)
+            opts = await offload(read_options, sampling_fields(body), model.default_params,
+                                 _logprobs(body), model.text_tokens)
         except APIError as e:
             raise renamed(e) from None
-        ids = await asyncio.to_thread(completion_prompt_ids, model, prompt)
+        ids = await offload(completion_prompt_ids, model, prompt)
         grammar = (None if opts.shape is None else
                    await asyncio.to_thread(compile_shape, opts.shape, model))
         return await Answer(state, name, "response", began, opts).respond(body, ids, grammar)
     messages = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": prompt}]
-    req = chat_request(body, state, messages)
-    plan = await asyncio.to_thread(plan_chat, model, req)
+    req = await offload(chat_request, body, state, messages)
+    plan = await offload(plan_chat, model, req, "prompt")
     answer = Answer(state, name, "response", began, req.options, plan.reader())
     return await answer.respond(body, plan.prompt, plan.grammar)
 
@@ -625,7 +626,7 @@ async def embed():
     if value in (None, [], ""):
         return json_response({"model": name, "embeddings": [], "total_duration": 0,
                               "load_duration": 0, "prompt_eval_count": 0})
-    ids = emb.token_ids(state, emb.parse_inputs(value, "input"), "input",
+    ids = await offload(input_ids, state, emb.parse_inputs(value, "input"), "input",
                         _flag(body, "truncate", True))
     vectors = await emb.encode(state, ids, model.encoder.pooled)
     out = [emb.vector_json(normalize(np.asarray(v)[:dims], 2)) for v in vectors]
@@ -647,6 +648,6 @@ async def embeddings():
         raise bad_request("prompt must be a string", "prompt")
     if not prompt:
         return json_response({"embedding": []})
-    ids = emb.token_ids(state, [prompt], "prompt", True)
+    ids = await offload(emb.token_ids, state, [prompt], "prompt", True)
     (vector,) = await emb.encode(state, ids, model.encoder.pooled)
     return json_response({"embedding": emb.vector_json(vector)})

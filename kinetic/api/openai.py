@@ -30,6 +30,7 @@ from kinetic.api.core import (ServerState, chat_logprobs, completion_prompt_ids,
                               sse_event, sse_response, token_limit)
 from kinetic.api.errors import APIError, bad_request, engine_error
 from kinetic.api.metrics import Task
+from kinetic.api.offload import input_ids, offload, rank_ids
 from kinetic.api.chat_reply import ChatReader, plan_chat, tool_call_objects
 from kinetic.api.params import (Options, check_prompt_fits, compile_shape, parse_chat,
                                 parse_completion)
@@ -91,7 +92,8 @@ async def embeddings():
         raise bad_request(f"the model's vectors have {model.dim} dimensions; dimensions cannot "
                           f"change that", "dimensions")
     truncate = emb.flag(body, "truncate")
-    ids = emb.token_ids(state, emb.parse_inputs(body.get("input"), "input"), "input", truncate)
+    ids = await offload(input_ids, state, emb.parse_inputs(body.get("input"), "input"),
+                        "input", truncate)
     vectors = await emb.encode(state, ids, model.encoder.pooled)
     data = [{"object": "embedding", "index": i,
              "embedding": emb.vector_json(normalize(v, 2), fmt)} for i, v in enumerate(vectors)]
@@ -117,8 +119,7 @@ async def rerank():
     if not isinstance(top_n, int) or isinstance(top_n, bool) or top_n < 0:
         raise bad_request("top_n must be a whole number of at least 0", "top_n")
     with_docs = emb.flag(body, "return_documents")
-    prompts = [model.rank_prompt(query, d) for d in docs]
-    ids = emb.token_ids(state, prompts, "documents", emb.flag(body, "truncate"))
+    ids = await offload(rank_ids, state, query, docs, emb.flag(body, "truncate"))
     scores = await emb.encode(state, ids, model.encoder.scores)
     order = sorted(range(len(docs)), key=lambda i: -scores[i])
     results = []
@@ -149,9 +150,9 @@ def _generation_request(state: ServerState, prompt: list[int], opts: Options, pa
 async def chat_completions():
     state = server_state()
     model = require_kind(state, "text", "chat completions")
-    req = parse_chat(await json_body(), model.default_params, model.text_tokens,
-                     vision=model.projector is not None)
-    plan = await asyncio.to_thread(plan_chat, model, req)
+    req = await offload(parse_chat, await json_body(), model.default_params, model.text_tokens,
+                        vision=model.projector is not None)
+    plan = await offload(plan_chat, model, req)
     check_prompt_fits(len(plan.prompt), model.n_ctx, "messages")
     job = _Job("chatcmpl", state, model.tokenizer, req.options)
     gen = _generation_request(state, plan.prompt, req.options, "messages", plan.grammar,
@@ -169,8 +170,9 @@ async def chat_completions():
 async def completions():
     state = server_state()
     model = require_kind(state, "text", "completions")
-    req = parse_completion(await json_body(), model.default_params, model.text_tokens)
-    prompt = await asyncio.to_thread(completion_prompt_ids, model, req.prompt)
+    req = await offload(parse_completion, await json_body(), model.default_params,
+                        model.text_tokens)
+    prompt = await offload(completion_prompt_ids, model, req.prompt)
     check_prompt_fits(len(prompt), model.n_ctx, "prompt")
     grammar = None
     if req.options.shape is not None:

@@ -12,9 +12,11 @@ entries and DRY breakers.
 
 The result is an `Options` (what the engine needs besides the prompt) inside a
 `ChatRequest` (messages, tools) or a `CompletionRequest` (prompt); the routes render and
-tokenize the prompt and make the engine's `GenerationRequest`. A shape for the answer
-(grammar, json_schema, response_format) stays as the client gave it in `Options.shape`;
-`compile_shape` turns it into a Grammar off the event loop.
+tokenize the prompt and make the engine's `GenerationRequest`. Parsing tokenizes (logit_bias
+keys written as text) and decodes images, so the routes run it in a worker thread
+(offload.py), never on the event loop. A shape for the answer (grammar, json_schema,
+response_format) stays as the client gave it in `Options.shape`; `compile_shape` turns it
+into a Grammar off the event loop.
 """
 
 from __future__ import annotations

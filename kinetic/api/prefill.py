@@ -22,7 +22,6 @@ far only costs the pages after the first token the request does not share.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 
 from quart import Blueprint
@@ -30,6 +29,7 @@ from quart import Blueprint
 from kinetic.api.core import json_body, json_response, require_kind, server_state
 from kinetic.api.chat_reply import chat_prompt
 from kinetic.api.errors import APIError, bad_request
+from kinetic.api.offload import offload
 from kinetic.api.params import ChatRequest, check_prompt_fits, parse_chat
 
 blueprint = Blueprint("prefill", __name__)
@@ -42,12 +42,12 @@ SENTINEL = "\x01"   # stands for "another last word": a control character no tex
 async def prefill():
     state = server_state()
     model = require_kind(state, "text", "prefills")
-    req = parse_chat(await json_body(), model.default_params, model.text_tokens,
-                     vision=model.projector is not None)
+    req = await offload(parse_chat, await json_body(), model.default_params, model.text_tokens,
+                        vision=model.projector is not None)
     if req.images:
         raise bad_request("a prefill takes no images yet: send the conversation's text",
                           "messages")
-    prompt, cut = await asyncio.to_thread(prefill_prompt, model, req)
+    prompt, cut = await offload(prefill_prompt, model, req, model.n_ctx)
     check_prompt_fits(len(prompt), model.n_ctx, "messages")   # the completion would fail too
     result = await model.engine.submit_prefill(prompt[:cut])
     if result.error is not None:
@@ -56,11 +56,13 @@ async def prefill():
     return json_response({"object": "prefill", "cached_tokens": result.cached_tokens})
 
 
-def prefill_prompt(model, req: ChatRequest) -> tuple[list[int], int]:
+def prefill_prompt(model, req: ChatRequest, n_ctx: int | None = None) -> tuple[list[int], int]:
     """(the chat prompt's token ids, how many of them a prefill runs): the ids the prompt
-    shares with the same conversation whose last word is another (module docstring).
+    shares with the same conversation whose last word is another (module docstring); with
+    `n_ctx`, the context 400 as soon as the prompt cannot fit (offload.prompt_tokens).
     Blocking: run it in a worker thread."""
-    _, ids = chat_prompt(model, req)
+    _, ids = chat_prompt(model, req, n_ctx)
+    # no limit: it differs from the prompt, which fits, in its last word only
     _, other = chat_prompt(model, with_last_word(req, SENTINEL))
     n = 0
     for a, b in zip(ids, other):

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import logging
 import os
 import signal
@@ -50,6 +51,7 @@ from kinetic.progress import progress_printer
 from kinetic.api.app import create_app
 from kinetic.api.core import ServerConfig, ServerState, dumps, log
 from kinetic.api.errors import ERROR_TYPES, error_body
+from kinetic.api.offload import SWITCH_INTERVAL
 from kinetic.engine.engine_config import EngineConfig
 
 GRACEFUL_SECONDS = 5.0     # a stop: running requests' time to finish before they are cancelled
@@ -113,7 +115,10 @@ def _count(n: int, noun: str) -> str:
 
 def run(config: ServerConfig, opts: ModelOptions) -> int:
     """Serve until SIGINT or SIGTERM. Returns the exit status (1 if the model failed to
-    load or the address cannot be bound)."""
+    load or the address cannot be bound). The interpreter switches threads every
+    offload.SWITCH_INTERVAL, so that the event loop waits little for the lock while workers
+    parse requests."""
+    sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL))
     if not log.handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("kinetic: %(message)s"))
@@ -171,6 +176,10 @@ async def _main(config: ServerConfig, opts: ModelOptions) -> int:
         print(f"kinetic: weights multiplied by {how}", file=sys.stderr, flush=True)
         print(f"kinetic: serving {state.model_id} at http://{host}:{port}/v1{also} (context "
               f"{model.n_ctx}, {slots}); Ctrl+C stops it", file=sys.stderr, flush=True)
+        # what loading made lives as long as the server: out of the collector's sight, so
+        # that a full collection (tens of ms with a model loaded, on the event loop's
+        # thread or a worker's, holding the lock) does not walk it again and again
+        gc.freeze()
         state.set_ready(model)
 
     def load() -> None:

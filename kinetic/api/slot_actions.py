@@ -44,6 +44,7 @@ from kinetic.api.body import nesting_depth
 from kinetic.api.core import (ServerState, json_body, json_response, require_kind,
                               server_state)
 from kinetic.api.errors import APIError, bad_request
+from kinetic.api.offload import offload
 from kinetic.api.params import parse_chat
 
 blueprint = Blueprint("slot_actions", __name__)
@@ -222,5 +223,5 @@ async def apply_template():
     """The conversation as the chat template renders it for a chat completion."""
     state = server_state()
     model = require_kind(state, "text", "chat templates")
-    req = parse_chat(await json_body(), model.default_params, model.text_tokens)
-    return json_response({"prompt": await asyncio.to_thread(chat_text, model, req)})
+    req = await offload(parse_chat, await json_body(), model.default_params, model.text_tokens)
+    return json_response({"prompt": await offload(chat_text, model, req)})

@@ -5,15 +5,19 @@
 `gemma4` (SentencePiece-style BPE) and `bert` (WordPiece). Encoding first cuts special tokens out
 of the text (user-defined ones always, control ones only with parse_special), then tokenizes the
 remaining pieces with the model's algorithm; decoding follows llama.cpp's detokenizer, including
-its leading-space and space-cleaning rules.
+its leading-space and space-cleaning rules. For long texts, `encode_chunks` gives the same ids
+in pieces a caller can stop between, and `min_tokens` a lower bound of their count from the
+text's length alone (kinetic/text/chunks.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from kinetic.text import chunks
 from kinetic.text import unicode_data as ud
-from kinetic.text.bpe import BPE, parse_merges
+from kinetic.text.bpe import BPE, merge, parse_merges
 from kinetic.text.pretokenize import Splitter
 from kinetic.text.spm import SPM
 from kinetic.text.vocab import (BYTE, CONTROL, LSTRIP, NORMAL, RSTRIP, UNKNOWN, USER_DEFINED,
@@ -31,12 +35,14 @@ class Tokenizer:
         self._v = vocab
         self._tokens = vocab.tokens
         self._attrs = vocab.attrs
+        self._ranks: dict[tuple[str, str], int] = {}   # BPE's merges
         if vocab.kind == "spm":
             self._spm = SPM(vocab.token_to_id, vocab.scores)
         elif vocab.kind == "bpe":
             pre = vocab.pre
             self._splitter = Splitter(pre.regexes)
-            self._bpe = BPE(vocab.token_to_id, parse_merges(vocab.merges),
+            self._ranks = parse_merges(vocab.merges)
+            self._bpe = BPE(vocab.token_to_id, self._ranks,
                             byte_encode=pre.byte_encode, ignore_merges=pre.ignore_merges,
                             newline_words_whole=pre.name == "gemma4")
         else:
@@ -47,6 +53,9 @@ class Tokenizer:
         # grammar's token trie had asked for every token)
         n = len(vocab.tokens)
         self._pieces: tuple[list[bytes | None], list[bytes | None]] = ([None] * n, [None] * n)
+        self._junctions: frozenset[str] | None = None            # chunks.py, made on first use
+        self._order: dict[float, int] | None = None               # likewise (SentencePiece)
+        self._bounds: dict[bool, chunks.PieceBound | None] = {}  # per parse_special, likewise
 
     @classmethod
     def from_metadata(cls, metadata: dict[str, Any]) -> "Tokenizer":
@@ -102,42 +111,142 @@ class Tokenizer:
         """Returns the token ids of `text` as llama_tokenize does. `add_special` adds BOS/EOS as
         the vocabulary asks (for BERT: [CLS] ... [SEP]); `parse_special` lets control tokens
         written in the text become those tokens (user-defined tokens always do)."""
+        out: list[int] = []
+        for ids in self._encode_parts(text, add_special, parse_special, None):
+            out.extend(ids)
+        return out
+
+    def encode_chunks(self, text: str, add_special: bool = True, parse_special: bool = False,
+                      size: int = chunks.CHUNK_CHARS,
+                      check: Callable[[], None] | None = None) -> Iterator[list[int]]:
+        """encode()'s token ids in pieces, each from about `size` characters of the text (more
+        where no cut is safe: kinetic/text/chunks.py). Their concatenation is exactly what
+        encode() returns, so a caller can count them as they come and stop early. `check()`
+        is also called inside the merging of a piece that stays long (it may raise to stop)."""
+        return self._encode_parts(text, add_special, parse_special, size, check)
+
+    def min_tokens(self, text: str, parse_special: bool = False) -> int:
+        """At least how many tokens encode(text, add_special=False, parse_special) returns,
+        from the text's UTF-8 length alone (kinetic/text/chunks.py); 0 where the vocabulary
+        gives no bound (WordPiece, tokens that strip the spaces around them)."""
+        if parse_special not in self._bounds:
+            self._bounds[parse_special] = chunks.piece_bound(
+                self._v, self._ranks, parse_special)
+        bound = self._bounds[parse_special]
+        return 0 if bound is None else bound.min_tokens(text)
+
+    def _encode_parts(self, text: str, add_special: bool, parse_special: bool,
+                      size: int | None,
+                      check: Callable[[], None] | None = None) -> Iterator[list[int]]:
+        """encode()'s ids in pieces: one per fragment between special tokens, or with `size`
+        pieces of about that many characters, cut where chunks.py proves the ids the same."""
         v = self._v
         fragments = self._partition(text, parse_special)
-        out: list[int] = []
         if v.kind == "wpm":
             if add_special and v.special.get("bos") is not None:
-                out.append(v.special["bos"])
+                yield [v.special["bos"]]
             for frag in fragments:
-                out.extend(self._wpm.encode(frag) if isinstance(frag, str) else (frag,))
+                if isinstance(frag, int):
+                    yield [frag]
+                    continue
+                for piece in [frag] if size is None else chunks.cut_before_spaces(frag, size):
+                    yield self._wpm.encode(piece)
             if add_special and v.special.get("sep") is not None:
-                out.append(v.special["sep"])
-            return out
+                yield [v.special["sep"]]
+            return
         if add_special and v.add_bos:
-            out.append(v.special["bos"])
+            yield [v.special["bos"]]
         if v.kind == "spm":
             # A space is prefixed to the text at the start and after every special token.
             prev_special = True
             for frag in fragments:
                 if isinstance(frag, int):
-                    out.append(frag)
+                    yield [frag]
                     prev_special = True
                     continue
                 if v.add_space_prefix and prev_special:
                     frag = " " + frag
-                out.extend(self._spm.encode(frag.replace(" ", _SPACE_MARK)))
+                frag = frag.replace(" ", _SPACE_MARK)
+                for piece in self._cut(frag, size):
+                    if size is not None and len(piece) > chunks.LONG_PIECE * size:
+                        yield self._spm_long(piece, check)
+                    else:
+                        yield self._spm.encode(piece)
                 prev_special = False
         else:
             for frag in fragments:
                 if isinstance(frag, int):
-                    out.append(frag)
+                    yield [frag]
                     continue
                 if v.escape_whitespaces:
                     frag = frag.replace(" ", _SPACE_MARK)
+                out: list[int] = []
+                chars = 0
                 for word in self._splitter.split(frag):
+                    if size is not None and len(word) > size:
+                        if out:
+                            yield out
+                        out, chars = [], 0
+                        yield from self._long_word(word, size, check)
+                        continue
                     out.extend(self._bpe.encode_word(word))
+                    chars += len(word)
+                    if size is not None and chars >= size:
+                        yield out
+                        out, chars = [], 0
+                if out:
+                    yield out
         if add_special and v.add_eos:
-            out.append(v.special["eos"])
+            yield [v.special["eos"]]
+
+    def _cut(self, text: str, size: int | None) -> Iterator[str]:
+        if size is None or len(text) <= size:
+            return iter((text,))
+        if self._junctions is None:
+            self._junctions = (chunks.spm_junctions(self._v.token_to_id) if self._v.kind == "spm"
+                               else chunks.bpe_junctions(self._ranks))
+        return chunks.cut(text, size, self._junctions)
+
+    def _long_word(self, word: str, size: int,
+                   check: Callable[[], None] | None) -> Iterator[list[int]]:
+        """One BPE word of more than `size` characters, in pieces: the same ids as
+        encode_word(word) (chunks.py)."""
+        bpe, t2i = self._bpe, self._v.token_to_id
+        text = word
+        if self._v.pre.byte_encode:   # a block at a time: no long call holds the lock
+            data, block = word.encode("utf-8"), chunks.CHUNK_CHARS * 16
+            text = "".join(ud.bytes_to_gpt2_chars(data[i:i + block])
+                           for i in range(0, len(data), block))
+        if text in t2i:   # a token as a whole, where the whole-word rules may apply
+            yield list(bpe.encode_word(word))
+            return
+        for piece in self._cut(text, size):
+            out: list[int] = []
+            symbols = (chunks.bpe_merge(piece, self._ranks, check)
+                       if len(piece) > chunks.LONG_PIECE * size
+                       else merge(list(piece), self._ranks))
+            for symbol in symbols:
+                tid = t2i.get(symbol)
+                if tid is not None:
+                    out.append(tid)
+                else:
+                    out.extend(bpe._fallback(symbol))   # bpe.BPE._encode's fallback
+            yield out
+
+    def _spm_long(self, text: str, check: Callable[[], None] | None) -> list[int]:
+        """SPM.encode(text) of a long piece (chunks.spm_merge)."""
+        if self._order is None:
+            self._order = chunks.score_order(self._v.scores) or {}
+        if not self._order:   # a NaN score: spm.py's own loop
+            return self._spm.encode(text)
+        t2i = self._v.token_to_id
+        out: list[int] = []
+        for piece in chunks.spm_merge(text, t2i, self._v.scores, self._order, check):
+            tid = t2i.get(piece)
+            if tid is not None:
+                out.append(tid)
+            else:
+                out.extend(self._spm._bytes(piece))   # SPM.encode's byte fallback
         return out
 
     def _partition(self, text: str, parse_special: bool) -> list[str | int]:
