@@ -32,6 +32,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+# words for prompts a benchmark makes up (none alike when drawn at random)
+WORDS = ("river stone garden window silver morning engine yellow quiet forest market letter "
+         "winter candle bridge orange summer mountain pocket thunder velvet harbor lantern "
+         "meadow copper violin island shadow marble rocket canyon feather crystal").split()
+
 
 @dataclass
 class Stream:

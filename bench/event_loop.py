@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.throughput import model_path   # noqa: E402
 from tests.serve_process import ServeProcess   # noqa: E402
 
 def load() -> float:
@@ -122,13 +123,6 @@ def big_bodies(mb: int) -> list[tuple[str, str, bytes]]:
     ]
 
 
-def model_path(name: str) -> str:
-    if Path(name).exists():
-        return name
-    from kinetic.fetch import fetch_model, model_path as cached
-    return str(cached(name) or fetch_model(name))
-
-
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -142,7 +136,7 @@ def main(argv=None) -> int:
                     "(substrings: raw, chat, words, spaces)")
     args = ap.parse_args(argv)
 
-    model = model_path(args.model)
+    model = model_path(args.model)[0]
     server = ServeProcess(model, *extra)
     print(f"kinetic serve {Path(model).name} {' '.join(extra)}  ({os.cpu_count()} cores)",
           flush=True)

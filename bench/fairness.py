@@ -40,11 +40,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.client import WORDS   # noqa: E402
+from bench.throughput import model_path   # noqa: E402
 from tests.serve_process import ServeProcess   # noqa: E402
 
-WORDS = ("river stone garden window silver morning engine yellow quiet forest market letter "
-         "winter candle bridge orange summer mountain pocket thunder velvet harbor lantern "
-         "meadow copper violin island shadow marble rocket canyon feather crystal").split()
 _chats = iter(range(1 << 30))
 
 
@@ -132,13 +131,6 @@ def probe(server: ServeProcess, big: Background, measure, probes: int) -> list[f
     return out
 
 
-def model_path(name: str) -> str:
-    if Path(name).exists():
-        return name
-    from kinetic.fetch import fetch_model, model_path as cached
-    return str(cached(name) or fetch_model(name))
-
-
 def minilm_shaped() -> str:
     from tests.embedding_models import write_bert
     path = Path("/tmp/kinetic-fairness/minilm-shaped-f16.gguf")
@@ -166,7 +158,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     model = args.model or ("" if args.embeddings else "smollm2")
-    model = minilm_shaped() if not model else model_path(model)
+    model = minilm_shaped() if not model else model_path(model)[0]
     server = ServeProcess(model, *extra)
     rng = np.random.default_rng(args.seed)
     print(f"kinetic serve {Path(model).name} {' '.join(extra)}  ({os.cpu_count()} cores)",

@@ -34,6 +34,7 @@ if str(ROOT) not in sys.path:
 
 from hypothesis import HealthCheck, given, settings   # noqa: E402
 
+from bench.probes import proc_mib   # noqa: E402
 from tests.serve_process import ServeProcess   # noqa: E402
 from tests import test_fuzz_routes as fuzz   # noqa: E402
 
@@ -56,17 +57,6 @@ def send(port: int, method: str, path: str, body: bytes = b"",
         return 0, time.monotonic() - began
     finally:
         conn.close()
-
-
-def rss(pid: int) -> dict[str, int]:
-    """VmRSS and VmHWM of a process, MiB."""
-    out = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                out[key] = int(value.split()[0]) // 1024
-    return out
 
 
 class HealthProbe:
@@ -123,7 +113,7 @@ def attack(model: str, kind: str, args) -> list:
     try:
         server.wait_ready()
         pid = server.proc.pid
-        before = rss(pid)
+        before = proc_mib(pid, "VmRSS", "VmHWM")
         probe = HealthProbe(server.port)
         record: list = []
         if kind == "text":
@@ -138,7 +128,7 @@ def attack(model: str, kind: str, args) -> list:
                 status, took = send(server.port, "POST", path, body)
                 record.append((path, len(body), took, status))
         health = probe.stop()
-        after = rss(pid)
+        after = proc_mib(pid, "VmRSS", "VmHWM")
     finally:
         server.close()
     classes = {c: sum(1 for r in record if r[3] // 100 == c) for c in (0, 2, 4, 5)}

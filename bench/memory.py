@@ -29,6 +29,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.client import random_prompts, run_streams   # noqa: E402
+from bench.probes import proc_mib   # noqa: E402
 from bench.servers import KineticServer   # noqa: E402
 from bench.throughput import gguf_facts, model_path   # noqa: E402
 
@@ -46,19 +47,8 @@ def rounds_list(text: str) -> list[int]:
     return ks
 
 
-def status(pid: int) -> dict[str, int]:
-    """The FIELDS of /proc/PID/status, MiB."""
-    out = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            name, _, value = line.partition(":")
-            if name in FIELDS:
-                out[name] = int(value.split()[0]) // 1024
-    return out
-
-
 def show(label: str, pid: int) -> None:
-    s = status(pid)
+    s = proc_mib(pid, *FIELDS)
     print(f"{label:<24}" + "".join(f"{name} {s.get(name, 0):>5}  " for name in FIELDS), flush=True)
 
 

@@ -27,22 +27,11 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.client import WORDS   # noqa: E402
+from bench.probes import proc_mib   # noqa: E402
+from bench.throughput import model_path   # noqa: E402
 from tests.serve_process import ServeProcess   # noqa: E402
 
-WORDS = ("river stone garden window silver morning engine yellow quiet forest market letter "
-         "winter candle bridge orange summer mountain pocket thunder velvet harbor lantern "
-         "meadow copper violin island shadow marble rocket canyon feather crystal").split()
-
-
-def status(pid: int) -> dict[str, int]:
-    """VmRSS and RssAnon of /proc/PID/status, MiB."""
-    out = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            name, _, value = line.partition(":")
-            if name in ("VmRSS", "RssAnon"):
-                out[name] = int(value.split()[0]) // 1024
-    return out
 
 
 def prompts(rng: np.random.Generator, batch: int, k: int) -> list[str]:
@@ -60,13 +49,6 @@ def completion(url: str, body: dict) -> list:
     return out
 
 
-def model_path(name: str) -> str:
-    if Path(name).exists():
-        return name
-    from kinetic.fetch import fetch_model, model_path as cached
-    return str(cached(name) or fetch_model(name))
-
-
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -81,19 +63,19 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     flags = ["--parallel", str(args.parallel), *extra]
-    server = ServeProcess(model_path(args.model), *flags)
+    server = ServeProcess(model_path(args.model)[0], *flags)
     print(f"kinetic serve {args.model} {' '.join(flags)}: {args.batches} batches of "
           f"{args.prompts} prompts, n_predict {args.n_predict}", flush=True)
     rng = np.random.default_rng(args.seed)
     try:
         server.wait_ready()
-        print(f"{'ready':<10} VmRSS {status(server.proc.pid)['VmRSS']:>6}  "
-              f"RssAnon {status(server.proc.pid)['RssAnon']:>6}", flush=True)
+        s = proc_mib(server.proc.pid, "VmRSS", "RssAnon")
+        print(f"{'ready':<10} VmRSS {s['VmRSS']:>6}  RssAnon {s['RssAnon']:>6}", flush=True)
         rss = []
         for b in range(args.batches):
             completion(server.url, {"prompt": prompts(rng, b, args.prompts),
                                     "n_predict": args.n_predict, "temperature": 0})
-            s = status(server.proc.pid)
+            s = proc_mib(server.proc.pid, "VmRSS", "RssAnon")
             rss.append(s["VmRSS"])
             print(f"batch {b + 1:<4} VmRSS {s['VmRSS']:>6}  RssAnon {s['RssAnon']:>6}",
                   flush=True)

@@ -9,6 +9,7 @@ a process's peak memory.
     OtherLoad(pids)        context manager: CPUs kept busy by other processes meanwhile
     wait_quiet(pids, s)    wait up to s seconds for a quiet second
     vm_hwm(pid)            peak resident set size (VmHWM), bytes
+    proc_mib(pid, names)   fields of /proc/PID/status (VmRSS, RssAnon, VmHWM...), MiB
 """
 
 from __future__ import annotations
@@ -155,3 +156,15 @@ def vm_hwm(pid: int | str = "self") -> int | None:
     except OSError:
         return None
     return None
+
+
+def proc_mib(pid: int, *names: str) -> dict[str, int]:
+    """The `names` fields of /proc/PID/status (VmRSS, RssAnon, VmHWM...), MiB."""
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            name, _, value = line.partition(":")
+            if name in names:
+                out[name] = int(value.split()[0]) // 1024
+    return out
+
