@@ -8,10 +8,10 @@ Results are cached per word, since real text repeats its words.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
 
 from kinetic.text import unicode_data as ud
+from kinetic.text.chunks import bpe_merge
 
 _CACHE_LIMIT = 1 << 16
 
@@ -109,41 +109,4 @@ def merge(symbols: list[str], ranks: dict[tuple[str, str], int]) -> list[str]:
                 break
             symbols[best_i:best_i + 2] = [symbols[best_i] + symbols[best_i + 1]]
         return symbols
-    return _merge_heap(symbols, ranks)
-
-
-def _merge_heap(symbols: list[str], ranks: dict[tuple[str, str], int]) -> list[str]:
-    # Same result as the rescanning loop in O(n log n): a heap of (rank, left index) candidates;
-    # an entry is stale once either side has changed length (merging only ever grows a symbol
-    # or empties it), so it is checked on pop instead of removed.
-    n = len(symbols)
-    text = list(symbols)
-    size = [len(s) for s in symbols]
-    prev = list(range(-1, n - 1))
-    nxt = list(range(1, n + 1))
-    nxt[-1] = -1
-    heap: list[tuple[int, int, int, int]] = []
-
-    def push(left: int, right: int) -> None:
-        if left < 0 or right < 0:
-            return
-        r = ranks.get((text[left], text[right]))
-        if r is not None:
-            heapq.heappush(heap, (r, left, right, size[left] + size[right]))
-
-    for i in range(n - 1):
-        push(i, i + 1)
-    while heap:
-        _, left, right, total = heapq.heappop(heap)
-        if size[left] == 0 or size[right] == 0 or size[left] + size[right] != total:
-            continue
-        text[left] += text[right]
-        size[left] = total
-        size[right] = 0
-        text[right] = ""
-        nxt[left] = nxt[right]
-        if nxt[right] >= 0:
-            prev[nxt[right]] = left
-        push(prev[left], left)
-        push(left, nxt[left])
-    return [t for t, s in zip(text, size) if s]
+    return bpe_merge(symbols, ranks)   # the heap loop, for long words: chunks.py

@@ -25,13 +25,14 @@ BPE tokenizes each word alone. WordPiece: a space ends the word before it and st
 (wordpiece.split_words), so a text cut before a space splits into the same words.
 
 Long pieces. Where no cut is safe (a run of one character that merges with itself: 16 MB
-of spaces) a piece stays long: merging it takes a minute, and the loops of bpe.py and spm.py
-make lists of millions of ints and a heap of millions of tuples, whose making and freeing
-held the interpreter lock, and so every other thread, for seconds at a time (the event loop
-stalled for 3.7 s: bench/event_loop.py). `bpe_merge` and `spm_merge` run the same loops
-step for step, on arrays of C ints made and freed a block at a time, each heap entry packed
-into one int (in the tuple's order: its fields, most significant first, 32 bits each), and
-call `check` every CHECK_STEPS merges so that a caller can give up part way.
+of spaces) a piece stays long: merging it takes a minute, and a heap loop over lists of millions of
+ints and a heap of millions of tuples held the interpreter lock, and so every other thread,
+for seconds at a time, while they were made and freed (the event loop stalled for 3.7 s:
+bench/event_loop.py). `bpe_merge` (bpe.merge's own heap loop, for every long word) and
+`spm_merge` (spm.py's loop, step for step, for long pieces) run on arrays of C ints made
+and freed a block at a time, each heap entry packed into one int (in the tuple's order: its
+fields, most significant first, 32 bits each), and call `check` every CHECK_STEPS merges so
+that a caller can give up part way.
 
 The bound. Every token of a text stands for a run of its bytes, and every byte is in exactly
 one token's run, except where the tokenizer drops bytes: WordPiece drops whitespace and
@@ -113,8 +114,13 @@ def cut_before_spaces(text: str, size: int) -> Iterator[str]:
 
 def bpe_merge(symbols: Sequence[str], ranks: dict[tuple[str, str], int],
               check: Callable[[], None] | None = None) -> list[str]:
-    """bpe.merge(list(symbols), ranks) for a long word: its heap loop (bpe._merge_heap),
-    entries packed into ints, `check()` called every CHECK_STEPS merges."""
+    """The BPE merges of `symbols` by `ranks` (bpe.merge's answer) in O(n log n), for the
+    words bpe.merge does not rescan: a heap of (rank, left, right, total) candidates packed
+    into ints; an entry is stale once either side has changed length (merging only ever
+    grows a symbol or empties it), so it is checked on pop instead of removed. The arrays
+    are made and freed a block at a time, and `check()` is called every CHECK_STEPS merges,
+    so that a piece of millions of symbols (a run of spaces) neither holds the interpreter
+    lock long nor runs on once its request has gone."""
     n = len(symbols)
     if n == 0:
         return []
@@ -218,12 +224,15 @@ def spm_merge(text: str, token_to_id: dict[str, int], scores: list[float],
     return out
 
 
-def _ints(first: int, n: int, step: int = 1) -> array:
-    """array('i') of first, first + step, ... (n of them), made a block at a time: C ints
-    (millions of int objects would take seconds to make and free, the interpreter lock
-    held), and no single call long enough to keep the event loop waiting."""
+def _ints(first: int, n: int, step: int = 1) -> list[int] | array:
+    """first, first + step, ... (n of them). Past _BLOCK, an array('i') made a block at a
+    time: C ints (millions of int objects would take seconds to make and free, the
+    interpreter lock held), and no single call long enough to keep the event loop waiting;
+    below, a list, which a merge indexes faster (most words bpe.merge gives bpe_merge)."""
     if not 0 < n < 1 << 31:
         raise ValueError(f"a piece of {n} characters")
+    if n <= _BLOCK:
+        return list(range(first, first + n * step, step)) if step else [first] * n
     out = array("i")
     for i in range(0, n, _BLOCK):
         m = min(_BLOCK, n - i)
