@@ -4,17 +4,17 @@ The scheduler admits waiting sequences round-robin across groups (one group per 
 request), so a one-prompt request behind a 256-prompt one takes the next free slot; the
 embedding routes run a request's inputs a piece (one encoder step) at a time, round-robin
 across requests, so a small request waits for at most one piece of a big one. Exact orders
-and step counts here, never timings.
+and step counts here, never timings (groups under preemption, drafts and finishes:
+tests/test_scheduler.py's stress test).
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
 import threading
 
 from kinetic.engine.scheduler import Scheduler, SchedulerConfig, Sequence
-from tests.test_scheduler import FakeModel, assert_all_pages_returned, expected, mix, step
+from tests.test_scheduler import FakeModel, assert_all_pages_returned, expected, step
 
 
 def admissions(sched: Scheduler, model: FakeModel, steps: int, done=None) -> list[list[int]]:
@@ -104,40 +104,6 @@ def test_with_one_sequence_a_group_admission_keeps_arrival_order():
     while sched.has_work:
         order += [c.seq_id for c in step(sched, model).chunks if c.start == 0]
     assert order == list(range(7))
-
-
-def test_stress_groups_preemption_and_drafts_keep_the_invariants_and_the_tokens():
-    rng = random.Random(36)
-    cfg = SchedulerConfig(step_tokens=16, num_slots=4, page_size=4, num_pages=25,
-                          pages_per_slot=12, chunk_tokens=8)
-    sched, model = Scheduler(cfg), FakeModel(cfg, rule=mix)
-    heads = [[rng.randrange(100) for _ in range(rng.randrange(4, 20))] for _ in range(3)]
-    seqs = []
-    for i in range(48):
-        prompt = rng.choice(heads)[:rng.randrange(1, 20)] + [rng.randrange(100)
-                                                            for _ in range(rng.randrange(0, 12))]
-        group = rng.choice(["a", "a", "b", None])   # None: a group of its own
-        seqs.append(Sequence(i, prompt, max_tokens=rng.randrange(1, 24), group=group))
-    done: dict[int, Sequence] = {}
-    pending = list(seqs)
-    for _ in range(4000):
-        while pending and (len(pending) > 36 or rng.random() < 0.3):
-            sched.add(pending.pop(0))
-        if not (pending or sched.has_work):
-            break
-        for seq in sched.running:
-            if seq.num_computed == len(seq.tokens) - 1 and rng.random() < 0.3:
-                truth = expected(seq.tokens, 4, mix)[len(seq.tokens):]
-                sched.set_draft(seq.seq_id, truth[:rng.randrange(5)] + [rng.randrange(100)])
-        step(sched, model, done)
-        if sched.running and rng.random() < 0.05:   # a cancel
-            victim = rng.choice(sched.running).seq_id
-            done[victim] = sched.cancel(victim)
-    assert len(done) == 48 and not sched._groups
-    for seq in seqs:
-        assert seq.tokens == expected(seq.prompt, seq.n_decoded, mix)
-    assert sched.num_preemptions > 0
-    assert_all_pages_returned(sched)
 
 
 # --- embeddings: a piece at a time, round-robin ---------------------------------------------

@@ -316,7 +316,7 @@ def test_finish_and_cancel_release_at_once():
     assert_all_pages_returned(sched)
 
 
-def test_stress_32_sequences_through_4_slots_and_a_small_pool():
+def test_stress_32_sequences_of_3_groups_through_4_slots_and_a_small_pool():
     rng = random.Random(1234)
     cfg = SchedulerConfig(step_tokens=16, num_slots=4, page_size=4, num_pages=25,
                           pages_per_slot=12, chunk_tokens=8)
@@ -326,7 +326,8 @@ def test_stress_32_sequences_through_4_slots_and_a_small_pool():
     for i in range(32):
         prompt = rng.choice(heads)[:rng.randrange(1, 20)] + [rng.randrange(100)
                                                             for _ in range(rng.randrange(0, 12))]
-        seqs.append(Sequence(i, prompt, max_tokens=rng.randrange(1, 24)))
+        group = rng.choice(["a", "a", "b", None])   # who asked (None: a group of its own)
+        seqs.append(Sequence(i, prompt, max_tokens=rng.randrange(1, 24), group=group))
     stopped = {i: rng.randrange(1, 6) for i in range(0, 32, 5)}  # the engine's EOG here
     done: dict[int, Sequence] = {}
     pending, drafted = list(seqs), 0
@@ -343,7 +344,7 @@ def test_stress_32_sequences_through_4_slots_and_a_small_pool():
         for i, n in stopped.items():
             if i in sched.sequences and sched.sequences[i].n_decoded >= n:
                 done[i] = sched.finish(i, "stop")
-    assert len(done) == 32
+    assert len(done) == 32 and not sched._groups
     for seq in seqs:
         assert seq.n_decoded <= seq.max_tokens
         assert seq.tokens == expected(seq.prompt, seq.n_decoded, mix)
