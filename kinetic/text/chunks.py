@@ -28,8 +28,8 @@ Long pieces. Where no cut is safe (a run of one character that merges with itsel
 of spaces) a piece stays long: merging it takes a minute, and a heap loop over lists of millions of
 ints and a heap of millions of tuples held the interpreter lock, and so every other thread,
 for seconds at a time, while they were made and freed (the event loop stalled for 3.7 s:
-bench/event_loop.py). `bpe_merge` (bpe.merge's own heap loop, for every long word) and
-`spm_merge` (spm.py's loop, step for step, for long pieces) run on arrays of C ints made
+bench/event_loop.py). `bpe_merge` (bpe.merge's heap loop, for every long word) and
+`spm_merge` (SPM.encode's loop, for every text) run on arrays of C ints made
 and freed a block at a time, each heap entry packed into one int (in the tuple's order: its
 fields, most significant first, 32 bits each), and call `check` every CHECK_STEPS merges so
 that a caller can give up part way.
@@ -168,19 +168,22 @@ def bpe_merge(symbols: Sequence[str], ranks: dict[tuple[str, str], int],
     return out
 
 
-def score_order(scores: list[float]) -> dict[float, int] | None:
-    """Each score's place from the highest (0) down, for spm_merge; None if one is NaN."""
-    if any(s != s for s in scores):
-        return None
-    return {s: i for i, s in enumerate(sorted(set(scores), reverse=True))}
+def score_ranks(scores: list[float]) -> list[int]:
+    """Each token's place by score, from the highest (0) down, equal scores sharing one, a
+    NaN score last (a NaN compares false with everything: as a heap key it left the order
+    undefined), for spm_merge."""
+    order = sorted({s for s in scores if s == s}, reverse=True)
+    place = {s: i for i, s in enumerate(order)}
+    return [place[s] if s == s else len(order) for s in scores]
 
 
-def spm_merge(text: str, token_to_id: dict[str, int], scores: list[float],
-              order: dict[float, int], check: Callable[[], None] | None = None) -> list[str]:
-    """The final symbols of SPM.encode(text) (spm.py's loop, where symbol i starts at i; a
-    symbol that is not a token becomes byte tokens there), heap entries packed into ints,
-    the score as its place in `order` (score_order), `check()` called every CHECK_STEPS
-    merges."""
+def spm_merge(text: str, token_to_id: dict[str, int], ranks: list[int],
+              check: Callable[[], None] | None = None) -> list[str]:
+    """The final symbols of SentencePiece's merging of `text` (spm.py's module docstring;
+    SPM.encode turns them into ids): repeatedly the adjacent pair whose concatenation is the
+    token of the best `ranks` place (score_ranks) merges, the leftmost on ties. A heap of
+    (place, left, right, total) candidates packed into ints, stale entries skipped on pop,
+    arrays made and freed a block at a time, `check()` called every CHECK_STEPS merges."""
     n = len(text)
     if n == 0:
         return []
@@ -194,8 +197,8 @@ def spm_merge(text: str, token_to_id: dict[str, int], scores: list[float],
             return
         total = size[left] + size[right]
         tid = token_to_id.get(text[left:left + total])
-        if tid is not None:   # (-score, left, right, total): the highest score first
-            heapq.heappush(heap, (((order[scores[tid]] << _BITS | left) << _BITS | right)
+        if tid is not None:   # (place, left, right, total): the highest score first
+            heapq.heappush(heap, (((ranks[tid] << _BITS | left) << _BITS | right)
                                   << _BITS) | total)
 
     for i in range(n - 1):

@@ -9,7 +9,9 @@ such tokens, so the whole text is merged at once.
 
 from __future__ import annotations
 
-import heapq
+from collections.abc import Callable
+
+from kinetic.text.chunks import score_ranks, spm_merge
 
 
 class SPM:
@@ -17,56 +19,19 @@ class SPM:
 
     def __init__(self, token_to_id: dict[str, int], scores: list[float]):
         self._token_to_id = token_to_id
-        self._scores = scores
+        self._ranks = score_ranks(scores)   # each token's place by score, the best 0
 
-    def encode(self, text: str) -> list[int]:
-        """Returns the token ids of `text` (already ▁-escaped)."""
-        n = len(text)
-        if n == 0:
-            return []
-        token_to_id = self._token_to_id
-        scores = self._scores
-        start = list(range(n))
-        size = [1] * n
-        prev = list(range(-1, n - 1))
-        nxt = list(range(1, n + 1))
-        nxt[-1] = -1
-        heap: list[tuple[float, int, int, int]] = []
-
-        def push(left: int, right: int) -> None:
-            if left < 0 or right < 0:
-                return
-            total = size[left] + size[right]
-            tid = token_to_id.get(text[start[left]:start[left] + total])
-            if tid is not None:
-                # Highest score first, then the leftmost pair.
-                heapq.heappush(heap, (-scores[tid], left, right, total))
-
-        for i in range(n - 1):
-            push(i, i + 1)
-        while heap:
-            _, left, right, total = heapq.heappop(heap)
-            # Stale if either side was merged away or grew since the pair was queued.
-            if size[left] == 0 or size[right] == 0 or size[left] + size[right] != total:
-                continue
-            size[left] = total
-            size[right] = 0
-            nxt[left] = nxt[right]
-            if nxt[right] >= 0:
-                prev[nxt[right]] = left
-            push(prev[left], left)
-            push(left, nxt[left])
-
+    def encode(self, text: str, check: Callable[[], None] | None = None) -> list[int]:
+        """Returns the token ids of `text` (already ▁-escaped): the symbols chunks.spm_merge
+        leaves, a symbol that is not a token as its bytes. check: called every few thousand
+        merges (it may raise to give up: a long text, kinetic/text/chunks.py)."""
         out: list[int] = []
-        i = 0
-        while i != -1:
-            piece = text[start[i]:start[i] + size[i]]
-            tid = token_to_id.get(piece)
+        for piece in spm_merge(text, self._token_to_id, self._ranks, check):
+            tid = self._token_to_id.get(piece)
             if tid is not None:
                 out.append(tid)
             else:
                 out.extend(self._bytes(piece))
-            i = nxt[i]
         return out
 
     def _bytes(self, piece: str) -> list[int]:

@@ -54,7 +54,6 @@ class Tokenizer:
         n = len(vocab.tokens)
         self._pieces: tuple[list[bytes | None], list[bytes | None]] = ([None] * n, [None] * n)
         self._junctions: frozenset[str] | None = None            # chunks.py, made on first use
-        self._order: dict[float, int] | None = None               # likewise (SentencePiece)
         self._bounds: dict[bool, chunks.PieceBound | None] = {}  # per parse_special, likewise
 
     @classmethod
@@ -168,10 +167,7 @@ class Tokenizer:
                     frag = " " + frag
                 frag = frag.replace(" ", _SPACE_MARK)
                 for piece in self._cut(frag, size):
-                    if size is not None and len(piece) > chunks.LONG_PIECE * size:
-                        yield self._spm_long(piece, check)
-                    else:
-                        yield self._spm.encode(piece)
+                    yield self._spm.encode(piece, check)
                 prev_special = False
         else:
             for frag in fragments:
@@ -232,22 +228,6 @@ class Tokenizer:
                 else:
                     out.extend(bpe._fallback(symbol))   # bpe.BPE._encode's fallback
             yield out
-
-    def _spm_long(self, text: str, check: Callable[[], None] | None) -> list[int]:
-        """SPM.encode(text) of a long piece (chunks.spm_merge)."""
-        if self._order is None:
-            self._order = chunks.score_order(self._v.scores) or {}
-        if not self._order:   # a NaN score: spm.py's own loop
-            return self._spm.encode(text)
-        t2i = self._v.token_to_id
-        out: list[int] = []
-        for piece in chunks.spm_merge(text, t2i, self._v.scores, self._order, check):
-            tid = t2i.get(piece)
-            if tid is not None:
-                out.append(tid)
-            else:
-                out.extend(self._spm._bytes(piece))   # SPM.encode's byte fallback
-        return out
 
     def _partition(self, text: str, parse_special: bool) -> list[str | int]:
         """Returns the text cut into raw pieces (str) and special tokens (int), processing the
