@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kinetic.grammar import GrammarError, TokenVocab, compile_gbnf
+from kinetic.grammar import GrammarError, Matcher, TokenVocab, compile_gbnf
 
 # --- a byte-level vocabulary and checks shared by the grammar test files --------------------
 
@@ -46,13 +46,13 @@ def mask_bits(m, vocab) -> np.ndarray:
 
 
 def accepts_bytewise(grammar, vocab, data: bytes) -> bool:
-    m = grammar.matcher(vocab)
+    m = Matcher(grammar, vocab)
     return all(m.accept_bytes(bytes([b])) for b in data) and m.can_end()
 
 
 def accepts_by_masks(grammar, vocab, tokens: list[int]) -> bool:
     """Feeds tokens while each is allowed by the mask; at the end EOG must be allowed."""
-    m = grammar.matcher(vocab)
+    m = Matcher(grammar, vocab)
     for t in tokens:
         if not mask_bits(m, vocab)[t]:
             return False
@@ -139,7 +139,7 @@ def test_masks_match_brute_force(gbnf, texts):
     """At every prefix of the texts, the trie-walk mask equals token-by-token checking."""
     g = compile_gbnf(gbnf)
     for text in texts:
-        m = g.matcher(VOCAB)
+        m = Matcher(g, VOCAB)
         for b in text.encode():
             np.testing.assert_array_equal(mask_bits(m, VOCAB), brute_force_mask(m, VOCAB))
             if not m.accept_bytes(bytes([b])):
@@ -150,7 +150,7 @@ def test_masks_match_brute_force(gbnf, texts):
 def test_partial_utf8_tokens():
     """A token may end inside a character and the next one finish it."""
     g = compile_gbnf('root ::= "\u20ac" [0-9]')   # € is e2 82 ac
-    m = g.matcher(VOCAB)
+    m = Matcher(g, VOCAB)
     half = VOCAB.token_bytes.index(b"\xe2\x82")
     assert mask_bits(m, VOCAB)[half] and not mask_bits(m, VOCAB)[0xAC]
     assert m.accept_token(half)
@@ -162,7 +162,7 @@ def test_partial_utf8_tokens():
 
 def test_eog_and_control_tokens():
     g = compile_gbnf('root ::= "a" "b"?')
-    m = g.matcher(VOCAB)
+    m = Matcher(g, VOCAB)
     bits = mask_bits(m, VOCAB)
     assert not bits[EOG] and not bits[CONTROL] and not m.accept_token(EOG)
     assert m.accept_token(ord("a"))
@@ -175,7 +175,7 @@ def test_eog_and_control_tokens():
 
 def test_rejected_token_changes_nothing_and_rollback():
     g = compile_gbnf('root ::= "abc" "d"*')
-    m = g.matcher(VOCAB)
+    m = Matcher(g, VOCAB)
     assert not m.accept_token(ord("b"))
     ab = VOCAB.token_bytes.index(b"ab")
     assert m.accept_token(ab) and m.accept_token(ord("c")) and m.accept_token(ord("d"))
@@ -191,7 +191,7 @@ def test_rejected_token_changes_nothing_and_rollback():
 
 def test_mask_row_shape_and_bit_order():
     g = compile_gbnf('root ::= "!"')    # byte 33: word 1, bit 1
-    m = g.matcher(VOCAB)
+    m = Matcher(g, VOCAB)
     row = np.full(VOCAB.n_words, -1, np.int32)
     m.fill_mask(row)
     assert row.dtype == np.int32 and len(row) == (VOCAB.size + 31) // 32
@@ -200,7 +200,7 @@ def test_mask_row_shape_and_bit_order():
 
 def test_matchers_of_one_grammar_are_independent():
     g = compile_gbnf('root ::= "ab" | "ac"')
-    m1, m2 = g.matcher(VOCAB), g.matcher(VOCAB)
+    m1, m2 = Matcher(g, VOCAB), Matcher(g, VOCAB)
     assert m1.accept_token(ord("a")) and m1.accept_token(ord("b"))
     assert m2.accept_token(ord("a")) and m2.accept_token(ord("c")) and m1.can_end()
 

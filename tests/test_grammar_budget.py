@@ -13,8 +13,8 @@ import pytest
 
 from kinetic.engine import engine as engine_module
 from kinetic.engine.request import GenerationRequest
-from kinetic.grammar import (GrammarTooCostly, MaskBudgetExceeded, TokenVocab, compile_gbnf,
-                             mask_budget)
+from kinetic.grammar import (GrammarTooCostly, MaskBudgetExceeded, Matcher, TokenVocab,
+                             compile_gbnf, mask_budget)
 from kinetic.grammar.matcher import accepts
 from tests import mock_model as mm
 from tests.mock_model import Collector, Paused, greedy, ids, run
@@ -37,14 +37,14 @@ def mask_of(matcher) -> np.ndarray:
 def test_overrun_raises_and_leaves_the_tables_valid():
     vocab = byte_vocab()
     g = compile_gbnf(MANY)
-    m = g.matcher(vocab)
+    m = Matcher(g, vocab)
     with pytest.raises(MaskBudgetExceeded), mask_budget(-1):
         m.fill_mask(np.zeros(vocab.n_words, np.int32))
     with pytest.raises(MaskBudgetExceeded), mask_budget(-1):
         m.accept_bytes(b"k")
     assert m.state == m._history[0]    # nothing was accepted by the overrun
     # the same grammar, finished without a budget, answers as a fresh compile does
-    fresh = compile_gbnf(MANY).matcher(vocab)
+    fresh = Matcher(compile_gbnf(MANY), vocab)
     assert (mask_of(m) == mask_of(fresh)).all()
     assert m.accept_bytes(b"k12") and fresh.accept_bytes(b"k12")
     assert (mask_of(m) == mask_of(fresh)).all()
@@ -55,9 +55,9 @@ def test_budget_nests_and_ends_with_its_block():
     vocab = byte_vocab()
     with mask_budget(60):
         with pytest.raises(MaskBudgetExceeded), mask_budget(-1):
-            compile_gbnf(MANY).matcher(vocab).fill_mask(np.zeros(vocab.n_words, np.int32))
-        mask_of(compile_gbnf(MANY).matcher(vocab))   # the outer budget rules again
-    mask_of(compile_gbnf(MANY).matcher(vocab))       # and outside, none
+            Matcher(compile_gbnf(MANY), vocab).fill_mask(np.zeros(vocab.n_words, np.int32))
+        mask_of(Matcher(compile_gbnf(MANY), vocab))   # the outer budget rules again
+    mask_of(Matcher(compile_gbnf(MANY), vocab))       # and outside, none
 
 
 def test_cached_masks_cost_nothing_against_the_budget():
@@ -65,9 +65,9 @@ def test_cached_masks_cost_nothing_against_the_budget():
     a worker thread never fails its first step on the engine thread."""
     vocab = byte_vocab()
     g = compile_gbnf(MANY)
-    want = mask_of(g.matcher(vocab))
+    want = mask_of(Matcher(g, vocab))
     with mask_budget(-1):
-        assert (mask_of(g.matcher(vocab)) == want).all()
+        assert (mask_of(Matcher(g, vocab)) == want).all()
 
 
 @pytest.fixture
@@ -116,7 +116,7 @@ def test_literal_alternation_is_a_trie():
     would otherwise make every mask walk 20,000 stacks (and overrun the budget)."""
     words = [f"v{i}" for i in range(20_000)]
     g = compile_gbnf("root ::= " + " | ".join(f'"{w}"' for w in words) + ' | "x" [0-9]')
-    m = g.matcher(byte_vocab())
+    m = Matcher(g, byte_vocab())
     assert len(m._s.sets[m.state]) <= 2       # "v..." and "x"
     assert m.accept_bytes(b"v1")
     assert len(m._s.sets[m.state]) <= 11      # end, or one of ten next digits

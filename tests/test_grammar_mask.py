@@ -9,7 +9,7 @@ import random
 import numpy as np
 import pytest
 
-from kinetic.grammar import TokenVocab, compile_gbnf, compile_json_schema
+from kinetic.grammar import Matcher, TokenVocab, compile_gbnf, compile_json_schema
 from tests.conftest import real_model_file
 
 pytestmark = pytest.mark.real_model
@@ -37,7 +37,7 @@ def _allowed(m, vocab) -> np.ndarray:
 
 
 def _is_prefix(grammar, vocab, data: bytes) -> bool:
-    return grammar.matcher(vocab).accept_bytes(data)
+    return Matcher(grammar, vocab).accept_bytes(data)
 
 
 @pytest.mark.parametrize("grammar,text", [
@@ -48,7 +48,7 @@ def test_real_vocab_masks_are_exact(qwen, grammar, text):
     tok, vocab = qwen
     ids = tok.encode(text, add_special=False)
     rng = random.Random(0)
-    m = grammar.matcher(vocab)
+    m = Matcher(grammar, vocab)
     done = b""
     for step, tid in enumerate(ids + [None]):
         allowed = _allowed(m, vocab)
@@ -74,7 +74,7 @@ def test_real_vocab_structural_position(qwen):
     """Right after the object's first key, only tokens that continue it are allowed."""
     tok, vocab = qwen
     g = compile_json_schema(SCHEMA)
-    m = g.matcher(vocab)
+    m = Matcher(g, vocab)
     assert m.accept_bytes(b'{"name"')
     allowed = np.flatnonzero(_allowed(m, vocab))
     pieces = {tok.token_bytes(t) for t in allowed.tolist()}

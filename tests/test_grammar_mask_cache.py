@@ -12,7 +12,7 @@ import os
 import numpy as np
 import pytest
 
-from kinetic.grammar import TokenVocab, compile_gbnf, compile_json_schema
+from kinetic.grammar import Matcher, TokenVocab, compile_gbnf, compile_json_schema
 from kinetic.grammar import matcher as M
 
 VOCAB_DIR = os.path.join(os.path.dirname(__file__), "data", "vocab")
@@ -44,7 +44,7 @@ def _masks(spec, text: str, vocab, shared_rules, monkeypatch, stride=1) -> list[
     """The mask at every `stride`-th byte of text, with a fresh grammar and empty caches."""
     monkeypatch.setattr(M, "SHARED_RULES", shared_rules)
     vocab.local_walks.clear()
-    m = _compile(spec).matcher(vocab)
+    m = Matcher(_compile(spec), vocab)
     row = np.zeros(vocab.n_words, np.int32)
     out = []
     data = text.encode()
@@ -84,10 +84,10 @@ def test_byte_vocab_masks_same_and_exact(spec, text, monkeypatch):
     data = text.encode()
     for i, row in enumerate(masks):
         bits = np.unpackbits(row.view(np.uint8), bitorder="little")[:vocab.size].astype(bool)
-        m = g.matcher(vocab)
+        m = Matcher(g, vocab)
         assert m.accept_bytes(data[:i])
         for t, tb in enumerate(tokens):
-            want = m.can_end() if not tb else g.matcher(vocab).accept_bytes(data[:i] + tb)
+            want = m.can_end() if not tb else Matcher(g, vocab).accept_bytes(data[:i] + tb)
             assert bits[t] == want, (i, tb)
 
 

@@ -13,7 +13,7 @@ import os
 import jsonschema
 import pytest
 
-from kinetic.grammar import UnsupportedSchema, compile_json_schema
+from kinetic.grammar import Matcher, UnsupportedSchema, compile_json_schema
 from kinetic.grammar.json_schema import keywords as K
 from kinetic.grammar.matcher import random_sentence
 from tests.test_grammar import check_table
@@ -286,7 +286,7 @@ def test_schema_masks_match_brute_force():
     text = '{"a": "x\\"y", "b": ["", "ab"], "c": {"d": "é", "e": -1.5}}'
     jsonschema.validate(json.loads(text), schema)
     for _ in range(2):
-        m = compile_json_schema(schema).matcher(VOCAB)
+        m = Matcher(compile_json_schema(schema), VOCAB)
         for b in text.encode():
             np.testing.assert_array_equal(mask_bits(m, VOCAB), brute_force_mask(m, VOCAB))
             assert m.accept_bytes(bytes([b]))

@@ -184,7 +184,7 @@ class Engine:
         row = np.zeros(vocab.n_words, np.int32)
         try:
             with mask_budget(MASK_BUDGET_SECONDS):
-                grammar.matcher(vocab).fill_mask(row)
+                Matcher(grammar, vocab).fill_mask(row)
         except MaskBudgetExceeded:
             raise GrammarTooCostly(
                 f"the grammar's first token mask takes more than {MASK_BUDGET_SECONDS:g} s "

@@ -29,7 +29,7 @@ class Job:
         self.tokenizer, self.seed, self.all_logits = tokenizer, seed, all_logits
         special = request.special_text or request.grammar is not None
         self.decoder = IncrementalDecoder(tokenizer, special)
-        self.matcher: Matcher | None = (request.grammar.matcher(vocab)
+        self.matcher: Matcher | None = (Matcher(request.grammar, vocab)
                                         if request.grammar is not None else None)
         self.stops = StopMatcher(list(request.stop))
         self.mu: float | None = None         # Mirostat state, None until the first draw

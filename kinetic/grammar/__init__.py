@@ -3,7 +3,7 @@ token masks computed along a token trie.
 
     grammar = compile_json_schema({"type": "object", ...})    # or compile_gbnf(text)
     vocab = TokenVocab.from_tokenizer(tokenizer)             # once per tokenizer
-    m = grammar.matcher(vocab)
+    m = Matcher(grammar, vocab)
     m.fill_mask(bitmask[row])    # int32 (ceil(vocab / 32)); bit i set: token i allowed
     m.accept_token(token_id)     # False if the grammar rejects it
     m.rollback(n)                # undo n accepted tokens (speculative drafts)

@@ -267,11 +267,6 @@ class Grammar:
         # (kinetic/receipts); None for a grammar built otherwise
         self.source: dict | None = None
 
-    def matcher(self, vocab):
-        """A matcher of this grammar over the tokens of `vocab` (a TokenVocab)."""
-        from kinetic.grammar.matcher import Matcher
-        return Matcher(self, vocab)
-
 
 class GrammarBuilder:
     """Collects named rules as expressions and lowers them to a `Grammar`."""
