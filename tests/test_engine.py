@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import threading
 import types
+from typing import AsyncIterator
 
 import numpy as np
 import pytest
@@ -404,16 +405,34 @@ def test_score_gives_the_logits_of_every_position(engine):
 
 # --- the async interface and stats ------------------------------------------------------------
 
+async def submit(engine, request: GenerationRequest) -> AsyncIterator[Delta]:
+    """The request's deltas as an async iterator, as the server's bridge gives them
+    (api/core.generation): leaving it early cancels the request."""
+    loop = asyncio.get_running_loop()
+    out: asyncio.Queue = asyncio.Queue()
+    seq_id = engine.start(request, lambda d: loop.call_soon_threadsafe(out.put_nowait, d))
+    done = False
+    try:
+        while not done:
+            delta = await out.get()
+            done = delta.finish_reason is not None
+            yield delta
+    finally:
+        if not done:
+            engine.cancel(seq_id)
+
+
 def test_async_submit_and_leaving_early(long_engine):
     e = long_engine
     requests = [GenerationRequest(ids(w), max_tokens=10) for w in ("hello", "abc", "thequick")]
 
     async def collect(request):
-        return Result([d async for d in e.submit(request)])
+        return Result([d async for d in submit(e, request)])
 
     async def main():
         results = await asyncio.gather(*(collect(r) for r in requests))
-        async with contextlib.aclosing(e.submit(GenerationRequest(HELLO, speculative=False))) as it:
+        request = GenerationRequest(HELLO, speculative=False)
+        async with contextlib.aclosing(submit(e, request)) as it:
             async for first in it:
                 break
         # queued after the cancel: once it has answered, the cancel has been handled (and
@@ -464,7 +483,7 @@ def test_cancelled_submit_after_its_loop_closed_leaves_the_engine_alive(engine, 
     monkeypatch.setattr(threading, "excepthook", lambda args: (died.set(), done.set()))
 
     async def leave_before_the_first_token():
-        it = engine.submit(GenerationRequest(HELLO))
+        it = submit(engine, GenerationRequest(HELLO))
         task = asyncio.ensure_future(it.__anext__())
         await asyncio.sleep(0)  # one turn of the loop: start() has queued the request
         task.cancel()           # the consumer goes away (a client disconnect): cancel

@@ -20,6 +20,7 @@ from kinetic.engine.sampling_params import SamplingParams
 from kinetic.model.loader import load_model
 from kinetic.text.tokenizer import Tokenizer
 from tests.conftest import real_model_file
+from tests.test_model_forward import host_step
 
 pytestmark = pytest.mark.real_model
 
@@ -296,7 +297,7 @@ def check_row_buckets(model, ids: list[int], other: list[int]) -> None:
                 slots = np.concatenate([np.ones(len(opos), int), slots])
                 pos = np.concatenate([opos, pos])
             write = table[slots, pos // 16] * 16 + pos % 16
-            logits = runner.step(toks, pos, slots, write, table)
+            logits = host_step(runner, toks, pos, slots, write, table)
             got.append(logits[slots == 0])
         return np.concatenate(got)
 

@@ -40,6 +40,13 @@ def runner_for(model, **kw):
     return Runner(model, RunnerConfig(**cfg))
 
 
+def host_step(runner: Runner, tokens: np.ndarray, positions: np.ndarray, slots: np.ndarray,
+              write_index: np.ndarray, page_table: np.ndarray) -> np.ndarray:
+    """Runner.step_device, with the n rows' logits brought to the host: float32 [n, V]."""
+    logits = runner.step_device(tokens, positions, slots, write_index, page_table)
+    return np.asarray(logits[:len(tokens)])
+
+
 def feed(runner, slot_tokens: dict[int, list[int]], chunk: int) -> dict[int, np.ndarray]:
     """Feed each slot's tokens, `chunk` per slot per step, sharing steps; logits per slot."""
     rc = runner.config
@@ -57,7 +64,7 @@ def feed(runner, slot_tokens: dict[int, list[int]], chunk: int) -> dict[int, np.
         slots = np.array([r[0] for r in rows]); pos = np.array([r[1] for r in rows])
         toks = np.array([r[2] for r in rows])
         write = table[slots, pos // rc.page_size] * rc.page_size + pos % rc.page_size
-        logits = runner.step(toks, pos, slots, write, table)
+        logits = host_step(runner, toks, pos, slots, write, table)
         for (s, p, _), row in zip(rows, logits):
             out[s].append(row)
             done[s] = p + 1

@@ -9,9 +9,10 @@ Stopping always stops. SIGINT or SIGTERM: no new connections, idle ones close, r
 still running get GRACEFUL_SECONDS to finish; then each answer still running ends with an
 error in its dialect's shape (a stream's error event or line, then its end; a 503 for one
 not streamed), resumable streams included, and what is left after CANCELLED_SECONDS is
-cancelled; the engine thread stops between two steps. A watchdog thread, started with the stop, ends the process (status
-1, with a message) if all that has not finished within STOP_SECONDS: an engine thread stuck
-in a long device call can never be joined. A second signal ends the process at once.
+cancelled; the engine thread stops between two steps. A watchdog thread, started with the
+stop, ends the process (status 1, with a message) if all that has not finished within
+STOP_SECONDS: an engine thread stuck in a long device call can never be joined. A second
+signal ends the process at once.
 
 Hypercorn's own accept loop has no connection limit, so `_serve` runs Hypercorn's connection
 handler (TCPServer) under an accept loop of ours that counts open connections: one past

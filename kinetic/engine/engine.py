@@ -1,7 +1,7 @@
 """The engine: one thread that owns the device and runs the step loop.
 
-    submit(request) -> async iterator of Delta      (the server)
-    generate(request) -> iterator of Delta          (notebooks, tests)
+    start(request, sink) -> id; sink(Delta) on the engine thread   (the server: api/core.py)
+    generate(request) -> iterator of Delta                          (notebooks, tests)
 
 One turn of the loop: take new requests and cancellations from the inbox; propose n-gram
 drafts for sequences that are caught up; `Scheduler.schedule` packs decode rows, draft rows
@@ -41,7 +41,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable, Iterator
+from typing import Callable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -101,7 +101,7 @@ class EngineStats:
 
 
 class Engine:
-    """Batched generation over one model. Thread-safe: submit/generate/cancel from anywhere."""
+    """Batched generation over one model. Thread-safe: start/generate/cancel from anywhere."""
 
     def __init__(self, model: LoadedModel, tokenizer: Tokenizer, config: EngineConfig,
                  draft: LoadedModel | None = None, images: bool = False):
@@ -296,21 +296,6 @@ class Engine:
         try:
             while not done:
                 delta = out.get()
-                done = delta.finish_reason is not None
-                yield delta
-        finally:
-            if not done:
-                self.cancel(seq_id)
-
-    async def submit(self, request: GenerationRequest) -> AsyncIterator[Delta]:
-        """The request's deltas as an async iterator; leaving it early cancels the request."""
-        loop = asyncio.get_running_loop()
-        out: asyncio.Queue = asyncio.Queue()
-        seq_id = self.start(request, lambda d: loop.call_soon_threadsafe(out.put_nowait, d))
-        done = False
-        try:
-            while not done:
-                delta = await out.get()
                 done = delta.finish_reason is not None
                 yield delta
         finally:

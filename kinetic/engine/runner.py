@@ -299,12 +299,6 @@ class Runner:
         sizes = [first * 4 ** k for k in range(16) if first * 4 ** k < P]
         return sizes + [P]
 
-    def step(self, tokens: np.ndarray, positions: np.ndarray, slots: np.ndarray,
-             write_index: np.ndarray, page_table: np.ndarray) -> np.ndarray:
-        """step_device, with the n rows' logits brought to the host: float32 [n, V]."""
-        logits = self.step_device(tokens, positions, slots, write_index, page_table)
-        return np.asarray(logits[:len(tokens)])
-
     def compile(self, progress=None, bias=None) -> None:
         """Compile the step for every row bucket, key bucket and logit shape now (the first call of each
         would otherwise pay for it, stalling every stream). progress(done, total) is called

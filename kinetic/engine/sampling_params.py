@@ -132,11 +132,6 @@ class SamplingParams:
         object.__setattr__(self, "dry_sequence_breakers", _breakers(self.dry_sequence_breakers))
         object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
 
-    @property
-    def greedy(self) -> bool:
-        """Temperature 0 or below always takes the likeliest token (after bias and penalties)."""
-        return self.temperature <= 0
-
     @classmethod
     def from_gguf_defaults(cls, metadata: Mapping[str, Any], **overrides: Any) -> "SamplingParams":
         """llama-server's defaults, replaced by the model file's `general.sampling.*` values
