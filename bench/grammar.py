@@ -89,7 +89,8 @@ def stats(ms) -> str:
 def document(schema, grammar, rng) -> bytes | None:
     """A document the grammar accepts: the schema's example or default if it does, else a
     random walk that finishes."""
-    from kinetic.grammar.matcher import accepts, random_sentence
+    from kinetic.grammar.matcher import accepts
+    from tests.test_json_schema import random_sentence
     candidates = []
     if isinstance(schema, dict):
         candidates += [e for e in schema.get("examples") or [] if e is not None]

@@ -538,30 +538,3 @@ def accepts(grammar: Grammar, data: bytes) -> bool:
         if sid == DEAD:
             return False
     return s.can_end[sid]
-
-
-def random_sentence(grammar: Grammar, rng, max_len: int = 3000,
-                    prefer_ascii: bool = False) -> bytes | None:
-    """A random sentence of the grammar (for tests and benchmarks): a walk over bytes picking
-    at each step one of the bytes the state accepts, `rng` a random.Random; biased toward
-    closing characters as it grows so most walks end, and with `prefer_ascii` toward printable
-    ASCII (text that tokenizes roughly like a model's). None when the walk gets too long."""
-    s = _states(grammar)
-    sid, out, every = s.start, bytearray(), np.arange(256)
-    while len(out) < max_len:
-        if s.can_end[sid] and rng.random() < 0.5:
-            return bytes(out)
-        allowed = np.flatnonzero(s.fill(np.full(256, sid), every) != DEAD).tolist()
-        if not allowed:
-            return bytes(out) if s.can_end[sid] else None
-        short = [b for b in allowed if b in b'"}]0123456789tfn']
-        ascii_ = [b for b in allowed if 0x20 <= b < 0x7F and b != 0x5C] if prefer_ascii else []
-        if short and (len(out) > 100 or rng.random() < 0.3):
-            b = rng.choice(short)
-        elif ascii_ and rng.random() < 0.9:
-            b = rng.choice(ascii_)
-        else:
-            b = rng.choice(allowed)
-        out.append(b)
-        sid = s.step(sid, b)
-    return None
