@@ -19,7 +19,8 @@ from typing import Any
 
 from kinetic.api.errors import bad_request
 from kinetic.api.offload import prompt_tokens, refuse_by_length
-from kinetic.api.params import ChatRequest, compile_shape, ready_grammar
+from kinetic.api.core import ready_grammar, shape_grammar
+from kinetic.api.params import ChatRequest
 from kinetic.chat.reasoning import (ReasoningSplitter, prompt_opens_thinking,
                                     template_knows_thinking)
 from kinetic.chat.tool_calls import ToolCall, ToolFormat, tool_format
@@ -95,7 +96,7 @@ def plan_chat(model, req: ChatRequest, param: str = "messages") -> ChatPlan:
         except RecursionError:
             raise bad_request("a tool's parameters are nested too deeply", "tools") from None
     elif req.options.shape is not None:
-        grammar = compile_shape(req.options.shape, model)
+        grammar = shape_grammar(model, req.options.shape)
     return ChatPlan(prompt, images, grammar, thinking, opens, fmt, req.tools)
 
 

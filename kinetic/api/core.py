@@ -28,9 +28,11 @@ from quart import Response, current_app, request
 from kinetic.api.body import parse_json_object
 from kinetic.api.errors import bad_request, unavailable
 from kinetic.api.metrics import Activity, Task
+from kinetic.api.params import Shape, compile_shape
 from kinetic.api.offload import prompt_tokens
 from kinetic.api.stream_store import MAX_ID_CHARS, StreamStore
 from kinetic.engine.request import Delta, GenerationRequest, TokenLogprob
+from kinetic.grammar import Grammar, GrammarTooCostly
 
 if TYPE_CHECKING:
     from kinetic.llm import Model
@@ -170,6 +172,23 @@ def completion_prompt_ids(model, prompt: str | list[int]) -> list[int]:
                               f"(0..{model.config.vocab_size - 1})", "prompt")
         return list(prompt)
     return prompt_tokens(model.tokenizer, prompt, model.n_ctx, "prompt")
+
+
+def ready_grammar(model, grammar: Grammar, param: str) -> Grammar:
+    """`grammar`, its start state and first token mask built for `model`'s vocabulary within
+    the engine's grammar budget (blocking: a worker thread, so that a costly grammar never
+    reaches the engine thread); 400 naming `param` when even that first mask overruns it."""
+    try:
+        model.engine.prepare_grammar(grammar)
+    except GrammarTooCostly as e:
+        raise bad_request(f"the grammar is too costly to follow: {e}", param) from None
+    return grammar
+
+
+def shape_grammar(model, shape: Shape) -> Grammar:
+    """A shape's grammar (params.compile_shape), readied for `model` (`ready_grammar`).
+    Blocking: run it in a worker thread."""
+    return ready_grammar(model, compile_shape(shape), shape.param)
 
 
 def chat_logprobs(tok, lps: tuple[TokenLogprob, ...] | list[TokenLogprob]) -> list:

@@ -30,16 +30,15 @@ from quart import Blueprint, Response, request
 from kinetic import __version__, kernels
 from kinetic.api import embeddings as emb
 from kinetic.api.core import (ServerState, dumps, generation, json_body, json_response,
-                              require_kind, server_state, serves, sse_event, sse_response,
-                              token_limit)
+                              require_kind, server_state, serves, shape_grammar, sse_event,
+                              sse_response, token_limit)
 from kinetic.api.errors import APIError, bad_request, engine_error, unavailable
 from kinetic.api.llama_completion import (LlamaCompletion, parse_completion, pick_fields,
                                           probabilities, progress, prompt_ids)
 from kinetic.api.metrics import Task, metric_values, prometheus_text
 from kinetic.api.offload import input_ids, offload, prompt_tokens
 from kinetic.api.receipt import receipt_maker
-from kinetic.api.params import (INT32_MAX, boolean, check_prompt_fits, compile_shape,
-                                integer)
+from kinetic.api.params import INT32_MAX, boolean, check_prompt_fits, integer
 from kinetic.engine.encoder import normalize
 from kinetic.engine.request import Delta, GenerationRequest
 from kinetic.engine.sampling_params import SamplingParams
@@ -98,7 +97,7 @@ async def completion():
     prompts = await offload(_prompts_ids, model, req)
     grammar = None
     if req.shape is not None:
-        grammar = await asyncio.to_thread(compile_shape, req.shape, model)
+        grammar = await asyncio.to_thread(shape_grammar, model, req.shape)
     if req.post_sampling_probs and req.n_probs:
         await asyncio.to_thread(model.engine.prepare_post_sampling)   # once: seconds
     limit = None if req.n_predict == -1 else token_limit(state, req.n_predict)

@@ -37,12 +37,13 @@ from kinetic import __version__
 from kinetic.api import embeddings as emb
 from kinetic.api.chat_reply import ChatReader, plan_chat
 from kinetic.api.core import (ServerState, chat_logprobs, completion_prompt_ids, dumps,
-                              generation, json_body, json_response, server_state, token_limit)
+                              generation, json_body, json_response, server_state,
+                              shape_grammar, token_limit)
 from kinetic.api.errors import APIError, bad_request, engine_error
 from kinetic.api.metrics import Task
 from kinetic.api.offload import input_ids, offload
 from kinetic.api.params import (MAX_LOGPROBS, ChatRequest, Options, check_prompt_fits,
-                                compile_shape, options as read_options, parse_chat)
+                                options as read_options, parse_chat)
 from kinetic.chat.reasoning import template_knows_thinking
 from kinetic.engine.encoder import normalize
 from kinetic.engine.request import Delta, GenerationRequest, TokenLogprob
@@ -432,7 +433,7 @@ async def generate():
             raise renamed(e) from None
         ids = await offload(completion_prompt_ids, model, prompt)
         grammar = (None if opts.shape is None else
-                   await asyncio.to_thread(compile_shape, opts.shape, model))
+                   await asyncio.to_thread(shape_grammar, model, opts.shape))
         return await Answer(state, name, "response", began, opts).respond(body, ids, grammar)
     messages = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": prompt}]

@@ -27,13 +27,12 @@ from kinetic import __version__
 from kinetic.api import embeddings as emb
 from kinetic.api.core import (ServerState, chat_logprobs, completion_prompt_ids, generation,
                               json_body, json_response, require_kind, server_state, serves,
-                              sse_event, sse_response, token_limit)
+                              shape_grammar, sse_event, sse_response, token_limit)
 from kinetic.api.errors import APIError, bad_request, engine_error
 from kinetic.api.metrics import Task
 from kinetic.api.offload import input_ids, offload, rank_ids
 from kinetic.api.chat_reply import ChatReader, plan_chat, tool_call_objects
-from kinetic.api.params import (Options, check_prompt_fits, compile_shape, parse_chat,
-                                parse_completion)
+from kinetic.api.params import Options, check_prompt_fits, parse_chat, parse_completion
 from kinetic.api.receipt import receipt_maker
 from kinetic.engine.encoder import normalize
 from kinetic.engine.request import Delta, GenerationRequest, TokenLogprob, Usage
@@ -176,7 +175,7 @@ async def completions():
     check_prompt_fits(len(prompt), model.n_ctx, "prompt")
     grammar = None
     if req.options.shape is not None:
-        grammar = await asyncio.to_thread(compile_shape, req.options.shape, model)
+        grammar = await asyncio.to_thread(shape_grammar, model, req.options.shape)
     job = _Job("cmpl", state, model.tokenizer, req.options)
     gen = _generation_request(state, prompt, req.options, "prompt", grammar)
     if req.options.receipt:

@@ -16,7 +16,8 @@ tokenize the prompt and make the engine's `GenerationRequest`. Parsing tokenizes
 keys written as text) and decodes images, so the routes run it in a worker thread
 (offload.py), never on the event loop. A shape for the answer (grammar, json_schema,
 response_format) stays as the client gave it in `Options.shape`; `compile_shape` turns it
-into a Grammar off the event loop.
+into a Grammar off the event loop. The parser never calls the engine: the route readies the
+grammar for it (core.shape_grammar).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any, Callable
 from kinetic.api.errors import bad_request, context_exceeded, not_supported
 from kinetic.engine.request import MAX_LOGPROBS, MAX_STOP_STRINGS
 from kinetic.engine.sampling_params import MAX_LOGIT_BIAS, SamplingParams
-from kinetic.grammar import (Grammar, GrammarError, GrammarTooCostly, UnsupportedSchema,
+from kinetic.grammar import (Grammar, GrammarError, UnsupportedSchema,
                              compile_gbnf, compile_json_schema)
 from kinetic.grammar.json_schema import InvalidSchema, check_types
 from kinetic.grammar.json_schema.keywords import unesc
@@ -352,34 +353,21 @@ def body_path(doc: Any, pointer: str, at: str) -> str:
     return at
 
 
-def compile_shape(shape: Shape, model=None) -> Grammar:
+def compile_shape(shape: Shape) -> Grammar:
     """The Grammar of a shape; an invalid grammar or a schema feature kinetic cannot enforce
-    is a 400 that says what and where. With `model`, its first token mask is computed too
-    (`ready_grammar`). Blocking: run it in a worker thread."""
+    is a 400 that says what and where. Blocking: run it in a worker thread (the route then
+    readies it for the engine: core.shape_grammar)."""
     param = shape.param
     try:
         if shape.kind == "gbnf":
-            grammar = compile_gbnf(shape.value)
-        else:
-            grammar = compile_json_schema(shape.value)
-        return grammar if model is None else ready_grammar(model, grammar, param)
+            return compile_gbnf(shape.value)
+        return compile_json_schema(shape.value)
     except GrammarError as e:
         raise bad_request(f"invalid grammar: {e}", param) from None
     except UnsupportedSchema as e:
         raise bad_request(f"unsupported JSON Schema: {e}", param) from None
     except RecursionError:
         raise bad_request("the grammar or schema is nested too deeply", param) from None
-
-
-def ready_grammar(model, grammar: Grammar, param: str) -> Grammar:
-    """`grammar`, its start state and first token mask built for `model`'s vocabulary within
-    the engine's grammar budget (blocking: a worker thread, so that a costly grammar never
-    reaches the engine thread); 400 naming `param` when even that first mask overruns it."""
-    try:
-        model.engine.prepare_grammar(grammar)
-    except GrammarTooCostly as e:
-        raise bad_request(f"the grammar is too costly to follow: {e}", param) from None
-    return grammar
 
 
 def tools(body: dict) -> tuple[list[dict] | None, str | None, bool]:
