@@ -195,12 +195,7 @@ class Engine:
               all_logits: bool = False) -> int:
         """Queue a request; `sink` gets its deltas from the engine thread. Returns its id.
         Raises ContextOverflow (a ValueError) at once if the prompt cannot fit."""
-        if len(request.prompt) >= self.max_context:
-            raise ContextOverflow(f"the prompt has {len(request.prompt)} tokens; the context "
-                                  f"holds {self.max_context}")
-        bad = [t for t in request.prompt if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})")
+        self._check_tokens(request.prompt, "prompt")
         if request.images and not self.runner.config.image_rows:
             raise ValueError("this engine takes no images (no vision projector)")
         for image in request.images:
@@ -226,6 +221,17 @@ class Engine:
             job.fail(self._dead)
         return seq_id
 
+    def _check_tokens(self, tokens: list[int], what: str) -> None:
+        """ContextOverflow when `tokens` leave no room in a slot, ValueError for an id outside
+        the vocabulary: a request's or a prefill's, checked before it is queued."""
+        if len(tokens) >= self.max_context:
+            raise ContextOverflow(f"the {what} has {len(tokens)} tokens; the context "
+                                  f"holds {self.max_context}")
+        bad = [t for t in tokens if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary "
+                             f"(0..{self.vocab_size - 1})")
+
     def cancel(self, seq_id: int) -> None:
         """Stop a request or a prefill; its pages are freed on the engine's next turn."""
         self._inbox.put(("cancel", seq_id))
@@ -237,12 +243,7 @@ class Engine:
         cached, or as soon as the prefill is cut short (a request arrived, a newer prefill of
         the same conversation, pages a request needs, a cancel). Returns its id. Raises
         ContextOverflow (a ValueError) at once if the tokens cannot fit a slot."""
-        if len(tokens) >= self.max_context:
-            raise ContextOverflow(f"the prefill has {len(tokens)} tokens; the context "
-                                  f"holds {self.max_context}")
-        bad = [t for t in tokens if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})")
+        self._check_tokens(tokens, "prefill")
         if self._dead:
             raise RuntimeError(self._dead)
         seq_id = next(self._ids)
