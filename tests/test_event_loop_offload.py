@@ -313,7 +313,7 @@ def test_errors_raised_in_a_job_come_back_as_they_are():
 
 def test_the_tokens_answer_is_written_as_dumps_writes_it():
     from kinetic.api.core import dumps
-    from kinetic.api.llama_server import _tokens_json
+    from kinetic.api.dialects.llama_server import _tokens_json
     for items in ([], [7], list(range(10)), [{"id": 1, "piece": 'é"\n'}] * 5):
         for per in (1, 3, 1 << 16):
             assert _tokens_json(items, per) == dumps({"tokens": items}), (items, per)

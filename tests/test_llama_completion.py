@@ -16,7 +16,7 @@ import math
 import numpy as np
 import pytest
 
-from kinetic.api.llama_completion import MAX_PROMPTS, pick_fields
+from kinetic.api.dialects.llama_completion import MAX_PROMPTS, pick_fields
 from tests.app_client import assert_error_shape, model_app
 from tests.tiny_models import DATA, write_tiny_model
 

@@ -1,4 +1,4 @@
-"""Ollama's API (kinetic/api/ollama.py) in this process, driven by the official `ollama`
+"""Ollama's API (kinetic/api/dialects/ollama.py) in this process, driven by the official `ollama`
 client through an httpx transport into the app: a tiny random-weight Qwen3 (Qwen3's template:
 tools and thinking) for chat and generate, a tiny BERT for embed. Every route; streamed equal
 to whole; options honoured (num_predict, seed, stop); format as "json" and as a schema; think;
@@ -184,7 +184,7 @@ def test_thinking_comes_back_apart_from_the_answer(client, monkeypatch):
     """Random weights write nonsense, so a GBNF grammar (not an Ollama field: slipped into the
     parsed fields) writes a reply that thinks first; Ollama's answer carries the thinking in
     message.thinking (generate: thinking), streamed and whole alike."""
-    from kinetic.api import ollama as routes
+    from kinetic.api.dialects import ollama as routes
     reply = 'root ::= "<think>\\nThe user says hi.\\n</think>\\n\\nHello there!"'
     fields = routes.sampling_fields
     monkeypatch.setattr(routes, "sampling_fields", lambda body: dict(fields(body), grammar=reply))

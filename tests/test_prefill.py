@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from kinetic.api.params import parse_chat
-from kinetic.api.prefill import before_last_word, prefill_prompt
+from kinetic.api.dialects.prefill import before_last_word, prefill_prompt
 from kinetic.engine.request import GenerationRequest
 from kinetic.engine.sampling_params import SamplingParams
 from kinetic.engine.scheduler import Prefilled

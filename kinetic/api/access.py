@@ -168,7 +168,7 @@ def host_name(header: str) -> str | None:
 
 
 def is_ollama_path(path: str) -> bool:
-    """Ollama's routes (kinetic/api/ollama.py), whose errors are in Ollama's shape."""
+    """Ollama's routes (kinetic/api/dialects/ollama.py), whose errors are in Ollama's shape."""
     return path == "/api" or path.startswith("/api/")
 
 

@@ -2,8 +2,8 @@
 
 core.py holds what every route shares (the server's state, bodies, answers, the bridge to the
 engine); access.py the checks every request passes before its route runs and the handlers
-that write every error in the OpenAI shape. The dialects are blueprints: `openai`
-(openai.py), `llama_server` (llama_server.py, health included), `slot_actions`
+that write every error in the OpenAI shape. The dialects (kinetic/api/dialects/) are
+blueprints: `openai` (openai.py), `llama_server` (llama_server.py, health included), `slot_actions`
 (slot_actions.py: /slots/N?action=..., /apply-template), `prefill` (prefill.py) and
 `ollama` (ollama.py: /api/*).
 """
@@ -13,8 +13,9 @@ from __future__ import annotations
 from quart import Quart
 from werkzeug.exceptions import HTTPException
 
-from kinetic.api import access, llama_server, ollama, openai, prefill, slot_actions, webui
+from kinetic.api import access, webui
 from kinetic.api.core import ServerState
+from kinetic.api.dialects import llama_server, ollama, openai, prefill, slot_actions
 from kinetic.api.errors import APIError
 
 

@@ -56,8 +56,8 @@ def chat_text(model, req: ChatRequest) -> str:
 def chat_prompt(model, req: ChatRequest, n_ctx: int | None = None,
                 param: str = "messages") -> tuple[str, list[int]]:
     """The prompt of a chat request, as text (chat_text) and token ids (a prefill renders it
-    the same way: kinetic/api/prefill.py); with `n_ctx`, the context 400 (naming `param`) as
-    soon as the text cannot fit (offload.prompt_tokens)."""
+    the same way: kinetic/api/dialects/prefill.py); with `n_ctx`, the context 400 (naming
+    `param`) as soon as the text cannot fit (offload.prompt_tokens)."""
     text = chat_text(model, req)
     return text, prompt_tokens(model.tokenizer, text, n_ctx, param)
 

@@ -1,9 +1,10 @@
 """What every dialect shares: the server's state, request bodies, answers as JSON or
 server-sent events, and the bridge from a route to the engine (`generation`).
 
-Each dialect (openai.py, llama_server.py, prefill.py, ollama.py) imports this module and
-nothing of another dialect; app.py assembles them into one Quart app, and access.py holds the
-checks every request passes before its route runs and writes every error.
+Each dialect (kinetic/api/dialects/: openai.py, llama_server.py, prefill.py, ollama.py)
+imports this module and nothing of another dialect; app.py assembles them into one Quart app,
+and access.py holds the checks every request passes before its route runs and writes every
+error.
 
 A route, in order: `server_state()` -> `require_kind` (the loaded model serves this kind of
 endpoint) -> `json_body` (strict UTF-8 JSON of valid Unicode, body.py) -> its dialect's

@@ -1,7 +1,8 @@
 """What every embedding and rerank route shares, whatever its dialect: reading the inputs,
 their limits, running them through the model's encoder off the event loop, and counting them
-in /metrics. The routes (openai.py: /v1/embeddings, /v1/rerank; llama_server.py: /embedding,
-/embeddings) only read their own fields and write their own answer shapes.
+in /metrics. The routes (dialects/openai.py: /v1/embeddings, /v1/rerank; dialects/
+llama_server.py: /embedding, /embeddings) only read their own fields and write their own
+answer shapes.
 
 Limits: at most MAX_INPUTS texts (or documents) a request, each 1 to n_ctx tokens; a token id
 must be in the vocabulary. An input over the context is a 400 naming its index, unless the

@@ -9,7 +9,7 @@ Streamed, each Delta becomes `chat.completion.chunk` events; otherwise the same 
 folded into one answer and read by the same reader, so the two always agree.
 
 The paths also answer without /v1, except /completions and /embeddings, which are
-llama-server's there (SPEC.md, kinetic/api/llama_server.py).
+llama-server's there (SPEC.md, kinetic/api/dialects/llama_server.py).
 """
 
 from __future__ import annotations

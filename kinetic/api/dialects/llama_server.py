@@ -33,7 +33,7 @@ from kinetic.api.core import (ServerState, dumps, generation, json_body, json_re
                               require_kind, server_state, serves, shape_grammar, sse_event,
                               sse_response, token_limit)
 from kinetic.api.errors import APIError, bad_request, engine_error, unavailable
-from kinetic.api.llama_completion import (LlamaCompletion, parse_completion, pick_fields,
+from kinetic.api.dialects.llama_completion import (LlamaCompletion, parse_completion, pick_fields,
                                           probabilities, progress, prompt_ids)
 from kinetic.api.metrics import Task, metric_values, prometheus_text
 from kinetic.api.offload import input_ids, offload, prompt_tokens
