@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.servers import split_server_flags   # noqa: E402
 from bench.throughput import model_path   # noqa: E402
 from tests.serve_process import ServeProcess   # noqa: E402
 
@@ -124,9 +125,7 @@ def big_bodies(mb: int) -> list[tuple[str, str, bytes]]:
 
 
 def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    argv = argv[:argv.index("--")] if "--" in argv else argv
+    argv, extra = split_server_flags(argv)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2", help="a kinetic.fetch key or a GGUF path")
     ap.add_argument("--seconds", type=float, default=20.0)

@@ -41,6 +41,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.client import WORDS   # noqa: E402
+from bench.servers import split_server_flags   # noqa: E402
 from bench.throughput import model_path   # noqa: E402
 from tests.serve_process import ServeProcess   # noqa: E402
 
@@ -142,9 +143,7 @@ def minilm_shaped() -> str:
 
 
 def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    argv = argv[:argv.index("--")] if "--" in argv else argv
+    argv, extra = split_server_flags(argv)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="a kinetic.fetch key or a GGUF path "
                     "(default smollm2, or with --embeddings a MiniLM-shaped random BERT)")

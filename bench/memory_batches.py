@@ -29,6 +29,7 @@ if str(ROOT) not in sys.path:
 
 from bench.client import WORDS   # noqa: E402
 from bench.probes import proc_mib   # noqa: E402
+from bench.servers import split_server_flags   # noqa: E402
 from bench.throughput import model_path   # noqa: E402
 from tests.serve_process import ServeProcess   # noqa: E402
 
@@ -50,9 +51,7 @@ def completion(url: str, body: dict) -> list:
 
 
 def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    argv = argv[:argv.index("--")] if "--" in argv else argv
+    argv, extra = split_server_flags(argv)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2", help="a kinetic.fetch key or a GGUF path")
     ap.add_argument("--batches", type=int, default=20)

@@ -40,6 +40,16 @@ from bench.probes import cpu_has, vm_hwm   # noqa: E402
 from tests.serve_process import ServeProcess, free_port   # noqa: E402
 
 
+def split_server_flags(argv: list[str] | None) -> tuple[list[str], list[str]]:
+    """A benchmark's own arguments and, after a `--`, the flags it passes to `kinetic serve`
+    (argv None: the command line's)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--" not in argv:
+        return argv, []
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1:]
+
+
 def get_json(url: str, path: str, timeout: float = 30) -> dict | list | None:
     """GET url+path as JSON; None on any failure (for information only)."""
     try:

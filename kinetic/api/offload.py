@@ -108,7 +108,8 @@ def input_ids(state, items: list, param: str, truncate: bool) -> list[list[int]]
     token_ids's 400. Blocking: a worker thread."""
     from kinetic.api import embeddings as emb   # it imports core, which imports this module
     if not truncate:
-        tok, n_ctx = state.require_model().tokenizer, state.require_model().n_ctx
+        model = state.require_model()
+        tok, n_ctx = model.tokenizer, model.n_ctx
         for i, item in enumerate(items):
             parts = [item] if isinstance(item, str) else item
             least = sum(tok.min_tokens(p, True) if isinstance(p, str) else 1 for p in parts)

@@ -411,14 +411,14 @@ class Scheduler:
         else:
             (self.prefills if seq.prefill else self.waiting).remove(seq)
         seq.status, seq.finish_reason, seq.draft = Status.FINISHED, reason, []
-        if not seq.prefill:
+        if seq.prefill:
+            self.ended.append(Prefilled(seq_id, self.cached_tokens(seq.tokens),
+                                        max(0, seq.num_computed - seq.num_cached)))
+        else:
             group = self._groups[_group(seq)]
             group[0] -= 1
             if not group[0]:
                 del self._groups[_group(seq)]
-        if seq.prefill:
-            self.ended.append(Prefilled(seq_id, self.cached_tokens(seq.tokens),
-                                        max(0, seq.num_computed - seq.num_cached)))
         return seq
 
     def cancel(self, seq_id: int) -> Sequence:

@@ -8,7 +8,7 @@ Results are cached per word, since real text repeats its words.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from kinetic.text import unicode_data as ud
 from kinetic.text.chunks import bpe_merge
@@ -66,8 +66,14 @@ class BPE:
         if whole is not None and (self._ignore_merges or (
                 self._newline_words_whole and text.strip("\n") == "")):
             return [whole]
+        return self.merged_ids(text)
+
+    def merged_ids(self, text: str, check: Callable[[], None] | None = None) -> list[int]:
+        """The ids of `text` (already byte-encoded) merged whole, with no whole-word rule: a
+        word's, or a piece of a long word that the tokenizer cut where no merge can join
+        (kinetic/text/chunks.py). `check` as bpe_merge's."""
         out: list[int] = []
-        for symbol in merge(list(text), self._ranks):
+        for symbol in merge(list(text), self._ranks, check):
             tid = self._token_to_id.get(symbol)
             if tid is not None:
                 out.append(tid)
@@ -91,8 +97,10 @@ class BPE:
         return out
 
 
-def merge(symbols: list[str], ranks: dict[tuple[str, str], int]) -> list[str]:
-    """Applies BPE merges to a list of symbols; returns the merged symbols in order."""
+def merge(symbols: list[str], ranks: dict[tuple[str, str], int],
+          check: Callable[[], None] | None = None) -> list[str]:
+    """Applies BPE merges to a list of symbols; returns the merged symbols in order. A long
+    list merges in bpe_merge, which calls `check()` every few thousand merges."""
     n = len(symbols)
     if n < 2:
         return symbols
@@ -109,4 +117,4 @@ def merge(symbols: list[str], ranks: dict[tuple[str, str], int]) -> list[str]:
                 break
             symbols[best_i:best_i + 2] = [symbols[best_i] + symbols[best_i + 1]]
         return symbols
-    return bpe_merge(symbols, ranks)   # the heap loop, for long words: chunks.py
+    return bpe_merge(symbols, ranks, check)   # the heap loop, for long words: chunks.py

@@ -57,7 +57,6 @@ from kinetic.text import unicode_data as ud
 from kinetic.text.vocab import CONTROL, LSTRIP, RSTRIP, UNKNOWN, Vocab
 
 CHUNK_CHARS = 4096      # about this much text per piece of encode_chunks
-LONG_PIECE = 8          # times the chunk size: a piece longer merges with bpe_merge / spm_merge
 CHECK_STEPS = 1 << 12   # merges between two calls of their `check`
 _BLOCK = 1 << 16        # characters or ints per call of the bulk work on a long piece
 _BITS = 32

@@ -17,7 +17,7 @@ from typing import Any
 
 from kinetic.text import chunks
 from kinetic.text import unicode_data as ud
-from kinetic.text.bpe import BPE, merge, parse_merges
+from kinetic.text.bpe import BPE, parse_merges
 from kinetic.text.pretokenize import Splitter
 from kinetic.text.spm import SPM
 from kinetic.text.vocab import (BYTE, CONTROL, LSTRIP, NORMAL, RSTRIP, UNKNOWN, USER_DEFINED,
@@ -217,17 +217,7 @@ class Tokenizer:
             yield list(bpe.encode_word(word))
             return
         for piece in self._cut(text, size):
-            out: list[int] = []
-            symbols = (chunks.bpe_merge(piece, self._ranks, check)
-                       if len(piece) > chunks.LONG_PIECE * size
-                       else merge(list(piece), self._ranks))
-            for symbol in symbols:
-                tid = t2i.get(symbol)
-                if tid is not None:
-                    out.append(tid)
-                else:
-                    out.extend(bpe._fallback(symbol))   # bpe.BPE._encode's fallback
-            yield out
+            yield bpe.merged_ids(piece, check)
 
     def _partition(self, text: str, parse_special: bool) -> list[str | int]:
         """Returns the text cut into raw pieces (str) and special tokens (int), processing the
