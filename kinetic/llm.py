@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
-from kinetic.engine.engine import Engine, drop_staging_caches
+from kinetic.engine.engine import Engine
+from kinetic.memory import drop_staging_caches
 from kinetic.engine.engine_config import EngineConfig
 from kinetic.engine.request import Delta, GenerationRequest, ImageRows
 from kinetic.engine.sampling_params import SamplingParams

@@ -10,6 +10,7 @@ so its answer starts at (47 + 5) % 31 = 21 "v" and runs round v m z u k (21 12 2
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import contextlib
 import threading
 import types
@@ -609,8 +610,8 @@ def test_logprobs_are_computed_only_for_the_rows_that_ask(make_engine, monkeypat
     e = make_engine(parallel=4)
     # the ffi kernel's row buckets (the mock's logits are exact at any row count), so that the
     # sampler runs at buckets 1, 4 and 16
-    e.runner.row_buckets = [1, 2, 4, 8, 16]
-    assert e.sample_buckets == [1, 4, 16]
+    ffi_row_buckets(e)
+    assert e.sample_shape.buckets == (1, 4, 16)
     sample_rows, logprob_rows = [], []
     real_sample, real_logprobs = sampler.sample, sampler.logprobs
     monkeypatch.setattr(sampler, "sample", lambda logits, *a, **kw: sample_rows.append(
@@ -626,14 +627,24 @@ def test_logprobs_are_computed_only_for_the_rows_that_ask(make_engine, monkeypat
     assert max(sample_rows) >= 4 and set(logprob_rows) == {1}
 
 
+def ffi_row_buckets(e) -> None:
+    """Give a mock engine the ffi kernel's row buckets (the mock's logits are exact at any
+    row count) and the sampler buckets that follow from them."""
+    from kinetic.engine.sample_batch import sample_buckets
+    e.runner.row_buckets = [1, 2, 4, 8, 16]
+    e.sample_shape = dataclasses.replace(e.sample_shape,
+                                         buckets=tuple(sample_buckets(e.runner.row_buckets)))
+
+
 def test_more_sampled_rows_than_a_chunk_sample_four_at_a_time(make_engine, monkeypatch):
     """sampler.sample runs at most SAMPLE_CHUNK (4) rows a call: a step sampling 7 rows
     calls it in chunks, and each request gets its tokens and logprobs from alone."""
     from kinetic.engine import sampler
-    from kinetic.engine.engine import SAMPLE_CHUNK
+    from kinetic.engine.sample_batch import SAMPLE_CHUNK
     e = make_engine(parallel=8)
-    e.runner.row_buckets = [1, 2, 4, 8, 16]   # the ffi kernel's (exact at any row count)
-    assert e.sample_buckets == [1, 4, 16] and e.chunk_buckets == [1, 4] and SAMPLE_CHUNK == 4
+    ffi_row_buckets(e)
+    assert e.sample_shape.buckets == (1, 4, 16) and e.sample_shape.chunk_buckets == [1, 4]
+    assert SAMPLE_CHUNK == 4
     requests = [GenerationRequest(ids("abcab"[:2 + i % 3]), params=sampled(10 + i),
                                   max_tokens=6, logprobs=2 if i % 2 else None, speculative=False)
                 for i in range(7)]
@@ -651,7 +662,6 @@ def test_dry_rows_past_the_pair_width_give_the_same_tokens(make_engine, monkeypa
     """A DRY row with more penalised tokens than DRY_WIDTH travels whole in the dense spill,
     in the compiled shape: the same tokens and logprobs as with room for every pair, and
     rows of both kinds sample together in one step."""
-    from kinetic.engine import engine as engine_module
     from kinetic.engine import sampler
     requests = [GenerationRequest(HELLO, SamplingParams(temperature=0.0, dry_multiplier=0.8,
                                                         dry_allowed_length=0), max_tokens=10,
@@ -660,19 +670,19 @@ def test_dry_rows_past_the_pair_width_give_the_same_tokens(make_engine, monkeypa
                                                             dry_allowed_length=1), max_tokens=10),
                 GenerationRequest(ids("xyxyxyxy"), sampled(4, dry_multiplier=1.5), max_tokens=10)]
     wide = [run(make_engine(), r) for r in requests]
-    monkeypatch.setattr(engine_module, "DRY_WIDTH", 2)
     e = make_engine(parallel=4)
+    e.sample_shape = dataclasses.replace(e.sample_shape, dry_width=2)
     e.compile()
     before = sampler.sample._cache_size()
     spills, fits = [], []
-    real_dry = e._dry
+    real_dry = e.runner.sampler._dry
 
     def spy(*a):
         dry = real_dry(*a)
         spills.append(bool(dry.spilled))
         fits.append(bool((np.asarray(dry.ids) >= 0).any()))
         return dry
-    e._dry = spy
+    e.runner.sampler._dry = spy
     narrow = all_at_once(e, requests)
     assert [(r.tokens, r.logprobs) for r in narrow] == [(r.tokens, r.logprobs) for r in wide]
     assert any(s and f for s, f in zip(spills, fits))   # spilled and paired rows in one step

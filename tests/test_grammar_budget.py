@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kinetic.engine import engine as engine_module
+from kinetic.engine import grammar_step
 from kinetic.engine.request import GenerationRequest
 from kinetic.grammar import (GrammarTooCostly, MaskBudgetExceeded, Matcher, TokenVocab,
                              compile_gbnf, mask_budget)
@@ -80,7 +80,7 @@ def engine():
 def test_prepare_grammar_refuses_a_grammar_past_the_budget(engine, monkeypatch):
     g = compile_gbnf('root ::= [a-z]+')
     engine.prepare_grammar(g)   # within the real budget: fine, and its first mask is cached
-    monkeypatch.setattr(engine_module, "MASK_BUDGET_SECONDS", -1.0)
+    monkeypatch.setattr(grammar_step, "MASK_BUDGET_SECONDS", -1.0)
     with pytest.raises(GrammarTooCostly, match="first token mask"):
         engine.prepare_grammar(compile_gbnf(MANY))
     assert isinstance(GrammarTooCostly("x"), ValueError)   # the API's 400
@@ -93,7 +93,7 @@ def test_a_request_over_its_grammar_budget_fails_alone(engine, monkeypatch):
     hello = GenerationRequest(ids("hello"), max_tokens=6, speculative=False)
     alone = run(engine, hello)
     assert (alone.tokens, alone.finish_reason) == greedy(ids("hello"), 6)
-    monkeypatch.setattr(engine_module, "MASK_BUDGET_SECONDS", -1.0)
+    monkeypatch.setattr(grammar_step, "MASK_BUDGET_SECONDS", -1.0)
     constrained = GenerationRequest(ids("hi"), max_tokens=6, grammar=compile_gbnf(MANY))
     with Paused(engine):   # both reach the engine together, so they share their steps
         a, b = Collector(), Collector()
@@ -104,7 +104,7 @@ def test_a_request_over_its_grammar_budget_fails_alone(engine, monkeypatch):
     assert "grammar" in failed.deltas[-1].error and not failed.tokens
     assert (other.tokens, other.finish_reason) == (alone.tokens, alone.finish_reason)
     assert not engine.scheduler.sequences   # the failed request's slot and pages are free
-    monkeypatch.setattr(engine_module, "MASK_BUDGET_SECONDS", 1.0)
+    monkeypatch.setattr(grammar_step, "MASK_BUDGET_SECONDS", 1.0)
     again = run(engine, GenerationRequest(ids("hi"), max_tokens=3,
                                           grammar=compile_gbnf('root ::= "k" [a-z]+')))
     assert again.finish_reason == "length" and again.text.startswith("k")

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from kinetic.engine import engine as engine_module
+from kinetic.engine import grammar_step
 from kinetic.engine.engine import Engine
 from tests.app_client import ERROR_FIELDS, assert_error_shape, in_process_app
 
@@ -59,7 +59,7 @@ def test_grammar_over_its_step_budget_is_a_503_alone(app, monkeypatch):
     request, whole or streamed, and the next normal request answers as before."""
     want = app.post("/completion", NORMAL)[1]["content"]
     monkeypatch.setattr(Engine, "prepare_grammar", lambda self, grammar: None)
-    monkeypatch.setattr(engine_module, "MASK_BUDGET_SECONDS", -1.0)
+    monkeypatch.setattr(grammar_step, "MASK_BUDGET_SECONDS", -1.0)
     grammar = 'root ::= "k" [a-z]+'
     status, answer = app.post("/completion", body(prompt="hi", n_predict=4, grammar=grammar))
     assert status == 503, (status, answer)

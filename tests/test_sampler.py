@@ -401,7 +401,7 @@ def test_dry_matches_its_definition_on_random_sequences():
 
 
 def test_the_greedy_path_draws_what_sample_draws():
-    """Engine._sample takes sampler.greedy for steps whose rows are all plain_greedy: the
+    """Runner.sample takes the greedy draw for calls whose rows are all plain_greedy: the
     same tokens as `sample`, with a mask, a bias, NaN logits and rows that allow nothing."""
     from kinetic.engine.sampler import greedy, plain_greedy
     logits = LOGITS.copy()
@@ -459,7 +459,7 @@ def test_bias_pairs_are_bias_row():
     assert ids.tolist() == [2, 4, 5] and values[0] == np.float32(np.float32(0.1) + 0.2)
     assert values[1] == values[2] == -np.inf
     # the most a request can ask fits the engine's fixed width
-    from kinetic.engine.engine import BIAS_WIDTH
+    from kinetic.engine.sample_batch import BIAS_WIDTH
     eog = list(range(2000, 2064))
     p = SamplingParams(logit_bias=[(t, 1.0) for t in range(MAX_LOGIT_BIAS)] * 2, ignore_eos=True)
     assert len(bias_pairs(p, 4096, eog)[0]) == MAX_LOGIT_BIAS + 64 == BIAS_WIDTH

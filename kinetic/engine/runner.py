@@ -1,4 +1,6 @@
-"""The runner: the one place that builds device arrays and calls the jitted model step.
+"""The runner: the one place that builds device arrays and calls the device, for the model's
+steps and for sampling (Runner.sample: engine/sample_device.py); the engine calls it with
+host arrays and gets host values back, and imports no JAX.
 
 A step carries up to `step_tokens` rows, whatever mix of prompt chunks and decode rows.
 With the C++ kernels (cfg.kernel == "ffi") a row's result does not depend on how many rows
@@ -13,6 +15,7 @@ each step so XLA updates it in place.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from functools import partial
 
@@ -22,6 +25,8 @@ import numpy as np
 
 from kinetic.kernels import ffi as native
 from kinetic.engine.recurrent_state import RecurrentState, StateSnapshot
+from kinetic.engine.sample_batch import SampleBatch, SampleShape
+from kinetic.engine.sample_device import DeviceSampler, Drawn, greedy_tokens
 from kinetic.model import delta_net
 from kinetic.model.layers import StepInput
 from kinetic.model.loader import LoadedModel
@@ -77,6 +82,7 @@ class Runner:
         recurrent = cfg.recurrent_layers or (False,) * cfg.n_layer
         self._paged = tuple(i for i, r in enumerate(recurrent) if not r)
         self._recurrent = tuple(i for i, r in enumerate(recurrent) if r)
+        self.sampler = DeviceSampler(cfg.vocab_size, self.exact_rows)
 
     @property
     def cache(self) -> list:
@@ -149,18 +155,18 @@ class Runner:
             rows[np.arange(n) if logit_rows is None else np.asarray(logit_rows, np.int64)] = 1
         else:
             rows = [] if shape == "all" else shape
-        table = page_table[:, :self.key_bucket(positions)]
-        # one host-to-device copy of every row input (each copy costs tens of microseconds,
-        # a sizeable part of a one-row step on a small model); _forward splits it again
-        packed = np.concatenate([
-            tokens, np.zeros(pad), positions, np.zeros(pad), slots, np.zeros(pad),
-            write_index, RESERVED_PAGE * page_size + np.arange(pad) % page_size,
-            table.ravel(), rows,
-            [] if not self.config.image_rows else self._image_mask(images, bucket, positions),
-            [] if self.state is None else self.state.plan(slots, positions, drafts, bucket)
-            ]).astype(np.int32)
-        layout = (bucket, table.shape, shape if isinstance(shape, str) else len(shape),
-                  self.config.image_rows)
+        parts = [("tokens", _padded(tokens, pad)), ("positions", _padded(positions, pad)),
+                 ("slots", _padded(slots, pad)),
+                 ("write_index", np.concatenate(
+                     [write_index, RESERVED_PAGE * page_size + np.arange(pad) % page_size])),
+                 ("page_table", page_table[:, :self.key_bucket(positions)])]
+        if shape != "all":
+            parts.append(("logit_mask" if shape == "mask" else "rows", rows))
+        if self.config.image_rows:
+            parts += self._image_mask(images, bucket, positions)
+        if self.state is not None:
+            parts.append(("state", self.state.plan(slots, positions, drafts, bucket)))
+        packed, layout = _pack(parts)
         if not self._warming:
             self.model.finish_repack()
         logits, self.cache = self._step(self._buffer, self._skeleton, self.cache,
@@ -178,13 +184,13 @@ class Runner:
         return steps if steps >= 2 else 0
 
     def decode_steps(self, tokens: np.ndarray, positions: np.ndarray, slots: np.ndarray,
-                     write_index: np.ndarray, page_table: np.ndarray, bias) -> jax.Array:
+                     write_index: np.ndarray, page_table: np.ndarray, bias: tuple,
+                     shape: SampleShape | None = None) -> np.ndarray:
         """N greedy decode steps of n sequences, one row each, in one device call (kernel
         "ffi" only): step i runs row r at positions[i, r], writing write_index[i, r], and
         feeds it the token that step i - 1 drew for it (tokens[r] at i = 0); each draw is
-        sampler.greedy's (the full mask; bias as greedy takes it, at the row bucket B >= n:
-        the engine's sampler.Sparse pairs, whose token comes from one C++ pass,
-        native.row_argmax; or a dense [B, V] array). positions and write_index: [N, n].
+        sample_device.greedy_tokens' (the full mask; bias: each row's bias pairs, None for
+        none, at shape's width). positions and write_index: [N, n].
         Returns the drawn tokens [N, B] (-1 where a row allowed no token; rows n.. are
         padding). The same tokens as N calls of step_device followed by sampler.greedy: a
         row's logits do not depend on the step's other rows."""
@@ -194,29 +200,47 @@ class Runner:
         bucket = self.row_bucket(n)
         pad = bucket - n
         reserved = RESERVED_PAGE * self.config.page_size + np.arange(pad) % self.config.page_size
-        table = page_table[:, :self.key_bucket(positions.ravel())]
-        packed = np.concatenate([
-            tokens, np.zeros(pad), slots, np.zeros(pad),
-            np.concatenate([positions, np.zeros((N, pad))], axis=1).ravel(),
-            np.concatenate([write_index, np.broadcast_to(reserved, (N, pad))], axis=1).ravel(),
-            table.ravel(), [] if self.state is None else self.state.plan_decode(
-                slots, positions, bucket), [n]]).astype(np.int32)
-        layout = (bucket, N, table.shape)   # n travels as data: one compiled loop per bucket
+        parts = [("tokens", _padded(tokens, pad)), ("slots", _padded(slots, pad)),
+                 ("positions", np.concatenate([positions, np.zeros((N, pad))], axis=1)),
+                 ("write_index", np.concatenate(
+                     [write_index, np.broadcast_to(reserved, (N, pad))], axis=1)),
+                 ("page_table", page_table[:, :self.key_bucket(positions.ravel())])]
+        if self.state is not None:
+            parts.append(("state", self.state.plan_decode(slots, positions, bucket)))
+        # n travels as data: one compiled loop per bucket
+        packed, layout = _pack(parts + [("n", np.asarray([n]))])
         if not self._warming:
             self.model.finish_repack()
         out, self.cache = self._decode(self._buffer, self._skeleton, self.cache,
-                                       jax.device_put(packed), bias, layout)
-        return out
+                                       jax.device_put(packed),
+                                       self.sampler.greedy_bias(bias, bucket,
+                                                                shape or self.sample_shape()),
+                                       layout)
+        return np.asarray(out)
 
-    def _image_mask(self, images, bucket: int, positions: np.ndarray) -> np.ndarray:
+    def sample_shape(self, eog_ids=()) -> SampleShape:
+        """The shape of this runner's sampler calls, for a tokenizer with `eog_ids`."""
+        return SampleShape.of(self.model.config.vocab_size, self.config.max_context,
+                              self.row_buckets, eog_ids)
+
+    def sample(self, logits: jax.Array | np.ndarray, batch: SampleBatch) -> Drawn:
+        """Draw batch's rows from `logits` (a step's, or host rows): the one place that
+        decides between the greedy draw and the whole chain (sample_device.DeviceSampler)."""
+        return self.sampler.sample(logits, batch)
+
+    def host_rows(self, logits: jax.Array, lo: int, n: int) -> np.ndarray:
+        """Rows lo .. lo + n of a step's logits, on the host (a scoring request's)."""
+        return np.asarray(logits[lo:lo + n])
+
+    def _image_mask(self, images, bucket: int, positions: np.ndarray) -> list:
         """The image rows' mask [bucket] and each row's last visible key [bucket] (its own
-        position but in an image that attends both ways), packed."""
+        position but in an image that attends both ways), as packed parts."""
         mask, ends = np.zeros(bucket, np.int64), np.zeros(bucket, np.int64)
         ends[:len(positions)] = positions
         if images is not None:
             mask[:len(images[0])] = images[0]
             ends[:len(images[2])] = images[2]
-        return np.concatenate([mask, ends])
+        return [("image_mask", mask), ("ends", ends)]
 
     def _image_embeds(self, images, bucket: int) -> jax.Array | None:
         """The step's embedding rows [bucket, D] (zeros where a row is a token), or None for
@@ -299,12 +323,11 @@ class Runner:
         sizes = [first * 4 ** k for k in range(16) if first * 4 ** k < P]
         return sizes + [P]
 
-    def compile(self, progress=None, bias=None) -> None:
-        """Compile the step for every row bucket, key bucket and logit shape now (the first call of each
-        would otherwise pay for it, stalling every stream). progress(done, total) is called
-        after each. The steps write only into the reserved page. bias(rows): the decode loops'
-        bias at `rows` as their caller will pass it (the engine's sampler.Sparse; None: dense
-        zeros), so that the loops compile for the caller's shapes."""
+    def compile(self, progress=None, shape: SampleShape | None = None) -> None:
+        """Compile the step for every row bucket, key bucket and logit shape now (the first
+        call of each would otherwise pay for it, stalling every stream), and the decode-step
+        loops with `shape`'s bias pairs (None: sample_shape()'s). progress(done, total) is called after each. The
+        steps write only into the reserved page."""
         S = self.config.num_slots
         # (rows, key bucket, logit rows): every shape _logit_shape can give
         shapes = [(r, b, want) for r in self.row_buckets for b in self.buckets
@@ -324,7 +347,7 @@ class Runner:
         if weights is not None:
             self._buffer = native.lazy_zeros(weights.shape, weights.dtype)
         try:
-            self._warm_up(shapes, loops, total, progress, bias)
+            self._warm_up(shapes, loops, total, progress, shape)
         finally:
             self._buffer, self._warming = weights, False
         if self._paged:   # the page copies to and from host memory (the prefix cache's tier)
@@ -332,7 +355,7 @@ class Runner:
         if self.state is not None:
             self.state.compiling = False
 
-    def _warm_up(self, shapes, loops, total, progress, bias) -> None:
+    def _warm_up(self, shapes, loops, total, progress, shape) -> None:
         S, P, ps = self.config.num_slots, self.config.pages_per_slot, self.config.page_size
         for i, (rows, b, want) in enumerate(shapes):
             pos = np.full(rows, b * ps - 1)
@@ -344,8 +367,7 @@ class Runner:
             grid = np.zeros((n, rows), np.int64)
             self.decode_steps(np.zeros(rows), grid + P * ps - 1, np.zeros(rows),
                               grid + np.arange(rows) % ps, np.zeros((S, P), np.int32),
-                              jnp.zeros((rows, self.model.config.vocab_size), jnp.float32)
-                              if bias is None else bias(rows)).block_until_ready()
+                              (None,) * rows, shape)
             if progress:
                 progress(len(shapes) + i + 1, total)
 
@@ -363,42 +385,55 @@ def _compiled_decode(forward, cfg):
     return jax.jit(partial(_decode_loop, forward, cfg), donate_argnums=(2,), static_argnums=(5,))
 
 
-def _decode_loop(forward, cfg, buffer, skeleton, cache, packed, bias, layout):
-    """Runner.decode_steps' N steps as one loop; `packed` as decode_steps lays it out:
-    tokens and slots (B each), positions and write_index ([N, B] each), the page table, and
-    n, the rows that are not padding."""
-    from kinetic.engine import sampler   # (the engine's module; imported late: no cycle)
-    B, N, (S, P) = layout
-    tokens, slots = packed[:B], packed[B:2 * B]
-    positions = packed[2 * B:2 * B + N * B].reshape(N, B)
-    write_index = packed[2 * B + N * B:2 * B + 2 * N * B].reshape(N, B)
-    at = 2 * B + 2 * N * B + S * P
-    table = packed[2 * B + 2 * N * B:at].reshape(S, P)
-    recurs = RecurrentState.unpack_decode(packed[at:-1], B) if cfg.recurrent else None
-    weights = join_buffer(buffer, skeleton)
-    real = jnp.arange(B) < packed[-1]
-    live = real.astype(jnp.int32)   # the padding rows' logits are not computed
+def _pack(parts: list[tuple[str, np.ndarray]]) -> tuple[np.ndarray, tuple]:
+    """A step's integer inputs as one int32 array, one host-to-device copy (each copy costs
+    tens of microseconds, a sizeable part of a one-row step on a small model), and its layout
+    ((name, shape) per part: the compiled step's static argument) that _unpack reads it by."""
+    arrays = [(name, np.asarray(a)) for name, a in parts]
+    layout = tuple((name, a.shape) for name, a in arrays)
+    return np.concatenate([a.ravel() for _, a in arrays]).astype(np.int32), layout
 
-    def draw(logits):
-        """sampler.greedy's tokens (the loop's rows allow every token): one C++ pass over
-        each row (native.row_argmax, the same token) instead of XLA's four."""
-        if not isinstance(bias, sampler.Sparse):
-            return sampler.greedy(logits, bias, jnp.full((B, -(-cfg.vocab_size // 32)), -1,
-                                                         jnp.int32))
-        return native.row_argmax(logits, bias.ids, bias.values)
+
+def _unpack(packed: jax.Array, layout: tuple) -> dict[str, jax.Array]:
+    """_pack's parts by name, in the compiled step."""
+    out, at = {}, 0
+    for name, shape in layout:
+        size = math.prod(shape)
+        out[name] = packed[at:at + size].reshape(shape)
+        at += size
+    return out
+
+
+def _padded(values: np.ndarray, pad: int) -> np.ndarray:
+    return np.concatenate([values, np.zeros(pad)])
+
+
+def _decode_loop(forward, cfg, buffer, skeleton, cache, packed, bias, layout):
+    """Runner.decode_steps' N steps as one loop over _pack's parts: tokens and slots [B],
+    positions and write_index [N, B], the page table, the recurrent state's plan, and n,
+    the rows that are not padding."""
+    x = _unpack(packed, layout)
+    B, slots, table = x["tokens"].shape[0], x["slots"], x["page_table"]
+    recurs = RecurrentState.unpack_decode(x["state"], B) if cfg.recurrent else None
+    weights = join_buffer(buffer, skeleton)
+    real = jnp.arange(B) < x["n"][0]
+    live = real.astype(jnp.int32)   # the padding rows' logits are not computed
 
     def body(i, carry):
         cache, tok, out = carry
-        step = StepInput(tok, positions[i], slots, write_index[i], table, None,
+        step = StepInput(tok, x["positions"][i], slots, x["write_index"][i], table, None,
                          None if recurs is None else recurs(i), logit_mask=live)
         logits, cache = forward(weights, cfg, cache, step)
-        drawn = draw(logits)
+        # the loop's rows allow every token: one C++ pass over each row (the loop runs with
+        # the C++ kernels only)
+        drawn = greedy_tokens(logits, bias, None, exact=True)
         # the next input: the drawn token (0 for padding rows and rows that allowed none,
         # whose later tokens the engine discards)
         return cache, jnp.where(real & (drawn >= 0), drawn, 0), out.at[i].set(drawn)
 
+    N = x["positions"].shape[0]
     out = jnp.zeros((N, B), jnp.int32)
-    cache, _, out = jax.lax.fori_loop(0, N, body, (cache, tokens, out))
+    cache, _, out = jax.lax.fori_loop(0, N, body, (cache, x["tokens"], out))
     return out, cache
 
 
@@ -432,20 +467,13 @@ def _write_pages(cache, idx, arrays, paged):
 
 def _forward(forward, cfg, buffer, skeleton, cache, packed, layout, embeds=None):
     """The model's forward (over the weights split_buffer took apart) and the StepInput
-    that `packed` holds: rows tokens, positions,
-    slots and write_index (each B long), the page table [S, P'] and the logit rows (R long;
-    R "mask": the logit mask, B long; "all": nothing), laid out as Runner.step_device packs
-    them; layout = (B, (S, P'), R, images)."""
-    B, (S, P), R, images = layout
-    fields = [packed[i * B:(i + 1) * B] for i in range(4)]
-    table = packed[4 * B:4 * B + S * P].reshape(S, P)
-    width = {"all": 0, "mask": B}.get(R, R)
-    at = 4 * B + S * P + width
-    rows = packed[4 * B + S * P:at] if isinstance(R, int) else None
-    logit_mask = packed[4 * B + S * P:at] if R == "mask" else None
-    mask = packed[at:at + B] if images else None
-    ends = packed[at + B:at + 2 * B] if images else None
-    at += 2 * B if images else 0
-    recur = RecurrentState.unpack(packed[at:], B) if cfg.recurrent else None
-    return forward(join_buffer(buffer, skeleton), cfg, cache,
-                   StepInput(*fields, table, rows, recur, embeds, mask, ends, logit_mask))
+    that `packed` holds, _pack's parts as Runner.step_device names them: the rows' tokens,
+    positions, slots and write_index (each B long), the page table [S, P'], the logit rows
+    ("rows": those alone; "logit_mask": B long; neither: every row's), the image rows' mask
+    and ends, the recurrent state's plan."""
+    x = _unpack(packed, layout)
+    B = x["tokens"].shape[0]
+    recur = RecurrentState.unpack(x["state"], B) if cfg.recurrent else None
+    return forward(join_buffer(buffer, skeleton), cfg, cache, StepInput(
+        x["tokens"], x["positions"], x["slots"], x["write_index"], x["page_table"],
+        x.get("rows"), recur, embeds, x.get("image_mask"), x.get("ends"), x.get("logit_mask")))

@@ -38,17 +38,18 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
+# the host side (numpy, no JAX): the engine's sampling inputs are built there
+from kinetic.engine.sample_batch import (MAX_CANDIDATES, full_mask, initial_mu,  # noqa: F401
+                                         pack_pairs, penalties_on, plain_greedy, row_fields)
 from kinetic.engine.sampling_params import SamplingParams
 
-MAX_CANDIDATES = 256
 MIROSTAT_M = 100          # llama.cpp's common sampler builds Mirostat 1 with m = 100
 _BLOCK = 256              # inverse-CDF block size over the vocabulary
 _NEG = -jnp.inf
@@ -88,47 +89,12 @@ class RowParams:
     position: jax.Array
 
 
-_INT_ROW_FIELDS = {"top_k": np.int32, "repeat_last_n": np.int32, "min_keep": np.int32,
-                   "mirostat": np.int32, "position": np.int32, "seed": np.uint32}
-
-
-def initial_mu(params: SamplingParams) -> float:
-    """Mirostat's starting state, 2 * tau, as llama.cpp sets it."""
-    return 2.0 * params.mirostat_tau
-
-
-def make_row_params(params: Sequence[SamplingParams], seeds: Sequence[int], positions: Sequence[int],
-                    mus: Sequence[float | None] | None = None, *, n_ctx: int = 1 << 30,
-                    pad_to: int | None = None) -> RowParams:
-    """Host side: numpy [B] arrays from per-row SamplingParams. seeds are the resolved seeds
-    (taken mod 2**32); positions are the sequence positions the drawn tokens will occupy; a
-    mu of None starts Mirostat at 2 * tau. repeat_last_n -1 becomes n_ctx. pad_to appends
-    greedy filler rows up to a fixed batch size."""
-    if not len(params) == len(seeds) == len(positions):
-        raise ValueError("params, seeds and positions must have one entry per row")
-    mus = [None] * len(params) if mus is None else list(mus)
-    if len(mus) != len(params):
-        raise ValueError("mus must have one entry per row")
-    rows: dict[str, list] = {f.name: [] for f in fields(RowParams)}
-    for p, seed, pos, mu in zip(params, seeds, positions, mus):
-        for name in ("temperature", "top_k", "top_p", "min_p", "typical_p", "top_n_sigma",
-                     "xtc_probability", "xtc_threshold", "repeat_penalty", "presence_penalty",
-                     "frequency_penalty", "min_keep", "mirostat", "mirostat_tau", "mirostat_eta"):
-            rows[name].append(getattr(p, name))
-        rows["repeat_last_n"].append(n_ctx if p.repeat_last_n == -1 else p.repeat_last_n)
-        rows["mu"].append(initial_mu(p) if mu is None else mu)
-        rows["seed"].append(int(seed) & 0xFFFFFFFF)
-        rows["position"].append(int(pos))
-    if pad_to is not None:
-        if pad_to < len(params):
-            raise ValueError(f"pad_to={pad_to} is smaller than the {len(params)} rows")
-        filler = SamplingParams(temperature=0.0)
-        for _ in range(pad_to - len(params)):
-            for name in rows:
-                rows[name].append({"seed": 0, "position": 0, "mu": 0.0}.get(
-                    name, getattr(filler, name, None)))
-    return RowParams(**{name: np.asarray(vals, _INT_ROW_FIELDS.get(name, np.float32))
-                        for name, vals in rows.items()})
+def make_row_params(params: Sequence[SamplingParams], seeds: Sequence[int],
+                    positions: Sequence[int], mus: Sequence[float | None] | None = None, *,
+                    n_ctx: int = 1 << 30, pad_to: int | None = None) -> RowParams:
+    """RowParams of numpy [B] arrays from per-row SamplingParams (sample_batch.row_fields,
+    which the engine's sampling inputs are built with)."""
+    return RowParams(**row_fields(params, seeds, positions, mus, n_ctx=n_ctx, pad_to=pad_to))
 
 
 class Sparse(NamedTuple):
@@ -145,28 +111,6 @@ class Sparse(NamedTuple):
     spilled: jax.Array | None = None
 
 
-def pack_pairs(rows: Sequence[tuple[np.ndarray, np.ndarray] | None], batch: int,
-               width: int) -> tuple[np.ndarray, np.ndarray]:
-    """Host side: (ids int32 [batch, width], values float32 [batch, width]) from per-row
-    (ids, values) pairs (sampling_params.bias_pairs, dry_pairs; None for none), -1 / 0 padded;
-    rows past len(rows) are empty. Raises ValueError for a row of more than `width` pairs."""
-    ids = np.full((batch, width), -1, np.int32)
-    values = np.zeros((batch, width), np.float32)
-    for i, row in enumerate(rows):
-        if row is None:
-            continue
-        n = len(row[0])
-        if n > width:
-            raise ValueError(f"row {i} has {n} (token, value) pairs; the sampler takes {width}")
-        ids[i, :n], values[i, :n] = row
-    return ids, values
-
-
-def full_mask(batch: int, vocab_size: int) -> np.ndarray:
-    """[B, ceil(V/32)] int32 bitmask allowing every token (bit t % 32 of word t // 32)."""
-    return np.full((batch, -(-vocab_size // 32)), -1, np.int32)
-
-
 # --- the jitted chain ------------------------------------------------------------------
 
 @jax.jit
@@ -174,19 +118,6 @@ def pick_rows(logits: jax.Array, rows: jax.Array) -> jax.Array:
     """logits[rows] for rows [B] of in-range row indices, as one compiled call (eager
     indexing would dispatch and compile a handful of small programs per shape)."""
     return jnp.take(logits, rows, axis=0, mode="clip")
-
-
-def penalties_on(p: SamplingParams) -> bool:
-    """Whether the repeat, frequency or presence penalty changes this request's logits (the
-    history `sample` reads is then needed)."""
-    return p.repeat_last_n != 0 and (p.repeat_penalty != 1 or p.frequency_penalty != 0
-                                     or p.presence_penalty != 0)
-
-
-def plain_greedy(p: SamplingParams) -> bool:
-    """Whether `greedy` draws this request's token: greedy, no penalties, no DRY, no
-    Mirostat (whose greedy rows still update mu)."""
-    return p.temperature <= 0 and p.mirostat == 0 and p.dry_multiplier <= 0 and not penalties_on(p)
 
 
 @jax.jit

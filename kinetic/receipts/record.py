@@ -77,7 +77,6 @@ def engine_record(engine) -> dict[str, Any]:
     import jax
 
     from kinetic import kernels
-    from kinetic.engine import sampler
     kernel = engine.model.config.kernel
     weights, rounding = _weights(engine.model)
     out = {
@@ -85,9 +84,10 @@ def engine_record(engine) -> dict[str, Any]:
         "backend": jax.default_backend(), "device": jax.devices()[0].device_kind,
         "kernel": kernel, "weights": weights, "activation_rounding": rounding,
         "step_tokens": engine.config.step_tokens, "row_buckets": list(engine.runner.row_buckets),
-        "sample_buckets": list(engine.sample_buckets), "n_ctx": engine.max_context,
+        "sample_buckets": list(engine.sample_shape.buckets), "n_ctx": engine.max_context,
         "page_size": engine.config.page_size, "kv_dtype": engine.config.kv_dtype,
-        "max_candidates": sampler.MAX_CANDIDATES, "history_width": engine._history_width,
+        "max_candidates": engine.sample_shape.max_candidates,
+        "history_width": engine.sample_shape.history_width,
     }
     if kernel == "ffi":
         out["kernel_isa"] = kernels.isa()   # every path gives the same bits: for the record

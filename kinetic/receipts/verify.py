@@ -13,6 +13,8 @@ from typing import Any, Callable
 import numpy as np
 
 from kinetic import __version__
+from kinetic.engine.sample_batch import (HISTORY_WIDTH, MAX_CANDIDATES, sample_batches,
+                                         sample_row)
 from kinetic.receipts.record import (RECEIPT_VERSION, ReceiptError, _is_int, _need,
                                      _rebuild_request, _weights, model_record)
 from kinetic.receipts.signing import Tampered, check_signature, fingerprint, parse_public_key
@@ -291,8 +293,11 @@ def _replay(engine, request, seed: int, out_ids: list[int], text: str, finish: s
     job = Job(0, request, deltas.append, engine.tokenizer, seed, vocab=vocab)
     tokens = list(request.prompt) + list(out_ids)
     n, start = len(out_ids), len(request.prompt)
-    history_width = eng_rec.get("history_width", min(4096, n_ctx))
-    max_candidates = eng_rec.get("max_candidates")
+    # the receipt's sampler shape: its context and widths, the engine's bias width
+    shape = dataclasses.replace(
+        engine.sample_shape, n_ctx=n_ctx, buckets=(1,),
+        history_width=eng_rec.get("history_width", min(HISTORY_WIDTH, n_ctx)),
+        max_candidates=eng_rec.get("max_candidates", MAX_CANDIDATES))
     info = _TokenInfo(engine, logits)
     base = dict(signed_by=signed_by, notes=notes)
 
@@ -314,8 +319,7 @@ def _replay(engine, request, seed: int, out_ids: list[int], text: str, finish: s
             break
         if i == n and finish == "cancelled":
             break   # a cancelled answer ends where it was cut: nothing to re-derive
-        tok, new_mu = _sample_row(engine, job, logits[pos - 1], tokens[:pos], pos, seed,
-                                  n_ctx, history_width, max_candidates)
+        tok, new_mu = _sample_row(engine, job, logits[pos - 1], tokens[:pos], pos, shape)
         if i < n and tok != out_ids[i]:
             return differs(i, f"the receipt has {info.describe(pos - 1, out_ids[i])}; the "
                            f"engine draws {info.describe(pos - 1, tok)}",
@@ -374,11 +378,7 @@ class _TokenInfo:
         self.engine, self.logits = engine, logits
 
     def get(self, row: int, token: int) -> TokenInfo:
-        import jax.numpy as jnp
-
-        from kinetic.engine import sampler
-        lp = float(np.asarray(sampler.logprobs(jnp.asarray(self.logits[row][None, :]),
-                                               jnp.asarray([token], jnp.int32), 1)[0])[0])
+        (lp,) = self.engine.runner.sampler.token_logprobs(self.logits[row:row + 1], [token])
         tok = self.engine.tokenizer
         text = tok.token_piece(token, special=True) if 0 <= token < tok.vocab_size else ""
         return TokenInfo(int(token), text, lp)
@@ -388,51 +388,16 @@ class _TokenInfo:
         return f"token {t.token} {t.text!r} (logprob {t.logprob:.4f})"
 
 
-def _sample_row(engine, job, row: np.ndarray, history: list[int], position: int, seed: int,
-                n_ctx: int, history_width: int, max_candidates: int | None):
-    """One row sampled exactly as Engine._sample samples it inside any step (the sampler's
-    row results do not depend on the batch): the job's token mask, logit bias and DRY pairs at
-    the engine's fixed widths, the penalty history, its Mirostat state. Returns (token, mu)."""
-    import jax
-    import jax.numpy as jnp
-
-    from kinetic.engine import sampler
-    from kinetic.engine.engine import DRY_WIDTH
-    from kinetic.engine.sampling_params import history_rows
-    p, V = job.request.params, engine.vocab_size
-    pairs = job.bias_pairs(V)
-    if pairs is None:
-        bias = engine._zero_bias(1)
-    else:
-        ids, values = sampler.pack_pairs([pairs], 1, engine._bias_width)
-        bias = sampler.Sparse(jax.device_put(ids), jax.device_put(values))
-    if job.matcher is None:
-        mask = engine._full_mask(1)
-    else:
-        words = np.zeros((1, (V + 31) // 32), np.int32)
-        job.matcher.fill_mask(words[0, :job.matcher.vocab.n_words])
-        mask = jnp.asarray(words)
-    logits = jnp.asarray(row[None, :])
-    mu = job.mu
-    if sampler.plain_greedy(p):
-        tok = int(np.asarray(sampler.greedy(logits, bias, mask))[0])
-        return tok, sampler.initial_mu(p) if mu is None else mu
-    params = sampler.make_row_params([p], [seed], [position], [mu], n_ctx=n_ctx, pad_to=1)
-    hist = (jnp.asarray(history_rows([history], history_width)) if sampler.penalties_on(p)
-            else engine._no_history(1))
-    dry = engine._zero_dry(1)
-    if p.dry_multiplier > 0:
-        dids, dvals = job.dry_pairs(history, V, n_ctx)
-        if len(dids) > DRY_WIDTH:   # the engine's dense spill, in the same compiled shape
-            dense = np.zeros((1, V), np.float32)
-            dense[0, dids] = dvals
-            ids, values = sampler.pack_pairs([None], 1, DRY_WIDTH)
-            dry = sampler.Sparse(jax.device_put(ids), jax.device_put(values),
-                                 jax.device_put(dense), jax.device_put(np.True_))
-        else:
-            ids, values = sampler.pack_pairs([(dids, dvals)], 1, DRY_WIDTH)
-            dry = sampler.Sparse(jax.device_put(ids), jax.device_put(values), dry.spill,
-                                 dry.spilled)
-    kw = {} if max_candidates is None else {"max_candidates": int(max_candidates)}
-    tok, new_mu = sampler.sample(logits, params, hist, bias, mask, dry, **kw)
-    return int(np.asarray(tok)[0]), float(np.asarray(new_mu)[0])
+def _sample_row(engine, job, row: np.ndarray, history: list[int], position: int,
+                shape) -> tuple[int, float]:
+    """One row sampled as the engine samples it inside any step (a row's draw does not depend
+    on the rows beside it): its SampleRow from the job (sample_batch.sample_row: its token
+    mask, bias and DRY pairs at the engine's fixed widths, penalty history, Mirostat state)
+    drawn by the engine's runner (Runner.sample). Returns (token, mu)."""
+    mask = None
+    if job.matcher is not None:
+        mask = np.zeros(shape.mask_words, np.int32)
+        job.matcher.fill_mask(mask[:job.matcher.vocab.n_words])
+    (batch,) = sample_batches([sample_row(job, 0, position, history, mask, shape)], shape)
+    drawn = engine.runner.sample(row[None, :], batch)
+    return drawn.tokens[0], drawn.mus[0]
