@@ -3,7 +3,7 @@
 Real `kinetic serve` processes on a tiny random-weight model (tests/tiny_models.py): a
 connection past --max-connections is answered 503 at once, before it has sent anything;
 SIGTERM ends a long generation within seconds; SIGTERM, or a second signal at once, ends a
-server whose engine thread is stuck in a step (the child patches Engine._turn to hang:
+server whose engine thread is stuck in a step (the child patches Stepper.turn to hang:
 nothing in kinetic helps it), and /health says so first. In this process, on the mock
 engine: the stall clock and the engine's death as /health reports them, Engine.close's
 timeout, the watchdog.
@@ -42,19 +42,19 @@ import sys
 import threading
 
 from kinetic.cli import main
-from kinetic.engine.engine import Engine
+from kinetic.engine.turn import Stepper
 
-turn = Engine._turn
+turn = Stepper.turn
 
 
-def stuck_turn(self):
-    if any(job.request.max_tokens == {STUCK_TOKENS} for job in self._jobs.values()):
+def stuck_turn(self, quiet):
+    if any(job.request.max_tokens == {STUCK_TOKENS} for job in self.jobs.values()):
         print("test: the engine is stuck", flush=True)
         threading.Event().wait()
-    turn(self)
+    turn(self, quiet)
 
 
-Engine._turn = stuck_turn
+Stepper.turn = stuck_turn
 sys.exit(main())
 '''
 
