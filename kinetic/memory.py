@@ -10,7 +10,8 @@ memory once compiled), then sets it to 32 MB, the most glibc would raise it to: 
 buffers then come from the heap, warm, every step. Held at 128 KB while serving too, they
 would be mapped and unmapped on every call, and a step took 10-20% longer (docs/performance.md).
 
-Elsewhere than glibc (musl, macOS) these do nothing.
+Elsewhere than glibc (musl, macOS) these do nothing. `drop_staging_caches` drops what JAX
+keeps to trace a function again, once every shape has compiled.
 """
 
 from __future__ import annotations

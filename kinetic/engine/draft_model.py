@@ -60,7 +60,7 @@ class DraftModel:
             logits = self.runner.step_device(
                 np.array([last[s.seq_id] for s in live]), pos,
                 np.array([s.slot for s in live]), write, page_table)
-            picks = np.asarray(logits[:len(live)].argmax(-1))
+            picks = self.runner.argmax_rows(logits, len(live))
             for s, t in zip(live, picks):
                 drafts[s.seq_id].append(int(t))
                 last[s.seq_id] = int(t)

@@ -228,6 +228,11 @@ class Runner:
         decides between the greedy draw and the whole chain (sample_device.DeviceSampler)."""
         return self.sampler.sample(logits, batch)
 
+    def argmax_rows(self, logits: jax.Array, n: int) -> np.ndarray:
+        """The first n rows' argmax, on the host (a draft model's proposals: no mask, no
+        bias, so no need for the sampler's greedy draw)."""
+        return np.asarray(logits[:n].argmax(-1))
+
     def host_rows(self, logits: jax.Array, lo: int, n: int) -> np.ndarray:
         """Rows lo .. lo + n of a step's logits, on the host (a scoring request's)."""
         return np.asarray(logits[lo:lo + n])
