@@ -4,6 +4,7 @@
     out = plan.reader()
     reasoning, content = out.feed(delta.text)   # per delta, what can be sent now
     reasoning, content, calls = out.finish()    # at the end: the rest, and the calls whole
+    reasoning, content, calls = out.read(text)  # or a whole answer at once (not streamed)
 
 Thinking is split off when the chat template knows <think> or the prompt opened a think
 block; tool calls are read in the template's own format when tools are offered. A forced
@@ -122,6 +123,12 @@ class ChatReader:
         content = self._calls.feed(content)
         reply = self._calls.finish()
         return reasoning, content + reply.content, reply.calls
+
+    def read(self, text: str) -> tuple[str, str, tuple[ToolCall, ...]]:
+        """A whole answer's reasoning, content and calls: `feed` it all, then `finish`."""
+        reasoning, content = self.feed(text)
+        more_reasoning, more_content, calls = self.finish()
+        return reasoning + more_reasoning, content + more_content, calls
 
 
 def tool_call_objects(calls: tuple[ToolCall, ...], streamed: bool) -> list[dict[str, Any]]:

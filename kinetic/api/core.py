@@ -9,7 +9,8 @@ error.
 A route, in order: `server_state()` -> `require_kind` (the loaded model serves this kind of
 endpoint) -> `json_body` (strict UTF-8 JSON of valid Unicode, body.py) -> its dialect's
 parser (params.py) -> `generation` runs it in the engine, recorded in `ServerState.activity`
-(metrics.py) for /metrics and /slots -> `json_response` or `sse_response`.
+(metrics.py) for /metrics and /slots -> its deltas folded into one answer or written as a
+stream (answer.py) -> `json_response` or `sse_response`.
 """
 
 from __future__ import annotations
@@ -250,7 +251,8 @@ def json_response(obj: Any, status: int = 200) -> Response:
 
 
 def sse_response(events: AsyncIterator[str], resumable: bool = True) -> Response:
-    """A server-sent events answer from an async iterator of ready-made `data: ...` events.
+    """A server-sent events answer from an async iterator of ready-made `data: ...` events
+    (answer.stream writes them).
     Closing it (the client went away) closes `events`, which cancels its generation; unless
     the request has an X-Conversation-Id: then the answer is recorded and goes on without
     the client, who can resume it from any byte (stream_store.py). resumable=False: never
@@ -267,10 +269,6 @@ def sse_response(events: AsyncIterator[str], resumable: bool = True) -> Response
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     resp.timeout = None  # a stream lasts as long as the generation, not RESPONSE_TIMEOUT
     return resp
-
-
-def sse_event(obj: Any) -> str:
-    return f"data: {dumps(obj)}\n\n"
 
 
 async def generation(state: ServerState, request_: GenerationRequest, label: str, *,

@@ -15,6 +15,7 @@ cached tokens and timings the answer reports. Streamed, each delta the engine se
 probabilities) and the last event is the whole answer object with empty content and
 "stop": true; the events of several prompts come interleaved, each naming its `index`.
 Otherwise the deltas are folded into that object, or a list of them for several prompts.
+The fold and the stream writer are kinetic/api/answer.py's; this module gives the objects.
 """
 
 from __future__ import annotations
@@ -23,16 +24,17 @@ import asyncio
 import dataclasses
 import secrets
 from contextlib import aclosing
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Iterator
 
 from quart import Blueprint, Response, request
 
 from kinetic import __version__, kernels
 from kinetic.api import embeddings as emb
+from kinetic.api.answer import fold, sse_event, stream
 from kinetic.api.core import (ServerState, dumps, generation, json_body, json_response,
-                              require_kind, server_state, serves, shape_grammar, sse_event,
-                              sse_response, token_limit)
-from kinetic.api.errors import APIError, bad_request, engine_error, unavailable
+                              require_kind, server_state, serves, shape_grammar, sse_response,
+                              token_limit)
+from kinetic.api.errors import APIError, bad_request, unavailable
 from kinetic.api.dialects.llama_completion import (LlamaCompletion, parse_completion, pick_fields,
                                           probabilities, progress, prompt_ids)
 from kinetic.api.metrics import Task, metric_values, prometheus_text
@@ -235,50 +237,40 @@ class _Answer:
         return event
 
     async def whole(self) -> dict[str, Any]:
-        text, tokens, entries, last = [], [], [], None
-        async with aclosing(generation(self.state, self.gen, self.label,
-                                       task=self.task)) as deltas:
-            async for d in deltas:
-                text.append(d.text)
-                tokens.extend(d.token_ids)
-                entries.extend(d.logprobs)
-                last = d
-                if self.receipt is not None:
-                    self.receipt.feed(d)
-        if last is None or last.finish_reason == "error":
-            raise engine_error(last)
+        whole = await fold(generation(self.state, self.gen, self.label, task=self.task),
+                           self.receipt)
+        entries, last = whole.logprobs, whole.last
         if last.stop_word and entries:
             # as llama-server: the entries of as many tokens as the stop string has are
             # left out (the stop string is not part of the content)
             n = len(self.tok.encode(last.stop_word, add_special=False))
             entries = entries[:len(entries) - min(n, len(entries))]
         probs = probabilities(self.tok, entries, self.req.post_sampling_probs)
-        return self.final("".join(text), tokens, last, probs)
+        return self.final(whole.text, whole.tokens, last, probs)
 
-    async def events(self) -> AsyncIterator[str]:
-        """An event per delta the engine sends (its text, token ids and their
-        probabilities; text held back for a possible stop string comes in a later event),
-        after the prompt's progress if asked for, then the answer object."""
+    def events(self) -> AsyncIterator[str]:
+        """The stream (answer.stream): an event per delta the engine sends (its text, token
+        ids and their probabilities; text held back for a possible stop string comes in a
+        later event), after the prompt's progress if asked for, then the answer object; an
+        engine error ends it with an error event in the OpenAI shape."""
         started = False
-        async with aclosing(generation(self.state, self.gen, self.label, stream=True,
-                                       task=self.task)) as deltas:
-            async for d in deltas:
-                if d.finish_reason == "error":
-                    yield sse_event(engine_error(d).body())
-                    return
-                if not started and self.req.return_progress:
-                    # the engine tells of a prompt once it is done: one event, at 100%
-                    event = self.piece("", (), n_decoded=0)
-                    event["prompt_progress"] = progress(self.task.n_prompt, self.task.n_cached,
-                                                        self.task.timings()["prompt_ms"])
-                    yield sse_event(event)
-                started = True
-                if self.receipt is not None:
-                    self.receipt.feed(d)
-                if d.token_ids or d.text:
-                    yield sse_event(self.piece(d.text, d.token_ids, d.logprobs))
-                if d.finish_reason is not None:   # its text and tokens are sent already
-                    yield sse_event(self.final("", [], d))
+
+        def pieces(d: Delta) -> Iterator[dict[str, Any]]:
+            nonlocal started
+            if not started and self.req.return_progress:
+                # the engine tells of a prompt once it is done: one event, at 100%
+                event = self.piece("", (), n_decoded=0)
+                event["prompt_progress"] = progress(self.task.n_prompt, self.task.n_cached,
+                                                    self.task.timings()["prompt_ms"])
+                yield event
+            started = True
+            if d.token_ids or d.text:
+                yield self.piece(d.text, d.token_ids, d.logprobs)
+            if d.finish_reason is not None:   # its text and tokens are sent already
+                yield self.final("", [], d)
+
+        deltas = generation(self.state, self.gen, self.label, stream=True, task=self.task)
+        return stream(deltas, pieces, sse_event, APIError.body, receipt=self.receipt)
 
 
 # --- tokens -------------------------------------------------------------------------------

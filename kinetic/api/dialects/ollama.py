@@ -9,8 +9,9 @@ compiles the answer's grammar, as for /v1/chat/completions -> `Answer` runs it i
 and reads the text with the same ChatReader: streamed as NDJSON lines (one per piece of
 text, the tool calls whole in one line, then the `done` line with Ollama's counts and
 durations in nanoseconds), or folded into one object with `"stream": false`. The two always
-agree. /api/generate is the same over one user message (with `system`), or over the prompt
-as it is with `raw`.
+agree: kinetic/api/answer.py folds and writes the deltas, this module gives Ollama's objects.
+/api/generate is the same over one user message (with `system`), or over the prompt as it is
+with `raw`. What /api/tags, /api/ps and /api/show say of the model is ollama_model.py's.
 
 Ollama knows many models; kinetic serves one. Any model name a request gives is the loaded
 model, and answers name it as the request did. Errors are Ollama's shape, `{"error": "..."}`
@@ -24,31 +25,31 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from contextlib import aclosing
 from datetime import datetime, timezone
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Iterator
 
 import numpy as np
 from quart import Blueprint, Response
 
 from kinetic import __version__
 from kinetic.api import embeddings as emb
+from kinetic.api.answer import fold, ndjson_line, stream
 from kinetic.api.chat_reply import ChatReader, plan_chat
-from kinetic.api.core import (ServerState, chat_logprobs, completion_prompt_ids, dumps,
+from kinetic.api.core import (ServerState, chat_logprobs, completion_prompt_ids,
                               generation, json_body, json_response, server_state,
                               shape_grammar, token_limit)
-from kinetic.api.errors import APIError, bad_request, engine_error
+from kinetic.api.dialects.ollama_model import (capabilities, details, file_time, listing,
+                                                model_info, resident_bytes)
+from kinetic.api.errors import APIError, bad_request
 from kinetic.api.metrics import Task
 from kinetic.api.offload import input_ids, offload
 from kinetic.api.params import (MAX_LOGPROBS, ChatRequest, Options, check_prompt_fits,
                                 options as read_options, parse_chat)
-from kinetic.chat.reasoning import template_knows_thinking
 from kinetic.engine.encoder import normalize
 from kinetic.engine.request import Delta, GenerationRequest, TokenLogprob
 from kinetic.grammar import Grammar
-from kinetic.receipts.record import model_record
 
 blueprint = Blueprint("ollama", __name__)
 
@@ -76,91 +77,10 @@ FIELD_NAMES = {**{v: f"options.{k}" for k, v in OPTIONS.items()},
                "chat_template_kwargs": "think", "top_logprobs": "top_logprobs"}
 
 
-# --- model information ------------------------------------------------------------------
+# --- the model (ollama_model.py describes it) ---------------------------------------------
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
-
-
-def _file_time(path: str) -> str:
-    mtime = os.stat(path).st_mtime
-    return datetime.fromtimestamp(mtime, timezone.utc).isoformat().replace("+00:00", "Z")
-
-
-def human_number(n: int) -> str:
-    """A parameter count as Ollama writes it: 8B, 1.5B, 494.03M, 135K."""
-    for size, suffix, digits in ((10**9, "B", 1), (10**6, "M", 2), (10**3, "K", 0)):
-        if n >= size:
-            value = n / size
-            return f"{value:.0f}{suffix}" if value == int(value) else f"{value:.{digits}f}{suffix}"
-    return str(n)
-
-
-def quantization_level(gguf) -> str:
-    """The file's quantization as Ollama names it (Q4_K_M, F16): general.file_type, else the
-    type that holds most of the weights' bytes."""
-    from gguf import LlamaFileType
-    file_type = gguf.metadata.get("general.file_type")
-    try:
-        name = LlamaFileType(file_type).name
-        return name.removeprefix("MOSTLY_").removeprefix("ALL_")
-    except ValueError:
-        pass
-    size: dict[str, int] = {}
-    for t in gguf.tensors.values():
-        size[t.qtype.name] = size.get(t.qtype.name, 0) + t.data.nbytes
-    return max(size, key=size.get) if size else "unknown"
-
-
-def parameter_count(gguf) -> int:
-    return sum(int(np.prod(t.shape)) for t in gguf.tensors.values())
-
-
-def details(state: ServerState) -> dict[str, Any]:
-    gguf = state.require_model().loaded.file
-    arch = gguf.architecture
-    return {"parent_model": "", "format": "gguf", "family": arch, "families": [arch],
-            "parameter_size": human_number(parameter_count(gguf)),
-            "quantization_level": quantization_level(gguf)}
-
-
-def listed_name(state: ServerState) -> str:
-    """The model's name in /api/tags and /api/ps, with Ollama's tag (name:latest)."""
-    return state.model_id if ":" in state.model_id else f"{state.model_id}:latest"
-
-
-def capabilities(state: ServerState) -> list[str]:
-    """What the model does, in Ollama's words: "vision" with a projector (--mmproj); never
-    "insert" (a suffix is refused)."""
-    model = state.require_model()
-    if state.kind != "text":
-        return ["embedding"] if state.kind == "embedding" else []
-    caps = ["completion"]
-    template = model.chat_template
-    if template.supports_tools:
-        caps.append("tools")
-    if template.supports_thinking or template_knows_thinking(template.source):
-        caps.append("thinking")
-    if model.projector is not None:
-        caps.append("vision")
-    return caps
-
-
-def resident_bytes() -> int | None:
-    """This process's memory in use (its resident set), or None where /proc has no statm."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-async def _listing(state: ServerState) -> dict[str, Any]:
-    path = state.require_model().loaded.file.path
-    record = await asyncio.to_thread(model_record, path)   # hashed once, off the event loop
-    name = listed_name(state)
-    return {"name": name, "model": name, "modified_at": _file_time(path),
-            "size": record["size"], "digest": record["sha256"], "details": details(state)}
 
 
 @blueprint.get("/api/version")
@@ -170,13 +90,13 @@ async def version():
 
 @blueprint.get("/api/tags")
 async def tags():
-    return json_response({"models": [await _listing(server_state())]})
+    return json_response({"models": [await listing(server_state())]})
 
 
 @blueprint.get("/api/ps")
 async def ps():
     state = server_state()
-    entry = await _listing(state)
+    entry = await listing(state)
     entry.update(size=resident_bytes() or entry["size"], size_vram=0,
                  context_length=state.require_model().n_ctx,
                  # kinetic keeps the model until it stops: no expiry, as keep_alive -1 shows
@@ -201,33 +121,13 @@ async def show():
             ("min_p", p.min_p), ("repeat_penalty", p.repeat_penalty)))
     else:
         parameters = ""
-    info: dict[str, Any] = {}
-    for key, value in gguf.metadata.items():
-        if key == "tokenizer.chat_template":
-            continue
-        if isinstance(value, (list, tuple, np.ndarray)):
-            value = _json_value(value) if verbose else None
-        info[key] = _json_value(value)
-    info.setdefault("general.parameter_count", parameter_count(gguf))
     license_ = gguf.metadata.get("general.license")
     return json_response({
         "license": license_ if isinstance(license_, str) else "",
         "modelfile": f"# Modelfile generated by kinetic\nFROM {gguf.path}\n",
         "parameters": parameters, "template": template, "details": details(state),
-        "model_info": info, "capabilities": capabilities(state),
-        "modified_at": _file_time(gguf.path)})
-
-
-def _json_value(value: Any) -> Any:
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, (list, tuple)):
-        return [_json_value(v) for v in value]
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
+        "model_info": model_info(gguf, verbose), "capabilities": capabilities(state),
+        "modified_at": file_time(gguf.path)})
 
 
 # --- reading Ollama's bodies --------------------------------------------------------------
@@ -540,50 +440,40 @@ class Answer:
 
     async def whole(self, gen: GenerationRequest) -> dict[str, Any]:
         self.task = Task(gen)
-        text, lps, last = [], [], None
-        async with aclosing(generation(self.state, gen, "ollama", task=self.task)) as deltas:
-            async for d in deltas:
-                text.append(d.text)
-                lps.extend(d.logprobs)
-                last = d
-        if last is None or last.finish_reason == "error":
-            raise engine_error(last)
-        if self.reader is None:
-            reasoning, content, calls = "", "".join(text), ()
-        else:
-            reasoning, content = self.reader.feed("".join(text))
-            more_reasoning, more_content, calls = self.reader.finish()
-            reasoning, content = reasoning + more_reasoning, content + more_content
-        return self._done(self._piece(reasoning, content, calls, lps), last)
+        whole = await fold(generation(self.state, gen, "ollama", task=self.task))
+        reasoning, content, calls = (self.reader.read(whole.text) if self.reader
+                                     else ("", whole.text, ()))
+        return self._done(self._piece(reasoning, content, calls, whole.logprobs), whole.last)
 
     async def lines(self, gen: GenerationRequest) -> AsyncIterator[str]:
-        """A line per piece of text the reader releases (log-probabilities of held-back
-        text wait for the next line), the calls whole in one line, then the done line. An
-        engine error ends the stream with an {"error": ...} line."""
-        self.task = Task(gen, stream=True)
+        """The stream (answer.stream): a line per piece of text the reader releases
+        (log-probabilities of held-back text wait for the next line), the calls whole in one
+        line, then the done line. An engine error ends it with an {"error": ...} line."""
         reader = self.reader
         held: list[TokenLogprob] = []
 
-        def line(obj: dict[str, Any]) -> str:
-            held.clear()
-            return dumps(obj) + "\n"
+        def sent(piece: dict[str, Any]) -> dict[str, Any]:
+            held.clear()   # the piece carries them
+            return piece
 
-        async with aclosing(generation(self.state, gen, "ollama", stream=True,
-                                       task=self.task)) as deltas:
-            async for d in deltas:
-                if d.finish_reason == "error":
-                    yield dumps({"error": engine_error(d).message}) + "\n"
-                    return
-                held.extend(d.logprobs)
-                reasoning, content = reader.feed(d.text) if reader else ("", d.text)
-                if reasoning or content:
-                    yield line(self._piece(reasoning, content, lps=held))
-                if d.finish_reason is None:
-                    continue
-                reasoning, content, calls = reader.finish() if reader else ("", "", ())
-                if reasoning or content or calls:
-                    yield line(self._piece(reasoning, content, calls, lps=held))
-                yield line(self._done(self._piece("", "", lps=held if held else None), d))
+        def pieces(d: Delta) -> Iterator[dict[str, Any]]:
+            held.extend(d.logprobs)
+            reasoning, content = reader.feed(d.text) if reader else ("", d.text)
+            if reasoning or content:
+                yield sent(self._piece(reasoning, content, lps=held))
+            if d.finish_reason is None:
+                return
+            reasoning, content, calls = reader.finish() if reader else ("", "", ())
+            if reasoning or content or calls:
+                yield sent(self._piece(reasoning, content, calls, lps=held))
+            yield sent(self._done(self._piece("", "", lps=held if held else None), d))
+
+        self.task = Task(gen, stream=True)   # the generation's timings start here
+        deltas = generation(self.state, gen, "ollama", stream=True, task=self.task)
+        async with aclosing(stream(deltas, pieces, ndjson_line,
+                                   lambda e: {"error": e.message})) as out:
+            async for line in out:
+                yield line
 
 
 def _arguments(text: str) -> Any:

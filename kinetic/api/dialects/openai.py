@@ -6,7 +6,8 @@ prompt and compiles the answer's grammar (in a worker thread: a long prompt must
 other connections) -> the prompt must fit the context (400) -> `generation` runs it in the
 engine, and a `ChatReader` takes the text apart into reasoning, content and tool calls.
 Streamed, each Delta becomes `chat.completion.chunk` events; otherwise the same deltas are
-folded into one answer and read by the same reader, so the two always agree.
+folded into one answer and read by the same reader, so the two always agree (the fold and the
+stream writer are kinetic/api/answer.py's; `_Job` gives the OpenAI objects).
 
 The paths also answer without /v1, except /completions and /embeddings, which are
 llama-server's there (SPEC.md, kinetic/api/dialects/llama_server.py).
@@ -19,16 +20,17 @@ import codecs
 import secrets
 import time
 from contextlib import aclosing
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from quart import Blueprint
 
 from kinetic import __version__
 from kinetic.api import embeddings as emb
+from kinetic.api.answer import Folded, fold, sse_event, stream
 from kinetic.api.core import (ServerState, chat_logprobs, completion_prompt_ids, generation,
                               json_body, json_response, require_kind, server_state, serves,
-                              shape_grammar, sse_event, sse_response, token_limit)
-from kinetic.api.errors import APIError, bad_request, engine_error
+                              shape_grammar, sse_response, token_limit)
+from kinetic.api.errors import APIError, bad_request
 from kinetic.api.metrics import Task
 from kinetic.api.offload import input_ids, offload, rank_ids
 from kinetic.api.chat_reply import ChatReader, plan_chat, tool_call_objects
@@ -43,6 +45,7 @@ blueprint = Blueprint("openai", __name__)
 
 FINGERPRINT = f"kinetic-{__version__}"
 FINISH_REASONS = {"stop": "stop", "length": "length", "cancelled": "stop"}
+DONE = "data: [DONE]\n\n"   # a finished stream's last event
 
 
 # --- models -------------------------------------------------------------------------------
@@ -230,19 +233,9 @@ class _Job:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model_id,
                 "system_fingerprint": FINGERPRINT}
 
-    async def _fold(self, gen: GenerationRequest) -> tuple[str, list, Delta]:
-        text, lps, last = [], [], None
+    async def _fold(self, gen: GenerationRequest) -> Folded:
         self.task = Task(gen)
-        async with aclosing(generation(self.state, gen, self.id, task=self.task)) as deltas:
-            async for d in deltas:
-                text.append(d.text)
-                lps.extend(d.logprobs)
-                last = d
-                if self.receipt is not None:
-                    self.receipt.feed(d)
-        if last is None or last.finish_reason == "error":
-            raise engine_error(last)
-        return "".join(text), lps, last
+        return await fold(generation(self.state, gen, self.id, task=self.task), self.receipt)
 
     def _with_receipt(self, answer: dict[str, Any]) -> dict[str, Any]:
         """The whole answer with llama-server's timings, and its receipt if asked for."""
@@ -252,11 +245,9 @@ class _Job:
         return answer
 
     async def chat_answer(self, gen: GenerationRequest, reader: ChatReader) -> dict[str, Any]:
-        text, lps, last = await self._fold(gen)
-        reasoning, content = reader.feed(text)
-        more_reasoning, more_content, calls = reader.finish()
-        reasoning, content = reasoning + more_reasoning, content + more_content
-        logprobs = ({"content": chat_logprobs(self.tok, lps)}
+        whole = await self._fold(gen)
+        reasoning, content, calls = reader.read(whole.text)
+        logprobs = ({"content": chat_logprobs(self.tok, whole.logprobs)}
                     if self.opts.logprobs is not None else None)
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if reasoning:
@@ -266,17 +257,17 @@ class _Job:
             message["tool_calls"] = tool_call_objects(calls, streamed=False)
         return self._with_receipt(dict(self._head("chat.completion"), choices=[{
             "index": 0, "message": message, "logprobs": logprobs,
-            "finish_reason": _finish_reason(last.finish_reason, calls),
-        }], usage=usage_object(last.usage)))
+            "finish_reason": _finish_reason(whole.last.finish_reason, calls),
+        }], usage=usage_object(whole.last.usage)))
 
     async def completion_answer(self, gen: GenerationRequest) -> dict[str, Any]:
-        text, lps, last = await self._fold(gen)
-        logprobs = (LegacyLogprobs(self.tok).take(tuple(lps))
+        whole = await self._fold(gen)
+        logprobs = (LegacyLogprobs(self.tok).take(tuple(whole.logprobs))
                     if self.opts.logprobs is not None else None)
         return self._with_receipt(dict(self._head("text_completion"), choices=[{
-            "index": 0, "text": text, "logprobs": logprobs,
-            "finish_reason": FINISH_REASONS.get(last.finish_reason, "stop"),
-        }], usage=usage_object(last.usage)))
+            "index": 0, "text": whole.text, "logprobs": logprobs,
+            "finish_reason": FINISH_REASONS.get(whole.last.finish_reason, "stop"),
+        }], usage=usage_object(whole.last.usage)))
 
     def _chunk_object(self, kind: str, choice: dict[str, Any]) -> dict[str, Any]:
         obj = dict(self._head(kind), choices=[{"index": 0, **choice}])
@@ -284,39 +275,39 @@ class _Job:
             obj["usage"] = None  # only the last chunk carries usage
         return obj
 
-    def _chunk(self, kind: str, choice: dict[str, Any]) -> str:
-        return sse_event(self._chunk_object(kind, choice))
+    def _chunks(self, kind: str, d: Delta, choices: list[dict[str, Any]]) -> list[dict]:
+        """The chunks of one delta: one per choice (for the last delta they end with the
+        choice that carries the finish reason), then the usage chunk if asked for; the last
+        chunk carries llama-server's timings and the receipt, if asked for."""
+        chunks = [self._chunk_object(kind, choice) for choice in choices]
+        if d.finish_reason is not None:
+            if self.opts.include_usage:
+                chunks.append(dict(self._head(kind), choices=[], usage=usage_object(d.usage)))
+        if chunks and (self.opts.timings_per_token or d.finish_reason is not None):
+            # llama-server's timings: in the last chunk, and with timings_per_token in every
+            # chunk after the role chunk
+            timings = self.task.timings()
+            for chunk in (chunks if self.opts.timings_per_token else chunks[-1:]):
+                chunk["timings"] = timings
+        if self.receipt is not None and d.finish_reason is not None and chunks:
+            chunks[-1]["receipt"] = self.receipt.receipt()
+        return chunks
 
-    async def _events(self, gen: GenerationRequest, kind: str, pieces) -> AsyncIterator[str]:
-        """The stream: the chunks `pieces(delta)` makes of each delta (its choices; for the
-        last delta they end with the choice that carries the finish reason), the usage chunk
-        if asked for (the receipt, if asked for, in the last of these), then [DONE]. An
-        engine error ends it with an error event."""
-        self.task = Task(gen, stream=True)
-        async with aclosing(generation(self.state, gen, self.id, stream=True,
-                                       task=self.task)) as deltas:
-            async for d in deltas:
-                if d.finish_reason == "error":
-                    yield sse_event(engine_error(d).body())
-                    return
-                chunks = [self._chunk_object(kind, choice) for choice in pieces(d)]
-                if d.finish_reason is not None:
-                    if self.opts.include_usage:
-                        chunks.append(dict(self._head(kind), choices=[],
-                                           usage=usage_object(d.usage)))
-                if chunks and (self.opts.timings_per_token or d.finish_reason is not None):
-                    # llama-server's timings: in the last chunk, and with timings_per_token
-                    # in every chunk after the role chunk
-                    timings = self.task.timings()
-                    for chunk in (chunks if self.opts.timings_per_token else chunks[-1:]):
-                        chunk["timings"] = timings
-                if self.receipt is not None:
-                    self.receipt.feed(d)
-                    if d.finish_reason is not None and chunks:
-                        chunks[-1]["receipt"] = self.receipt.receipt()
-                for chunk in chunks:
-                    yield sse_event(chunk)
-        yield "data: [DONE]\n\n"
+    async def _events(self, gen: GenerationRequest, kind: str,
+                      choices: Callable[[Delta], list[dict[str, Any]]],
+                      first: dict[str, Any] | None = None) -> AsyncIterator[str]:
+        """The stream (answer.stream): the `first` chunk's event if given, then those of the
+        chunks of each delta's `choices`, then [DONE]; an engine error ends it with an error
+        event in the OpenAI shape."""
+        if first is not None:
+            yield sse_event(self._chunk_object(kind, first))
+        self.task = Task(gen, stream=True)   # the generation's timings start here
+        deltas = generation(self.state, gen, self.id, stream=True, task=self.task)
+        async with aclosing(stream(deltas, lambda d: self._chunks(kind, d, choices(d)),
+                                   sse_event, APIError.body, receipt=self.receipt,
+                                   end=DONE)) as events:
+            async for event in events:
+                yield event
 
     def chat_events(self, gen: GenerationRequest, reader: ChatReader) -> AsyncIterator[str]:
         """Reasoning streams as delta.reasoning_content and the answer as delta.content, as
@@ -361,14 +352,9 @@ class _Job:
                             "finish_reason": _finish_reason(d.finish_reason, calls)})
             return out
 
-        async def events() -> AsyncIterator[str]:
-            yield self._chunk("chat.completion.chunk", {
-                "delta": {"role": "assistant", "content": None}, "logprobs": None,
-                "finish_reason": None})
-            async with aclosing(self._events(gen, "chat.completion.chunk", pieces)) as rest:
-                async for event in rest:
-                    yield event
-        return events()
+        return self._events(gen, "chat.completion.chunk", pieces, first={
+            "delta": {"role": "assistant", "content": None}, "logprobs": None,
+            "finish_reason": None})
 
     def completion_events(self, gen: GenerationRequest) -> AsyncIterator[str]:
         """Chunks that carry text, then the finish chunk; log-probabilities of held-back text
