@@ -9,8 +9,8 @@ Generation: `kinetic serve MODEL` (its default slots unless given after `--`), o
 and meanwhile, one after the other, P streamed one-token chat completions: each one's time
 to first token (the first content event), with os.getloadavg()'s 1-minute figure beside it.
 Before the big request, the same chat alone gives the idle figure. The scheduler admits
-waiting prompts round-robin across requests (kinetic/engine/scheduler.py, "Fairness"), so a
-chat waits for the next free slot, not for the K prompts.
+waiting prompts round-robin across requests (kinetic/engine/fairness.py), so a chat waits
+for the next free slot, not for the K prompts.
 
 Embeddings (--embeddings): one POST /v1/embeddings of T texts of L tokens each in the
 background, and meanwhile P one-token /v1/embeddings requests, each one's time to its answer.

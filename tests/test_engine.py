@@ -21,7 +21,7 @@ import pytest
 
 from kinetic.engine.request import Delta, GenerationRequest
 from kinetic.engine.sampling_params import SamplingParams
-from kinetic.engine.scheduler import ContextOverflow
+from kinetic.engine.sequence import ContextOverflow
 from tests import mock_model as mm
 from tests.mock_model import TIMEOUT, Collector, Gate, Paused, Result, greedy, ids, run
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from kinetic.engine.scheduler import Scheduler, SchedulerConfig, Sequence
+from kinetic.engine.scheduler import Scheduler
+from kinetic.engine.sequence import SchedulerConfig, Sequence
 from tests.test_scheduler import FakeModel, assert_all_pages_returned, expected, step
 
 

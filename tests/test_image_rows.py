@@ -109,7 +109,8 @@ def test_bad_image_rows_are_refused(setup):
 def test_a_chunk_never_ends_inside_an_image_that_attends_both_ways():
     """Gemma 3's image rows read the keys of the rows after them: the scheduler computes such
     an image in one step, cutting the chunk before it rather than inside it."""
-    from kinetic.engine.scheduler import Scheduler, SchedulerConfig, Sequence
+    from kinetic.engine.scheduler import Scheduler
+    from kinetic.engine.sequence import SchedulerConfig, Sequence
     sched = Scheduler(SchedulerConfig(step_tokens=16, num_slots=1, page_size=16, num_pages=9,
                                       pages_per_slot=8, chunk_tokens=16))
     seq = Sequence(1, list(range(1, 41)), max_tokens=1)
@@ -128,7 +129,8 @@ def test_a_chunk_never_ends_inside_an_image_that_attends_both_ways():
 def test_a_both_ways_image_gets_its_rows_beside_another_prompt():
     """Two prompts share a step's rows; one whose next rows are a both-ways image larger than
     its share still gets the whole image in one step, rather than waiting for ever."""
-    from kinetic.engine.scheduler import Scheduler, SchedulerConfig, Sequence
+    from kinetic.engine.scheduler import Scheduler
+    from kinetic.engine.sequence import SchedulerConfig, Sequence
     sched = Scheduler(SchedulerConfig(step_tokens=16, num_slots=2, page_size=16, num_pages=17,
                                       pages_per_slot=8, chunk_tokens=16))
     image = Sequence(1, list(range(1, 30)), max_tokens=1)

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from kinetic.api.core import ServerConfig
-from kinetic.cli import IGNORED_FLAGS, build_parser, serve_options
+from kinetic.cli import build_parser
+from kinetic.serve_cli import IGNORED_FLAGS, serve_options
 from tests.app_client import assert_error_shape, model_app
 from tests.tiny_models import DATA, write_tiny_model
 

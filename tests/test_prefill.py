@@ -17,9 +17,9 @@ import pytest
 
 from kinetic.api.params import parse_chat
 from kinetic.api.dialects.prefill import before_last_word, prefill_prompt
+from kinetic.engine.prefills import Prefilled
 from kinetic.engine.request import GenerationRequest
 from kinetic.engine.sampling_params import SamplingParams
-from kinetic.engine.scheduler import Prefilled
 from tests.app_client import assert_error_shape, in_process_app
 from tests.mock_model import TIMEOUT, Collector, Paused, greedy, ids, run
 from tests.tiny_models import DATA

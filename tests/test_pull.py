@@ -26,9 +26,10 @@ from urllib.parse import unquote, urlsplit
 import pytest
 
 from kinetic import fetch, store
-from kinetic.cli import build_parser, main, resolve_model, serve_options
+from kinetic.cli import build_parser, main
 from kinetic.fetch import FetchError, ModelSpec
 from kinetic.hub import HfName, choose, quant_of
+from kinetic.serve_cli import resolve_model, serve_options
 from tests.tiny_models import write_tiny_model
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

@@ -75,7 +75,8 @@ def test_signature_covers_everything_else(tmp_path):
     ("rsa", "not an Ed25519 key"),
 ])
 def test_a_bad_signing_key_fails_at_start_in_one_line(tmp_path, content, words):
-    from kinetic.cli import build_parser, serve_options
+    from kinetic.cli import build_parser
+    from kinetic.serve_cli import serve_options
     path = tmp_path / "key.pem"
     if content == "rsa":
         from cryptography.hazmat.primitives import serialization

@@ -24,7 +24,8 @@ from kinetic.engine.recurrent_state import StateNotRestored, StateSnapshots
 from kinetic.engine.request import GenerationRequest
 from kinetic.engine.runner import Runner, RunnerConfig
 from kinetic.engine.sampling_params import SamplingParams
-from kinetic.engine.scheduler import Scheduler, SchedulerConfig, Sequence
+from kinetic.engine.scheduler import Scheduler
+from kinetic.engine.sequence import SchedulerConfig, Sequence
 from kinetic.model.loader import load_model
 from kinetic.text.tokenizer import Tokenizer
 from tests.test_invariance import run

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from kinetic.cli import build_parser, serve_options
+from kinetic.cli import build_parser
+from kinetic.serve_cli import serve_options
 
 
 @pytest.fixture(autouse=True)

@@ -3,7 +3,7 @@
 With `"receipt": true` a route makes a `ReceiptMaker` (kinetic/receipts) before the request
 runs, feeds it every delta of the answer, and adds `maker.receipt()` to the answer: the whole
 answer's object, or the last event before `[DONE]` of a stream. Signed with the server's
---sign-key, which the CLI checked at start (cli.serve_options).
+--sign-key, which the CLI checked at start (serve_cli.serve_options).
 """
 
 from __future__ import annotations
