@@ -1,0 +1,70 @@
+"""The pallas kernel's quantized matmul (kinetic/kernels/pallas_matmul.py), run by Pallas in
+interpret mode on CPU: the dequantized tiles are the file's values bitwise, the product is
+within float32 rounding of float64, and a row's bits do not depend on the rows beside it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from kinetic.kernels import pallas_matmul as pm
+from kinetic.model.quants import dequantize_bytes
+
+FORMATS = [T.Q8_0, T.Q4_0]
+
+
+def random_blocks(qtype, N: int, K: int, seed: int = 0) -> np.ndarray:
+    """Random GGUF bytes of a [N, K] weight: half-float scales of mixed magnitudes, random
+    quants."""
+    rng = np.random.default_rng(seed)
+    per = {T.Q8_0: 34, T.Q4_0: 18}[qtype]
+    blocks = rng.integers(0, 256, (N * K // 32, per), dtype=np.uint8)
+    scales = (rng.standard_normal(len(blocks)) * 10.0 ** rng.integers(-4, 0, len(blocks)))
+    blocks[:, :2] = scales.astype("<f2").view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(-1)
+
+
+@pytest.mark.parametrize("qtype", FORMATS)
+def test_the_tiles_are_the_files_values_bitwise(qtype):
+    N, K = 24, 96
+    data = random_blocks(qtype, N, K)
+    w = pm.repack(data, qtype, (N, K))
+    assert w.shape == (N, K)
+    got = np.asarray(pm.dequantize_tile(w.fmt, w.q, w.d))
+    assert got.tobytes() == dequantize_bytes(data, qtype, (N, K)).tobytes()
+
+
+@pytest.mark.parametrize("qtype", FORMATS)
+def test_the_product_is_float64s_within_rounding(qtype):
+    N, K = 64, 576   # K: SmolLM2's width, BK 64
+    w = pm.repack(random_blocks(qtype, N, K, 1), qtype, (N, K))
+    x = np.random.default_rng(2).standard_normal((5, K)).astype(np.float32)
+    got = np.asarray(pm.matmul(x, w))
+    want = pm.reference(x, w)
+    scale = np.abs(x).astype(np.float64) @ np.abs(
+        np.asarray(pm.dequantize_tile(w.fmt, w.q, w.d), np.float64)).T
+    assert got.shape == (5, N) and got.dtype == np.float32
+    assert (np.abs(got - want) <= 4e-6 * scale + 1e-30).all()
+
+
+@pytest.mark.parametrize("qtype", FORMATS)
+def test_a_rows_bits_do_not_depend_on_its_batch(qtype):
+    """Row r alone, and inside 2-, 7- and 64-row calls at different places: the same bits."""
+    N, K = 32, 256
+    w = pm.repack(random_blocks(qtype, N, K, 3), qtype, (N, K))
+    rows = np.random.default_rng(4).standard_normal((64, K)).astype(np.float32)
+    alone = np.stack([np.asarray(pm.matmul(rows[r:r + 1], w))[0] for r in (0, 5, 17, 63)])
+    for M in (2, 7, 64):
+        for at, r in enumerate((0, 5, 17, 63)):
+            batch = np.roll(rows, -r, axis=0)[:M].copy()
+            batch = np.roll(batch, at % M, axis=0)   # row r at place at % M
+            got = np.asarray(pm.matmul(batch, w))[at % M]
+            assert got.tobytes() == alone[at].tobytes(), (M, r)
+
+
+def test_a_type_the_kernel_lacks_fails_naming_it():
+    with pytest.raises(ValueError, match="no Q5_K matmul"):
+        pm.repack(np.zeros(10, np.uint8), T.Q5_K, (1, 256))
+    with pytest.raises(ValueError, match="bytes do not hold"):
+        pm.repack(np.zeros(10, np.uint8), T.Q8_0, (1, 32))
