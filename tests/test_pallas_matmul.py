@@ -11,17 +11,18 @@ from gguf import GGMLQuantizationType as T
 from kinetic.kernels import pallas_matmul as pm
 from kinetic.model.quants import dequantize_bytes
 
-FORMATS = [T.Q8_0, T.Q4_0]
+FORMATS = [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1]
 
 
 def random_blocks(qtype, N: int, K: int, seed: int = 0) -> np.ndarray:
     """Random GGUF bytes of a [N, K] weight: half-float scales of mixed magnitudes, random
     quants."""
     rng = np.random.default_rng(seed)
-    per = {T.Q8_0: 34, T.Q4_0: 18}[qtype]
+    per = {T.Q8_0: 34, T.Q4_0: 18, T.Q4_1: 20, T.Q5_0: 22, T.Q5_1: 24}[qtype]
     blocks = rng.integers(0, 256, (N * K // 32, per), dtype=np.uint8)
-    scales = (rng.standard_normal(len(blocks)) * 10.0 ** rng.integers(-4, 0, len(blocks)))
-    blocks[:, :2] = scales.astype("<f2").view(np.uint8).reshape(-1, 2)
+    for at in (0, 2) if qtype in (T.Q4_1, T.Q5_1) else (0,):   # the scale, the minimum
+        halves = rng.standard_normal(len(blocks)) * 10.0 ** rng.integers(-4, 0, len(blocks))
+        blocks[:, at:at + 2] = halves.astype("<f2").view(np.uint8).reshape(-1, 2)
     return blocks.reshape(-1)
 
 
@@ -31,7 +32,7 @@ def test_the_tiles_are_the_files_values_bitwise(qtype):
     data = random_blocks(qtype, N, K)
     w = pm.repack(data, qtype, (N, K))
     assert w.shape == (N, K)
-    got = np.asarray(pm.dequantize_tile(w.fmt, w.q, w.d))
+    got = np.asarray(pm.dequantize_tile(w.fmt, w.q, *w.per_block))
     assert got.tobytes() == dequantize_bytes(data, qtype, (N, K)).tobytes()
 
 
@@ -43,7 +44,7 @@ def test_the_product_is_float64s_within_rounding(qtype):
     got = np.asarray(pm.matmul(x, w))
     want = pm.reference(x, w)
     scale = np.abs(x).astype(np.float64) @ np.abs(
-        np.asarray(pm.dequantize_tile(w.fmt, w.q, w.d), np.float64)).T
+        np.asarray(pm.dequantize_tile(w.fmt, w.q, *w.per_block), np.float64)).T
     assert got.shape == (5, N) and got.dtype == np.float32
     assert (np.abs(got - want) <= 4e-6 * scale + 1e-30).all()
 
