@@ -9,18 +9,31 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from kinetic.kernels import pallas_matmul as pm
+from kinetic.model import quants
 from kinetic.model.quants import dequantize_bytes
 
-FORMATS = [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1]
+FORMATS = [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
+           T.F32, T.F16, T.BF16]
+
+
+# where each format's half-float scales (and minimums) sit in its block
+HALVES = {T.Q8_0: (0,), T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2),
+          T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
 
 
 def random_blocks(qtype, N: int, K: int, seed: int = 0) -> np.ndarray:
     """Random GGUF bytes of a [N, K] weight: half-float scales of mixed magnitudes, random
-    quants."""
+    quants (random floats for the float types)."""
     rng = np.random.default_rng(seed)
-    per = {T.Q8_0: 34, T.Q4_0: 18, T.Q4_1: 20, T.Q5_0: 22, T.Q5_1: 24}[qtype]
-    blocks = rng.integers(0, 256, (N * K // 32, per), dtype=np.uint8)
-    for at in (0, 2) if qtype in (T.Q4_1, T.Q5_1) else (0,):   # the scale, the minimum
+    if qtype in (T.F32, T.F16, T.BF16):
+        x = rng.standard_normal(N * K).astype(np.float32)
+        if qtype == T.F16:
+            return x.astype("<f2").view(np.uint8)
+        return x.view(np.uint8) if qtype == T.F32 else (x.view(np.uint32) >> 16).astype(
+            "<u2").view(np.uint8)
+    per, size = quants.block_bytes(qtype), quants.block_size(qtype)
+    blocks = rng.integers(0, 256, (N * K // size, per), dtype=np.uint8)
+    for at in HALVES[qtype]:
         halves = rng.standard_normal(len(blocks)) * 10.0 ** rng.integers(-4, 0, len(blocks))
         blocks[:, at:at + 2] = halves.astype("<f2").view(np.uint8).reshape(-1, 2)
     return blocks.reshape(-1)
@@ -28,23 +41,23 @@ def random_blocks(qtype, N: int, K: int, seed: int = 0) -> np.ndarray:
 
 @pytest.mark.parametrize("qtype", FORMATS)
 def test_the_tiles_are_the_files_values_bitwise(qtype):
-    N, K = 24, 96
+    N, K = 24, 512
     data = random_blocks(qtype, N, K)
     w = pm.repack(data, qtype, (N, K))
     assert w.shape == (N, K)
-    got = np.asarray(pm.dequantize_tile(w.fmt, w.q, *w.per_block))
+    got = np.asarray(pm.dequantize_tile(w.spec, w.q, *w.planes))
     assert got.tobytes() == dequantize_bytes(data, qtype, (N, K)).tobytes()
 
 
 @pytest.mark.parametrize("qtype", FORMATS)
 def test_the_product_is_float64s_within_rounding(qtype):
-    N, K = 64, 576   # K: SmolLM2's width, BK 64
+    N, K = 64, 768   # BK 256 and three blocks of it
     w = pm.repack(random_blocks(qtype, N, K, 1), qtype, (N, K))
     x = np.random.default_rng(2).standard_normal((5, K)).astype(np.float32)
     got = np.asarray(pm.matmul(x, w))
     want = pm.reference(x, w)
     scale = np.abs(x).astype(np.float64) @ np.abs(
-        np.asarray(pm.dequantize_tile(w.fmt, w.q, *w.per_block), np.float64)).T
+        np.asarray(pm.dequantize_tile(w.spec, w.q, *w.planes), np.float64)).T
     assert got.shape == (5, N) and got.dtype == np.float32
     assert (np.abs(got - want) <= 4e-6 * scale + 1e-30).all()
 
@@ -65,7 +78,7 @@ def test_a_rows_bits_do_not_depend_on_its_batch(qtype):
 
 
 def test_a_type_the_kernel_lacks_fails_naming_it():
-    with pytest.raises(ValueError, match="no Q5_K matmul"):
-        pm.repack(np.zeros(10, np.uint8), T.Q5_K, (1, 256))
+    with pytest.raises(ValueError, match="no IQ4_NL matmul"):
+        pm.repack(np.zeros(18, np.uint8), T.IQ4_NL, (1, 32))
     with pytest.raises(ValueError, match="bytes do not hold"):
         pm.repack(np.zeros(10, np.uint8), T.Q8_0, (1, 32))

@@ -4,13 +4,17 @@
     y = matmul(x, planes)                     y[M, N] = x[M, K] @ W[N, K]^T, float32
 
 The weights stay quantized on the device, GGUF's blocks split once into planes (`Planes`):
-the quants (Q8_0: int8 [N, K]; the 4- and 5-bit formats: the block's 16 packed bytes as they
-are, uint8 [N, K / 2], low nibbles elements 0..15 and high ones 16..31), the blocks' scales
-and minimums (float32 [N, K / 32], the file's half floats widened, exactly) and the Q5
-formats' fifth bits (int32 [N, K / 32], bit i for element i). A kernel program dequantizes a
-[BN, BK] tile of W in registers (`dequantize_tile`: the arithmetic of
-kinetic/model/quants.py, d * q, d * (q - 8), d * q + m ..., so the same bits), never to
-global memory.
+the integer of each element in its low 4 bits, two to a byte as Q4_0 packs a block of 32
+(uint8 [N, K / 2]; Q8_0 keeps its int8 [N, K]), the bits above those as bit planes (int32
+[N, K / 32], one bit per element: the Q5 formats' fifth bit, Q6_K's fifth and sixth), and per
+group of 32 (16 for Q2_K, Q3_K and Q6_K) a float32 scale and, for the formats that have one,
+a minimum (a K-quant's negated: quants.py subtracts it, the kernel adds): the file's half
+floats widened, and a K-quant's d * sub-block scale as
+kinetic/model/quants.py computes it (quants.K_PARTS), so exactly. Float weights (F32, F16,
+BF16) stay as they are. A kernel program dequantizes a [BN, BK] tile of W in registers
+(`dequantize_tile`: integer minus offset, times the scale, plus the minimum: quants.py's
+operations in its order, so the same bits), never to global memory. Device memory holds about
+the file's size (a float32 scale per 16 or 32 elements where the file has less).
 
 Batch-invariant by construction: a program computes one [BM, BN] tile of y; its reduction
 over K walks K in blocks of BK, in order, each block one dot of the same shape
@@ -33,33 +37,52 @@ from gguf import GGMLQuantizationType as T
 from jax import lax
 from jax.experimental import pallas as pl
 
+from kinetic.model import quants
+
 BLOCK_M = 16          # rows of x per program, whatever M is (padding rows are dropped)
-QK = 32               # elements per block of the 32-element formats
-FORMATS = {T.Q8_0: "q8_0", T.Q4_0: "q4_0", T.Q4_1: "q4_1", T.Q5_0: "q5_0", T.Q5_1: "q5_1"}
-# bytes of a block: scale d (f16), minimum m (f16, _1 formats), fifth bits qh (u32, Q5),
-# then the quants
-_LAYOUT = {T.Q8_0: (34, False, False), T.Q4_0: (18, False, False),
-           T.Q4_1: (20, True, False), T.Q5_0: (22, False, True), T.Q5_1: (24, True, True)}
+QK = 32               # elements of a block of the quant planes (and of their fifth bits)
+# the 32-element formats: (a minimum after the scale, fifth bits, offset)
+_LEGACY = {T.Q8_0: (False, False, 0), T.Q4_0: (False, False, 8), T.Q4_1: (True, False, 0),
+           T.Q5_0: (False, True, 16), T.Q5_1: (True, True, 0)}
+# the K-quants' integer values (quants.K_PARTS) are stored plus this, as 4 bits and bit planes
+_K_OFFSET = {T.Q2_K: (0, 0), T.Q3_K: (4, 0), T.Q4_K: (0, 0), T.Q5_K: (0, 1), T.Q6_K: (32, 2)}
+_FLOATS = {T.F32: np.float32, T.F16: np.float16, T.BF16: None}
+FORMATS = (*_LEGACY, *_K_OFFSET, *_FLOATS)
 
 
 @dataclass(frozen=True)
 class Planes:
-    """A [N, K] weight in its GGUF format, split into planes (module docstring)."""
+    """A [N, K] weight's planes (module docstring). Its value at (n, k): q's integer, with
+    the bit planes' bits above its low 4, minus `offset`, times the scale of its group of
+    `group` elements, plus its minimum; a float weight's is q itself."""
 
-    fmt: str               # FORMATS' names
-    q: jax.Array           # int8 [N, K] (q8_0) or uint8 [N, K / 2] (the others)
-    d: jax.Array           # float32 [N, K / 32]: each block's scale
-    m: jax.Array | None = None    # float32 [N, K / 32]: each block's minimum (q4_1, q5_1)
-    qh: jax.Array | None = None   # int32 [N, K / 32]: each block's fifth bits (q5_0, q5_1)
+    q: jax.Array                    # int8 [N, K]; uint8 [N, K / 2] 4-bit pairs; or floats
+    d: jax.Array | None             # float32 [N, K / group]: scales (None: a float weight)
+    m: jax.Array | None = None      # float32 [N, K / group]: minimums, added
+    bits: tuple = ()                # int32 [N, K / 32] each: bit i is element i's bit 4, 5
+    offset: int = 0
+    group: int = QK
+
+    @property
+    def kind(self) -> str:
+        if self.d is None:
+            return "float"
+        return "int8" if self.q.dtype == jnp.int8 else "packed"
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.q.shape[0], self.d.shape[1] * QK
+        N = self.q.shape[0]
+        return N, self.q.shape[1] * (2 if self.kind == "packed" else 1)
 
     @property
-    def per_block(self) -> tuple[jax.Array, ...]:
-        """The planes with one column per block, in dequantize_tile's order."""
-        return tuple(a for a in (self.d, self.m, self.qh) if a is not None)
+    def planes(self) -> tuple[jax.Array, ...]:
+        """The planes besides q, in dequantize_tile's order."""
+        return (*self.bits, *(a for a in (self.d, self.m) if a is not None))
+
+    @property
+    def spec(self) -> tuple:
+        """What dequantize_tile needs to know beside the arrays (static under jit)."""
+        return self.kind, len(self.bits), self.offset, self.group, self.m is not None
 
 
 def repack(data: np.ndarray, qtype, shape: tuple[int, int]) -> Planes:
@@ -70,49 +93,88 @@ def repack(data: np.ndarray, qtype, shape: tuple[int, int]) -> Planes:
         raise ValueError(f"the pallas kernel has no {qtype.name} matmul "
                          f"(it has {', '.join(t.name for t in FORMATS)})")
     N, K = shape
-    if K % QK:
-        raise ValueError(f"a {qtype.name} weight's rows must be whole blocks of {QK}, not {K}")
-    per, has_m, has_qh = _LAYOUT[qtype]
-    blocks = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
-    if blocks.size != N * K // QK * per:
-        raise ValueError(f"{blocks.size} bytes do not hold a {qtype.name} [{N}, {K}] weight")
-    blocks = blocks.reshape(N, K // QK, per)
+    raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    if qtype in _FLOATS:
+        if raw.size != N * K * (4 if qtype == T.F32 else 2):
+            raise ValueError(f"{raw.size} bytes do not hold a {qtype.name} [{N}, {K}] weight")
+        q = raw.view(_FLOATS[qtype] or np.uint16).reshape(N, K)
+        return Planes(jnp.asarray(q) if qtype != T.BF16 else
+                      jax.lax.bitcast_convert_type(jnp.asarray(q), jnp.bfloat16), None)
+    per, block = quants.block_bytes(qtype), quants.block_size(qtype)
+    if K % block:
+        raise ValueError(f"a {qtype.name} weight's rows must be whole blocks of {block}, "
+                         f"not {K}")
+    if raw.size != N * K // block * per:
+        raise ValueError(f"{raw.size} bytes do not hold a {qtype.name} [{N}, {K}] weight")
+    blocks = raw.reshape(N * K // block, per)
+    if qtype in _LEGACY:
+        return _legacy(blocks, qtype, N, K)
+    q, scale, minimum = quants.K_PARTS[qtype](blocks)
+    offset, n_bits = _K_OFFSET[qtype]
+    u = (q.astype(np.int32) + offset).reshape(N, K)
+    group = K * N // scale.size
+    return Planes(_nibbles(u), jnp.asarray(scale.reshape(N, -1)),
+                  None if minimum is None else jnp.asarray(-minimum.reshape(N, -1)),
+                  tuple(_bit_plane(u, 4 + i) for i in range(n_bits)), offset, group)
+
+
+def _legacy(blocks: np.ndarray, qtype, N: int, K: int) -> Planes:
+    has_m, has_qh, offset = _LEGACY[qtype]
+    blocks = blocks.reshape(N, K // QK, -1)
 
     def half(at: int) -> jax.Array:
         return jnp.asarray(blocks[..., at:at + 2].copy().view("<f2").astype(np.float32)
                            .reshape(N, K // QK))
     at = 4 if has_m else 2
-    qh = None
+    bits = ()
     if has_qh:
-        qh = jnp.asarray(blocks[..., at:at + 4].copy().view("<u4").view(np.int32)
-                         .reshape(N, K // QK))
+        bits = (jnp.asarray(blocks[..., at:at + 4].copy().view("<u4").view(np.int32)
+                            .reshape(N, K // QK)),)
         at += 4
     q = blocks[..., at:].reshape(N, -1)
     if qtype == T.Q8_0:
         q = q.view(np.int8)
-    return Planes(FORMATS[qtype], jnp.asarray(q), half(0), half(2) if has_m else None, qh)
+    return Planes(jnp.asarray(q), half(0), half(2) if has_m else None, bits, offset)
 
 
-def dequantize_tile(fmt: str, q: jax.Array, d: jax.Array, *rest: jax.Array) -> jax.Array:
-    """float32 [n, k] of a tile's quants ([n, k] int8 or [n, k / 2] uint8), scales
-    ([n, k / 32]) and the format's other per-block planes (Planes.per_block: minimums, fifth
-    bits): the kernel's own arithmetic, quants.py's operations in its order."""
-    n, blocks = d.shape
-    rest = list(rest)
-    m = rest.pop(0) if fmt in ("q4_1", "q5_1") else None
-    if fmt == "q8_0":
-        v = q.reshape(n, blocks, QK).astype(jnp.int32)
+def _nibbles(u: np.ndarray) -> jax.Array:
+    """uint8 [N, K / 2] of values [N, K] (< 16 in their low 4 bits), as Q4_0 packs a block of
+    32: byte j holds element j in its low nibble and element j + 16 in its high one."""
+    N, K = u.shape
+    b = (u & 0x0F).astype(np.uint8).reshape(N, K // QK, 2, QK // 2)
+    return jnp.asarray((b[:, :, 0] | (b[:, :, 1] << 4)).reshape(N, K // 2))
+
+
+def _bit_plane(u: np.ndarray, bit: int) -> jax.Array:
+    """int32 [N, K / 32]: bit `bit` of each value, element i of a block at bit i."""
+    N, K = u.shape
+    b = ((u >> bit) & 1).astype(np.uint32).reshape(N, K // QK, QK)
+    return jnp.asarray((b << np.arange(QK, dtype=np.uint32)).sum(-1, dtype=np.uint32)
+                       .view(np.int32))
+
+
+def dequantize_tile(spec: tuple, q: jax.Array, *planes: jax.Array) -> jax.Array:
+    """float32 [n, k] of a tile of the planes (Planes.spec, q, Planes.planes): the kernel's
+    own arithmetic, quants.py's operations in its order (integer, times the scale, plus the
+    minimum)."""
+    kind, n_bits, offset, group, has_m = spec
+    if kind == "float":
+        return q.astype(jnp.float32)
+    n = q.shape[0]
+    if kind == "int8":
+        v = q.astype(jnp.int32)
     else:
-        b = q.reshape(n, blocks, QK // 2)
+        b = q.reshape(n, -1, QK // 2)
         v = jnp.concatenate([b & 0x0F, b >> 4], axis=-1).astype(jnp.int32)
-    if fmt in ("q5_0", "q5_1"):
-        bits = (rest.pop(0)[..., None] >> jnp.arange(QK, dtype=jnp.int32)) & 1
-        v = v | (bits << 4)
-    v = v - {"q4_0": 8, "q5_0": 16}.get(fmt, 0)
+        for i, plane in enumerate(planes[:n_bits]):
+            v = v | (((plane[..., None] >> jnp.arange(QK, dtype=jnp.int32)) & 1) << (4 + i))
+        v = v.reshape(n, -1)
+    d = planes[n_bits]
+    v = (v - offset).reshape(n, d.shape[1], group)
     out = v.astype(jnp.float32) * d[..., None]
-    if m is not None:
-        out = out + m[..., None]
-    return out.reshape(n, blocks * QK)
+    if has_m:
+        out = out + planes[n_bits + 1][..., None]
+    return out.reshape(n, -1)
 
 
 def _divisor(n: int, sizes: tuple[int, ...]) -> int:
@@ -128,25 +190,27 @@ def matmul(x: jax.Array, w: Planes, interpret: bool | None = None) -> jax.Array:
     """x [M, K] (any float type, computed in float32) @ w^T -> float32 [M, N]."""
     if interpret is None:
         interpret = jax.default_backend() != "gpu"
-    return _matmul(x, w.q, w.per_block, w.fmt, interpret)
+    return _matmul(x, w.q, w.planes, w.spec, interpret)
 
 
 @functools.partial(jax.jit, static_argnums=(3, 4))
-def _matmul(x, q, per_block: tuple, fmt: str, interpret: bool):
+def _matmul(x, q, planes: tuple, spec: tuple, interpret: bool):
     M, K = x.shape
     N = q.shape[0]
     BN, BK = tiles(N, K)
     Mp = -(-M // BLOCK_M) * BLOCK_M
     xp = jnp.zeros((Mp, K), jnp.float32).at[:M].set(x.astype(jnp.float32))
-    qk = BK if fmt == "q8_0" else BK // 2   # quant columns per BK elements
+    qk = BK // 2 if spec[0] == "packed" else BK   # q's columns per BK elements
+    widths = [K // p.shape[1] for p in planes]     # elements per column of each plane
 
     def kernel(x_ref, q_ref, *refs):
         *block_refs, o_ref = refs
 
         def block(i, acc):
             xs = x_ref[:, pl.ds(i * BK, BK)]
-            w = dequantize_tile(fmt, q_ref[:, pl.ds(i * qk, qk)],
-                                *(r[:, pl.ds(i * (BK // QK), BK // QK)] for r in block_refs))
+            w = dequantize_tile(spec, q_ref[:, pl.ds(i * qk, qk)],
+                                *(r[:, pl.ds(i * (BK // e), BK // e)]
+                                  for r, e in zip(block_refs, widths)))
             return acc + lax.dot_general(xs, w, (((1,), (1,)), ((), ())),
                                          precision=lax.Precision.HIGHEST,
                                          preferred_element_type=jnp.float32)
@@ -158,14 +222,14 @@ def _matmul(x, q, per_block: tuple, fmt: str, interpret: bool):
         grid=(Mp // BLOCK_M, N // BN),
         in_specs=[pl.BlockSpec((BLOCK_M, K), lambda i, j: (i, 0)),
                   pl.BlockSpec((BN, q.shape[1]), lambda i, j: (j, 0)),
-                  *[pl.BlockSpec((BN, K // QK), lambda i, j: (j, 0))] * len(per_block)],
+                  *[pl.BlockSpec((BN, p.shape[1]), lambda i, j: (j, 0)) for p in planes]],
         out_specs=pl.BlockSpec((BLOCK_M, BN), lambda i, j: (i, j)),
         interpret=interpret,
-    )(xp, q, *per_block)
+    )(xp, q, *planes)
     return out[:M]
 
 
 def reference(x: np.ndarray, w: Planes) -> np.ndarray:
     """numpy's float64 x @ dequantize(w)^T: what matmul approximates (tests)."""
-    dense = np.asarray(dequantize_tile(w.fmt, w.q, *w.per_block), np.float64)
+    dense = np.asarray(dequantize_tile(w.spec, w.q, *w.planes), np.float64)
     return np.asarray(x, np.float64) @ dense.T

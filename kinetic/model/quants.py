@@ -100,13 +100,13 @@ def _scaled(q: np.ndarray, scale: np.ndarray, minimum: np.ndarray | None,
         o -= minimum[:, :, None]
 
 
-def _q2_k(b: np.ndarray, out: np.ndarray) -> None:
+def _q2_k_parts(b: np.ndarray) -> tuple:
     n = b.shape[0]
     sc = b[:, 0:16]
     # Element h*128 + j*32 + l is bits 2j..2j+1 of qs[h*32 + l].
     q = (b[:, 16:80].reshape(n, 2, 1, 32) >> _SHIFT_CRUMBS) & 3
     d, dmin = _f16(b, 80), _f16(b, 82)
-    _scaled(q.reshape(n, 256), d * (sc & 0x0F), dmin * (sc >> 4), out)
+    return q.reshape(n, 256), d * (sc & 0x0F), dmin * (sc >> 4)
 
 
 def _q3_k_scales(s: np.ndarray) -> np.ndarray:
@@ -120,14 +120,14 @@ def _q3_k_scales(s: np.ndarray) -> np.ndarray:
     return (low | (high.reshape(n, 16) << 4)).view(np.int8) - np.int8(32)
 
 
-def _q3_k(b: np.ndarray, out: np.ndarray) -> None:
+def _q3_k_parts(b: np.ndarray) -> tuple:
     n = b.shape[0]
     # Element e = h*128 + j*32 + l: low 2 bits are bits 2j.. of qs[h*32 + l]; the 3rd bit is
     # bit (e // 32) of hmask[l], and a *clear* bit means "subtract 4".
     low = (b[:, 32:96].reshape(n, 2, 1, 32) >> _SHIFT_CRUMBS) & 3
     high = (b[:, 0:32].reshape(n, 1, 32) >> _SHIFT_BITS8) & 1
     q = (low.reshape(n, 256) | (high.reshape(n, 256) << 2)).view(np.int8) - np.int8(4)
-    _scaled(q, _f16(b, 108) * _q3_k_scales(b[:, 96:108]), None, out)
+    return q, _f16(b, 108) * _q3_k_scales(b[:, 96:108]), None
 
 
 def _k4_scales_mins(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -149,28 +149,41 @@ def _k4_nibbles(qs: np.ndarray) -> np.ndarray:
     return ((qs.reshape(n, 4, 1, 32) >> _SHIFT_NIBBLES) & 0x0F).reshape(n, 256)
 
 
-def _q4_k(b: np.ndarray, out: np.ndarray) -> None:
+def _q4_k_parts(b: np.ndarray) -> tuple:
     scales, mins = _k4_scales_mins(b[:, 4:16])
-    _scaled(_k4_nibbles(b[:, 16:144]), _f16(b, 0) * scales, _f16(b, 2) * mins, out)
+    return _k4_nibbles(b[:, 16:144]), _f16(b, 0) * scales, _f16(b, 2) * mins
 
 
-def _q5_k(b: np.ndarray, out: np.ndarray) -> None:
+def _q5_k_parts(b: np.ndarray) -> tuple:
     n = b.shape[0]
     scales, mins = _k4_scales_mins(b[:, 4:16])
     # The 5th bit of element e is bit (e // 32) of qh[e % 32].
     high = ((b[:, 16:48].reshape(n, 1, 32) >> _SHIFT_BITS8) & 1).reshape(n, 256)
     q = _k4_nibbles(b[:, 48:176]) | (high << 4)
-    _scaled(q, _f16(b, 0) * scales, _f16(b, 2) * mins, out)
+    return q, _f16(b, 0) * scales, _f16(b, 2) * mins
 
 
-def _q6_k(b: np.ndarray, out: np.ndarray) -> None:
+def _q6_k_parts(b: np.ndarray) -> tuple:
     n = b.shape[0]
     # Element e = h*128 + k*32 + l: low nibble is nibble k//2 of ql[h*64 + (k%2)*32 + l],
     # high 2 bits are bits 2k.. of qh[h*32 + l].
     low = (b[:, 0:128].reshape(n, 2, 1, 64) >> _SHIFT_NIBBLES) & 0x0F
     high = (b[:, 128:192].reshape(n, 2, 1, 32) >> _SHIFT_CRUMBS) & 3
     q = (low.reshape(n, 256) | (high.reshape(n, 256) << 4)).view(np.int8) - np.int8(32)
-    _scaled(q, _f16(b, 208) * b[:, 192:208].view(np.int8), None, out)
+    return q, _f16(b, 208) * b[:, 192:208].view(np.int8), None
+
+
+def _k_quant(parts: Callable[[np.ndarray], tuple]) -> Callable[[np.ndarray, np.ndarray], None]:
+    """A K-quant's decoder from its integer parts: out = q * scale - minimum."""
+    def decode(b: np.ndarray, out: np.ndarray) -> None:
+        _scaled(*parts(b), out)
+    return decode
+
+
+# K-quant -> (q [n, 256] integers, scale [n, G] float32, minimum [n, G] float32 or None) of
+# its blocks: the value of element e is q * scale[g] - minimum[g], g = e // (256 / G)
+K_PARTS = {T.Q2_K: _q2_k_parts, T.Q3_K: _q3_k_parts, T.Q4_K: _q4_k_parts,
+           T.Q5_K: _q5_k_parts, T.Q6_K: _q6_k_parts}
 
 
 # qtype -> (elements per block, bytes per block, decoder writing (n, elements) float32).
@@ -180,11 +193,11 @@ _BLOCK_FORMATS: dict[T, tuple[int, int, Callable[[np.ndarray, np.ndarray], None]
     T.Q4_1: (32, 20, _q4_1),
     T.Q5_0: (32, 22, _q5_0),
     T.Q5_1: (32, 24, _q5_1),
-    T.Q2_K: (256, 84, _q2_k),
-    T.Q3_K: (256, 110, _q3_k),
-    T.Q4_K: (256, 144, _q4_k),
-    T.Q5_K: (256, 176, _q5_k),
-    T.Q6_K: (256, 210, _q6_k),
+    T.Q2_K: (256, 84, _k_quant(_q2_k_parts)),
+    T.Q3_K: (256, 110, _k_quant(_q3_k_parts)),
+    T.Q4_K: (256, 144, _k_quant(_q4_k_parts)),
+    T.Q5_K: (256, 176, _k_quant(_q5_k_parts)),
+    T.Q6_K: (256, 210, _k_quant(_q6_k_parts)),
 }
 
 _PLAIN_FORMATS = {T.F32: 4, T.F16: 2, T.BF16: 2}  # qtype -> bytes per element
@@ -220,6 +233,11 @@ def block_size(qtype: T | int) -> int:
     """Values per block of a supported type (1 for the float types)."""
     qtype = T[_type_name(qtype)]
     return _BLOCK_FORMATS[qtype][0] if qtype in _BLOCK_FORMATS else 1
+
+
+def block_bytes(qtype: T | int) -> int:
+    """Bytes per block of a supported block format."""
+    return _BLOCK_FORMATS[T[_type_name(qtype)]][1]
 
 
 def dequantize(raw: RawTensor) -> np.ndarray:
