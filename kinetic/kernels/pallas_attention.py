@@ -1,0 +1,102 @@
+"""Paged attention as a Pallas kernel: the attention of the GPU kernel "pallas" (issue 38).
+
+    out = paged_attention(q, k_cache, v_cache, page_table, slots, positions, scale,
+                          window=0, softcap=0.0, ends=None)          [T, H, Qv] float32
+
+over kinetic's paged KV cache (kinetic/engine/runner.py: per layer k and v pages
+[num_pages, page_size, n_kv_head, head_dim], each slot's pages in its row of page_table).
+One program per (row, kv head) walks that row's own visible keys, page by page of its slot in
+order, with an online softmax (running maximum, sum and weighted values in float32, one dot
+per page of the same shape): a row's arithmetic depends only on its own query, position and
+slot's keys, never on T, on the other rows, or on the page table's width. Its bits are not
+the XLA path's (layers.paged_attention kernel "xla" normalises once over all keys), so it
+is checked against that within float32 rounding, and bitwise against itself alone and in
+larger steps (tests/test_pallas_attention.py, Pallas in interpret mode on CPU).
+
+Masking follows layers.paged_attention: a row sees keys up to its `ends` entry (its position
+unless an image's rows attend both ways), and with a window only keys after position -
+window; the query meets the cache in the cache's storage type, as llama.cpp's f16 cache
+makes it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+
+def paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
+                    page_table: jax.Array, slots: jax.Array, positions: jax.Array,
+                    scale: float, window: int = 0, softcap: float = 0.0,
+                    ends: jax.Array | None = None, interpret: bool | None = None) -> jax.Array:
+    """q [T, H, Q] against each row's slot's keys (module docstring) -> [T, H, Qv]."""
+    if interpret is None:
+        interpret = jax.default_backend() != "gpu"
+    positions = jnp.asarray(positions, jnp.int32)
+    ends = positions if ends is None else jnp.asarray(ends, jnp.int32)
+    q = q.astype(k_cache.dtype).astype(jnp.float32)
+    return _attention(q, k_cache, v_cache, jnp.asarray(page_table, jnp.int32),
+                      jnp.asarray(slots, jnp.int32), positions, ends, float(scale),
+                      int(window), float(softcap), bool(interpret))
+
+
+@functools.partial(jax.jit, static_argnums=(7, 8, 9, 10))
+def _attention(q, k_cache, v_cache, table, slots, positions, ends, scale, window, softcap,
+               interpret):
+    T, H, Q = q.shape
+    _, page_size, K, Qv = v_cache.shape
+    G = H // K
+
+    def kernel(q_ref, k_ref, v_ref, table_ref, slot_ref, pos_ref, end_ref, o_ref):
+        t, kh = pl.program_id(0), pl.program_id(1)
+        slot, pos, end = slot_ref[t], pos_ref[t], end_ref[t]
+        qs = q_ref[0] * scale                                       # [G, Q]
+        first = jnp.maximum(pos - window + 1, 0) if window else 0   # first visible key
+
+        def page(i, carry):
+            m, total, acc = carry
+            at = table_ref[slot, i]
+            keys = k_ref[at, :, kh, :].astype(jnp.float32)          # [page_size, Q]
+            vals = v_ref[at, :, kh, :].astype(jnp.float32)          # [page_size, Qv]
+            s = lax.dot_general(qs, keys, (((1,), (1,)), ((), ())),
+                                precision=lax.Precision.HIGHEST,
+                                preferred_element_type=jnp.float32)  # [G, page_size]
+            if softcap:
+                s = softcap * jnp.tanh(s / softcap)
+            key = i * page_size + lax.broadcasted_iota(jnp.int32, (1, page_size), 1)
+            s = jnp.where((key <= end) & (key >= first), s, -jnp.inf)
+            new_m = jnp.maximum(m, jnp.max(s, axis=1))
+            safe = jnp.where(jnp.isfinite(new_m), new_m, 0.0)
+            p = jnp.exp(s - safe[:, None])
+            keep = jnp.exp(m - safe)
+            total = total * keep + jnp.sum(p, axis=1)
+            acc = acc * keep[:, None] + lax.dot_general(
+                p, vals, (((1,), (0,)), ((), ())), precision=lax.Precision.HIGHEST,
+                preferred_element_type=jnp.float32)
+            return new_m, total, acc
+
+        start = first // page_size
+        m, total, acc = lax.fori_loop(
+            start, end // page_size + 1, page,
+            (jnp.full((G,), -jnp.inf, jnp.float32), jnp.zeros((G,), jnp.float32),
+             jnp.zeros((G, Qv), jnp.float32)))
+        o_ref[0] = acc / jnp.maximum(total, 1e-30)[:, None]
+
+    def whole(shape):
+        return pl.BlockSpec(shape, lambda t, kh: (0,) * len(shape))
+
+    out = pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((T, H, Qv), jnp.float32),
+        grid=(T, K),
+        in_specs=[pl.BlockSpec((1, G, Q), lambda t, kh: (t, kh, 0)),
+                  whole(k_cache.shape), whole(v_cache.shape), whole(table.shape),
+                  whole(slots.shape), whole(positions.shape), whole(ends.shape)],
+        out_specs=pl.BlockSpec((1, G, Qv), lambda t, kh: (t, kh, 0)),
+        interpret=interpret,
+    )(q, k_cache, v_cache, table, slots, positions, ends)
+    return out

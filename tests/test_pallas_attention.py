@@ -1,0 +1,73 @@
+"""The pallas kernel's paged attention (kinetic/kernels/pallas_attention.py), run by Pallas in
+interpret mode on CPU: within float32 rounding of the XLA path (layers.paged_attention) with
+GQA, windows, softcap, images' two-way rows and an f16 cache, and a row's bits the same alone
+and inside larger steps, whatever the other rows' slots and positions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kinetic.kernels.pallas_attention import paged_attention
+from kinetic.model import layers
+
+PS, P, S = 4, 6, 3           # page size, pages per slot, slots
+NUM_PAGES = 1 + S * P
+
+
+def cache(dtype, K=2, Q=8, Qv=8, seed=0):
+    rng = np.random.default_rng(seed)
+    k = rng.standard_normal((NUM_PAGES, PS, K, Q)).astype(dtype)
+    v = rng.standard_normal((NUM_PAGES, PS, K, Qv)).astype(dtype)
+    table = (1 + np.arange(S * P)).reshape(S, P)[:, ::-1].copy()   # pages out of order
+    return k, v, table
+
+
+def step(table, slots, positions):
+    n = len(slots)
+    return layers.StepInput(np.zeros(n, np.int32), np.asarray(positions, np.int32),
+                            np.asarray(slots, np.int32), np.zeros(n, np.int32), table)
+
+
+@pytest.mark.parametrize("dtype,window,softcap,H", [
+    (np.float32, 0, 0.0, 4), (np.float16, 0, 0.0, 2), (np.float32, 5, 0.0, 4),
+    (np.float32, 0, 30.0, 6)])
+def test_it_is_the_xla_paths_within_rounding(dtype, window, softcap, H):
+    k, v, table = cache(dtype)
+    rng = np.random.default_rng(1)
+    slots = np.array([0, 1, 2, 1, 0, 2, 0])
+    positions = np.array([0, 3, 23, 9, 17, 4, 12])
+    q = rng.standard_normal((len(slots), H, 8)).astype(np.float32)
+    got = np.asarray(paged_attention(q, k, v, table, slots, positions, 0.35, window, softcap))
+    want = np.asarray(layers.paged_attention(q, k, v, step(table, slots, positions), 0.35,
+                                             window, softcap, kernel="xla"))
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+
+
+def test_rows_that_see_each_other_both_ways():
+    k, v, table = cache(np.float32)
+    q = np.random.default_rng(2).standard_normal((3, 4, 8)).astype(np.float32)
+    slots, positions, ends = np.array([1, 1, 1]), np.array([5, 6, 7]), np.array([7, 7, 7])
+    got = np.asarray(paged_attention(q, k, v, table, slots, positions, 0.35, ends=ends))
+    want = np.asarray(layers.paged_attention(q, k, v, step(table, slots, positions), 0.35,
+                                             kernel="xla", ends=ends))
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+
+
+def test_a_rows_bits_do_not_depend_on_its_step():
+    k, v, table = cache(np.float32, seed=3)
+    rng = np.random.default_rng(4)
+    T = 64
+    slots = rng.integers(0, S, T)
+    positions = rng.integers(0, P * PS, T)
+    q = rng.standard_normal((T, 4, 8)).astype(np.float32)
+    whole = np.asarray(paged_attention(q, k, v, table, slots, positions, 0.35))
+    for r in (0, 9, 63):
+        alone = np.asarray(paged_attention(q[r:r + 1], k, v, table, slots[r:r + 1],
+                                           positions[r:r + 1], 0.35))
+        assert alone.tobytes() == whole[r:r + 1].tobytes(), r
+        pair = [r, (r + 7) % T]
+        wider = np.pad(table, ((0, 0), (0, 3)))   # a wider page table: the same bits
+        two = np.asarray(paged_attention(q[pair[::-1]], k, v, wider, slots[pair[::-1]],
+                                         positions[pair[::-1]], 0.35))
+        assert two[1:].tobytes() == alone.tobytes(), r
