@@ -25,7 +25,7 @@ import sys
 
 from kinetic import __version__
 from kinetic.progress import progress_printer
-from kinetic.serve_cli import add_serve, resolve_model
+from kinetic.serve_cli import add_serve, add_weight_flags, resolve_model
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -37,7 +37,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
     import kinetic.llm
     model = kinetic.llm.load(path, n_ctx=args.ctx_size, dtype=args.dtype, draft=draft,
-                             progress=progress_printer("loading"), mmproj=args.mmproj)
+                             progress=progress_printer("loading"), mmproj=args.mmproj,
+                             kernel=args.kernel or "auto")
     if getattr(model, "kind", "text") != "text":
         what, route = (("an embedding", "/v1/embeddings") if model.kind == "embedding"
                        else ("a ranking", "/v1/rerank"))
@@ -201,10 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=None, help="seed for sampled tokens")
     run.add_argument("-c", "--ctx-size", type=int, default=4096,
                      help="context length in tokens (default 4096, capped by the model's)")
-    run.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
-                     help="compute type of the weights when they are dequantized (KINETIC_KERNEL=xla, "
-                       "or no C++ kernel; default bfloat16); the C++ kernel reads the GGUF "
-                       "blocks themselves")
+    add_weight_flags(run)
     run.add_argument("-md", "--model-draft", default=None,
                      help="a smaller model of the same vocabulary that drafts tokens for "
                      "speculative decoding (never changes the output)")

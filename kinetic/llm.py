@@ -224,7 +224,9 @@ def load(path: str | os.PathLike[str], *, n_ctx: int = 4096, dtype: str = "bfloa
 
     n_ctx: context length per sequence (capped by the model's own); kernel: "ffi" (the
     weights stay in their GGUF blocks, multiplied by kinetic's C++ kernel: the default on
-    CPU), "xla" (dequantized at load, multiplied by XLA) or "auto"; dtype and
+    CPU), "pallas" (the weights quantized on the device, multiplied by Pallas kernels: the
+    default on a GPU; interpreted on a CPU, exact but slow), "xla" (dequantized at load,
+    multiplied by XLA) or "auto"; dtype and
     llama_rounding apply to the "xla" kernel only: the projections' compute type
     ("bfloat16" or "float32") and whether activations are rounded as llama.cpp's CPU
     backend does (docs/parity.md); parallel: sequences the engine runs at once (0: as many

@@ -111,7 +111,21 @@ def serve_options(args: argparse.Namespace):
     if args.mmproj and not os.path.isfile(args.mmproj):
         raise SystemExit(f"kinetic serve: --mmproj {args.mmproj}: no such file")
     return config, ModelOptions(model, engine, args.dtype, draft, _sampling(args),
-                                _chat_template(args), args.pooling, args.mmproj)
+                                _chat_template(args), args.pooling, args.mmproj,
+                                args.kernel or "auto")
+
+
+def add_weight_flags(command: argparse.ArgumentParser) -> None:
+    """--kernel and --dtype: what multiplies the weights (kinetic run and serve)."""
+    command.add_argument("--kernel", choices=["auto", "ffi", "xla", "pallas"], default=None,
+                         help="what multiplies the weights: ffi (kinetic's C++ kernel, the "
+                         "default on CPU), pallas (Pallas kernels, the default on a GPU; "
+                         "interpreted on a CPU: exact but slow), xla (dequantized weights); "
+                         "default: KINETIC_KERNEL, else auto")
+    command.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                         help="compute type of the weights when they are dequantized "
+                         "(--kernel xla; default bfloat16); the other kernels read the GGUF "
+                         "blocks themselves")
 
 
 def _names(value: str | None) -> tuple[str, ...]:
@@ -280,10 +294,7 @@ def add_serve(sub) -> None:
     serve.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", type=int, metavar="N",
                        help="accepted for llama-server compatibility: kinetic places the whole "
                        "model on JAX's default device (ignored on a CPU)")
-    serve.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
-                       help="compute type of the weights when they are dequantized (KINETIC_KERNEL=xla, "
-                       "or no C++ kernel; default bfloat16); the C++ kernel reads the GGUF "
-                       "blocks themselves")
+    add_weight_flags(serve)
     _add_llama_server_flags(serve)
     serve.set_defaults(func=cmd_serve)
 

@@ -31,6 +31,15 @@ def test_defaults_are_llama_servers():
     assert model.engine.parallel == 0 and model.engine.n_ctx == 4096
 
 
+def test_the_kernel_is_a_flag_of_serve_and_run():
+    """--kernel picks what multiplies the weights (default: KINETIC_KERNEL, else auto)."""
+    assert options()[1].kernel == "auto"
+    assert options("--kernel", "pallas")[1].kernel == "pallas"
+    assert build_parser().parse_args(["run", "m.gguf", "hi", "--kernel", "xla"]).kernel == "xla"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "m.gguf", "--kernel", "cuda"])
+
+
 def test_flags_map_to_fields(tmp_path):
     keys = tmp_path / "keys.txt"
     keys.write_text("k2\n\n k3 \n")

@@ -77,6 +77,7 @@ class ModelOptions:
     chat_template: str | None = None               # --chat-template(-file): Jinja source
     pooling: str | None = None                     # --pooling: an embedding model's pooling
     mmproj: str | None = None                      # --mmproj: a vision projector
+    kernel: str = "auto"                           # --kernel: weights.kernel_choice
 
     @property
     def model_id(self) -> str:
@@ -93,7 +94,8 @@ def build_model(opts: ModelOptions, progress: Callable[[str], Callable[[int, int
     from kinetic.llm import open_model
 
     model = open_model(opts.path, opts.engine, dtype=opts.dtype, draft=opts.draft,
-                       stage=progress, compile=True, pooling=opts.pooling, mmproj=opts.mmproj)
+                       stage=progress, compile=True, pooling=opts.pooling, mmproj=opts.mmproj,
+                       kernel=opts.kernel)
     tokenizer = model.tokenizer
     first = tokenizer.bos_id if tokenizer.bos_id is not None else 0
     if model.loaded.config.task != "text":
@@ -172,8 +174,11 @@ async def _main(config: ServerConfig, opts: ModelOptions) -> int:
                  f"{'an embedding' if task == 'embedding' else 'a ranking'} model, pooling "
                  f"{model.pooling}")
         kernel = model.loaded.config.kernel
-        how = (f"kinetic's C++ kernel, {kernels.isa()} path" if kernel == "ffi"
-               else "XLA (dequantized weights)")
+        on = kernels.describe(kernel)["backend"]
+        how = {"ffi": f"kinetic's C++ kernel, {kernels.isa()} path",
+               "pallas": f"the pallas kernel on {on} (weights quantized on the device"
+                         f"{'; interpreted: slow, for tests' if on != 'gpu' else ''})",
+               }.get(kernel, f"XLA on {on} (dequantized weights)")
         print(f"kinetic: weights multiplied by {how}", file=sys.stderr, flush=True)
         print(f"kinetic: serving {state.model_id} at http://{host}:{port}/v1{also} (context "
               f"{model.n_ctx}, {slots}); Ctrl+C stops it", file=sys.stderr, flush=True)

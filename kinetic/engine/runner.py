@@ -3,8 +3,8 @@ steps and for sampling (Runner.sample: engine/sample_device.py); the engine call
 host arrays and gets host values back, and imports no JAX.
 
 A step carries up to `step_tokens` rows, whatever mix of prompt chunks and decode rows.
-With the C++ kernels (cfg.kernel == "ffi") a row's result does not depend on how many rows
-the step has (DESIGN.md), so each step runs at the smallest of a few compiled row buckets
+With the C++ kernels (cfg.kernel "ffi") or the Pallas ones ("pallas") a row's result does
+not depend on how many rows the step has (DESIGN.md; exact_rows), so each step runs at the smallest of a few compiled row buckets
 (1, 2, 4, ... step_tokens) that holds its rows: one stream decodes at M = 1. With XLA's
 dot (kernel "xla"), which is not batch-invariant, every step runs at step_tokens rows. The
 rows a caller does not fill are padding that writes into the reserved page 0 and whose
@@ -35,7 +35,7 @@ from kinetic.model.weights import join_buffer, split_buffer
 RESERVED_PAGE = 0  # padding rows write here; no sequence's valid positions ever map to it
 PAGE_COPY_BATCH = 8  # pages restored from host memory per compiled copy
 KEY_BUCKET_TOKENS = 128  # smallest key axis a step reads; the next ones are 4x larger
-ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # compiled step sizes (kernel "ffi")
+ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # compiled step sizes (exact_rows)
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,8 @@ class Runner:
         self._decode = _compiled_decode(model.arch.forward, cfg)
         self._buffer, self._skeleton = split_buffer(model.weights)   # see split_buffer
         self._warming = False   # compile's warm-up steps run (on zero weights)
-        self.exact_rows = cfg.kernel == "ffi"
+        # the C++ kernels and the pallas kernel give a row the same bits in any step
+        self.exact_rows = cfg.kernel in ("ffi", "pallas")
         T = config.step_tokens
         self.row_buckets = ([b for b in ROW_BUCKETS if b < T] + [T]) if self.exact_rows else [T]
         self.state = RecurrentState(config) if cfg.recurrent else None
@@ -82,7 +83,7 @@ class Runner:
         recurrent = cfg.recurrent_layers or (False,) * cfg.n_layer
         self._paged = tuple(i for i, r in enumerate(recurrent) if not r)
         self._recurrent = tuple(i for i, r in enumerate(recurrent) if r)
-        self.sampler = DeviceSampler(cfg.vocab_size, self.exact_rows)
+        self.sampler = DeviceSampler(cfg.vocab_size, cfg.kernel == "ffi")
 
     @property
     def cache(self) -> list:
@@ -100,7 +101,7 @@ class Runner:
             shape_v = (config.num_pages, config.page_size, cfg.n_kv_head, cfg.v_head_dim)
             dt = jnp.dtype(config.kv_dtype)
             # the C++ kernels: memory taken as pages are written
-            zeros = native.lazy_zeros if self.exact_rows else jnp.zeros
+            zeros = native.lazy_zeros if cfg.kernel == "ffi" else jnp.zeros
             pages = (config.num_pages, config.page_size)
             recurrent = delta_net.state_shapes(cfg, config.num_slots, config.max_draft)
             self._cache = [
@@ -131,7 +132,7 @@ class Runner:
         """Run one step over up to T rows (arrays of length n <= T) and update the cache.
         page_table: [S, P]. Returns the device array of logits [B, V] for every row of the
         step's bucket B >= n (rows n.. are padding: 0 with the ffi kernel). With logit_rows
-        (kernel "ffi" only), the caller needs only those rows, and only they are computed:
+        (exact_rows only), the caller needs only those rows, and only they are computed:
         [r] (a prompt chunk samples only its last row) gives [1, V] for row r alone; [] (a
         prompt chunk before its last, the draft model following the target) skips the output
         projection ([0, V] at the T-row bucket, [B, V] zeros at the smaller ones: fewer
@@ -145,7 +146,8 @@ class Runner:
         if n > T:
             raise ValueError(f"{n} rows do not fit a {T}-row step")
         if logit_rows is not None and not self.exact_rows:
-            raise ValueError("logit_rows needs the ffi kernel (XLA's dot is not batch-invariant)")
+            raise ValueError("logit_rows needs the ffi or pallas kernel (XLA's dot is not "
+                             "batch-invariant)")
         bucket = self.row_bucket(n)
         pad = bucket - n
         page_size = self.config.page_size
@@ -195,7 +197,8 @@ class Runner:
         padding). The same tokens as N calls of step_device followed by sampler.greedy: a
         row's logits do not depend on the step's other rows."""
         if not self.exact_rows:
-            raise ValueError("decode_steps needs the ffi kernel (XLA's dot is not batch-invariant)")
+            raise ValueError("decode_steps needs the ffi or pallas kernel (XLA's dot is not "
+                             "batch-invariant)")
         N, n = positions.shape
         bucket = self.row_bucket(n)
         pad = bucket - n
@@ -429,9 +432,8 @@ def _decode_loop(forward, cfg, buffer, skeleton, cache, packed, bias, layout):
         step = StepInput(tok, x["positions"][i], slots, x["write_index"][i], table, None,
                          None if recurs is None else recurs(i), logit_mask=live)
         logits, cache = forward(weights, cfg, cache, step)
-        # the loop's rows allow every token: one C++ pass over each row (the loop runs with
-        # the C++ kernels only)
-        drawn = greedy_tokens(logits, bias, None, exact=True)
+        # the loop's rows allow every token: with the C++ kernels one C++ pass over each row
+        drawn = greedy_tokens(logits, bias, None, exact=cfg.kernel == "ffi")
         # the next input: the drawn token (0 for padding rows and rows that allowed none,
         # whose later tokens the engine discards)
         return cache, jnp.where(real & (drawn >= 0), drawn, 0), out.at[i].set(drawn)

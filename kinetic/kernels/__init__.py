@@ -91,9 +91,11 @@ def isa() -> str:
 
 
 def describe(kernel: str) -> dict:
-    """What multiplies the weights, for /props and the start-up line: {"name": "ffi" or
-    "xla", "isa": the path (ffi only)}."""
-    return {"name": kernel, "isa": isa()} if kernel == "ffi" else {"name": kernel}
+    """What multiplies the weights, for /props and the start-up line: {"name": "ffi", "xla"
+    or "pallas", "backend": JAX's ("cpu", "gpu"), "isa": the path (ffi only)}."""
+    import jax
+    out = {"name": kernel, "backend": jax.default_backend()}
+    return {**out, "isa": isa()} if kernel == "ffi" else out
 
 
 def row_bytes(fmt: int, k: int) -> int:

@@ -50,6 +50,8 @@ _FLOATS = {T.F32: np.float32, T.F16: np.float16, T.BF16: None}
 FORMATS = (*_LEGACY, *_K_OFFSET, *_FLOATS)
 
 
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["q", "d", "m", "bits"],
+                   meta_fields=["offset", "group"])
 @dataclass(frozen=True)
 class Planes:
     """A [N, K] weight's planes (module docstring). Its value at (n, k): q's integer, with
@@ -177,6 +179,13 @@ def dequantize_tile(spec: tuple, q: jax.Array, *planes: jax.Array) -> jax.Array:
     return out.reshape(n, -1)
 
 
+def rows(w: Planes, tokens: jax.Array) -> jax.Array:
+    """float32 [T, K]: rows `tokens` of w, dequantized (a step's token embeddings: only its
+    rows, the same values as the whole table's)."""
+    take = functools.partial(jnp.take, indices=tokens, axis=0)
+    return dequantize_tile(w.spec, take(w.q), *map(take, w.planes))
+
+
 def _divisor(n: int, sizes: tuple[int, ...]) -> int:
     return next((s for s in sizes if n % s == 0), n)
 
@@ -187,10 +196,12 @@ def tiles(N: int, K: int) -> tuple[int, int]:
 
 
 def matmul(x: jax.Array, w: Planes, interpret: bool | None = None) -> jax.Array:
-    """x [M, K] (any float type, computed in float32) @ w^T -> float32 [M, N]."""
+    """x [..., K] (any float type, computed in float32) @ w^T -> float32 [..., N]."""
     if interpret is None:
         interpret = jax.default_backend() != "gpu"
-    return _matmul(x, w.q, w.planes, w.spec, interpret)
+    lead = x.shape[:-1]
+    y = _matmul(x.reshape(-1, x.shape[-1]), w.q, w.planes, w.spec, interpret)
+    return y.reshape(*lead, y.shape[-1])
 
 
 @functools.partial(jax.jit, static_argnums=(3, 4))

@@ -23,6 +23,7 @@ import numpy as np
 
 from kinetic.kernels import attention as native_attention
 from kinetic.kernels import ffi as native
+from kinetic.kernels import pallas_attention, pallas_matmul
 from kinetic.model.config import Config
 
 
@@ -93,6 +94,7 @@ def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
 
 
 DENSE = -1  # Proj.fmt of a dense matrix (the pure-JAX path)
+PLANES = -2  # Proj.fmt of a weight as the pallas kernel's planes (kernels/pallas_matmul.py)
 
 
 @partial(jax.tree_util.register_dataclass, data_fields=["data"],
@@ -109,7 +111,9 @@ class Proj:
       same results; weights._Packer).
     - dense (fmt = DENSE): `data` is W transposed, [K, N], in a compute dtype, multiplied by
       XLA (GPU, non-x86, KINETIC_KERNEL=xla); `act_quant` emulates llama.cpp's activation
-      rounding there: "q8_0", "q8_K", "f16" or "" (see weights.py)."""
+      rounding there: "q8_0", "q8_K", "f16" or "" (see weights.py).
+    - planes (fmt = PLANES): `data` is a pallas_matmul.Planes, W still quantized, multiplied
+      by the pallas kernel (kernel "pallas")."""
 
     data: jax.Array
     fmt: int = DENSE
@@ -121,6 +125,9 @@ class Proj:
     @property
     def shape(self) -> tuple[int, int]:
         """(k, n): inputs, outputs."""
+        if self.fmt == PLANES:
+            n, k = self.data.shape
+            return k, n
         return tuple(self.data.shape) if self.fmt == DENSE else (self.k, self.n)
 
 
@@ -152,9 +159,12 @@ def linear(x: jax.Array, p: Proj, b: jax.Array | None = None,
     """x [..., K] . W^T -> [..., N] float32: the one swap point between the C++ kernel
     (packed weights) and XLA's dot (dense ones). live [T] (x [T, K]): the rows wanted; the
     others are 0, and the C++ kernel does not compute them."""
-    if p.fmt == DENSE:
-        x = quantize_activations(x, p.act_quant)
-        y = jnp.dot(x.astype(p.data.dtype), p.data, preferred_element_type=jnp.float32)
+    if p.fmt in (DENSE, PLANES):
+        if p.fmt == PLANES:
+            y = pallas_matmul.matmul(x, p.data)
+        else:
+            x = quantize_activations(x, p.act_quant)
+            y = jnp.dot(x.astype(p.data.dtype), p.data, preferred_element_type=jnp.float32)
         if live is not None:
             y = jnp.where(live[:, None] != 0, y, 0.0)
     else:
@@ -167,7 +177,7 @@ def linear_many(x: jax.Array, projs: list[Proj], biases=None) -> list[jax.Array]
     (the activations rounded once, every part's columns split over the threads together),
     which costs less than a call each; the results are the same bits."""
     biases = biases or [None] * len(projs)
-    packed = all(p.fmt != DENSE for p in projs) and len({id(p.data) for p in projs}) == 1
+    packed = all(p.fmt >= 0 for p in projs) and len({id(p.data) for p in projs}) == 1
     if not packed:
         return [linear(x, p, b) for p, b in zip(projs, biases)]
     ys = native.qmatmul_many(x, projs[0].data, [(p.fmt, p.offset, p.n) for p in projs],
@@ -273,6 +283,9 @@ def paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, step: 
     if kernel == "ffi":
         return native_attention.paged_attention(q, k_cache, v_cache, step, scale, window, softcap,
                                                 ends)
+    if kernel == "pallas":
+        return pallas_attention.paged_attention(q, k_cache, v_cache, step.page_table, step.slots,
+                                                step.positions, scale, window, softcap, ends)
     T, H, Q = q.shape
     S, P = step.page_table.shape
     page_size, K, Qv = k_cache.shape[1], k_cache.shape[2], v_cache.shape[-1]
@@ -360,7 +373,9 @@ def input_rows(step: StepInput, table: jax.Array | Proj, scale: float = 1.0) -> 
 def embed(tokens: jax.Array, table: jax.Array | Proj, scale: float = 1.0) -> jax.Array:
     """The rows of the token embedding: gathered from its GGUF blocks and dequantized (only
     the step's rows) when packed, or taken from a float32 [V, D] table."""
-    if isinstance(table, Proj):
+    if isinstance(table, Proj) and table.fmt == PLANES:
+        x = pallas_matmul.rows(table.data, tokens)
+    elif isinstance(table, Proj):
         x = native.dequant_rows(tokens, table.data, table.fmt, table.offset, table.n, table.k)
     else:
         x = jnp.take(table, tokens, axis=0).astype(jnp.float32)  # [T, D]

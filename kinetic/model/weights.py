@@ -31,23 +31,27 @@ from gguf import GGMLQuantizationType
 
 from kinetic import kernels
 from kinetic.kernels import ffi as native
+from kinetic.kernels import pallas_matmul
 from kinetic.model import quants
 from kinetic.model.config import Config, ModelConfigError
 from kinetic.model.gguf_file import GGUFFile, RawTensor
-from kinetic.model.layers import DENSE, Proj
+from kinetic.model.layers import PLANES, Proj
 
-KERNELS = ("auto", "ffi", "xla")
+KERNELS = ("auto", "ffi", "xla", "pallas")
 
 
 def kernel_choice(requested: str = "auto") -> str:
-    """"ffi" or "xla" for `requested` ("auto" reads KINETIC_KERNEL, else picks "ffi" where
-    the C++ kernel is built and JAX runs on CPU). Asking for "ffi" where it cannot run is a
-    ModelConfigError saying why."""
+    """"ffi", "xla" or "pallas" for `requested` ("auto" reads KINETIC_KERNEL, else picks
+    "pallas" where JAX's backend is a GPU, "ffi" where the C++ kernel is built and JAX runs
+    on CPU). Asking for "ffi" or "pallas" where it cannot run is a ModelConfigError saying
+    why."""
     want = requested if requested != "auto" else (os.environ.get("KINETIC_KERNEL") or "auto")
     if want not in KERNELS:
         raise ModelConfigError(f"unknown kernel {want!r} (choose one of {', '.join(KERNELS)})")
     if want == "xla":
         return "xla"
+    if want == "pallas" or (want == "auto" and jax.default_backend() == "gpu"):
+        return _pallas_usable()
     if native.usable():
         return "ffi"
     if want == "ffi":
@@ -55,6 +59,16 @@ def kernel_choice(requested: str = "auto") -> str:
                if not kernels.available() else "JAX does not run on the CPU here")
         raise ModelConfigError(f"the ffi kernel cannot run: {why}")
     return "xla"
+
+def _pallas_usable() -> str:
+    """"pallas" where Pallas runs its kernels: compiled on a GPU, interpreted elsewhere (CPU:
+    exact, slow; for tests). A ModelConfigError saying why where it cannot."""
+    try:
+        from kinetic.kernels import pallas_matmul  # noqa: F401
+    except ImportError as e:
+        raise ModelConfigError(f"the pallas kernel cannot run: this JAX has no Pallas ({e})")
+    return "pallas"
+
 
 Q = GGMLQuantizationType
 
@@ -139,7 +153,8 @@ def load_weights(f: GGUFFile, cfg: Config, arch: ModuleType, dtype: jnp.dtype,
     projection (closer agreement with llama.cpp; see docs/parity.md); the ffi kernel always
     rounds them so. pending: a list that takes the 16-column rearrangements instead of doing
     them now (_Packer; run_repacks does them)."""
-    packed = _Packer(f, repack_wanted(), pending) if kernel == "ffi" else None
+    packed = (_Packer(f, repack_wanted(), pending) if kernel == "ffi" else
+              _Planer() if kernel == "pallas" else None)
     # host-read tensors keep their GGUF rows: the ranking head (engine.encoder.Head), and the
     # token embedding unless it is also the output projection (a step gathers its rows)
     tied = cfg.tied_output and not cfg.pooling
@@ -221,6 +236,26 @@ def _convert(name: str, value: np.ndarray, dtype: jnp.dtype,
     return jnp.asarray(value, dtype=jnp.float32)
 
 
+class _Planer:
+    """The pallas kernel's weights (kernels/pallas_matmul.py): each projection, expert and
+    the token embedding split into its planes on the device, as _Packer's Projs for the ffi
+    kernel. A type the kernel lacks fails here, naming the tensor."""
+
+    def proj(self, raw: RawTensor, repack: bool = True) -> Proj:
+        N, K = raw.shape
+        try:
+            planes = pallas_matmul.repack(raw.data, raw.qtype, (N, K))
+        except ValueError as e:
+            raise ModelConfigError(f"tensor {raw.name!r}: {e}") from None
+        return Proj(planes, PLANES, n=N, k=K)
+
+    def experts(self, raw: RawTensor) -> list[Proj]:
+        E, N, K = raw.shape
+        rows = np.ascontiguousarray(raw.data).reshape(E, -1)
+        return [self.proj(dataclasses.replace(raw, data=rows[e], shape=(N, K)))
+                for e in range(E)]
+
+
 def repack_wanted() -> bool:
     """Whether the loader rearranges 32-value block weights into the 16-column layout
     (csrc/repack.h): where the kernel runs its AVX-512 path, which reads that layout without
@@ -293,13 +328,13 @@ def split_buffer(weights: dict) -> tuple[jax.Array | None, dict]:
     argument of its own (hundreds of the same buffer to parse per call), and projections
     that read one input could not share one kernel call (layers.linear_many needs one
     buffer). join_buffer puts it back inside the step."""
-    buffers = {id(p.data): p.data for p in _projs(weights) if p.fmt != DENSE}
+    buffers = {id(p.data): p.data for p in _projs(weights) if p.fmt >= 0}
     if len(buffers) > 1:
         raise ValueError("packed weights over more than one buffer")
     if not buffers:
         return None, weights
     skeleton = jax.tree.map(lambda p: dataclasses.replace(p, data=None)
-                            if isinstance(p, Proj) and p.fmt != DENSE else p,
+                            if isinstance(p, Proj) and p.fmt >= 0 else p,
                             weights, is_leaf=lambda x: isinstance(x, Proj))
     return next(iter(buffers.values())), skeleton
 
@@ -309,7 +344,7 @@ def join_buffer(buffer: jax.Array | None, skeleton: dict) -> dict:
     if buffer is None:
         return skeleton
     return jax.tree.map(lambda p: dataclasses.replace(p, data=buffer)
-                        if isinstance(p, Proj) and p.fmt != DENSE else p,
+                        if isinstance(p, Proj) and p.fmt >= 0 else p,
                         skeleton, is_leaf=lambda x: isinstance(x, Proj))
 
 

@@ -66,6 +66,8 @@ def _weights(loaded) -> tuple[str, str]:
     from kinetic.model.layers import DENSE, Proj
     if loaded.config.kernel == "ffi":
         return "gguf", "llama.cpp"   # the C++ kernel reads the blocks, rounds as llama.cpp
+    if loaded.config.kernel == "pallas":
+        return "gguf", "none"        # the blocks' values, activations in float32
     projs = [v for blk in loaded.weights["blk"] for v in blk.values() if isinstance(v, Proj)]
     dense = [p for p in projs if p.fmt == DENSE]
     dtype = str(dense[0].data.dtype) if dense else "float32"
