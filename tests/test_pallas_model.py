@@ -99,3 +99,18 @@ def test_parity_with_the_ffi_kernel_on_smollm2():
         kl += list((np.exp(lb) * (lb - la)).sum(-1))
     print(f"top1 {np.mean(agree):.3f} over {len(agree)}, mean KL {np.mean(kl):.4f}")
     assert np.mean(agree) >= 0.95 and np.mean(kl) <= 0.02, (np.mean(agree), np.mean(kl))
+
+
+def test_a_receipt_made_on_the_pallas_kernel_verifies(path):
+    """The receipt records the kernel and backend, and verifies on the same model and on a
+    verification engine made from the file with the receipt's settings."""
+    import kinetic
+    m = kinetic.load(path, n_ctx=256, kernel="pallas", speculative=False)
+    try:
+        r = m.receipt("Once upon a time", max_tokens=6, temperature=0.7, seed=3)
+        assert (r["engine"]["kernel"], r["engine"]["backend"]) == ("pallas", "cpu")
+        assert r["engine"]["weights"] == "gguf"
+        assert kinetic.verify_receipt(r, model=m).ok
+        assert kinetic.verify_receipt(r, model=path).ok
+    finally:
+        m.close()
