@@ -114,3 +114,23 @@ def test_a_receipt_made_on_the_pallas_kernel_verifies(path):
         assert kinetic.verify_receipt(r, model=path).ok
     finally:
         m.close()
+
+
+@pytest.mark.parametrize("pooling", ["mean", "rank"])
+def test_embeddings_and_ranking_on_the_pallas_kernel(tmp_path, pooling):
+    """An encoder (a tiny BERT, f16 weights) embeds and ranks on the pallas kernel as on the
+    ffi kernel, within float32 rounding (the ffi kernel rounds activations to f16 for f16
+    weights, as llama.cpp does)."""
+    import kinetic
+    from tests.embedding_models import write_bert
+    path = str(write_bert(tmp_path / "bert.gguf", pooling=pooling, dtype="f16",
+                          classifier=pooling == "rank"))
+    texts = ["hello world", "a second, longer sentence here"]
+    got, want = (kinetic.load(path, kernel=k) for k in ("pallas", "ffi"))
+    if pooling == "rank":
+        a, b = (np.asarray(m.rank("a query", texts)) for m in (got, want))
+        assert np.abs(a - b).max() <= 1e-2 * max(1.0, np.abs(b).max())
+    else:
+        a, b = (np.asarray(m.embed(texts)) for m in (got, want))
+        cos = (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+        assert (cos > 0.9999).all(), cos
