@@ -8,10 +8,10 @@ the integer of each element in its low 4 bits, two to a byte as Q4_0 packs a blo
 (uint8 [N, K / 2]; Q8_0 keeps its int8 [N, K]), the bits above those as bit planes (int32
 [N, K / 32], one bit per element: the Q5 formats' fifth bit, Q6_K's fifth and sixth), and per
 group of 32 (16 for Q2_K, Q3_K and Q6_K) a float32 scale and, for the formats that have one,
-a minimum (a K-quant's negated: quants.py subtracts it, the kernel adds): the file's half
-floats widened, and a K-quant's d * sub-block scale as
-kinetic/model/quants.py computes it (quants.K_PARTS), so exactly. Float weights (F32, F16,
-BF16) stay as they are. A kernel program dequantizes a [BN, BK] tile of W in registers
+a minimum, added (quants.PARTS gives the one quants.py subtracts: negated, exactly). Both
+are kinetic/model/quants.py's own integer parts of the blocks (quants.PARTS: the file's half
+floats widened, a K-quant's d * sub-block scale), so exactly its values. Float weights (F32,
+F16, BF16) stay as they are. A kernel program dequantizes a [BN, BK] tile of W in registers
 (`dequantize_tile`: integer minus offset, times the scale, plus the minimum: quants.py's
 operations in its order, so the same bits), never to global memory. Device memory holds about
 the file's size (a float32 scale per 16 or 32 elements where the file has less).
@@ -41,13 +41,12 @@ from kinetic.model import quants
 
 BLOCK_M = 16          # rows of x per program, whatever M is (padding rows are dropped)
 QK = 32               # elements of a block of the quant planes (and of their fifth bits)
-# the 32-element formats: (a minimum after the scale, fifth bits, offset)
-_LEGACY = {T.Q8_0: (False, False, 0), T.Q4_0: (False, False, 8), T.Q4_1: (True, False, 0),
-           T.Q5_0: (False, True, 16), T.Q5_1: (True, True, 0)}
-# the K-quants' integer values (quants.K_PARTS) are stored plus this, as 4 bits and bit planes
-_K_OFFSET = {T.Q2_K: (0, 0), T.Q3_K: (4, 0), T.Q4_K: (0, 0), T.Q5_K: (0, 1), T.Q6_K: (32, 2)}
+# a block format's integers (quants.PARTS) are stored plus an offset, as their low 4 bits and
+# this many bit planes above them: (offset, bit planes); Q8_0's as they are, int8
+_STORED = {T.Q4_0: (8, 0), T.Q4_1: (0, 0), T.Q5_0: (16, 1), T.Q5_1: (0, 1), T.Q2_K: (0, 0),
+           T.Q3_K: (4, 0), T.Q4_K: (0, 0), T.Q5_K: (0, 1), T.Q6_K: (32, 2)}
 _FLOATS = {T.F32: np.float32, T.F16: np.float16, T.BF16: None}
-FORMATS = (*_LEGACY, *_K_OFFSET, *_FLOATS)
+FORMATS = (T.Q8_0, *_STORED, *_FLOATS)
 
 
 @functools.partial(jax.tree_util.register_dataclass, data_fields=["q", "d", "m", "bits"],
@@ -108,35 +107,16 @@ def repack(data: np.ndarray, qtype, shape: tuple[int, int]) -> Planes:
                          f"not {K}")
     if raw.size != N * K // block * per:
         raise ValueError(f"{raw.size} bytes do not hold a {qtype.name} [{N}, {K}] weight")
-    blocks = raw.reshape(N * K // block, per)
-    if qtype in _LEGACY:
-        return _legacy(blocks, qtype, N, K)
-    q, scale, minimum = quants.K_PARTS[qtype](blocks)
-    offset, n_bits = _K_OFFSET[qtype]
-    u = (q.astype(np.int32) + offset).reshape(N, K)
+    q, scale, minimum = quants.PARTS[qtype](raw.reshape(N * K // block, per))
+    scale = jnp.asarray(scale.reshape(N, -1))
+    m = None if minimum is None else jnp.asarray(-minimum.reshape(N, -1))   # added
     group = K * N // scale.size
-    return Planes(_nibbles(u), jnp.asarray(scale.reshape(N, -1)),
-                  None if minimum is None else jnp.asarray(-minimum.reshape(N, -1)),
-                  tuple(_bit_plane(u, 4 + i) for i in range(n_bits)), offset, group)
-
-
-def _legacy(blocks: np.ndarray, qtype, N: int, K: int) -> Planes:
-    has_m, has_qh, offset = _LEGACY[qtype]
-    blocks = blocks.reshape(N, K // QK, -1)
-
-    def half(at: int) -> jax.Array:
-        return jnp.asarray(blocks[..., at:at + 2].copy().view("<f2").astype(np.float32)
-                           .reshape(N, K // QK))
-    at = 4 if has_m else 2
-    bits = ()
-    if has_qh:
-        bits = (jnp.asarray(blocks[..., at:at + 4].copy().view("<u4").view(np.int32)
-                            .reshape(N, K // QK)),)
-        at += 4
-    q = blocks[..., at:].reshape(N, -1)
     if qtype == T.Q8_0:
-        q = q.view(np.int8)
-    return Planes(jnp.asarray(q), half(0), half(2) if has_m else None, bits, offset)
+        return Planes(jnp.asarray(q.reshape(N, K)), scale, m, (), 0, group)
+    offset, n_bits = _STORED[qtype]
+    u = (q.astype(np.int32) + offset).reshape(N, K)
+    return Planes(_nibbles(u), scale, m, tuple(_bit_plane(u, 4 + i) for i in range(n_bits)),
+                  offset, group)
 
 
 def _nibbles(u: np.ndarray) -> jax.Array:

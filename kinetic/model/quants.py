@@ -62,37 +62,36 @@ def _fifth_bits(qh: np.ndarray) -> np.ndarray:
     return np.unpackbits(qh, axis=1, bitorder="little")
 
 
-def _q8_0(b: np.ndarray, out: np.ndarray) -> None:
-    np.multiply(b[:, 2:34].view(np.int8), _f16(b, 0), out=out)
+# The _1 formats add their minimum m; as parts it is the minimum -m that _scaled subtracts
+# (x - (-m) is x + m exactly).
+
+def _q8_0_parts(b: np.ndarray) -> tuple:
+    return b[:, 2:34].view(np.int8), _f16(b, 0), None
 
 
-def _q4_0(b: np.ndarray, out: np.ndarray) -> None:
-    q = _nibbles32(b[:, 2:18]).view(np.int8) - np.int8(8)
-    np.multiply(q, _f16(b, 0), out=out)
+def _q4_0_parts(b: np.ndarray) -> tuple:
+    return _nibbles32(b[:, 2:18]).view(np.int8) - np.int8(8), _f16(b, 0), None
 
 
-def _q4_1(b: np.ndarray, out: np.ndarray) -> None:
-    np.multiply(_nibbles32(b[:, 4:20]), _f16(b, 0), out=out)
-    out += _f16(b, 2)
+def _q4_1_parts(b: np.ndarray) -> tuple:
+    return _nibbles32(b[:, 4:20]), _f16(b, 0), -_f16(b, 2)
 
 
-def _q5_0(b: np.ndarray, out: np.ndarray) -> None:
+def _q5_0_parts(b: np.ndarray) -> tuple:
     q = (_nibbles32(b[:, 6:22]) | (_fifth_bits(b[:, 2:6]) << 4)).view(np.int8) - np.int8(16)
-    np.multiply(q, _f16(b, 0), out=out)
+    return q, _f16(b, 0), None
 
 
-def _q5_1(b: np.ndarray, out: np.ndarray) -> None:
-    q = _nibbles32(b[:, 8:24]) | (_fifth_bits(b[:, 4:8]) << 4)
-    np.multiply(q, _f16(b, 0), out=out)
-    out += _f16(b, 2)
+def _q5_1_parts(b: np.ndarray) -> tuple:
+    return _nibbles32(b[:, 8:24]) | (_fifth_bits(b[:, 4:8]) << 4), _f16(b, 0), -_f16(b, 2)
 
 
 # --- 256-element K-quants ----------------------------------------------------------------
 
 def _scaled(q: np.ndarray, scale: np.ndarray, minimum: np.ndarray | None,
             out: np.ndarray) -> None:
-    """out = scale[g] * q - minimum[g] where g is the sub-block: q is (n, 256) and scale,
-    minimum are (n, G) float32 (G = 8 or 16 sub-blocks)."""
+    """out = scale[g] * q - minimum[g] where g is the sub-block: q is (n, block) and scale,
+    minimum are (n, G) float32 (G = 1 for the 32-element formats, 8 or 16 for the K-quants)."""
     groups = scale.shape[1]
     o = out.reshape(out.shape[0], groups, -1)
     np.multiply(q.reshape(o.shape), scale[:, :, None], out=o)
@@ -173,31 +172,34 @@ def _q6_k_parts(b: np.ndarray) -> tuple:
     return q, _f16(b, 208) * b[:, 192:208].view(np.int8), None
 
 
-def _k_quant(parts: Callable[[np.ndarray], tuple]) -> Callable[[np.ndarray, np.ndarray], None]:
-    """A K-quant's decoder from its integer parts: out = q * scale - minimum."""
+def _from_parts(parts: Callable[[np.ndarray], tuple]) -> Callable[[np.ndarray, np.ndarray],
+                                                                  None]:
+    """A block format's decoder from its integer parts: out = q * scale - minimum."""
     def decode(b: np.ndarray, out: np.ndarray) -> None:
         _scaled(*parts(b), out)
     return decode
 
 
-# K-quant -> (q [n, 256] integers, scale [n, G] float32, minimum [n, G] float32 or None) of
-# its blocks: the value of element e is q * scale[g] - minimum[g], g = e // (256 / G)
-K_PARTS = {T.Q2_K: _q2_k_parts, T.Q3_K: _q3_k_parts, T.Q4_K: _q4_k_parts,
-           T.Q5_K: _q5_k_parts, T.Q6_K: _q6_k_parts}
+# block format -> (q [n, block] integers, scale [n, G] float32, minimum [n, G] float32 or
+# None) of its blocks: the value of element e is q * scale[g] - minimum[g], g = e // (block /
+# G). The decoders below are these; the pallas kernel's planes are made from them too.
+PARTS = {T.Q8_0: _q8_0_parts, T.Q4_0: _q4_0_parts, T.Q4_1: _q4_1_parts,
+         T.Q5_0: _q5_0_parts, T.Q5_1: _q5_1_parts, T.Q2_K: _q2_k_parts,
+         T.Q3_K: _q3_k_parts, T.Q4_K: _q4_k_parts, T.Q5_K: _q5_k_parts, T.Q6_K: _q6_k_parts}
 
 
 # qtype -> (elements per block, bytes per block, decoder writing (n, elements) float32).
 _BLOCK_FORMATS: dict[T, tuple[int, int, Callable[[np.ndarray, np.ndarray], None]]] = {
-    T.Q8_0: (32, 34, _q8_0),
-    T.Q4_0: (32, 18, _q4_0),
-    T.Q4_1: (32, 20, _q4_1),
-    T.Q5_0: (32, 22, _q5_0),
-    T.Q5_1: (32, 24, _q5_1),
-    T.Q2_K: (256, 84, _k_quant(_q2_k_parts)),
-    T.Q3_K: (256, 110, _k_quant(_q3_k_parts)),
-    T.Q4_K: (256, 144, _k_quant(_q4_k_parts)),
-    T.Q5_K: (256, 176, _k_quant(_q5_k_parts)),
-    T.Q6_K: (256, 210, _k_quant(_q6_k_parts)),
+    T.Q8_0: (32, 34, _from_parts(_q8_0_parts)),
+    T.Q4_0: (32, 18, _from_parts(_q4_0_parts)),
+    T.Q4_1: (32, 20, _from_parts(_q4_1_parts)),
+    T.Q5_0: (32, 22, _from_parts(_q5_0_parts)),
+    T.Q5_1: (32, 24, _from_parts(_q5_1_parts)),
+    T.Q2_K: (256, 84, _from_parts(_q2_k_parts)),
+    T.Q3_K: (256, 110, _from_parts(_q3_k_parts)),
+    T.Q4_K: (256, 144, _from_parts(_q4_k_parts)),
+    T.Q5_K: (256, 176, _from_parts(_q5_k_parts)),
+    T.Q6_K: (256, 210, _from_parts(_q6_k_parts)),
 }
 
 _PLAIN_FORMATS = {T.F32: 4, T.F16: 2, T.BF16: 2}  # qtype -> bytes per element
