@@ -4,8 +4,9 @@ host arrays and gets host values back, and imports no JAX.
 
 A step carries up to `step_tokens` rows, whatever mix of prompt chunks and decode rows.
 With the C++ kernels (cfg.kernel "ffi") or the Pallas ones ("pallas") a row's result does
-not depend on how many rows the step has (DESIGN.md; exact_rows), so each step runs at the smallest of a few compiled row buckets
-(1, 2, 4, ... step_tokens) that holds its rows: one stream decodes at M = 1. With XLA's
+not depend on how many rows the step has (DESIGN.md; exact_rows), so each step runs at the
+smallest of a few compiled row buckets (1, 2, 4, ... step_tokens) that holds its rows: one
+stream decodes at M = 1. With XLA's
 dot (kernel "xla"), which is not batch-invariant, every step runs at step_tokens rows. The
 rows a caller does not fill are padding that writes into the reserved page 0 and whose
 logits are dropped. The KV cache is one (k, v) pair of page arrays per layer, donated to
@@ -334,8 +335,8 @@ class Runner:
     def compile(self, progress=None, shape: SampleShape | None = None) -> None:
         """Compile the step for every row bucket, key bucket and logit shape now (the first
         call of each would otherwise pay for it, stalling every stream), and the decode-step
-        loops with `shape`'s bias pairs (None: sample_shape()'s). progress(done, total) is called after each. The
-        steps write only into the reserved page."""
+        loops with `shape`'s bias pairs (None: sample_shape()'s). progress(done, total) is
+        called after each. The steps write only into the reserved page."""
         S = self.config.num_slots
         # (rows, key bucket, logit rows): every shape _logit_shape can give
         shapes = [(r, b, want) for r in self.row_buckets for b in self.buckets

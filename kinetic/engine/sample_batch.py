@@ -264,7 +264,8 @@ def _batch(rows: Sequence[SampleRow], shape: SampleShape) -> SampleBatch:
             dry = _dry(rows, T, shape)
     lp = tuple(i for i, r in enumerate(rows) if r.logprobs)
     return SampleBatch(
-        shape, n, T, idx, greedy, params, None if all(b is None for b in bias) else bias, mask, history, dry, lp,
+        shape, n, T, idx, greedy, params, None if all(b is None for b in bias) else bias, mask,
+        history, dry, lp,
         T if len(lp) == n else shape.bucket(max(len(lp), 1)),
         tuple(i for i, r in enumerate(rows) if r.post_sampling),
         tuple(r.mu for r in rows), tuple(initial_mu(r.params) for r in rows))

@@ -28,8 +28,9 @@ the output run teacher-forced through the engine (Engine.score: the logits of ev
 by the same steps as generation, so bitwise those the answer was sampled from, DESIGN.md);
 then every position is sampled again by the engine's own runner at one row (a row's bits
 do not depend on its batch: tests/test_invariance.py), its inputs built by the function that
-builds serving's (kinetic/engine/sample_batch.py), and the tokens go through the engine's own `Job` (end-of-generation, grammar,
-stop strings, Mirostat's state, text), so that the finish is re-derived too.
+builds serving's (kinetic/engine/sample_batch.py), and the tokens go through the engine's
+own `Job` (end-of-generation, grammar, stop strings, Mirostat's state, text), so that the
+finish is re-derived too.
 
 record.py makes the parts, signing.py signs and checks signatures, verify.py re-runs; the
 server's side is kinetic/api/receipt.py, the command's kinetic/cli.py (keygen, verify-receipt).

@@ -234,7 +234,8 @@ def _engine_for(rec: dict[str, Any], path: str, model, need_ctx: int):
     n_ctx = _need(rec, "n_ctx", int, "engine")
     # bounds of what kinetic serve runs, so that a crafted receipt cannot ask for a huge step
     if not (1 <= step_tokens <= 4096 and 1 <= page_size <= 4096 and page_size <= n_ctx
-            and kv_dtype in ("float32", "float16", "bfloat16") and kernel in ("ffi", "xla", "pallas")):
+            and kv_dtype in ("float32", "float16", "bfloat16")
+            and kernel in ("ffi", "xla", "pallas")):
         raise ReceiptError(f"the receipt's engine settings are not ones kinetic runs "
                            f"(kernel {kernel!r}, step_tokens {step_tokens}, page_size "
                            f"{page_size}, kv_dtype {kv_dtype!r}, n_ctx {n_ctx})")
