@@ -22,14 +22,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from kinetic import kernels
+from kinetic.kernels import target
 
 _registered = False
 
 
 def usable() -> bool:
-    """Whether the FFI kernels can run in this process: the library is built and JAX runs
-    on the CPU."""
-    return kernels.available() and jax.default_backend() == "cpu"
+    """Whether the FFI kernels can run in what is traced now: the library is built and the
+    step is for the CPU (kernels/target.py)."""
+    return kernels.available() and target.backend() == "cpu"
 
 
 def register() -> None:

@@ -5,12 +5,13 @@
 
 over kinetic's paged KV cache (kinetic/engine/runner.py: per layer k and v pages
 [num_pages, page_size, n_kv_head, head_dim], each slot's pages in its row of page_table).
-One program per (row, kv head) walks that row's own visible keys, page by page of its slot in
-order, with an online softmax (running maximum, sum and weighted values in float32, one dot
-per page of the same shape): a row's arithmetic depends only on its own query, position and
-slot's keys, never on T, on the other rows, or on the page table's width. Its bits are not
-the XLA path's (layers.paged_attention kernel "xla" normalises once over all keys), so it
-is checked against that within float32 rounding, and bitwise against itself alone and in
+One program per (row, kv head), its query heads padded to `group_rows`, walks that row's
+own visible keys, page by page of its slot in order, with an online softmax (running
+maximum, sum and weighted values in float32, one dot per page of the same shape): a row's
+arithmetic depends only on its own query, position and slot's keys, never on T, on the
+other rows, or on the page table's width. Its bits are not the XLA path's
+(layers.paged_attention kernel "xla" normalises once over all keys), so it is checked
+against that within float32 rounding, and bitwise against itself alone and in
 larger steps (tests/test_pallas_attention.py, Pallas in interpret mode on CPU).
 
 Masking follows layers.paged_attention: a row sees keys up to its `ends` entry (its position
@@ -28,28 +29,41 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from kinetic.kernels import pallas_backend
+
 
 def paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
                     page_table: jax.Array, slots: jax.Array, positions: jax.Array,
                     scale: float, window: int = 0, softcap: float = 0.0,
                     ends: jax.Array | None = None, interpret: bool | None = None) -> jax.Array:
     """q [T, H, Q] against each row's slot's keys (module docstring) -> [T, H, Qv]."""
-    if interpret is None:
-        interpret = jax.default_backend() != "gpu"
+    interpret = pallas_backend.interpreted(interpret)
     positions = jnp.asarray(positions, jnp.int32)
     ends = positions if ends is None else jnp.asarray(ends, jnp.int32)
-    q = q.astype(k_cache.dtype).astype(jnp.float32)
-    return _attention(q, k_cache, v_cache, jnp.asarray(page_table, jnp.int32),
-                      jnp.asarray(slots, jnp.int32), positions, ends, float(scale),
-                      int(window), float(softcap), bool(interpret))
+    T, H, Q = q.shape
+    K = k_cache.shape[2]
+    G, GP = H // K, group_rows(H // K)
+    q = q.astype(k_cache.dtype).astype(jnp.float32).reshape(T, K, G, Q)
+    q = jnp.pad(q, ((0, 0), (0, 0), (0, GP - G), (0, 0))).reshape(T, K * GP, Q)
+    out = _attention(q, k_cache, v_cache, jnp.asarray(page_table, jnp.int32),
+                     jnp.asarray(slots, jnp.int32), positions, ends, float(scale),
+                     int(window), float(softcap), bool(interpret))
+    return out.reshape(T, K, GP, -1)[:, :, :G].reshape(T, H, -1)
+
+
+def group_rows(G: int) -> int:
+    """The query rows a program holds for a kv head's G query heads: G padded with zero rows
+    to a power of 2, at least 16 (Triton's blocks are powers of 2 and its dots at least 16
+    on a side). Fixed by the model's shape, so a row's arithmetic is too."""
+    return max(16, 1 << (G - 1).bit_length())
 
 
 @functools.partial(jax.jit, static_argnums=(7, 8, 9, 10))
 def _attention(q, k_cache, v_cache, table, slots, positions, ends, scale, window, softcap,
                interpret):
-    T, H, Q = q.shape
+    T, KG, Q = q.shape
     _, page_size, K, Qv = v_cache.shape
-    G = H // K
+    G = KG // K                                 # query rows per kv head, padded
 
     def kernel(q_ref, k_ref, v_ref, table_ref, slot_ref, pos_ref, end_ref, o_ref):
         t, kh = pl.program_id(0), pl.program_id(1)
@@ -91,12 +105,12 @@ def _attention(q, k_cache, v_cache, table, slots, positions, ends, scale, window
 
     out = pl.pallas_call(
         kernel,
-        out_shape=jax.ShapeDtypeStruct((T, H, Qv), jnp.float32),
+        out_shape=jax.ShapeDtypeStruct((T, KG, Qv), jnp.float32),
         grid=(T, K),
         in_specs=[pl.BlockSpec((1, G, Q), lambda t, kh: (t, kh, 0)),
                   whole(k_cache.shape), whole(v_cache.shape), whole(table.shape),
                   whole(slots.shape), whole(positions.shape), whole(ends.shape)],
         out_specs=pl.BlockSpec((1, G, Qv), lambda t, kh: (t, kh, 0)),
-        interpret=interpret,
+        **pallas_backend.options(interpret),
     )(q, k_cache, v_cache, table, slots, positions, ends)
     return out

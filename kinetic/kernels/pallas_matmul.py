@@ -4,8 +4,8 @@
     y = matmul(x, planes)                     y[M, N] = x[M, K] @ W[N, K]^T, float32
 
 The weights stay quantized on the device, GGUF's blocks split once into planes (`Planes`):
-the integer of each element in its low 4 bits, two to a byte as Q4_0 packs a block of 32
-(uint8 [N, K / 2]; Q8_0 keeps its int8 [N, K]), the bits above those as bit planes (int32
+the integer of each element in its low 4 bits, two to a byte, element 2j in byte j's low
+nibble and 2j + 1 in its high one (uint8 [N, K / 2]; Q8_0 keeps its int8 [N, K]), the bits above those as bit planes (int32
 [N, K / 32], one bit per element: the Q5 formats' fifth bit, Q6_K's fifth and sixth), and per
 group of 32 (16 for Q2_K, Q3_K and Q6_K) a float32 scale and, for the formats that have one,
 a minimum, added (quants.PARTS gives the one quants.py subtracts: negated, exactly). Both
@@ -37,9 +37,12 @@ from gguf import GGMLQuantizationType as T
 from jax import lax
 from jax.experimental import pallas as pl
 
+from kinetic.kernels import pallas_backend
 from kinetic.model import quants
 
 BLOCK_M = 16          # rows of x per program, whatever M is (padding rows are dropped)
+ROWS = 16             # a weight's rows are padded to a multiple of this (Triton's dots
+                      # are at least 16 on a side and its blocks powers of 2)
 QK = 32               # elements of a block of the quant planes (and of their fifth bits)
 # a block format's integers (quants.PARTS) are stored plus an offset, as their low 4 bits and
 # this many bit planes above them: (offset, bit planes); Q8_0's as they are, int8
@@ -50,12 +53,14 @@ FORMATS = (T.Q8_0, *_STORED, *_FLOATS)
 
 
 @functools.partial(jax.tree_util.register_dataclass, data_fields=["q", "d", "m", "bits"],
-                   meta_fields=["offset", "group"])
+                   meta_fields=["offset", "group", "n"])
 @dataclass(frozen=True)
 class Planes:
     """A [N, K] weight's planes (module docstring). Its value at (n, k): q's integer, with
     the bit planes' bits above its low 4, minus `offset`, times the scale of its group of
-    `group` elements, plus its minimum; a float weight's is q itself."""
+    `group` elements, plus its minimum; a float weight's is q itself. The arrays' rows are
+    padded with zeros to a multiple of ROWS (a tile of N is at least that); `n` rows are
+    the weight's."""
 
     q: jax.Array                    # int8 [N, K]; uint8 [N, K / 2] 4-bit pairs; or floats
     d: jax.Array | None             # float32 [N, K / group]: scales (None: a float weight)
@@ -63,6 +68,7 @@ class Planes:
     bits: tuple = ()                # int32 [N, K / 32] each: bit i is element i's bit 4, 5
     offset: int = 0
     group: int = QK
+    n: int = 0
 
     @property
     def kind(self) -> str:
@@ -72,8 +78,7 @@ class Planes:
 
     @property
     def shape(self) -> tuple[int, int]:
-        N = self.q.shape[0]
-        return N, self.q.shape[1] * (2 if self.kind == "packed" else 1)
+        return self.n, self.q.shape[1] * (2 if self.kind == "packed" else 1)
 
     @property
     def planes(self) -> tuple[jax.Array, ...]:
@@ -99,8 +104,9 @@ def repack(data: np.ndarray, qtype, shape: tuple[int, int]) -> Planes:
         if raw.size != N * K * (4 if qtype == T.F32 else 2):
             raise ValueError(f"{raw.size} bytes do not hold a {qtype.name} [{N}, {K}] weight")
         q = raw.view(_FLOATS[qtype] or np.uint16).reshape(N, K)
-        return Planes(jnp.asarray(q) if qtype != T.BF16 else
-                      jax.lax.bitcast_convert_type(jnp.asarray(q), jnp.bfloat16), None)
+        q = jnp.asarray(q)
+        return _pad(Planes(q if qtype != T.BF16 else lax.bitcast_convert_type(q, jnp.bfloat16),
+                           None, n=N))
     per, block = quants.block_bytes(qtype), quants.block_size(qtype)
     if K % block:
         raise ValueError(f"a {qtype.name} weight's rows must be whole blocks of {block}, "
@@ -112,19 +118,32 @@ def repack(data: np.ndarray, qtype, shape: tuple[int, int]) -> Planes:
     m = None if minimum is None else jnp.asarray(-minimum.reshape(N, -1))   # added
     group = K * N // scale.size
     if qtype == T.Q8_0:
-        return Planes(jnp.asarray(q.reshape(N, K)), scale, m, (), 0, group)
+        return _pad(Planes(jnp.asarray(q.reshape(N, K)), scale, m, (), 0, group, N))
     offset, n_bits = _STORED[qtype]
     u = (q.astype(np.int32) + offset).reshape(N, K)
-    return Planes(_nibbles(u), scale, m, tuple(_bit_plane(u, 4 + i) for i in range(n_bits)),
-                  offset, group)
+    return _pad(Planes(_nibbles(u), scale, m,
+                       tuple(_bit_plane(u, 4 + i) for i in range(n_bits)), offset, group, N))
+
+
+def _pad(w: Planes) -> Planes:
+    """w with its arrays' rows padded with zeros to a multiple of ROWS."""
+    extra = -w.n % ROWS
+    if not extra:
+        return w
+
+    def pad(a):
+        return None if a is None else jnp.pad(a, ((0, extra), (0, 0)))
+    return Planes(pad(w.q), pad(w.d), pad(w.m), tuple(map(pad, w.bits)), w.offset, w.group,
+                  w.n)
 
 
 def _nibbles(u: np.ndarray) -> jax.Array:
-    """uint8 [N, K / 2] of values [N, K] (< 16 in their low 4 bits), as Q4_0 packs a block of
-    32: byte j holds element j in its low nibble and element j + 16 in its high one."""
+    """uint8 [N, K / 2] of values [N, K] (< 16 in their low 4 bits): byte j holds element 2j
+    in its low nibble and 2j + 1 in its high one, so a tile unpacks by a join and a reshape
+    (Triton has no general concatenate)."""
     N, K = u.shape
-    b = (u & 0x0F).astype(np.uint8).reshape(N, K // QK, 2, QK // 2)
-    return jnp.asarray((b[:, :, 0] | (b[:, :, 1] << 4)).reshape(N, K // 2))
+    b = (u & 0x0F).astype(np.uint8).reshape(N, K // 2, 2)
+    return jnp.asarray(b[..., 0] | (b[..., 1] << 4))
 
 
 def _bit_plane(u: np.ndarray, bit: int) -> jax.Array:
@@ -146,11 +165,10 @@ def dequantize_tile(spec: tuple, q: jax.Array, *planes: jax.Array) -> jax.Array:
     if kind == "int8":
         v = q.astype(jnp.int32)
     else:
-        b = q.reshape(n, -1, QK // 2)
-        v = jnp.concatenate([b & 0x0F, b >> 4], axis=-1).astype(jnp.int32)
+        v = jnp.stack([q & 0x0F, q >> 4], axis=-1).astype(jnp.int32).reshape(n, -1)
         for i, plane in enumerate(planes[:n_bits]):
-            v = v | (((plane[..., None] >> jnp.arange(QK, dtype=jnp.int32)) & 1) << (4 + i))
-        v = v.reshape(n, -1)
+            bit = (plane[..., None] >> lax.broadcasted_iota(jnp.int32, (1, 1, QK), 2)) & 1
+            v = v | (bit << (4 + i)).reshape(n, -1)
     d = planes[n_bits]
     v = (v - offset).reshape(n, d.shape[1], group)
     out = v.astype(jnp.float32) * d[..., None]
@@ -172,16 +190,15 @@ def _divisor(n: int, sizes: tuple[int, ...]) -> int:
 
 def tiles(N: int, K: int) -> tuple[int, int]:
     """(BN, BK) of a [N, K] weight: fixed by its shape alone, never by M."""
-    return _divisor(N, (128, 64, 32, 16, 8)), _divisor(K, (256, 128, 64, 32))
+    return _divisor(N, (128, 64, 32, 16)), _divisor(K, (256, 128, 64, 32))
 
 
 def matmul(x: jax.Array, w: Planes, interpret: bool | None = None) -> jax.Array:
     """x [..., K] (any float type, computed in float32) @ w^T -> float32 [..., N]."""
-    if interpret is None:
-        interpret = jax.default_backend() != "gpu"
+    interpret = pallas_backend.interpreted(interpret)
     lead = x.shape[:-1]
-    y = _matmul(x.reshape(-1, x.shape[-1]), w.q, w.planes, w.spec, interpret)
-    return y.reshape(*lead, y.shape[-1])
+    y = _matmul(x.reshape(-1, x.shape[-1]), w.q, w.planes, w.spec, interpret)[:, :w.n]
+    return y.reshape(*lead, w.n)
 
 
 @functools.partial(jax.jit, static_argnums=(3, 4))
@@ -215,12 +232,12 @@ def _matmul(x, q, planes: tuple, spec: tuple, interpret: bool):
                   pl.BlockSpec((BN, q.shape[1]), lambda i, j: (j, 0)),
                   *[pl.BlockSpec((BN, p.shape[1]), lambda i, j: (j, 0)) for p in planes]],
         out_specs=pl.BlockSpec((BLOCK_M, BN), lambda i, j: (i, j)),
-        interpret=interpret,
+        **pallas_backend.options(interpret),
     )(xp, q, *planes)
     return out[:M]
 
 
 def reference(x: np.ndarray, w: Planes) -> np.ndarray:
     """numpy's float64 x @ dequantize(w)^T: what matmul approximates (tests)."""
-    dense = np.asarray(dequantize_tile(w.spec, w.q, *w.planes), np.float64)
+    dense = np.asarray(dequantize_tile(w.spec, w.q, *w.planes), np.float64)[:w.n]
     return np.asarray(x, np.float64) @ dense.T

@@ -1,0 +1,97 @@
+"""The pallas kernels lower through Triton for CUDA, checked on a CPU: JAX lowers a
+pallas_call for a GPU without one (`lower(lowering_platforms=("cuda",))`), and Triton's
+lowering refuses what a GPU would (arrays whose sizes are not powers of 2, concatenates,
+unsigned dots), so a kernel that passes here reaches the GPU's compiler. What the compiler
+and the GPU then do is the device check's (scripts/device_check.sh)."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from kinetic.engine.runner import Runner, RunnerConfig
+from kinetic.kernels import pallas_attention as pa
+from kinetic.kernels import target
+from kinetic.kernels import pallas_matmul as pm
+from kinetic.model.loader import load_model
+from tests.test_pallas_matmul import FORMATS, random_blocks
+from tests.tiny_models import write_tiny_model
+
+TRITON = "__gpu$xla.gpu.triton"
+
+
+def cuda_text(f, *args) -> str:
+    """StableHLO of f(*args) lowered for CUDA, its pallas calls through Triton."""
+    with target.for_gpu():
+        return jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+@pytest.mark.parametrize("qtype", FORMATS)
+def test_every_matmul_format_lowers_through_triton(qtype):
+    N, K = 48, 768        # BN 16 and K in three 256-element blocks
+    w = pm.repack(random_blocks(qtype, N, K), qtype, (N, K))
+    text = cuda_text(lambda x, w: pm.matmul(x, w), jnp.zeros((3, K)), w)
+    assert text.count(TRITON) == 1
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim,dtype", [
+    (9, 3, 64, jnp.float32),      # SmolLM2-135M: 3 query heads a kv head, padded to 16
+    (14, 2, 64, jnp.float16),     # Qwen2.5-0.5B: 7
+    (12, 2, 128, jnp.bfloat16),   # Qwen2.5-1.5B: 6
+    (4, 4, 256, jnp.float32)])    # one query head a kv head
+@pytest.mark.parametrize("window,softcap", [(0, 0.0), (512, 50.0)])
+def test_paged_attention_lowers_through_triton(heads, kv_heads, head_dim, dtype, window,
+                                               softcap):
+    pages = jnp.zeros((40, 16, kv_heads, head_dim), dtype)
+    rows = jnp.zeros((5,), jnp.int32)
+
+    def f(q, k, v, table, slots, positions):
+        return pa.paged_attention(q, k, v, table, slots, positions, 0.125, window, softcap)
+    text = cuda_text(f, jnp.zeros((5, heads, head_dim)), pages, pages,
+                     jnp.zeros((4, 8), jnp.int32), rows, rows)
+    assert text.count(TRITON) == 1
+
+
+def test_padding_query_heads_keeps_a_groups_arithmetic():
+    assert [pa.group_rows(g) for g in (1, 3, 7, 16, 17)] == [16, 16, 16, 16, 32]
+
+
+@pytest.mark.parametrize("arch,qtype", [
+    ("llama", "Q4_0"), ("llama", "Q5_1"), ("llama", "F16"), ("gemma3", "Q8_0"),
+    ("qwen3moe", "Q4_0"), ("lfm2moe", "Q4_0"), ("qwen35moe", "Q4_1")])
+def test_a_whole_model_step_lowers_for_cuda(tmp_path, arch, qtype):
+    """A tiny model's step on kernel "pallas", traced as the runner runs it, lowers for
+    CUDA with every pallas call of its jaxpr (the projections and each layer's attention)
+    a Triton kernel, none interpreted (an interpreted one lowers to plain loops), and no C++
+    FFI call left (norms and rotary angles in XLA, as on a GPU): dense, sliding-window and
+    soft-capped, mixture-of-experts, short-convolution and Gated DeltaNet families."""
+    path = write_tiny_model(tmp_path / "tiny.gguf", arch, qtype=qtype, context_length=256)
+    runner = Runner(load_model(str(path), kernel="pallas"),
+                    RunnerConfig(step_tokens=4, num_slots=1, page_size=16, num_pages=4,
+                                 pages_per_slot=2))
+    seen = {}
+
+    def lower(*args):
+        with target.for_gpu():
+            traced = jitted.trace(*args)
+            seen["jaxpr"] = str(traced.jaxpr)
+            seen["text"] = traced.lower(lowering_platforms=("cuda",)).as_text()
+        raise _Lowered
+
+    jitted, runner._step = runner._step, lower
+    with pytest.raises(_Lowered):
+        runner.step_device(np.array([1, 2]), np.array([0, 1]), np.zeros(2, np.int64),
+                           np.array([16, 17]), np.array([[1, 2]], np.int32))
+    kernels = seen["jaxpr"].count("pallas_call[")
+    calls = re.findall(r"custom_call @([\w$.]+)", seen["text"])
+    assert kernels >= 5 and calls.count(TRITON) == kernels
+    assert set(calls) == {TRITON}
+
+
+class _Lowered(Exception):
+    pass
