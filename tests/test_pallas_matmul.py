@@ -11,32 +11,10 @@ from gguf import GGMLQuantizationType as T
 from kinetic.kernels import pallas_matmul as pm
 from kinetic.model import quants
 from kinetic.model.quants import dequantize_bytes
+from tests.tiny_models import random_blocks
 
 FORMATS = [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
            T.F32, T.F16, T.BF16]
-
-
-# where each format's half-float scales (and minimums) sit in its block
-HALVES = {T.Q8_0: (0,), T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2),
-          T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
-
-
-def random_blocks(qtype, N: int, K: int, seed: int = 0) -> np.ndarray:
-    """Random GGUF bytes of a [N, K] weight: half-float scales of mixed magnitudes, random
-    quants (random floats for the float types)."""
-    rng = np.random.default_rng(seed)
-    if qtype in (T.F32, T.F16, T.BF16):
-        x = rng.standard_normal(N * K).astype(np.float32)
-        if qtype == T.F16:
-            return x.astype("<f2").view(np.uint8)
-        return x.view(np.uint8) if qtype == T.F32 else (x.view(np.uint32) >> 16).astype(
-            "<u2").view(np.uint8)
-    per, size = quants.block_bytes(qtype), quants.block_size(qtype)
-    blocks = rng.integers(0, 256, (N * K // size, per), dtype=np.uint8)
-    for at in HALVES[qtype]:
-        halves = rng.standard_normal(len(blocks)) * 10.0 ** rng.integers(-4, 0, len(blocks))
-        blocks[:, at:at + 2] = halves.astype("<f2").view(np.uint8).reshape(-1, 2)
-    return blocks.reshape(-1)
 
 
 @pytest.mark.parametrize("qtype", FORMATS)

@@ -103,7 +103,8 @@ def test_parity_with_the_ffi_kernel_on_smollm2():
 
 def test_a_receipt_made_on_the_pallas_kernel_verifies(path):
     """The receipt records the kernel and backend, and verifies on the same model and on a
-    verification engine made from the file with the receipt's settings."""
+    verification engine made from the file with the receipt's settings; one made on a GPU
+    is refused here in one sentence naming the device it needs."""
     import kinetic
     m = kinetic.load(path, n_ctx=256, kernel="pallas", speculative=False)
     try:
@@ -112,6 +113,12 @@ def test_a_receipt_made_on_the_pallas_kernel_verifies(path):
         assert r["engine"]["weights"] == "gguf"
         assert kinetic.verify_receipt(r, model=m).ok
         assert kinetic.verify_receipt(r, model=path).ok
+        on_gpu = dict(r, engine=dict(r["engine"], backend="gpu", device="NVIDIA H200"))
+        on_gpu.pop("signature", None)
+        found = kinetic.verify_receipt(on_gpu, model=m)
+        assert found.status == "unusable" and not found.ok
+        assert "made on a GPU (NVIDIA H200, kernel pallas)" in found.message
+        assert "needs that kind of device, and this is cpu" in found.message
     finally:
         m.close()
 

@@ -91,6 +91,36 @@ def add_decoder_shape(w: gguf.GGUFWriter, *, n_layer: int, context_length: int, 
     w.add_layer_norm_rms_eps(1e-6)
 
 
+# where each format's half-float scales (and minimums) sit in its block
+HALVES = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2),
+          "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+
+
+def random_blocks(qtype, N: int, K: int, seed: int | np.random.Generator = 0,
+                  magnitude: float | None = None) -> np.ndarray:
+    """Random GGUF bytes (uint8, flat) of a [N, K] weight of any block format: random quants
+    and half-float scales and minimums, of mixed magnitudes (10^-4 to 10^-1) or, with
+    `magnitude`, within a factor 2 of it; random floats for the float types. Fast at any
+    size: nothing is quantized (write_tiny_model's random_blocks)."""
+    qtype = gguf.GGMLQuantizationType(qtype)
+    rng = np.random.default_rng(seed)
+    if qtype.name in ("F32", "F16", "BF16"):
+        x = rng.standard_normal(N * K, np.float32) * (magnitude or 1.0)
+        if qtype.name == "F16":
+            return x.astype("<f2").view(np.uint8)
+        return x.view(np.uint8) if qtype.name == "F32" else (x.view(np.uint32) >> 16).astype(
+            "<u2").view(np.uint8)
+    per, size = gguf.GGML_QUANT_SIZES[qtype][1], gguf.GGML_QUANT_SIZES[qtype][0]
+    blocks = rng.integers(0, 256, (N * K // size, per), dtype=np.uint8)
+    for at in HALVES[qtype.name]:
+        if magnitude is None:
+            halves = rng.standard_normal(len(blocks)) * 10.0 ** rng.integers(-4, 0, len(blocks))
+        else:
+            halves = magnitude * rng.uniform(0.5, 1.0, len(blocks))
+        blocks[:, at:at + 2] = halves.astype("<f2").view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(-1)
+
+
 def write_tiny_model(path: Path, arch: str, *, n_layer: int | None = None, d_model: int = 64,
                      n_head: int = 4, n_kv_head: int = 2, head_dim: int | None = None,
                      d_ffn: int = 128,
@@ -104,7 +134,8 @@ def write_tiny_model(path: Path, arch: str, *, n_layer: int | None = None, d_mod
                      full_attention_interval: int = 2, rope_dim: int | None = None,
                      rope_sections: tuple[int, ...] | None = None, ssm_state: int = 16,
                      ssm_k_heads: int = 2, ssm_v_heads: int = 4, ssm_conv_kernel: int = 4,
-                     d_ffn_shexp: int = 64, mtp_layers: int = 0) -> Path:
+                     d_ffn_shexp: int = 64, mtp_layers: int = 0, vocab: str | None = None,
+                     random_weights: bool = False) -> Path:
     """Write a random-weight model of `arch` to path and return it; `chat_template` (Jinja
     source) replaces the vocabulary file's own, if any. A mixture-of-experts `arch` has
     `n_expert` experts of width `d_ffn_expert`, `n_expert_used` per token. `qtype` ("F32",
@@ -127,13 +158,17 @@ def write_tiny_model(path: Path, arch: str, *, n_layer: int | None = None, d_mod
     `d_ffn_shexp` with a sigmoid gate. `mtp_layers`: Qwen3.5's
     multi-token-prediction blocks after the decoder's (block_count counts them, as converted
     files do; written last, so the other tensors are those of the file without them).
+    `vocab` names another vocabulary file of tests/data/vocab than the arch's. With
+    `random_weights`, matrices are random block bytes of `qtype` (random_blocks: any block
+    format, K-quants too, and fast at real sizes, bench/gpu.py's models), not quantized
+    random floats.
     """
     qwen35 = arch in ("qwen35", "qwen35moe")
     n_layer = n_layer if n_layer is not None else 4 if qwen35 else 2
     head_dim = head_dim if head_dim is not None else 32 if qwen35 else 16
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), arch)
-    vocab = copy_tokenizer(w, VOCAB_FOR_ARCH[arch], skip=("tokenizer.chat_template",)
+    vocab = copy_tokenizer(w, vocab or VOCAB_FOR_ARCH[arch], skip=("tokenizer.chat_template",)
                            if chat_template is not None else ())
     if chat_template is not None:
         w.add_chat_template(chat_template)
@@ -188,6 +223,14 @@ def write_tiny_model(path: Path, arch: str, *, n_layer: int | None = None, d_mod
     tied = arch in ("gemma3", "lfm2", "lfm2moe") if tied is None else tied
 
     def tensor(name: str, *shape: int, scale: float = 0.08, store: str = qtype) -> None:
+        if random_weights and len(shape) >= 2 and store != "F32":
+            kind = gguf.GGMLQuantizationType[store]
+            n_rows = int(np.prod(shape[:-1]))
+            # a K-quant's block scale multiplies 6-bit sub-block scales (up to 63) too
+            data = random_blocks(kind, n_rows, shape[-1], rng,
+                                 magnitude=scale / (512 if store.endswith("_K") else 8))
+            w.add_tensor(name, data.reshape(*shape[:-1], -1), raw_dtype=kind)
+            return
         value = (rng.standard_normal(shape) * scale).astype(np.float32)
         if len(shape) < 2 or store == "F32":
             w.add_tensor(name, value)

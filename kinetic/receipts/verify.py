@@ -242,6 +242,13 @@ def _engine_for(rec: dict[str, Any], path: str, model, need_ctx: int):
     if rec.get("version") != __version__:
         notes.append(f"the receipt was made by kinetic {rec.get('version')}; this is "
                      f"{__version__}")
+    here = (jax.default_backend(), jax.devices()[0].device_kind)
+    if rec.get("backend") == "gpu" and (rec.get("backend"), rec.get("device")) != here:
+        # a GPU's float order is its compiled kernels' (Triton's, per chip): only the same
+        # kind of device re-derives the same bits
+        raise ReceiptError(f"the receipt was made on a GPU ({rec.get('device')}, kernel "
+                           f"{kernel}); re-running it needs that kind of device, and this "
+                           f"is {here[0]} ({here[1]})")
     if rec.get("backend") != jax.default_backend() or (
             kernel == "xla" and rec.get("device") != jax.devices()[0].device_kind):
         notes.append(f"the receipt was made on {rec.get('backend')} ({rec.get('device')}); "

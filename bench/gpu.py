@@ -1,0 +1,229 @@
+"""Kernel "pallas" on a GPU: bitwise row invariance and speed on random-weight models of real
+shapes, beside the bandwidth bound and XLA's dense bf16 path (issue 38's device check;
+scripts/device_check.sh runs it on the device machine).
+
+    python bench/gpu.py [--shape smollm2-135m|qwen25-0.5b|qwen25-1.5b]... [--qtype Q4_0]...
+                        [--streams 1,2,7,16,64,256] [--reps 10] [--out DIR] [--tiny]
+
+The models are written here, in a temporary folder, by tests/tiny_models.py with random
+block bytes (`random_weights`: no quantizing, seconds even at 1.5B) and a real tokenizer
+(the vocab-only files in tests/data): SmolLM2-135M's shape (llama, d 576, 30 layers, 9/3
+heads of 64, ffn 1536; GPT-2's 50257 tokens, close to its 49152), Qwen2.5-0.5B's (qwen2,
+d 896, 24 layers, 14/2 heads of 64, ffn 4864, 151936 tokens) and Qwen2.5-1.5B's (d 1536, 28
+layers, 12/2 heads of 128, ffn 8960). K-quants need rows that are whole 256-blocks, so they
+are written only for the shapes whose d_model is a multiple of 256 (Qwen2.5-1.5B).
+
+For each model and each row count B of --streams, on kernel "pallas":
+- bitwise: the logits of one row (slot 0's 16 prompt tokens, one per step) alone, and as
+  the first row of steps of B rows (the other rows other slots' tokens at the same
+  positions): every byte equal, or the model's row reads "DIFFERS";
+- decode: the median time of a B-row step at position 512 (each row its own slot), as
+  tok/s = B / time;
+- prompt: a 512-token prompt in steps of --prompt-step rows, tok/s;
+- bound: weight bytes read per step (every plane of every matrix, once) / the copy
+  bandwidth measured first (a jitted x + 1 over 4 GiB of float32, bytes read + written
+  per second), as a time; "of bound" = that time / the 1-row step's;
+- xla: the same model on kernel "xla" (weights dequantized to bfloat16, XLA's dot) at
+  16 rows, tok/s.
+Times are wall clock to block_until_ready after two warm-up calls (compilation excluded),
+median of --reps. The table is printed last; with --out, gpu.json and gpu.md go there, the
+JSON rewritten after each model so a run cut short keeps what it measured. --tiny: two
+small layers (a check of the script itself, on a CPU in Pallas' interpret mode).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+SHAPES = {
+    "smollm2-135m": dict(arch="llama", d_model=576, n_layer=30, n_head=9, n_kv_head=3,
+                         head_dim=64, d_ffn=1536, vocab="gpt-2", tied=True),
+    "qwen25-0.5b": dict(arch="qwen2", d_model=896, n_layer=24, n_head=14, n_kv_head=2,
+                        head_dim=64, d_ffn=4864, tied=True),
+    "qwen25-1.5b": dict(arch="qwen2", d_model=1536, n_layer=28, n_head=12, n_kv_head=2,
+                        head_dim=128, d_ffn=8960, tied=True),
+}
+TINY = dict(n_layer=2, d_model=256, d_ffn=512, n_head=4, n_kv_head=2, head_dim=64)
+PROMPT_LEN, DECODE_AT, PAGE = 512, 512, 16
+
+
+def timed(f, reps: int) -> float:
+    """Median seconds of f() (which blocks until its result is ready), after 2 warm-ups."""
+    f()
+    f()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        f()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def copy_bandwidth(reps: int, tiny: bool) -> float:
+    """Bytes read + written per second by a jitted x + 1 over a large float32 array."""
+    import jax
+    import jax.numpy as jnp
+    n = (16 << 20) if tiny else (1 << 30)
+    x = jnp.ones((n,), jnp.float32)
+    add = jax.jit(lambda a: a + 1)
+    return 2 * 4 * n / timed(lambda: add(x).block_until_ready(), reps)
+
+
+def weight_bytes(model) -> int:
+    import jax
+    return sum(a.nbytes for a in jax.tree_util.tree_leaves(model.weights)
+               if hasattr(a, "nbytes"))
+
+
+class Bench:
+    """One model on one kernel: a runner with a slot per stream and each slot's pages."""
+
+    def __init__(self, model, streams: int, step: int):
+        from kinetic.engine.runner import Runner, RunnerConfig
+        P = -(-(max(PROMPT_LEN, DECODE_AT) + 16) // PAGE)
+        self.cfg = RunnerConfig(step_tokens=step, num_slots=streams, page_size=PAGE,
+                                num_pages=streams * P + 1, pages_per_slot=P)
+        self.runner = Runner(model, self.cfg)
+        self.table = (1 + np.arange(streams * P, dtype=np.int32)).reshape(streams, P)
+
+    def step(self, tokens, positions, slots):
+        tokens, positions, slots = map(np.asarray, (tokens, positions, slots))
+        write = self.table[slots, positions // PAGE] * PAGE + positions % PAGE
+        return self.runner.step_device(tokens, positions, slots, write, self.table)
+
+
+def invariance(bench: Bench, ids: np.ndarray, others: np.ndarray, streams: list[int]) -> dict:
+    """{B: whether slot 0's 16 logit rows are the same bytes in B-row steps as alone}."""
+    def feed(B: int) -> bytes:
+        rows = []
+        for p in range(len(ids)):
+            toks = np.concatenate([[ids[p]], others[:B - 1, p]])
+            logits = bench.step(toks, np.full(B, p), np.arange(B))
+            rows.append(np.asarray(logits[0]))
+        return np.stack(rows).tobytes()
+    alone = feed(1)
+    return {B: feed(B) == alone for B in streams if B > 1}
+
+
+def measure(name: str, spec: dict, qtype: str, args, bandwidth: float, folder: str) -> dict:
+    import jax
+
+    from kinetic.model.loader import load_model
+    from tests.tiny_models import write_tiny_model
+    path = os.path.join(folder, f"{name}-{qtype}.gguf")
+    shape = {**spec, **(TINY if args.tiny else {})}
+    arch = shape.pop("arch")
+    write_tiny_model(path, arch, qtype=qtype, context_length=2048, random_weights=True,
+                     **shape)
+    row = {"model": name, "qtype": qtype, "tiny": args.tiny}
+    model = load_model(path, kernel="pallas")
+    row["weight_bytes"] = weight_bytes(model)
+    row["bound_ms"] = 1e3 * row["weight_bytes"] / (bandwidth / 2)   # read bandwidth
+    top = max(args.streams)
+    bench = Bench(model, top, max(top, args.prompt_step))
+    rng = np.random.default_rng(0)
+    vocab = int(model.weights["token_embd"].shape[1])
+    ids = rng.integers(0, vocab, 16)
+    others = rng.integers(0, vocab, (top, 16))
+    row["bitwise"] = {str(B): same for B, same in
+                      invariance(bench, ids, others, args.streams).items()}
+    row["decode_tok_s"] = {}
+    for B in args.streams:
+        toks = rng.integers(0, vocab, B)
+        t = timed(lambda: bench.step(toks, np.full(B, DECODE_AT), np.arange(B))
+                  .block_until_ready(), args.reps)
+        row["decode_tok_s"][str(B)] = B / t
+        if B == 1:
+            row["one_row_ms"] = 1e3 * t
+    chunks = [np.arange(s, min(s + args.prompt_step, PROMPT_LEN))
+              for s in range(0, PROMPT_LEN, args.prompt_step)]
+    prompt = rng.integers(0, vocab, PROMPT_LEN)
+
+    def whole_prompt():
+        for pos in chunks:
+            out = bench.step(prompt[pos], pos, np.zeros(len(pos), int))
+        out.block_until_ready()
+    row["prompt_tok_s"] = PROMPT_LEN / timed(whole_prompt, max(3, args.reps // 3))
+    row["of_bound"] = row["bound_ms"] / row["one_row_ms"] if "one_row_ms" in row else None
+    del bench
+    dense = Bench(load_model(path, kernel="xla", dtype="bfloat16"), 16, 16)
+    toks = rng.integers(0, vocab, 16)
+    row["xla_bf16_16_tok_s"] = 16 / timed(
+        lambda: dense.step(toks, np.full(16, DECODE_AT), np.arange(16)).block_until_ready(),
+        args.reps)
+    row["device"] = jax.devices()[0].device_kind
+    return row
+
+
+def table(rows: list[dict], streams: list[int]) -> str:
+    head = (["model", "qtype", "bitwise"] + [f"{B} tok/s" for B in streams]
+            + ["prompt tok/s", "bound ms", "1-row ms", "of bound", "xla bf16@16 tok/s"])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        bad = [B for B, same in r["bitwise"].items() if not same]
+        cells = ([r["model"], r["qtype"], "same" if not bad else "DIFFERS at " + ",".join(bad)]
+                 + [f"{r['decode_tok_s'][str(B)]:.0f}" for B in streams]
+                 + [f"{r['prompt_tok_s']:.0f}", f"{r['bound_ms']:.3f}",
+                    f"{r.get('one_row_ms', float('nan')):.3f}",
+                    f"{r['of_bound']:.2f}" if r["of_bound"] else "-",
+                    f"{r['xla_bf16_16_tok_s']:.0f}"])
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", action="append", choices=sorted(SHAPES))
+    p.add_argument("--qtype", action="append")
+    p.add_argument("--streams", default="1,2,7,16,64,256")
+    p.add_argument("--prompt-step", type=int, default=256)
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--out")
+    p.add_argument("--tiny", action="store_true")
+    args = p.parse_args(argv)
+    args.streams = sorted({int(s) for s in args.streams.split(",")})
+    import jax
+    print(f"jax {jax.__version__}, backend {jax.default_backend()}, "
+          f"devices {[d.device_kind for d in jax.devices()]}", flush=True)
+    bandwidth = copy_bandwidth(args.reps, args.tiny)
+    print(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s (read + written)", flush=True)
+    rows: list[dict] = []
+    result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                        "jax": jax.__version__, "backend": jax.default_backend(),
+                        "device": jax.devices()[0].device_kind, "copy_GBps": bandwidth / 1e9,
+                        "command": " ".join(sys.argv), "rows": rows}
+    with tempfile.TemporaryDirectory() as folder:
+        for name in args.shape or list(SHAPES):
+            d = SHAPES[name]["d_model"] if not args.tiny else TINY["d_model"]
+            for qtype in args.qtype or ["Q4_0", "Q8_0", "Q4_K"]:
+                if qtype.endswith("_K") and d % 256:
+                    continue
+                started = time.perf_counter()
+                rows.append(measure(name, SHAPES[name], qtype, args, bandwidth, folder))
+                print(f"{name} {qtype}: {time.perf_counter() - started:.0f} s "
+                      f"{json.dumps(rows[-1])}", flush=True)
+                if args.out:
+                    os.makedirs(args.out, exist_ok=True)
+                    with open(os.path.join(args.out, "gpu.json"), "w") as f:
+                        json.dump(result, f, indent=1)
+    text = table(rows, args.streams)
+    if args.out:
+        with open(os.path.join(args.out, "gpu.md"), "w") as f:
+            f.write(f"{result['date']}, {result['device']}, jax {result['jax']}, copy "
+                    f"{bandwidth / 1e9:.0f} GB/s\n\n{text}\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Issue 38's device check, in one call of the device tool on one H200 (about 8 minutes):
+#   here:    bash scripts/device_wheels.sh
+#   device:  run(command="bash scripts/device_check.sh", carry=[".whl"], timeout_s=590)
+# 1. installs the carried wheels (kinetic's dependencies the image lacks) and builds
+#    kinetic's C++ CPU kernel in place with the image's compiler;
+# 2. runs the pallas tests on the GPU, compiled through Triton (not interpreted);
+# 3. runs bench/gpu.py: bitwise row invariance and decode / prompt speed on random-weight
+#    models of SmolLM2-135M's, Qwen2.5-0.5B's and Qwen2.5-1.5B's shapes, beside the
+#    bandwidth bound and XLA's dense bf16 path.
+# Logs, gpu.json and gpu.md go to $OUT (the device tool brings them back); their figures go
+# into docs/performance.md, "GPU".
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/kinetic-device-check}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+if [ -d .whl ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv | tee "$OUT/gpu.txt"
+python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 || tail -5 "$OUT/build.log"
+python3 -c "import jax; print('jax', jax.__version__, jax.devices())" | tee -a "$OUT/gpu.txt"
+timeout 200 python3 -m pytest -q -n 0 -p no:cacheprovider -m "not real_model" \
+    tests/test_pallas_matmul.py tests/test_pallas_attention.py tests/test_pallas_lowering.py \
+    tests/test_pallas_model.py 2>&1 | tee "$OUT/tests.log" | tail -15
+timeout 330 python3 bench/gpu.py --out "$OUT" \
+    --shape qwen25-1.5b --shape qwen25-0.5b --shape smollm2-135m --qtype Q4_0 --qtype Q4_K \
+    2>&1 | tee "$OUT/bench.log" | tail -20
