@@ -24,9 +24,13 @@ def backend() -> str:
 
 @contextlib.contextmanager
 def for_gpu():
-    """Trace steps as for a GPU (module docstring), whatever this machine has."""
+    """Trace steps as for a GPU (module docstring), whatever this machine has. JAX's trace
+    caches do not know of it, so they are cleared on the way in and out: no trace made for
+    the CPU is reused inside, and none made inside is reused after."""
     token = _FOR_GPU.set(True)
+    jax.clear_caches()
     try:
         yield
     finally:
         _FOR_GPU.reset(token)
+        jax.clear_caches()

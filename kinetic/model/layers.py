@@ -76,11 +76,11 @@ def output_logits(x: jax.Array, step: StepInput, norm: jax.Array, output: Proj |
     return x if output is None else linear(x, output, live=step.logit_mask)
 
 
-@functools.cache
 def _native_rows() -> bool:
     """Whether the row-wise pieces XLA computes differently per row count (norms, rotary
-    cos/sin) run in kinetic's C++ instead: wherever the library is built and JAX is on CPU,
-    whichever kernel multiplies the weights. Decided at trace time."""
+    cos/sin) run in kinetic's C++ instead: wherever the library is built and the step is
+    traced for the CPU (kernels/target.py), whichever kernel multiplies the weights.
+    Decided at each trace, never cached: a CPU may trace a step for a GPU."""
     return native.usable()
 
 
