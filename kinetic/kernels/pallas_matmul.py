@@ -5,10 +5,11 @@
 
 The weights stay quantized on the device, GGUF's blocks split once into planes (`Planes`):
 the integer of each element in its low 4 bits, two to a byte, element 2j in byte j's low
-nibble and 2j + 1 in its high one (uint8 [N, K / 2]; Q8_0 keeps its int8 [N, K]), the bits above those as bit planes (int32
-[N, K / 32], one bit per element: the Q5 formats' fifth bit, Q6_K's fifth and sixth), and per
-group of 32 (16 for Q2_K, Q3_K and Q6_K) a float32 scale and, for the formats that have one,
-a minimum, added (quants.PARTS gives the one quants.py subtracts: negated, exactly). Both
+nibble and 2j + 1 in its high one (uint8 [N, K / 2]; Q8_0 keeps its int8 [N, K]), the bits
+above those as bit planes (int32 [N, K / 32], one bit per element: the Q5 formats' fifth
+bit, Q6_K's fifth and sixth), and per group of 32 (16 for Q2_K, Q3_K and Q6_K) a float32
+scale and, for the formats that have one, a minimum, added (quants.PARTS gives the one
+quants.py subtracts: negated, exactly). Both
 are kinetic/model/quants.py's own integer parts of the blocks (quants.PARTS: the file's half
 floats widened, a K-quant's d * sub-block scale), so exactly its values. Float weights (F32,
 F16, BF16) stay as they are. A kernel program dequantizes a [BN, BK] tile of W in registers
@@ -68,7 +69,7 @@ class Planes:
     bits: tuple = ()                # int32 [N, K / 32] each: bit i is element i's bit 4, 5
     offset: int = 0
     group: int = QK
-    n: int = 0
+    n: int = 0                      # the weight's rows (0: all of q's)
 
     @property
     def kind(self) -> str:
@@ -78,7 +79,7 @@ class Planes:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.n, self.q.shape[1] * (2 if self.kind == "packed" else 1)
+        return self.n or self.q.shape[0], self.q.shape[1] * (2 if self.kind == "packed" else 1)
 
     @property
     def planes(self) -> tuple[jax.Array, ...]:
@@ -197,8 +198,9 @@ def matmul(x: jax.Array, w: Planes, interpret: bool | None = None) -> jax.Array:
     """x [..., K] (any float type, computed in float32) @ w^T -> float32 [..., N]."""
     interpret = pallas_backend.interpreted(interpret)
     lead = x.shape[:-1]
-    y = _matmul(x.reshape(-1, x.shape[-1]), w.q, w.planes, w.spec, interpret)[:, :w.n]
-    return y.reshape(*lead, w.n)
+    N = w.shape[0]
+    y = _matmul(x.reshape(-1, x.shape[-1]), w.q, w.planes, w.spec, interpret)[:, :N]
+    return y.reshape(*lead, N)
 
 
 @functools.partial(jax.jit, static_argnums=(3, 4))
@@ -239,5 +241,5 @@ def _matmul(x, q, planes: tuple, spec: tuple, interpret: bool):
 
 def reference(x: np.ndarray, w: Planes) -> np.ndarray:
     """numpy's float64 x @ dequantize(w)^T: what matmul approximates (tests)."""
-    dense = np.asarray(dequantize_tile(w.spec, w.q, *w.planes), np.float64)[:w.n]
+    dense = np.asarray(dequantize_tile(w.spec, w.q, *w.planes), np.float64)[:w.shape[0]]
     return np.asarray(x, np.float64) @ dense.T

@@ -12,7 +12,6 @@ padded key axis where masked keys add exact zeros. See tests/test_invariance.py.
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from functools import partial
