@@ -9,6 +9,7 @@ directly; its FFI handlers are registered with XLA once, at import.
     isa()                the instruction-set path in use: "scalar", "avx2" or "avx512"
     supported_isas()     every path this CPU can run (tests sweep them)
     qmatmul_host(...)    y = x . W^T on numpy arrays, on a chosen path and thread count
+    qmatmul_id_host(...) a mixture of experts' projection over (row, expert) pairs
     dequant_rows_host()  rows of W as float32
     repack16_host(...)   a weight rearranged in place into the 16-column layout (REPACK16)
 
@@ -40,6 +41,8 @@ def _load() -> ctypes.CDLL | None:
     i64, i32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
     lib.kn_qmatmul.argtypes = [i32, ptr, i64, i64, ptr, i64, ptr, i32, i32, ctypes.c_char_p, i32]
     lib.kn_dequant_rows.argtypes = [i32, ptr, i64, i64, ptr, i64, ptr, ctypes.c_char_p, i32]
+    lib.kn_qmatmul_id.argtypes = [i32, ptr, i64, i64, i64, i64, ptr, i64, ptr, i64, ptr, i32,
+                                  i32, ctypes.c_char_p, i32]
     lib.kn_isa_supported.argtypes = [i32]
     lib.kn_row_bytes.argtypes = [i32, i64]
     lib.kn_row_bytes.restype = i64
@@ -130,6 +133,29 @@ def qmatmul_host(fmt: int, w: np.ndarray, n: int, k: int, x: np.ndarray,
     code = ISAS.index(isa) if isa is not None else lib.kn_active_isa()
     _call(lib.kn_qmatmul, int(fmt), w.ctypes.data, n, k, x.ctypes.data, x.shape[0],
           y.ctypes.data, code, int(threads))
+    return y
+
+
+def qmatmul_id_host(fmt: int, w: np.ndarray, stride: int, n_expert: int, n: int, k: int,
+                    x: np.ndarray, ids: np.ndarray, isa: str | None = None,
+                    threads: int = 1) -> np.ndarray:
+    """A mixture of experts' projection (csrc/qmatmul_api.h, qmatmul_id): x [R, k] float32,
+    ids [R, S] int32 (the S experts each row chose; S = 1 with x a row per pair); expert e's
+    weight is n rows of k values in `fmt` starting e * stride bytes into w. Returns float32
+    [R, S, n]: pair (r, s) is qmatmul_host(x[r], expert ids[r, s]'s weight)."""
+    lib = _need()
+    w = np.ascontiguousarray(w).view(np.uint8).reshape(-1)
+    if w.size < (n_expert - 1) * stride + n * lib.kn_row_bytes(int(fmt), k):
+        raise ValueError("the experts' weights do not fit w")
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    ids = np.ascontiguousarray(ids, dtype=np.int32)
+    if x.ndim != 2 or x.shape[1] != k or ids.ndim != 2 or ids.shape[0] != x.shape[0]:
+        raise ValueError(f"x must be [R, {k}] and ids [R, S], got {x.shape} and {ids.shape}")
+    y = np.empty((*ids.shape, n), np.float32)
+    code = ISAS.index(isa) if isa is not None else lib.kn_active_isa()
+    _call(lib.kn_qmatmul_id, int(fmt), w.ctypes.data, int(stride), int(n_expert), n, k,
+          x.ctypes.data, x.shape[0], ids.ctypes.data, ids.shape[1], y.ctypes.data, code,
+          int(threads))
     return y
 
 

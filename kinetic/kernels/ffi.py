@@ -2,6 +2,8 @@
 
     qmatmul(x, data, fmt, offset, n, k, live)  x [..., k] f32 -> [..., n] f32 (live: only
                                              the rows flagged, the others 0)
+    qmatmul_id(x, ids, data, weights, k, n_expert)  experts' projections: x [R, k],
+                                             ids [R, S] -> [R, S, n] per weight
     dequant_rows(rows, data, fmt, offset, n, k)  rows [T] int32 -> [T, k] f32
     rms_norm(x, w, eps)                      x [..., D] f32 -> [..., D] f32
     cos_sin(theta)                           theta f32 -> (cos, sin)
@@ -39,7 +41,8 @@ def register() -> None:
     if _registered:
         return
     lib = kernels._need()
-    for name in ("kinetic_qmatmul", "kinetic_qmatmul_rows", "kinetic_dequant_rows",
+    for name in ("kinetic_qmatmul", "kinetic_qmatmul_rows", "kinetic_qmatmul_id",
+                 "kinetic_dequant_rows",
                  "kinetic_attention",
                  "kinetic_rms_norm", "kinetic_layer_norm", "kinetic_cos_sin", "kinetic_kv_write",
                  "kinetic_lazy_zeros", "kinetic_row_argmax"):
@@ -68,6 +71,27 @@ def qmatmul_many(x: jax.Array, data: jax.Array, weights: list[tuple[int, int, in
         offsets=np.array([w[1] for w in weights], np.int64),
         ns=np.array([w[2] for w in weights], np.int64), k=int(k))
     return [o.reshape(*lead, n) for o, (_, _, n) in zip(outs, weights)]
+
+
+def qmatmul_id(x: jax.Array, ids: jax.Array, data: jax.Array,
+               weights: list[tuple[int, int, int, int]], k: int,
+               n_expert: int) -> list[jax.Array]:
+    """A mixture of experts' projections over (row, expert) pairs, in one call: x [R, k],
+    ids [R, S] int32 (S experts a row chose; S = 1 with a row of x per pair), weights
+    (fmt, offset of expert 0, stride between experts, n) of the same buffer. Returns
+    [R, S, n] per weight: pair (r, s) is what qmatmul gives x[r] against expert ids[r, s]
+    alone (csrc/ffi_moe.cc)."""
+    register()
+    R, S = ids.shape
+    shapes = [jax.ShapeDtypeStruct((R * S, n), jnp.float32) for *_, n in weights]
+    outs = jax.ffi.ffi_call("kinetic_qmatmul_id", shapes)(
+        x.reshape(R, k).astype(jnp.float32), data, ids.reshape(-1).astype(jnp.int32),
+        fmts=np.array([w[0] for w in weights], np.int64),
+        offsets=np.array([w[1] for w in weights], np.int64),
+        strides=np.array([w[2] for w in weights], np.int64),
+        ns=np.array([w[3] for w in weights], np.int64), k=int(k), n_expert=int(n_expert),
+        share=int(S))
+    return [o.reshape(R, S, n) for o, (*_, n) in zip(outs, weights)]
 
 
 def dequant_rows(rows: jax.Array, data: jax.Array, fmt: int, offset: int, n: int,

@@ -12,7 +12,10 @@ group a row's values differently at another row count); an expert runs only on t
 chose it, gathered into a small bucket of rows (none: it is skipped, so a decode step reads
 only the chosen experts' weights), and each row takes its result only where it chose it, by
 selection. The kernel gives a row the same bits at any row count (docs/architecture.md), so
-the same expert gives a row the same bits whatever else chose it.
+the same expert gives a row the same bits whatever else chose it. With the C++ kernel the
+experts run as one call per projection over every (row, chosen expert) pair
+(`_pairs_swiglu`, as llama.cpp's mul_mat_id): nothing per expert is compiled, and each
+chosen expert's blocks are read once per step.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from kinetic.kernels import ffi as native
 from kinetic.model.config import Config
-from kinetic.model.layers import linear, swiglu
+from kinetic.model.layers import Proj, linear, swiglu
 
 
 def _chain(columns: list[jax.Array], op) -> jax.Array:
@@ -60,13 +64,47 @@ def moe_ffn(x: jax.Array, w: dict, cfg: Config) -> jax.Array:
     """The mixture's output [T, D] for the normed hidden states x [T, D]."""
     T, D = x.shape
     chosen, weights = route(linear(x, w["ffn_gate_inp"]), cfg, w.get("exp_probs_b.bias"))
-    slots = [jnp.zeros((T, D), jnp.float32) for _ in range(cfg.n_expert_used)]
-    experts = zip(w["ffn_gate_exps"], w["ffn_up_exps"], w["ffn_down_exps"])
-    for e, projs in enumerate(experts):
-        hit = chosen == e  # [T, K]
-        y = _on_chosen_rows(x, jnp.any(hit, axis=1), lambda x, p=projs: swiglu(x, *p))
-        slots = [jnp.where(hit[:, k:k + 1], y, s) for k, s in enumerate(slots)]
+    experts = (w["ffn_gate_exps"], w["ffn_up_exps"], w["ffn_down_exps"])
+    stacked = [_stacked(projs) for projs in experts]
+    if all(stacked):
+        ys = _pairs_swiglu(x, chosen, stacked, experts[0][0].data, cfg.n_expert)
+        slots = [ys[:, k] for k in range(cfg.n_expert_used)]
+    else:
+        slots = [jnp.zeros((T, D), jnp.float32) for _ in range(cfg.n_expert_used)]
+        for e, projs in enumerate(zip(*experts)):
+            hit = chosen == e  # [T, K]
+            y = _on_chosen_rows(x, jnp.any(hit, axis=1), lambda x, p=projs: swiglu(x, *p))
+            slots = [jnp.where(hit[:, k:k + 1], y, s) for k, s in enumerate(slots)]
     return _chain([s * weights[:, k:k + 1] for k, s in enumerate(slots)], jnp.add)
+
+
+def _stacked(projs: list[Proj]) -> tuple[int, int, int, int] | None:
+    """(fmt, offset of expert 0, stride, n) when a mixture's projections are packed blocks of
+    one buffer, one format and shape, expert e's `stride` bytes after expert e - 1's (as the
+    loader lays a stacked [E, N, K] tensor out: weights.py _Packer.experts); else None."""
+    first = projs[0]
+    if first.fmt < 0 or any(p.fmt != first.fmt or p.data is not first.data or p.n != first.n
+                            or p.k != first.k for p in projs):
+        return None
+    stride = projs[1].offset - first.offset if len(projs) > 1 else 0
+    if any(p.offset != first.offset + e * stride for e, p in enumerate(projs)):
+        return None
+    return first.fmt, first.offset, stride or 1, first.n
+
+
+def _pairs_swiglu(x: jax.Array, chosen: jax.Array, stacked: list, data: jax.Array,
+                  n_expert: int) -> jax.Array:
+    """[T, K, D]: each (row, chosen expert) pair's SwiGLU output, the packed experts
+    multiplied over all pairs at once (ffi.qmatmul_id: one call for gate and up, one for
+    down, each chosen expert's blocks read once per call). A pair gets the bits its row
+    gets from its expert alone (the kernel's contract), as on the per-expert path."""
+    T, D = x.shape
+    K = chosen.shape[1]
+    gate, up = native.qmatmul_id(x, chosen, data, stacked[:2], D, n_expert)
+    h = (jax.nn.silu(gate) * up).reshape(T * K, -1)
+    (y,) = native.qmatmul_id(h, chosen.reshape(T * K, 1), data, stacked[2:], h.shape[1],
+                             n_expert)
+    return y.reshape(T, K, D)
 
 
 def row_buckets(T: int) -> list[int]:

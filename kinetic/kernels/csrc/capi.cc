@@ -34,6 +34,22 @@ KN_API int kn_qmatmul(int fmt, const uint8_t* w, int64_t N, int64_t K, const flo
   return e ? fail(e, err, errlen) : 0;
 }
 
+// qmatmul_api.h qmatmul_id with one part: y [rows * share, N]; expert e's weight starts
+// e * stride bytes after w.
+KN_API int kn_qmatmul_id(int fmt, const uint8_t* w, int64_t stride, int64_t n_expert,
+                         int64_t N, int64_t K, const float* x, int64_t rows,
+                         const int32_t* ids, int64_t share, float* y, int isa, int threads,
+                         char* err, int errlen) {
+  if (isa < kn::ISA_SCALAR || isa > kn::ISA_AVX512) return fail("unknown ISA", err, errlen);
+  if (const char* e = kn::check_matmul(fmt, N, K, 1)) return fail(e, err, errlen);
+  if (threads < 1) threads = 1;
+  const kn::MatmulPart part{fmt, w, N, y};
+  const char* e = kn::qmatmul_id(&part, &stride, 1, n_expert, K, x, rows, ids, rows * share,
+                                 share, kn::Isa(isa), threads,
+                                 threads > 1 ? kn::thread_schedule() : kn::Schedule());
+  return e ? fail(e, err, errlen) : 0;
+}
+
 KN_API int kn_dequant_rows(int fmt, const uint8_t* w, int64_t N, int64_t K, const int32_t* rows,
                            int64_t n_rows, float* out, char* err, int errlen) {
   const char* e = kn::dequant_rows(fmt, w, N, K, rows, n_rows, out);

@@ -31,6 +31,18 @@ const char* qmatmul_rows(const MatmulPart* parts, int n_parts, int64_t K, const 
                          int64_t M, const int32_t* live, Isa isa, int threads,
                          const Schedule& schedule);
 
+// A mixture of experts' projections: pairs = rows * share (row, expert) pairs, pair p
+// reading row p / share of x [rows, K] (share: the experts a row chose, for the gate and up
+// projections; 1 for the down projection, whose x has a row per pair) and expert ids[p] in
+// [0, n_expert). Expert e's weight of part j starts strides[j] * e bytes after parts[j].w
+// (expert 0's), its n rows in parts[j].fmt; parts[j].y is [pairs, n]. Each pair gets the bits
+// qmatmul gives its row against its expert's weight alone; each chosen expert's weights
+// are read once per call.
+const char* qmatmul_id(const MatmulPart* parts, const int64_t* strides, int n_parts,
+                       int64_t n_expert, int64_t K, const float* x, int64_t rows,
+                       const int32_t* ids, int64_t pairs, int64_t share, Isa isa, int threads,
+                       const Schedule& schedule);
+
 // out[t, :] = the dequantized row rows[t] of W[N, K] (the values quants.py gives).
 const char* dequant_rows(int fmt, const uint8_t* w, int64_t N, int64_t K, const int32_t* rows,
                          int64_t n_rows, float* out);
