@@ -3,7 +3,7 @@
 // float32, float16 and bfloat16 caches, single rows, prompt chunks and rows that see past
 // their position (ends: an image attending to itself both ways); the row pieces; the JSON
 // writer of float vectors (float_json.h); the greedy row argmax (argmax.h); weights in the
-// 16-column layout (repack.h). Each path must
+// 16-column layout (repack.h); a mixture's projections over (row, expert) pairs. Each path must
 // give the reference path's bits. Exit status 0 when every case matches; the sanitizers
 // abort on any undefined behaviour or bad access.
 #include <array>
@@ -99,6 +99,58 @@ void check_matmul_format(int fmt, int64_t n, int64_t k, std::mt19937& rng) {
   std::vector<float> out(size_t(3 * k));
   if (const char* e = dequant_rows(fmt, w.data(), n, k, rows.data(), 3, out.data())) {
     std::printf("dequant error: %s\n", e);
+    ++failures;
+  }
+}
+
+// A mixture's projections over (row, expert) pairs (qmatmul_id): each pair is its row
+// against its expert alone, on every path, for a gate/up pair of parts (share 3) and a row
+// per pair (share 1); an id out of range is an error.
+void check_experts(int fmt, int64_t k, std::mt19937& rng) {
+  const int64_t E = 5, n = 21, rows = 4, share = 3;
+  const std::vector<uint8_t> w = random_weight(fmt, E * n, k, rng);
+  const int64_t stride = n * row_bytes(fmt, k);
+  std::normal_distribution<float> normal;
+  std::vector<float> x(size_t(rows * k));
+  for (auto& v : x) v = normal(rng);
+  std::vector<int32_t> ids(size_t(rows * share));
+  for (auto& id : ids) id = int32_t(rng() % uint32_t(E));
+  ids[1] = ids[0];  // a row choosing one expert twice
+  for (Isa isa : {ISA_SCALAR, ISA_AVX2, ISA_AVX512}) {
+    if (!isa_supported(isa)) continue;
+    for (int64_t sh : {share, int64_t(1)}) {
+      const int64_t R = rows * share / sh, pairs = rows * share;
+      std::vector<float> xs(size_t(R * k));
+      for (int64_t r = 0; r < R; ++r)
+        std::memcpy(&xs[size_t(r * k)], &x[size_t((r * sh / share) % rows * k)],
+                    size_t(k) * sizeof(float));
+      std::vector<float> gate(size_t(pairs * n)), up(size_t(pairs * n));
+      const MatmulPart parts[2] = {{fmt, w.data(), n, gate.data()}, {fmt, w.data(), n, up.data()}};
+      const int64_t strides[2] = {stride, stride};
+      if (const char* e = qmatmul_id(parts, strides, 2, E, k, xs.data(), R, ids.data(), pairs,
+                                     sh, isa, 2, thread_schedule())) {
+        std::printf("qmatmul_id error: %s\n", e);
+        ++failures;
+        continue;
+      }
+      for (int64_t p = 0; p < pairs; ++p) {
+        std::vector<float> alone(static_cast<size_t>(n));
+        qmatmul(fmt, w.data() + ids[size_t(p)] * stride, n, k, &xs[size_t(p / sh * k)], 1,
+                alone.data(), isa, 1, Schedule());
+        const std::vector<float> got(gate.begin() + p * n, gate.begin() + (p + 1) * n);
+        expect_same(alone, got, "qmatmul_id pair");
+        expect_same(got, std::vector<float>(up.begin() + p * n, up.begin() + (p + 1) * n),
+                    "qmatmul_id parts");
+      }
+    }
+  }
+  std::vector<int32_t> bad(ids);
+  bad[2] = int32_t(E);
+  std::vector<float> y(size_t(rows * share * n));
+  const MatmulPart part{fmt, w.data(), n, y.data()};
+  if (!qmatmul_id(&part, &stride, 1, E, k, x.data(), rows, bad.data(), rows * share, share,
+                  ISA_SCALAR, 1, Schedule())) {
+    std::printf("qmatmul_id took an expert id out of range\n");
     ++failures;
   }
 }
@@ -332,6 +384,7 @@ int main() {
   for (int fmt : {Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K})
     for (int64_t n : {37, 16, 5})   // groups and plain rows after them; one group; none
       check_repacked_format(fmt, n, 768, rng);
+  for (int fmt : {F16, Q4_0, Q8_0, Q4_K, Q6_K}) check_experts(fmt, 512, rng);
   check_attention(rng);
   check_json_floats();
   check_row_argmax();
