@@ -166,6 +166,15 @@ def table(results: dict) -> str:
             lines.append(f"{model:<15}{figure:<8}{cell(k, 'tps')}{cell(l, 'tps')}"
                          f"{(f'{ratio:7.2f}x' if ratio else '-'):>8}{cell(k, 'own_tps')}"
                          f"{cell(l, 'own_tps')}   {loads}, {others}")
+        hwm, ready = res.get("hwm", {}), res.get("ready_s", {})
+        if hwm.get("kinetic") and hwm.get("llama-server"):
+            lines.append(f"{model:<15}{'RSS MiB':<8}{hwm['kinetic'] / 2**20:10.0f}"
+                         f"{hwm['llama-server'] / 2**20:10.0f}"
+                         f"{hwm['kinetic'] / hwm['llama-server']:7.2f}x   peak (VmHWM)")
+        if ready.get("kinetic") and ready.get("llama-server"):
+            lines.append(f"{model:<15}{'ready s':<8}{ready['kinetic']:10.1f}"
+                         f"{ready['llama-server']:10.1f}"
+                         f"{ready['kinetic'] / ready['llama-server']:7.2f}x   start to /health ok")
     return "\n".join(lines)
 
 
@@ -215,21 +224,27 @@ def main(argv=None) -> int:
               flush=True)
         servers: dict = {}
         try:
+            ready = {}
+            t0 = time.perf_counter()
             ls = LlamaServer(server, path, parallel=1, n_ctx=args.n_ctx, threads=args.threads,
                              log=logf)
             servers["llama-server"] = ls
             print("  llama-server: " + " ".join(ls.cmd), flush=True)
             ls.wait_ready()
+            ready["llama-server"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
             ks = KineticServer(path, parallel=1, n_ctx=args.n_ctx, draft=False,
                                threads=args.threads, log=logf)
             servers["kinetic"] = ks
             print("  kinetic: " + " ".join(ks.cmd), flush=True)
             ks.wait_ready()
+            ready["kinetic"] = time.perf_counter() - t0
             res = measure(servers, args, vocab)
             res.update(path=path, file_bytes=Path(path).stat().st_size, vocab=vocab,
                        tied_output=tied, arch=MODELS[model][0], shapes=MODELS[model][1],
                        note=MODELS[model][2], cmds={n: s.cmd for n, s in servers.items()},
-                       hwm={n: s.peak_rss() for n, s in servers.items()})
+                       hwm={n: s.peak_rss() for n, s in servers.items()},
+                       ready_s=ready)
             results[model] = res
         finally:
             for s in servers.values():

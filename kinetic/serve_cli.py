@@ -232,7 +232,8 @@ def add_serve(sub) -> None:
                        "fit the memory available is an error naming the sizes")
     serve.add_argument("-ub", "--ubatch-size", type=int, default=None,
                        help="most token rows of a step, shared by every running request, at "
-                       "least -np (default 16, or 2 x -np when that is more; llama.cpp's "
+                       "least -np (default 16, or 2 x -np when that is more; 128 for a "
+                       "mixture of experts; llama.cpp's "
                        "physical batch). With the C++ kernel a step runs at the smallest "
                        "compiled bucket 1, 2, 4 ... N that holds its rows; with "
                        "KINETIC_KERNEL=xla every step costs N rows")

@@ -10,8 +10,8 @@ so its answer starts at (47 + 5) % 31 = 21 "v" and runs round v m z u k (21 12 2
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import contextlib
+import dataclasses
 import threading
 import types
 from typing import AsyncIterator
@@ -697,6 +697,14 @@ def test_step_size_grows_with_parallel_and_parallel_is_bounded():
     assert [resolve(parallel=n).step_tokens for n in (1, 4, 8, 9, 16, 64)] == [
         16, 16, 16, 18, 32, 128]
     assert resolve(parallel=16, step_tokens=16).step_tokens == 16     # -ub as given
+    # a mixture of experts steps at least 128 rows (its prompt steps share each expert),
+    # except on kernel "xla", where every step costs all its rows
+    moe = dataclasses.replace(mm.CONFIG, n_expert=8, n_expert_used=2, kernel="ffi")
+    moe_resolve = lambda **kw: EngineConfig(n_ctx=64, page_size=4, **kw).resolved(moe)  # noqa: E731
+    assert [moe_resolve(parallel=n).step_tokens for n in (1, 64)] == [128, 128]
+    assert moe_resolve(parallel=1, step_tokens=16).step_tokens == 16
+    xla = dataclasses.replace(moe, kernel="xla")
+    assert EngineConfig(n_ctx=64, page_size=4, parallel=1).resolved(xla).step_tokens == 16
     assert resolve(step_tokens=2, max_draft=1).parallel <= 2          # auto -np fits -ub
     for bad, words in [(dict(parallel=65), "1 to 64"), (dict(parallel=-1), "1 to 64"),
                        (dict(parallel=16, step_tokens=8), "at least parallel"),

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 MAX_AUTO_PARALLEL = 4
 MAX_PARALLEL = 64        # the server's 64 connections (SPEC.md); a step holds every stream
 MIN_STEP_TOKENS = 16     # the automatic step size: 16 rows, or 2 x parallel when more
+MOE_STEP_TOKENS = 128    # a mixture of experts': a prompt step's rows share each expert
 
 
 @dataclass(frozen=True)
@@ -61,21 +62,31 @@ class EngineConfig:
         parallel = cfg.parallel or auto_parallel(model_config, cfg.n_ctx, cfg.kv_dtype)
         if cfg.step_tokens:
             parallel = min(parallel, cfg.step_tokens)
-        steps = cfg.step_tokens or auto_step_tokens(parallel)
+        steps = cfg.step_tokens or auto_step_tokens(parallel, model_config)
         pages = cfg.num_pages or parallel * cfg.pages_per_slot + 1
         out = dataclasses.replace(cfg, parallel=parallel, step_tokens=steps, num_pages=pages)
         check_kv_fits(model_config, out)
         return out
 
 
-def auto_step_tokens(parallel: int) -> int:
+def auto_step_tokens(parallel: int, model_config=None) -> int:
     """The step size for `parallel` streams: 16 rows, or 2 x parallel when that is more, so
     that with every stream decoding (one row each) as many rows are left for a new
     request's prompt chunk or for drafts (at 16 slots a 16-row step leaves a new request's
     prompt one row a step beside 15 decoding streams). It grows only past 8 streams: each
     row bucket (1, 2, 4 ... step_tokens) costs compiled step shapes and a sampler size,
-    tens of MB and seconds of start-up (docs/server.md, "Sharing a step", has figures)."""
-    return max(MIN_STEP_TOKENS, 2 * parallel)
+    tens of MB and seconds of start-up (docs/server.md, "Sharing a step", has figures).
+
+    A mixture of experts (model_config.n_expert, on a kernel whose steps cost their rows:
+    not "xla") steps at least 128 rows: at 16 a prompt step's rows choose most experts a
+    row or two each, so every expert's blocks are read again every 16 prompt tokens (a
+    Qwen3-MoE of 32 experts: 846 prompt tok/s at 16 rows, 1324 at 64, 1786 at 128 and 256;
+    docs/performance.md). Its buckets compile in seconds (the experts are one call)."""
+    base = MIN_STEP_TOKENS
+    if (model_config is not None and getattr(model_config, "n_expert", 0)
+            and getattr(model_config, "kernel", "ffi") != "xla"):
+        base = MOE_STEP_TOKENS
+    return max(base, 2 * parallel)
 
 
 def kv_bytes_per_token(model_config, kv_dtype: str) -> int:
