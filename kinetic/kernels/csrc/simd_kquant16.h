@@ -143,23 +143,88 @@ KN_INL void k4_values16(const Src& src, int w0, Tile16& t) {
   }
 }
 
+// acc + dpwssd(v, the int16 pair *x broadcast to every lane), the broadcast in the operand.
+KN_INL __m512i dpwssd_bcast(__m512i acc, __m512i v, const int32_t* x) {
+  __asm__("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(v), "m"(*x));
+  return acc;
+}
+
 // Per format: SUB values per sub-block, OFF the value offset (taken off via the activation
 // sums), MINS whether summ is used, load(src, t) the block src reads (Rows16, Words16) into t.
 template <class F> struct K16 { static constexpr bool HAVE = false; };
 
 template <> struct K16<FQ4_K> {  // d | dmin | scales[12] | qs[128]
-  static constexpr bool HAVE = true, MINS = true;
+  static constexpr bool HAVE = true, MINS = true, FUSED1 = true;
   static constexpr int SUB = 32, OFF = 0;
   template <class Src>
   KN_INL static void load(const Src& src, Tile16& t) {
     k4_header16(src, t);
     k4_values16(src, 4, t);
   }
+  // One row's sums (k16_sums at R = 1) with the values unpacked straight into the dot
+  // products, sub-block by sub-block, never stored in t (which gets the header alone).
+  template <class Src>
+  KN_INL static void sums1(const Src& src, Tile16& t, const uint32_t* xw, const int32_t* xa,
+                           __m512i& isum, __m512i& q) {
+    k4_header16(src, t);
+    const __m512i m4 = bytes64(0x0F);
+    isum = q = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {  // sub-blocks 2c (low nibbles) and 2c + 1 (high)
+      __m512i w[8], lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+      src.words(4 + 8 * c, 8, w);
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k) {
+        lo = dpbusd_bcast(lo, _mm512_and_si512(w[k], m4), xw + 16 * c + k);
+        hi = dpbusd_bcast(hi, _mm512_and_si512(_mm512_srli_epi32(w[k], 4), m4), xw + 16 * c + 8 + k);
+      }
+      isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(lo, t.sc[2 * c]));
+      isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(hi, t.sc[2 * c + 1]));
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) q = dpwssd_bcast(q, t.mn[i], xa + i);
+  }
 };
 
 template <> struct K16<FQ6_K> {  // ql[128] | qh[64] | scales int8[16] | d; value = (lo | hi << 4) - 32
-  static constexpr bool HAVE = true, MINS = false;
+  static constexpr bool HAVE = true, MINS = false, FUSED1 = true;
   static constexpr int SUB = 16, OFF = 32;
+  // One row's sums (k16_sums at R = 1), the values unpacked straight into the dot products:
+  // value word i = 32h + 8j + k (load's u[i]) is sub-block 8h + 2j + k / 4's.
+  template <class Src>
+  KN_INL static void sums1(const Src& src, Tile16& t, const uint32_t* xw, const int32_t* xa,
+                           __m512i& isum, __m512i& q) {
+    const __m512i m4 = bytes64(0x0F), m30 = bytes64(0x30);
+    __m512i v[4];
+    src.words(48, 4, v);
+    t.dw = f16x16(src.template tail<210>());
+    isum = q = _mm512_setzero_si512();
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      __m512i l0[8], l1[8], qh[8];
+      src.words(16 * h, 8, l0);
+      src.words(16 * h + 8, 8, l1);
+      src.words(32 + 8 * h, 8, qh);
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j)
+#pragma GCC unroll 2
+        for (int half = 0; half < 2; ++half) {
+          const int sb = 8 * h + 2 * j + half;
+          __m512i p = _mm512_set1_epi32(xa[sb]);
+#pragma GCC unroll 4
+          for (int kk = 0; kk < 4; ++kk) {
+            const int k = 4 * half + kk;
+            const __m512i lo = j == 0 ? l0[k] : j == 1 ? l1[k] : j == 2 ? _mm512_srli_epi32(l0[k], 4)
+                                                                       : _mm512_srli_epi32(l1[k], 4);
+            const __m512i hi = j == 0 ? _mm512_slli_epi32(qh[k], 4) : j == 1 ? _mm512_slli_epi32(qh[k], 2)
+                               : j == 2 ? qh[k] : _mm512_srli_epi32(qh[k], 2);
+            const __m512i u = _mm512_or_si512(_mm512_and_si512(lo, m4), _mm512_and_si512(hi, m30));
+            p = dpbusd_bcast(p, u, xw + 32 * h + 8 * j + k);
+          }
+          isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(p, byte_s32(v[sb / 4], sb % 4)));
+        }
+    }
+  }
   template <class Src>
   KN_INL static void load(const Src& src, Tile16& t) {
     const __m512i m4 = bytes64(0x0F), m30 = bytes64(0x30);
@@ -188,7 +253,7 @@ template <> struct K16<FQ6_K> {  // ql[128] | qh[64] | scales int8[16] | d; valu
 };
 
 template <> struct K16<FQ5_K> {  // d | dmin | scales[12] | qh[32] | qs[128]; bit i of qh[l]: bit 4 of 32i + l
-  static constexpr bool HAVE = true, MINS = true;
+  static constexpr bool HAVE = true, MINS = true, FUSED1 = false;
   static constexpr int SUB = 32, OFF = 0;
   template <class Src>
   KN_INL static void load(const Src& src, Tile16& t) {
@@ -204,7 +269,7 @@ template <> struct K16<FQ5_K> {  // d | dmin | scales[12] | qh[32] | qs[128]; bi
 };
 
 template <> struct K16<FQ3_K> {  // hmask[32] | qs[64] | scales[12] | d; value = (lo | hbit << 2) - 4
-  static constexpr bool HAVE = true, MINS = false;
+  static constexpr bool HAVE = true, MINS = false, FUSED1 = false;
   static constexpr int SUB = 16, OFF = 4;
   template <class Src>
   KN_INL static void load(const Src& src, Tile16& t) {
@@ -239,7 +304,7 @@ template <> struct K16<FQ3_K> {  // hmask[32] | qs[64] | scales[12] | d; value =
 };
 
 template <> struct K16<FQ2_K> {  // scales[16] (lo 4 scale, hi 4 min) | qs[64] | d | dmin
-  static constexpr bool HAVE = true, MINS = true;
+  static constexpr bool HAVE = true, MINS = true, FUSED1 = false;
   static constexpr int SUB = 16, OFF = 0;
   template <class Src>
   KN_INL static void load(const Src& src, Tile16& t) {
@@ -293,12 +358,6 @@ void k16_act_words(const QuantActs& x, int64_t M, std::vector<int32_t>& out) {
   }
 }
 
-// acc + dpwssd(v, the int16 pair *x broadcast to every lane), the broadcast in the operand.
-KN_INL __m512i dpwssd_bcast(__m512i acc, __m512i v, const int32_t* x) {
-  __asm__("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(v), "m"(*x));
-  return acc;
-}
-
 // sumi (and summ into q) of R rows against the tile: xw[r] the row's 64 activation words,
 // xa[r] its k16_act_words. Each tile vector is loaded once for the R rows.
 template <class KQ, int R>
@@ -350,10 +409,6 @@ KN_SIMD void kquant_cols16(const MatmulArgs& a, int64_t n0, int64_t n1) {
     const uintptr_t next = next_group(a, n, 16);
     for (int64_t b = 0; b < nb; ++b) {
       prefetch_slice(next, b, 16 * F::BYTES);
-      if constexpr (R16)
-        KQ::load(Words16{a.w + n * a.row_bytes + b * 16 * F::BYTES}, t);
-      else
-        KQ::load(Rows16{rows, b * F::BYTES}, t);
       // The reference's combine (qmatmul.h), operand for operand, for row m.
       auto finish = [&](int64_t m, __m512i isum, __m512i q) KN_INL_LAMBDA {
         const __m512 dx = _mm512_set1_ps(x.d[size_t(m * nb + b)]);
@@ -362,6 +417,25 @@ KN_SIMD void kquant_cols16(const MatmulArgs& a, int64_t n0, int64_t n1) {
         float* am = &acc[size_t(m * 16)];
         _mm512_storeu_ps(am, _mm512_add_ps(_mm512_loadu_ps(am), step));
       };
+      if constexpr (KQ::FUSED1) {
+        // One row (decode): the values go straight into its dot products, the tile never
+        // stored; its integer sums are exact in any order, so the bits are the tile's.
+        if (M == 1) {
+          __m512i isum, q;
+          const uint32_t* xw = xq + size_t(b * 64);
+          const int32_t* xr = &xa[size_t(b * NW)];
+          if constexpr (R16)
+            KQ::sums1(Words16{a.w + n * a.row_bytes + b * 16 * F::BYTES}, t, xw, xr, isum, q);
+          else
+            KQ::sums1(Rows16{rows, b * F::BYTES}, t, xw, xr, isum, q);
+          finish(0, isum, q);
+          continue;
+        }
+      }
+      if constexpr (R16)
+        KQ::load(Words16{a.w + n * a.row_bytes + b * 16 * F::BYTES}, t);
+      else
+        KQ::load(Rows16{rows, b * F::BYTES}, t);
       // R rows from m (4, then 2, then 1): their activation words, sums, then combine.
       auto rows_from = [&](auto r_const, int64_t m) KN_INL_LAMBDA {
         constexpr int R = decltype(r_const)::value;
