@@ -9,6 +9,7 @@
     cos_sin(theta)                           theta f32 -> (cos, sin)
     kv_write(k_cache, v_cache, k, v, index)  the caches with the rows written, in place
     lazy_zeros(shape, dtype)                 zeros whose memory is taken as it is written
+    delta_rule(taps, state, events, ...)     Qwen3.5's gated delta rule, states in place
     row_argmax(x, ids, values, mask)         x [B, V] f32 -> [B] int32, the greedy token
 
 `data` is a uint8 device array holding the weight at byte `offset` (kinetic passes the whole
@@ -45,7 +46,7 @@ def register() -> None:
                  "kinetic_dequant_rows",
                  "kinetic_attention",
                  "kinetic_rms_norm", "kinetic_layer_norm", "kinetic_cos_sin", "kinetic_kv_write",
-                 "kinetic_lazy_zeros", "kinetic_row_argmax"):
+                 "kinetic_lazy_zeros", "kinetic_row_argmax", "kinetic_delta_rule"):
         jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu")
     _registered = True
 
@@ -116,6 +117,28 @@ def kv_write(k_cache: jax.Array, v_cache: jax.Array, k: jax.Array, v: jax.Array,
         input_output_aliases={0: 0, 1: 1})(
             k_cache, v_cache, k.astype(jnp.float32), v.astype(jnp.float32),
             index.astype(jnp.int32).reshape(-1)))
+
+
+def delta_rule(taps: jax.Array, state: tuple, events: jax.Array, rows: jax.Array,
+               replay: jax.Array, n_replay: jax.Array, heads: int, key_heads: int,
+               eps: float) -> tuple[jax.Array, tuple]:
+    """A step's rows through Qwen3.5's gated delta rule (csrc/delta_rule.h): taps [C, taps],
+    state (windows, matrices, pending), events [T, E], rows int32 [4, T] (read, write, slot,
+    pend), replay int32 [2, R] (slot, idx), n_replay [1]. Returns (out [T, H, d], the new
+    state), the state updated in place (each result aliases its argument)."""
+    register()
+    windows, matrices, pending = state
+    T, d = events.shape[0], matrices.shape[-1]
+    out, *new = jax.ffi.ffi_call(
+        "kinetic_delta_rule",
+        (jax.ShapeDtypeStruct((T, heads, d), jnp.float32),
+         *(jax.ShapeDtypeStruct(a.shape, jnp.float32) for a in state)),
+        input_output_aliases={1: 1, 2: 2, 3: 3})(
+            taps.astype(jnp.float32), windows, matrices, pending, events.astype(jnp.float32),
+            rows.astype(jnp.int32), replay.astype(jnp.int32),
+            n_replay.astype(jnp.int32).reshape(1), hk=np.int64(key_heads),
+            eps=np.float32(eps))
+    return out, tuple(new)
 
 
 def lazy_zeros(shape: tuple[int, ...], dtype) -> jax.Array:

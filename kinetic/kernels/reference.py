@@ -469,3 +469,63 @@ def row_argmax(x, ids=None, values=None, mask=None) -> np.ndarray:
     top = clean.max(axis=1)
     first = np.argmax(clean == top[:, None], axis=1)
     return np.where(np.isfinite(top), first, -1).astype(np.int32)
+
+
+def _exp_f(x) -> np.ndarray:
+    """exp as csrc/delta_rule.cc computes it: in double, rounded to float."""
+    return np.exp(np.asarray(x, np.float32).astype(np.float64)).astype(np.float32)
+
+
+def delta_rule(taps, windows, matrices, pending, events, rows, replay, n_replay: int,
+               heads: int, key_heads: int, eps: float):
+    """csrc/delta_rule.h in numpy, the same operations in the same order (every sum over
+    its index in order; exp in double, rounded): (out [T, H, d], windows, matrices,
+    pending), the three states as new arrays. rows [4, T]: read, write, slot, pend;
+    replay [2, R]: slot, idx."""
+    f32 = np.float32
+    windows, matrices, pending = (np.array(a, f32) for a in (windows, matrices, pending))
+    taps, events = np.asarray(taps, f32), np.asarray(events, f32)
+    read, write, slot, pend = np.asarray(rows)
+    C, n_taps = taps.shape
+    H, Hk, d = heads, key_heads, matrices.shape[-1]
+    T, K = events.shape[0], pending.shape[1] - 1
+    out = np.zeros((T, H, d), f32)
+    scale = f32(1.0 / np.sqrt(np.float64(d)))
+    for i in range(n_replay + T):
+        is_row = i >= n_replay
+        r = i - n_replay
+        src, dst = (read[r], write[r]) if is_row else (replay[0][i], replay[0][i])
+        event = (events[r] if is_row else pending[replay[0][i], replay[1][i]]).copy()
+        mixed, g, beta = event[:C], event[C:C + H], event[C + H:]
+        window, m = windows[src].copy(), matrices[src].copy()
+        full = np.concatenate([window, mixed[None]], axis=0)
+        conv = full[0] * taps[:, 0]
+        for j in range(1, n_taps):
+            conv = conv + full[j] * taps[:, j]
+        conv = conv * (f32(1) / (f32(1) + _exp_f(-conv)))
+        q = conv[:Hk * d].reshape(Hk, d).copy()
+        k = conv[Hk * d:2 * Hk * d].reshape(Hk, d).copy()
+        v = conv[2 * Hk * d:].reshape(H, d)
+        for x in (q, k):
+            ss = np.zeros(Hk, f32)
+            for j in range(d):
+                ss = ss + x[:, j] * x[:, j]
+            x /= np.maximum(np.sqrt(ss), f32(eps))[:, None]
+        q = q * scale
+        kh, qh = k[np.arange(H) % Hk], q[np.arange(H) % Hk]      # [H, d]
+        m = m * _exp_f(g)[:, None, None]
+        acc = np.zeros((H, d), f32)
+        for j in range(d):
+            acc = acc + m[:, j, :] * kh[:, j:j + 1]
+        acc = (v - acc) * beta[:, None]
+        m = m + kh[:, :, None] * acc[:, None, :]
+        o = np.zeros((H, d), f32)
+        for j in range(d):
+            o = o + m[:, j, :] * qh[:, j:j + 1]
+        windows[dst], matrices[dst] = full[1:], m
+        at_slot = slot[r] if is_row else replay[0][i]
+        at = pend[r] if is_row and pend[r] >= 0 else K
+        pending[at_slot, at] = event
+        if is_row:
+            out[r] = o
+    return out, windows, matrices, pending

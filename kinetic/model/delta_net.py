@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
+from kinetic.kernels import ffi as native
 from kinetic.model.config import Config
 from kinetic.model.layers import linear, linear_many, rms_norm
 
@@ -112,6 +113,11 @@ def _update(cfg: Config, taps: jax.Array, window: jax.Array, matrix: jax.Array,
 def recurrence(cfg: Config, taps: jax.Array, state: tuple, events: jax.Array, recur: Recur):
     """Run the step's replays, then its rows' events [T, E], through the recurrence; returns
     (the rows' outputs [T, H, dv], the layer's new (window, matrix, pending) arrays)."""
+    if native.usable():   # in C++: in place, one pass a row (csrc/delta_rule.h)
+        rows = jnp.stack([recur.read, recur.write, recur.slot, recur.pend])
+        replay = jnp.stack([recur.replay_slot, recur.replay_idx])
+        return native.delta_rule(taps, state, events, rows, replay, recur.n_replay,
+                                 cfg.ssm_v_heads, cfg.ssm_k_heads, cfg.norm_eps)
     windows, matrices, pending = state
     T = events.shape[0]
     n_replay = recur.n_replay[0]

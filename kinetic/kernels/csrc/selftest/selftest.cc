@@ -3,7 +3,8 @@
 // float32, float16 and bfloat16 caches, single rows, prompt chunks and rows that see past
 // their position (ends: an image attending to itself both ways); the row pieces; the JSON
 // writer of float vectors (float_json.h); the greedy row argmax (argmax.h); weights in the
-// 16-column layout (repack.h); a mixture's projections over (row, expert) pairs. Each path must
+// 16-column layout (repack.h); a mixture's projections over (row, expert) pairs; the
+// gated delta rule. Each path must
 // give the reference path's bits. Exit status 0 when every case matches; the sanitizers
 // abort on any undefined behaviour or bad access.
 #include <array>
@@ -17,6 +18,7 @@
 
 #include "argmax.h"
 #include "attention.h"
+#include "delta_rule.h"
 #include "float_json.h"
 #include "qmatmul_api.h"
 #include "repack.h"
@@ -151,6 +153,45 @@ void check_experts(int fmt, int64_t k, std::mt19937& rng) {
   if (!qmatmul_id(&part, &stride, 1, E, k, x.data(), rows, bad.data(), rows * share, share,
                   ISA_SCALAR, 1, Schedule())) {
     std::printf("qmatmul_id took an expert id out of range\n");
+    ++failures;
+  }
+}
+
+// The gated delta rule (delta_rule.h) on random states: a prompt row, a row from the zero
+// state, a draft row, a replay; twice, the same bits; an index out of range refused.
+void check_delta_rule(std::mt19937& rng) {
+  const int64_t H = 4, Hk = 2, d = 16, taps = 4, slots = 2, K1 = 3;
+  const int64_t C = 2 * Hk * d + H * d, E = C + 2 * H, S = slots + 3, T = 4, R = 2;
+  const DeltaShape shape{C, H, Hk, d, taps, S, slots + 1, K1, T, R, 1e-6f};
+  std::normal_distribution<float> normal(0.f, 0.3f);
+  auto fill = [&](int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto& x : v) x = normal(rng);
+    return v;
+  };
+  const std::vector<float> conv_taps = fill(C * taps), events = fill(T * E);
+  const std::vector<float> windows0 = fill(S * (taps - 1) * C), matrices0 = fill(S * H * d * d),
+                           pending0 = fill((slots + 1) * K1 * E);
+  const int32_t read[T] = {0, 4, 1, 0}, write[T] = {0, 1, 3, 0}, slot[T] = {0, 1, 1, 0},
+                pend[T] = {-1, -1, 0, -1}, replay_slot[R] = {1, 0}, replay_idx[R] = {1, 0};
+  std::vector<float> outs[2];
+  for (auto& out : outs) {
+    std::vector<float> windows = windows0, matrices = matrices0, pending = pending0;
+    out.assign(static_cast<size_t>(T * H * d), 0.f);
+    if (const char* e = delta_rule(shape, conv_taps.data(), windows.data(), matrices.data(),
+                                   pending.data(), events.data(), read, write, slot, pend,
+                                   replay_slot, replay_idx, 1, out.data())) {
+      std::printf("delta_rule error: %s\n", e);
+      ++failures;
+    }
+  }
+  expect_same(outs[0], outs[1], "delta_rule twice");
+  std::vector<float> windows = windows0, matrices = matrices0, pending = pending0;
+  const int32_t bad_read[T] = {0, int32_t(S), 1, 0};
+  if (!delta_rule(shape, conv_taps.data(), windows.data(), matrices.data(), pending.data(),
+                  events.data(), bad_read, write, slot, pend, replay_slot, replay_idx, 1,
+                  outs[0].data())) {
+    std::printf("delta_rule took a state index out of range\n");
     ++failures;
   }
 }
@@ -386,6 +427,7 @@ int main() {
       check_repacked_format(fmt, n, 768, rng);
   for (int fmt : {F16, Q4_0, Q8_0, Q4_K, Q6_K}) check_experts(fmt, 512, rng);
   check_attention(rng);
+  check_delta_rule(rng);
   check_json_floats();
   check_row_argmax();
   std::printf("%s (best path here: %s)\n", failures ? "FAILED" : "all paths agree",
