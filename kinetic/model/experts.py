@@ -66,7 +66,7 @@ def moe_ffn(x: jax.Array, w: dict, cfg: Config) -> jax.Array:
     chosen, weights = route(linear(x, w["ffn_gate_inp"]), cfg, w.get("exp_probs_b.bias"))
     experts = (w["ffn_gate_exps"], w["ffn_up_exps"], w["ffn_down_exps"])
     stacked = [_stacked(projs) for projs in experts]
-    if all(stacked):
+    if all(stacked) and all(p[0].data is experts[0][0].data for p in experts):
         ys = _pairs_swiglu(x, chosen, stacked, experts[0][0].data, cfg.n_expert)
         slots = [ys[:, k] for k in range(cfg.n_expert_used)]
     else:
@@ -83,13 +83,14 @@ def _stacked(projs: list[Proj]) -> tuple[int, int, int, int] | None:
     one buffer, one format and shape, expert e's `stride` bytes after expert e - 1's (as the
     loader lays a stacked [E, N, K] tensor out: weights.py _Packer.experts); else None."""
     first = projs[0]
-    if first.fmt < 0 or any(p.fmt != first.fmt or p.data is not first.data or p.n != first.n
-                            or p.k != first.k for p in projs):
+    if len(projs) < 2 or first.fmt < 0 or any(
+            p.fmt != first.fmt or p.data is not first.data or p.n != first.n or p.k != first.k
+            for p in projs):
         return None
-    stride = projs[1].offset - first.offset if len(projs) > 1 else 0
-    if any(p.offset != first.offset + e * stride for e, p in enumerate(projs)):
+    stride = projs[1].offset - first.offset
+    if stride <= 0 or any(p.offset != first.offset + e * stride for e, p in enumerate(projs)):
         return None
-    return first.fmt, first.offset, stride or 1, first.n
+    return first.fmt, first.offset, stride, first.n
 
 
 def _pairs_swiglu(x: jax.Array, chosen: jax.Array, stacked: list, data: jax.Array,
