@@ -30,7 +30,9 @@ each (bench/client.py: greedy, EOS ignored, nothing cached):
   beside it).
 Each figure is the best of --reps; every run records the load average (os.getloadavg) before
 it and the CPUs other processes kept busy during it (bench/probes.py). The table gives each
-figure, the loads of its best run and kinetic / llama-server.
+figure, the loads of its best run and kinetic / llama-server, then each server's peak RSS
+(VmHWM) and its time from start to a ready /health (llama-server started first, then
+kinetic; each alone while it starts).
 """
 
 from __future__ import annotations
