@@ -81,6 +81,8 @@ def test_bad_ids_and_shapes_are_clear_errors():
         kernels.qmatmul_id_host(int(fmt), w, stride, E, N, K, x, np.array([[0], [-1]]))
     with pytest.raises(ValueError, match="do not fit"):
         kernels.qmatmul_id_host(int(fmt), w[:-1], stride, E, N, K, x, np.zeros((2, 1)))
+    with pytest.raises(kernels.KernelError, match="stride is less than one expert"):
+        kernels.qmatmul_id_host(int(fmt), w, stride - 1, E, N, K, x, np.zeros((2, 1)))
 
 
 def test_the_ffi_call_under_jit_gives_the_host_bits_and_refuses_bad_ids():

@@ -42,6 +42,8 @@ KN_API int kn_qmatmul_id(int fmt, const uint8_t* w, int64_t stride, int64_t n_ex
                          char* err, int errlen) {
   if (isa < kn::ISA_SCALAR || isa > kn::ISA_AVX512) return fail("unknown ISA", err, errlen);
   if (const char* e = kn::check_matmul(fmt, N, K, 1)) return fail(e, err, errlen);
+  if (stride < N * kn::row_bytes(fmt, K))
+    return fail("qmatmul_id: the experts' stride is less than one expert's bytes", err, errlen);
   if (threads < 1) threads = 1;
   const kn::MatmulPart part{fmt, w, N, y};
   const char* e = kn::qmatmul_id(&part, &stride, 1, n_expert, K, x, rows, ids, rows * share,
