@@ -18,15 +18,15 @@ from kinetic.kernels import reference
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="the C++ kernel is not built")
 
 H, HK, D, TAPS, SLOTS, PENDING = 4, 2, 16, 4, 2, 3
-C = 2 * HK * D + H * D
-E = C + 2 * H
 S = SLOTS + 3                  # the slots, PADDING, SCRATCH, ZERO (delta_net.extra_states)
 
 
-def case(seed: int):
+def case(seed: int, D: int = D):
     """Random states and events; rows: slot 0's prompt rows (from its state, then
     onwards), slot 1 from the zero state, a draft row into the scratch state, a padding
     row; replays: two of slot 1's pending inputs."""
+    C = 2 * HK * D + H * D
+    E = C + 2 * H
     rng = np.random.default_rng(seed)
     taps = (rng.standard_normal((C, TAPS)) * 0.5).astype(np.float32)
     windows = rng.standard_normal((S, TAPS - 1, C)).astype(np.float32)
@@ -54,9 +54,9 @@ def run_native(taps, state, events, rows, replay, n_replay):
 
 
 @pytest.mark.parametrize("n_replay", [0, 2])
-@pytest.mark.parametrize("seed", [0, 1])
-def test_the_kernel_is_the_references_bits(seed, n_replay):
-    taps, state, events, rows, replay = case(seed)
+@pytest.mark.parametrize("seed,width", [(0, 16), (1, 16), (2, 20)])   # 20: a 4-column tail
+def test_the_kernel_is_the_references_bits(seed, width, n_replay):
+    taps, state, events, rows, replay = case(seed, width)
     got_out, got = run_native(taps, state, events, rows, replay, n_replay)
     want_out, *want = reference.delta_rule(taps, *state, events, rows, replay, n_replay, H,
                                            HK, 1e-6)
@@ -95,3 +95,18 @@ def test_an_index_out_of_range_is_an_error_and_writes_nothing():
             bad_replay[1, 0] = PENDING + 1     # a pending place past the last
         with pytest.raises(Exception, match="kinetic_delta_rule: delta_rule: .*out of range"):
             run_native(taps, state, events, bad_rows, bad_replay, 2)
+
+
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+def test_every_path_gives_the_references_bits(isa):
+    """The head updates on each kernel path (forced), 1 and 2 threads: the reference's bits,
+    with a head width of 20 (one 16-column vector and a 4-column tail)."""
+    if isa not in kernels.supported_isas():
+        pytest.skip(f"this CPU cannot run the {isa} path")
+    taps, state, events, rows, replay = case(5, 20)
+    want = reference.delta_rule(taps, *state, events, rows, replay, 2, H, HK, 1e-6)
+    for threads in (1, 2):
+        got = kernels.delta_rule_host(taps, *state, events, rows, replay, 2, H, HK, 1e-6,
+                                      isa=isa, threads=threads)
+        for g, w in zip(got, want):
+            assert g.tobytes() == w.tobytes(), (isa, threads)

@@ -10,6 +10,7 @@ directly; its FFI handlers are registered with XLA once, at import.
     supported_isas()     every path this CPU can run (tests sweep them)
     qmatmul_host(...)    y = x . W^T on numpy arrays, on a chosen path and thread count
     qmatmul_id_host(...) a mixture of experts' projection over (row, expert) pairs
+    delta_rule_host(...) Qwen3.5's gated delta rule over a step's rows
     dequant_rows_host()  rows of W as float32
     repack16_host(...)   a weight rearranged in place into the 16-column layout (REPACK16)
 
@@ -43,6 +44,8 @@ def _load() -> ctypes.CDLL | None:
     lib.kn_dequant_rows.argtypes = [i32, ptr, i64, i64, ptr, i64, ptr, ctypes.c_char_p, i32]
     lib.kn_qmatmul_id.argtypes = [i32, ptr, i64, i64, i64, i64, ptr, i64, ptr, i64, ptr, i32,
                                   i32, ctypes.c_char_p, i32]
+    lib.kn_delta_rule.argtypes = [ptr, ctypes.c_float, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64,
+                                  ptr, i32, i32, ctypes.c_char_p, i32]
     lib.kn_isa_supported.argtypes = [i32]
     lib.kn_row_bytes.argtypes = [i32, i64]
     lib.kn_row_bytes.restype = i64
@@ -157,6 +160,33 @@ def qmatmul_id_host(fmt: int, w: np.ndarray, stride: int, n_expert: int, n: int,
           x.ctypes.data, x.shape[0], ids.ctypes.data, ids.shape[1], y.ctypes.data, code,
           int(threads))
     return y
+
+
+def delta_rule_host(taps, windows, matrices, pending, events, rows, replay, n_replay: int,
+                    heads: int, key_heads: int, eps: float, isa: str | None = None,
+                    threads: int = 1):
+    """csrc/delta_rule.h on numpy arrays (ffi.delta_rule's arguments), on a chosen path:
+    (out [T, H, d], windows, matrices, pending), the states as new arrays."""
+    lib = _need()
+    f32 = lambda a: np.array(a, np.float32, order="C")   # noqa: E731 - copies
+    taps, windows, matrices, pending, events = map(f32, (taps, windows, matrices, pending,
+                                                         events))
+    rows = np.ascontiguousarray(rows, np.int32)
+    replay = np.ascontiguousarray(replay, np.int32)
+    C, n_taps = taps.shape
+    S, _, d, _ = matrices.shape
+    shape = np.array([C, heads, key_heads, d, n_taps, S, pending.shape[0], pending.shape[1],
+                      events.shape[0], replay.shape[1]], np.int64)
+    if (windows.shape != (S, n_taps - 1, C) or rows.shape != (4, events.shape[0])
+            or replay.shape[0] != 2 or pending.shape[2] != events.shape[1]):
+        raise ValueError("delta_rule_host: shapes that do not fit together")
+    out = np.zeros((events.shape[0], heads, d), np.float32)
+    code = ISAS.index(isa) if isa is not None else lib.kn_active_isa()
+    _call(lib.kn_delta_rule, shape.ctypes.data, ctypes.c_float(eps), taps.ctypes.data,
+          windows.ctypes.data, matrices.ctypes.data, pending.ctypes.data, events.ctypes.data,
+          rows.ctypes.data, replay.ctypes.data, int(n_replay), out.ctypes.data, code,
+          int(threads))
+    return out, windows, matrices, pending
 
 
 # The format id flag of the 16-column layout (csrc/repack.h): fmt | REPACK16 is fmt's blocks

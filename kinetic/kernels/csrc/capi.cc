@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "delta_rule.h"
 #include "float_json.h"
 #include "lazyzero.h"
 #include "qmatmul_api.h"
@@ -49,6 +50,22 @@ KN_API int kn_qmatmul_id(int fmt, const uint8_t* w, int64_t stride, int64_t n_ex
   const char* e = kn::qmatmul_id(&part, &stride, 1, n_expert, K, x, rows, ids, rows * share,
                                  share, kn::Isa(isa), threads,
                                  threads > 1 ? kn::thread_schedule() : kn::Schedule());
+  return e ? fail(e, err, errlen) : 0;
+}
+
+// delta_rule.h on host arrays, on a chosen path: shape = C, H, Hk, d, taps, S, P, K1, T, R;
+// rows [4, T] (read, write, slot, pend), replay [2, R] (slot, idx).
+KN_API int kn_delta_rule(const int64_t* shape, float eps, const float* taps, float* windows,
+                         float* matrices, float* pending, const float* events,
+                         const int32_t* rows, const int32_t* replay, int64_t n_replay,
+                         float* out, int isa, int threads, char* err, int errlen) {
+  if (isa < kn::ISA_SCALAR || isa > kn::ISA_AVX512) return fail("unknown ISA", err, errlen);
+  const kn::DeltaShape s{shape[0], shape[1], shape[2], shape[3], shape[4], shape[5],
+                         shape[6], shape[7], shape[8], shape[9], eps};
+  const char* e = kn::delta_rule(s, taps, windows, matrices, pending, events, rows,
+                                 rows + s.T, rows + 2 * s.T, rows + 3 * s.T, replay,
+                                 replay + s.R, n_replay, out, kn::Isa(isa),
+                                 threads < 1 ? 1 : threads);
   return e ? fail(e, err, errlen) : 0;
 }
 

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cpu.h"
 #include "parallel.h"
 
 namespace kn {
@@ -16,34 +17,89 @@ constexpr int64_t kMaxHeadWidth = 1024;
 
 float exp_f(float x) { return float(std::exp(double(x))); }
 
+// 16 floats as one GCC vector: each clone of head_update lowers its elementwise operations
+// to that clone's registers (one 512-bit, two 256-bit or four 128-bit), the same bits.
+// They never cross a call (load16 is always inlined, stores are a memcpy in place), so GCC's
+// notes on how such vectors are passed between functions (-Wpsabi) do not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
+typedef float v16f __attribute__((vector_size(64)));
+__attribute__((always_inline)) inline v16f load16(const float* p) {
+  v16f v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+#define KN_STORE16(p, v) std::memcpy((p), &(v), sizeof(v16f))
+
 // One value head's state m [d, d] (in place) and output o [d]: decay, what the state
 // remembers for k (sum over i of m[i, :] k[i]), the delta rule's update, the output read
-// through q. Vectorised only across j (each element's sums in i order), so every clone
-// gives the same bits.
-__attribute__((target_clones("avx512f", "avx2", "default")))
-void head_update(float* __restrict m, const float* __restrict k, const float* __restrict q,
-                 const float* __restrict v, float beta, float decay, float* __restrict o,
-                 int64_t d) {
+// through q. Vectorised across j only, 16 columns at a time (each element's sums in i
+// order), so every ISA's copy (head_update below) and the scalar tail give the same bits.
+__attribute__((always_inline)) inline void head_body(
+    float* __restrict m, const float* __restrict k, const float* __restrict q,
+    const float* __restrict v, float beta, float decay, float* __restrict o, int64_t d) {
   float acc[kMaxHeadWidth];
+  const int64_t d16 = d / 16 * 16;
   for (int64_t j = 0; j < d; ++j) acc[j] = 0.0f;
-  for (int64_t i = 0; i < d; ++i)
-    for (int64_t j = 0; j < d; ++j) {
-      const float x = m[i * d + j] * decay;
-      m[i * d + j] = x;
+  for (int64_t i = 0; i < d; ++i) {
+    float* mi = m + i * d;
+    for (int64_t j = 0; j < d16; j += 16) {
+      const v16f x = load16(mi + j) * decay;
+      const v16f a = load16(acc + j) + x * k[i];
+      KN_STORE16(mi + j, x);
+      KN_STORE16(acc + j, a);
+    }
+    for (int64_t j = d16; j < d; ++j) {
+      const float x = mi[j] * decay;
+      mi[j] = x;
       acc[j] = acc[j] + x * k[i];
     }
+  }
   for (int64_t j = 0; j < d; ++j) acc[j] = (v[j] - acc[j]) * beta;
   for (int64_t j = 0; j < d; ++j) o[j] = 0.0f;
-  for (int64_t i = 0; i < d; ++i)
-    for (int64_t j = 0; j < d; ++j) {
-      const float x = m[i * d + j] + k[i] * acc[j];
-      m[i * d + j] = x;
+  for (int64_t i = 0; i < d; ++i) {
+    float* mi = m + i * d;
+    for (int64_t j = 0; j < d16; j += 16) {
+      const v16f x = load16(mi + j) + k[i] * load16(acc + j);
+      const v16f y = load16(o + j) + x * q[i];
+      KN_STORE16(mi + j, x);
+      KN_STORE16(o + j, y);
+    }
+    for (int64_t j = d16; j < d; ++j) {
+      const float x = mi[j] + k[i] * acc[j];
+      mi[j] = x;
       o[j] = o[j] + x * q[i];
     }
+  }
+}
+
+__attribute__((target("avx512f"))) void head_avx512(float* m, const float* k, const float* q,
+                                                    const float* v, float beta, float decay,
+                                                    float* o, int64_t d) {
+  head_body(m, k, q, v, beta, decay, o, d);
+}
+__attribute__((target("avx2"))) void head_avx2(float* m, const float* k, const float* q,
+                                               const float* v, float beta, float decay,
+                                               float* o, int64_t d) {
+  head_body(m, k, q, v, beta, decay, o, d);
+}
+void head_scalar(float* m, const float* k, const float* q, const float* v, float beta,
+                 float decay, float* o, int64_t d) {
+  head_body(m, k, q, v, beta, decay, o, d);
+}
+
+// head_body compiled for the ISA the kernels run on (cpu.h; KINETIC_KERNEL_ISA forces one).
+void head_update(Isa isa, float* m, const float* k, const float* q, const float* v, float beta,
+                 float decay, float* o, int64_t d) {
+  if (isa == ISA_AVX512)
+    head_avx512(m, k, q, v, beta, decay, o, d);
+  else if (isa == ISA_AVX2)
+    head_avx2(m, k, q, v, beta, decay, o, d);
+  else
+    head_scalar(m, k, q, v, beta, decay, o, d);
 }
 
 // One event through one state (window [taps - 1, C], matrix [H, d, d]) in place; o [H, d].
-void update(const DeltaShape& s, const float* taps, float* window, float* matrix,
+void update(const DeltaShape& s, Isa isa, int threads, const float* taps, float* window, float* matrix,
             const float* event, float* o, std::vector<float>& conv) {
   const int64_t C = s.C, H = s.H, Hk = s.Hk, d = s.d, W = s.taps - 1;
   const float* mixed = event;
@@ -77,9 +133,9 @@ void update(const DeltaShape& s, const float* taps, float* window, float* matrix
     }
     for (int64_t i = 0; i < d; ++i) q[h * d + i] = q[h * d + i] * scale;
   }
-  run_chunks(H, pool_threads(), Schedule(), [&](int64_t h) {
-    head_update(matrix + h * d * d, k + (h % Hk) * d, q + (h % Hk) * d, v + h * d, beta[h],
-                exp_f(g[h]), o + h * d, d);
+  run_chunks(H, threads, Schedule(), [&](int64_t h) {
+    head_update(isa, matrix + h * d * d, k + (h % Hk) * d, q + (h % Hk) * d, v + h * d,
+                beta[h], exp_f(g[h]), o + h * d, d);
   });
 }
 
@@ -89,7 +145,9 @@ const char* delta_rule(const DeltaShape& s, const float* conv_taps, float* windo
                        float* matrices, float* pending, const float* events,
                        const int32_t* read, const int32_t* write, const int32_t* slot,
                        const int32_t* pend, const int32_t* replay_slot,
-                       const int32_t* replay_idx, int64_t n_replay, float* out) {
+                       const int32_t* replay_idx, int64_t n_replay, float* out, Isa isa,
+                       int threads) {
+  if (!isa_supported(isa)) return "delta_rule: this CPU cannot run that path";
   if (s.C != 2 * s.Hk * s.d + s.H * s.d || s.Hk < 1 || s.d < 1 || s.d > kMaxHeadWidth ||
       s.H % s.Hk || s.taps < 1 || s.S < 1 || s.P < 1 || s.K1 < 1 || s.T < 0 || s.R < 1 ||
       n_replay < 0 || n_replay > s.R)
@@ -117,7 +175,7 @@ const char* delta_rule(const DeltaShape& s, const float* conv_taps, float* windo
       std::memcpy(windows + to * win, windows + from * win, size_t(win) * sizeof(float));
       std::memcpy(matrices + to * mat, matrices + from * mat, size_t(mat) * sizeof(float));
     }
-    update(s, conv_taps, windows + to * win, matrices + to * mat, event.data(), o.data(), conv);
+    update(s, isa, threads, conv_taps, windows + to * win, matrices + to * mat, event.data(), o.data(), conv);
     // a draft row keeps its inputs; the others write their slot's extra place
     const int64_t at = is_row && pend[r] >= 0 ? pend[r] : s.K1 - 1;
     std::memcpy(pending + (at_slot * s.K1 + at) * E, event.data(), size_t(E) * sizeof(float));

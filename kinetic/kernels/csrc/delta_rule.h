@@ -17,6 +17,8 @@
 
 #include <cstdint>
 
+#include "cpu.h"
+
 namespace kn {
 
 struct DeltaShape {
@@ -34,10 +36,13 @@ struct DeltaShape {
 // replay_slot, replay_idx [R]; out [T, H, d]. windows [S, taps - 1, C], matrices [S, H, d, d]
 // and pending [P, K1, C + 2H] are updated in place. Returns nullptr, or what is wrong (an
 // index out of range) before anything is written.
+// isa: the path the head updates take (every path gives the same bits); threads: how many
+// share a row's heads (kinetic's pool).
 const char* delta_rule(const DeltaShape& s, const float* conv_taps, float* windows,
                        float* matrices, float* pending, const float* events,
                        const int32_t* read, const int32_t* write, const int32_t* slot,
                        const int32_t* pend, const int32_t* replay_slot,
-                       const int32_t* replay_idx, int64_t n_replay, float* out);
+                       const int32_t* replay_idx, int64_t n_replay, float* out, Isa isa,
+                       int threads);
 
 }  // namespace kn

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "delta_rule.h"
+#include "pool.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -60,7 +61,8 @@ ffi::Error DeltaRule(ffi::Buffer<ffi::F32> taps, ffi::Buffer<ffi::F32> windows,
   if (const char* e = kn::delta_rule(s, taps.typed_data(), windows_out->typed_data(),
                                      matrices_out->typed_data(), pending_out->typed_data(),
                                      events.typed_data(), r, r + s.T, r + 2 * s.T, r + 3 * s.T,
-                                     p, p + s.R, n_replay.typed_data()[0], out->typed_data()))
+                                     p, p + s.R, n_replay.typed_data()[0], out->typed_data(),
+                                     kn::active_isa(), kn::pool_threads()))
     return bad(e);
   return ffi::Error::Success();
 }
