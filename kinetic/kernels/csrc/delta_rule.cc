@@ -17,8 +17,9 @@ constexpr int64_t kMaxHeadWidth = 1024;
 
 float exp_f(float x) { return float(std::exp(double(x))); }
 
-// 16 floats as one GCC vector: each clone of head_update lowers its elementwise operations
-// to that clone's registers (one 512-bit, two 256-bit or four 128-bit), the same bits.
+// 16 floats as one GCC vector: each ISA's copy of head_body lowers its elementwise
+// operations to that ISA's registers (one 512-bit, two 256-bit or four 128-bit), the same
+// bits.
 // They never cross a call (load16 is always inlined, stores are a memcpy in place), so GCC's
 // notes on how such vectors are passed between functions (-Wpsabi) do not apply.
 #pragma GCC diagnostic ignored "-Wpsabi"
@@ -99,8 +100,8 @@ void head_update(Isa isa, float* m, const float* k, const float* q, const float*
 }
 
 // One event through one state (window [taps - 1, C], matrix [H, d, d]) in place; o [H, d].
-void update(const DeltaShape& s, Isa isa, int threads, const float* taps, float* window, float* matrix,
-            const float* event, float* o, std::vector<float>& conv) {
+void update(const DeltaShape& s, Isa isa, int threads, const float* taps, float* window,
+            float* matrix, const float* event, float* o, std::vector<float>& conv) {
   const int64_t C = s.C, H = s.H, Hk = s.Hk, d = s.d, W = s.taps - 1;
   const float* mixed = event;
   const float* g = event + C;
