@@ -176,7 +176,8 @@ const char* delta_rule(const DeltaShape& s, const float* conv_taps, float* windo
       std::memcpy(windows + to * win, windows + from * win, size_t(win) * sizeof(float));
       std::memcpy(matrices + to * mat, matrices + from * mat, size_t(mat) * sizeof(float));
     }
-    update(s, isa, threads, conv_taps, windows + to * win, matrices + to * mat, event.data(), o.data(), conv);
+    update(s, isa, threads, conv_taps, windows + to * win, matrices + to * mat, event.data(),
+           o.data(), conv);
     // a draft row keeps its inputs; the others write their slot's extra place
     const int64_t at = is_row && pend[r] >= 0 ? pend[r] : s.K1 - 1;
     std::memcpy(pending + (at_slot * s.K1 + at) * E, event.data(), size_t(E) * sizeof(float));
