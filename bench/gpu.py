@@ -25,7 +25,7 @@ For each model and each row count B of --streams, on kernel "pallas":
   per second), as a time; "of bound" = that time / the 1-row step's;
 - xla: the same model on kernel "xla" (weights dequantized to bfloat16, XLA's dot) at
   16 rows, tok/s.
-Times are wall clock to block_until_ready after two warm-up calls (compilation excluded),
+Times are wall clock to block_until_ready after a warm-up call (compilation excluded),
 median of --reps. The table is printed last; with --out, gpu.json and gpu.md go there, the
 JSON rewritten after each model so a run cut short keeps what it measured. --tiny: two
 small layers (a check of the script itself, on a CPU in Pallas' interpret mode).
@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -58,15 +57,10 @@ PROMPT_LEN, DECODE_AT, PAGE = 512, 512, 16
 
 
 def timed(f, reps: int) -> float:
-    """Median seconds of f() (which blocks until its result is ready), after 2 warm-ups."""
-    f()
-    f()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    """Median seconds of f() over `reps` calls after a warm-up (bench/kernel.py's
+    median_call; f blocks until its result is ready)."""
+    from bench.kernel import median_call
+    return median_call(f, (), 0.0, reps)
 
 
 def copy_bandwidth(reps: int, tiny: bool) -> float:

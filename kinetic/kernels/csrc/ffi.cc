@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "ffi_util.h"
 #include "qmatmul_api.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -28,10 +29,6 @@ ffi::Error check_weight(const ffi::Buffer<ffi::U8>& w, int64_t fmt, int64_t offs
     return ffi::Error::InvalidArgument("kinetic_qmatmul: the weight lies outside its buffer");
   return ffi::Error::Success();
 }
-
-// Products this small (weight bytes x rows / 4) run on the calling thread alone: waking
-// another costs more than it saves. Which thread computes a column never changes its bits.
-constexpr int64_t kMinSplitWork = int64_t(1) << 16;
 
 // The parts of one kinetic_qmatmul call, checked against x [M, K]; bytes: the weight bytes
 // the call reads.
@@ -76,8 +73,7 @@ ffi::Error run_matmul(const char* name, const ffi::Buffer<ffi::F32>& x,
   if (live && live_count != M)
     return ffi::Error::InvalidArgument(std::string(name) + ": live must be [M]");
   const int64_t rows = live ? std::count_if(live, live + M, [](int32_t f) { return f != 0; }) : M;
-  const int64_t work = bytes * std::max<int64_t>(1, rows / 4);
-  const int threads = work < kMinSplitWork ? 1 : kn::pool_threads();
+  const int threads = kn::matmul_threads(bytes, rows);
   const char* err =
       live ? kn::qmatmul_rows(list.data(), int(list.size()), k, x.typed_data(), M, live,
                               kn::active_isa(), threads, kn::Schedule())

@@ -7,20 +7,16 @@
 //     strides[j] bytes into w (the whole memory-mapped GGUF file). Several parts that read
 //     the same x (an expert's gate and up) go through one call.
 // A bad shape or an expert id out of range is an ffi::Error with a message, never an abort.
-#include <algorithm>
 #include <string>
 #include <vector>
 
+#include "ffi_util.h"
 #include "qmatmul_api.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
-
-// Products this small (weight bytes x pairs / 4) run on the calling thread alone, as
-// ffi.cc's kinetic_qmatmul decides; which thread computes a column never changes its bits.
-constexpr int64_t kMinSplitWork = int64_t(1) << 16;
 
 ffi::Error Fail(const std::string& what) {
   return ffi::Error::InvalidArgument("kinetic_qmatmul_id: " + what);
@@ -55,8 +51,7 @@ ffi::Error QMatmulId(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w, ffi::Buffe
     list.push_back({int(fmts[j]), w.typed_data() + offsets[j], ns[j], (*y)->typed_data()});
     bytes += one;
   }
-  const int64_t work = bytes * std::max<int64_t>(1, pairs / 4);
-  const int threads = work < kMinSplitWork ? 1 : kn::pool_threads();
+  const int threads = kn::matmul_threads(bytes, pairs);
   if (const char* e = kn::qmatmul_id(list.data(), strides.begin(), int(parts), n_expert, k,
                                      x.typed_data(), xd[0], ids.typed_data(), pairs, share,
                                      kn::active_isa(), threads, kn::Schedule()))
