@@ -16,18 +16,24 @@ real files are; both are built once under --dir and reused:
 - qwen35-0.8b: Qwen3.5-0.8B's shapes (24 layers, d_model 1024, every fourth full attention
   with 8 heads / 2 KV heads of 256 rotated over 64, the others gated delta-rule layers of 16
   key and 16 value heads of 128, feed-forward 3584, tied output), but the Qwen2 vocabulary
-  (151,936 tokens where Qwen3.5 has 248,320).
+  (151,936 tokens where Qwen3.5 has 248,320);
+- lfm2moe-32x256: LFM2-350M's layout and vocabulary as above, but every layer after the
+  first a mixture of 32 experts of width 256, 4 used per token (sigmoid gating), as
+  LFM2-8B-A1B's layers are (which is 24 layers of d_model 2048: too large to build here).
 
-Per model, both servers up at once with one slot and a 2048-token context, 2 threads
-(llama-server `-c 2048 -np 1 -t 2 --cache-ram 0`, plus `--no-repack` on a CPU with AMX;
-`KINETIC_THREADS=2 kinetic serve -np 1 -c 2048 --cache-ram 0 --draft-max 0`: bench/servers.py),
+Per model, both servers up at once with --streams slots (4) of a 2048-token context each, 2
+threads (llama-server `-c 8192 -np 4 -t 2 --cache-ram 0`, plus `--no-repack` on a CPU with AMX;
+`KINETIC_THREADS=2 kinetic serve -np 4 -c 8192 --cache-ram 0 --draft-max 0`: bench/servers.py),
 taking turns in an order that rotates each repetition, the same streamed POST /completion to
 each (bench/client.py: greedy, EOS ignored, nothing cached):
 - prompt: a --prompt-tokens (512) random prompt, 1 token generated; prompt tokens/s = its
   length / time to first token (the server's own `timings.prompt_per_second` beside it);
 - decode: a --short-prompt (16) prompt, then --decode-tokens (128) tokens; decode tokens/s =
   (tokens - 1) / (last token - first), wall clock (the server's own predicted_per_second
-  beside it).
+  beside it);
+- streams: --streams requests at once, each a --short-prompt prompt then --decode-tokens
+  tokens; aggregate tokens/s = all their tokens / (the last token - the first sending), as
+  bench/throughput.py counts it (no "own" figure).
 Each figure is the best of --reps; every run records the load average (os.getloadavg) before
 it and the CPUs other processes kept busy during it (bench/probes.py). The table gives each
 figure, the loads of its best run and kinetic / llama-server, then each server's peak RSS
@@ -74,8 +80,14 @@ MODELS = {
                                    ssm_k_heads=16, ssm_v_heads=16, full_attention_interval=4,
                                    tied=True, context_length=4096),
                     "Qwen3.5-0.8B's shapes, Qwen2 vocabulary (151,936)"),
+    "lfm2moe-32x256": ("lfm2moe", dict(n_layer=16, d_model=1024, n_head=16, n_kv_head=8,
+                                       head_dim=64, d_ffn=4608, n_expert=32, n_expert_used=4,
+                                       d_ffn_expert=256, attention_layers=(2, 5, 8, 10, 12, 14),
+                                       context_length=4096),
+                       "LFM2-350M's layout, 32 experts of 256, 4 used, llama-bpe vocabulary"),
 }
 QTYPE = "Q4_K_M"
+FIGURES = ("prompt", "decode", "streams")
 
 
 def build(name: str, folder: Path, quantize: str) -> Path:
@@ -120,13 +132,15 @@ def measure(servers: dict, args, vocab: int) -> dict:
     names = list(servers)
     runs: list = []
     rng = np.random.default_rng(args.seed)
+    K = args.streams
     for s in servers.values():   # warm-up: first-call costs
         run_streams(s.url, random_prompts(rng, 1, P, vocab), 2).check(2)
-        run_streams(s.url, random_prompts(rng, 1, S, vocab), 8).check(8)
+        run_streams(s.url, random_prompts(rng, K, S, vocab), 8).check(8)
     for rep in range(args.reps):
         order = names[rep % len(names):] + names[:rep % len(names)]
         for figure, prompt, n in (("prompt", random_prompts(rng, 1, P, vocab), 1),
-                                  ("decode", random_prompts(rng, 1, S, vocab), N)):
+                                  ("decode", random_prompts(rng, 1, S, vocab), N),
+                                  ("streams", random_prompts(rng, K, S, vocab), N)):
             for name in order:
                 wait_quiet(pids, args.wait_quiet)
                 load = os.getloadavg()[0]
@@ -136,6 +150,8 @@ def measure(servers: dict, args, vocab: int) -> dict:
                 t = r.streams[0].timings
                 if figure == "prompt":
                     value, own = P / r.ttft, t.get("prompt_per_second")
+                elif figure == "streams":
+                    value, own = r.aggregate_tps, None
                 else:
                     value, own = r.decode_tps, t.get("predicted_per_second")
                 runs.append({"server": name, "figure": figure, "rep": rep, "tps": value,
@@ -146,7 +162,7 @@ def measure(servers: dict, args, vocab: int) -> dict:
                       f"{other.cpus:.2f} CPUs", flush=True)
     best = {}
     for name in names:
-        for figure in ("prompt", "decode"):
+        for figure in FIGURES:
             mine = [r for r in runs if r["server"] == name and r["figure"] == figure]
             top = max(mine, key=lambda r: r["tps"])
             best.setdefault(name, {})[figure] = {
@@ -159,7 +175,7 @@ def table(results: dict) -> str:
              f"{'kin own':>10}{'llama own':>10}   load (kin/llama), others' CPUs"]
     for model, res in results.items():
         b = res["best"]
-        for figure in ("prompt", "decode"):
+        for figure in FIGURES:
             k, l = b.get("kinetic", {}).get(figure), b.get("llama-server", {}).get(figure)
             ratio = k["tps"] / l["tps"] if k and l else None
             cell = lambda x, key: f"{x[key]:10.2f}" if x and x.get(key) else f"{'-':>10}"
@@ -195,7 +211,9 @@ def main(argv=None) -> int:
     ap.add_argument("--short-prompt", type=int, default=16, help="the decode runs' prompt")
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--threads", type=int, default=2, help="llama-server -t, KINETIC_THREADS")
-    ap.add_argument("--n-ctx", type=int, default=2048, help="context of the one slot")
+    ap.add_argument("--n-ctx", type=int, default=2048, help="context of each slot")
+    ap.add_argument("--streams", type=int, default=4,
+                    help="slots of each server, and requests at once of the streams figure")
     ap.add_argument("--wait-quiet", type=float, default=20, metavar="S",
                     help="before each run, wait up to S s for other processes to go quiet")
     ap.add_argument("--seed", type=int, default=0, help="of the random prompts")
@@ -228,14 +246,14 @@ def main(argv=None) -> int:
         try:
             ready = {}
             t0 = time.perf_counter()
-            ls = LlamaServer(server, path, parallel=1, n_ctx=args.n_ctx, threads=args.threads,
+            ls = LlamaServer(server, path, parallel=args.streams, n_ctx=args.n_ctx, threads=args.threads,
                              log=logf)
             servers["llama-server"] = ls
             print("  llama-server: " + " ".join(ls.cmd), flush=True)
             ls.wait_ready()
             ready["llama-server"] = time.perf_counter() - t0
             t0 = time.perf_counter()
-            ks = KineticServer(path, parallel=1, n_ctx=args.n_ctx, draft=False,
+            ks = KineticServer(path, parallel=args.streams, n_ctx=args.n_ctx, draft=False,
                                threads=args.threads, log=logf)
             servers["kinetic"] = ks
             print("  kinetic: " + " ".join(ks.cmd), flush=True)
@@ -259,7 +277,7 @@ def main(argv=None) -> int:
         Path(args.json).write_text(json.dumps(
             {"date": started.isoformat(timespec="minutes"), "cpu": cpu,
              "argv": sys.argv[1:] if argv is None else list(argv), "reps": args.reps,
-             "threads": args.threads, "n_ctx": args.n_ctx, "prompt_tokens": args.prompt_tokens,
+             "threads": args.threads, "n_ctx": args.n_ctx, "streams": args.streams, "prompt_tokens": args.prompt_tokens,
              "decode_tokens": args.decode_tokens, "short_prompt": args.short_prompt,
              "models": results}, indent=1, default=str) + "\n")
         print(f"figures written to {args.json}")

@@ -28,6 +28,15 @@ bool amd_vendor() {
   v[12] = 0;
   return std::strcmp(v, "AuthenticAMD") == 0 || std::strcmp(v, "HygonGenuine") == 0;
 }
+
+// CPUID leaf 1's display family (base family, plus the extended family where the base is 15):
+// AMD's 0x17 is Zen 1 and 2, 0x19 Zen 3 and 4, 0x1A Zen 5.
+unsigned cpu_family() {
+  unsigned eax, ebx, ecx, edx;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return 0;
+  const unsigned base = (eax >> 8) & 0xF;
+  return base == 0xF ? base + ((eax >> 20) & 0xFF) : base;
+}
 }  // namespace
 #endif
 
@@ -62,7 +71,7 @@ bool software_prefetch() {
     const char* env = std::getenv("KINETIC_PREFETCH");
     if (env && *env) return std::strcmp(env, "0") != 0;
 #if defined(__x86_64__) || defined(__i386__)
-    return !amd_vendor();
+    return !(amd_vendor() && cpu_family() < 0x1A);
 #else
     return true;
 #endif

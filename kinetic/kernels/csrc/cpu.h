@@ -15,9 +15,11 @@ Isa active_isa();
 const char* isa_name(Isa isa);
 
 // Whether the matmul loops prefetch the next column group in software: KINETIC_PREFETCH=0|1
-// if set, else on but on AMD CPUs, whose hardware prefetchers already stream the weights
-// (measured on a Zen 4: software prefetches cut a 2-thread read from 28 to 20 GB/s). It
-// changes no bits, only where the time goes. Decided once.
+// if set, else on but on AMD CPUs before Zen 5 (family 0x1A), whose hardware prefetchers
+// already stream the weights (measured on a Zen 4: software prefetches cut a 2-thread read
+// from 28 to 20 GB/s). On a Zen 5 they pay, as on Intel: LFM2-350M's decode step 12.7 ->
+// 9.4-10.0 ms (docs/performance.md, Speed III). It changes no bits, only where the time
+// goes. Decided once.
 bool software_prefetch();
 
 }  // namespace kn
