@@ -113,7 +113,8 @@ class DeviceSampler:
     def compile(self, shape: SampleShape, logit_rows: list[int]) -> None:
         """Compile the draws and log-probabilities at every sampler bucket of `shape`, as
         `sample` calls them (the chain at its chunk buckets), and the row picks from each
-        size of logits a step returns (logit_rows)."""
+        size of logits a step returns (logit_rows) into the buckets its rows can take (each
+        compiled executable holds about 2 MB)."""
         chunks = shape.chunk_buckets
         for B in shape.buckets:
             logits = jnp.zeros((B, self.vocab_size), jnp.float32)
@@ -125,7 +126,11 @@ class DeviceSampler:
             sampler.logprobs(logits, tokens, MAX_LOGPROBS)[0].block_until_ready()
             _greedy(logits, self._bias(None, B, shape.bias_width), self._full_mask(B),
                     exact=self.exact).block_until_ready()
-            for rows in {1, *logit_rows}:   # the logits a step can return
+            # the logits a step can return ([R, V]); a step of R rows samples at most R, so
+            # it picks into the sampler buckets up to bucket(R) only
+            for rows in sorted({1, *logit_rows}):
+                if B > shape.bucket(rows):
+                    continue
                 sampler.pick_rows(jnp.zeros((rows, self.vocab_size), jnp.float32),
                                   jnp.zeros(B, jnp.int32)).block_until_ready()
             del logits, tokens
