@@ -92,7 +92,7 @@ def test_every_path_gives_the_plain_bits(fmt, n, k):
     rep = w.copy()
     rfmt = kernels.repack16_host(fmt, rep, n, k)
     rng = np.random.default_rng(k)
-    for m in (1, 3, 8, 9):
+    for m in (1, 3, 8, 9, 16, 17):   # 16: two passes of 8 rows in registers, 17: the strip
         x = rng.standard_normal((m, k)).astype(np.float32)
         x[0, :7] *= 50.0   # an outlier block
         want = R.qmatmul(fmt, w, n, k, x).view(np.uint32)

@@ -368,17 +368,26 @@ KN_INL void k16_sums(const Tile16& t, const uint32_t* const* xw, const int32_t* 
   for (int r = 0; r < R; ++r) isum[r] = q[r] = _mm512_setzero_si512();
 #pragma GCC unroll 16
   for (int s = 0; s < NSUB; ++s) {
-    __m512i p[R];
+    // two partial sums per row (even and odd words), added at the end: two chains of
+    // dependent dot products instead of one; integers, so the same sum in any order
+    __m512i p[R], p2[R];
 #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) p[r] = KQ::OFF ? _mm512_set1_epi32(xa[r][s]) : _mm512_setzero_si512();
+    for (int r = 0; r < R; ++r) {
+      p[r] = KQ::OFF ? _mm512_set1_epi32(xa[r][s]) : _mm512_setzero_si512();
+      p2[r] = _mm512_setzero_si512();
+    }
 #pragma GCC unroll 8
-    for (int k = 0; k < WPS; ++k) {
-      const __m512i u = _mm512_load_si512(&t.u[WPS * s + k]);
+    for (int k = 0; k < WPS; k += 2) {
+      const __m512i u = _mm512_load_si512(&t.u[WPS * s + k]), u2 = _mm512_load_si512(&t.u[WPS * s + k + 1]);
 #pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) p[r] = dpbusd_bcast(p[r], u, xw[r] + WPS * s + k);
+      for (int r = 0; r < R; ++r) {
+        p[r] = dpbusd_bcast(p[r], u, xw[r] + WPS * s + k);
+        p2[r] = dpbusd_bcast(p2[r], u2, xw[r] + WPS * s + k + 1);
+      }
     }
 #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(p[r], t.sc[s]));
+    for (int r = 0; r < R; ++r)
+      isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(_mm512_add_epi32(p[r], p2[r]), t.sc[s]));
   }
   if (KQ::MINS)
 #pragma GCC unroll 8

@@ -233,15 +233,16 @@ KN_INL void unpack_strip_r16(const uint8_t* group, int64_t b0, int nbs, uintptr_
   }
 }
 
-// Every row (M <= 8) against a repacked group's nb blocks, a block at a time, its vectors in
-// registers and the rows' accumulators too (no strip in memory: at few rows, storing and
-// reloading the strip cost as much as the sums). Per row and block the sums and the combine
-// are rows_strip's (block_rows), in the same order, so the bits are the same; acc: the rows'
-// 16 columns.
+// Rows m0 .. m0 + R - 1 (R <= 8) against a repacked group's nb blocks, a block at a time, its
+// vectors in registers and the rows' accumulators too (no strip in memory: at few rows,
+// storing and reloading the strip cost as much as the sums). Per row and block the sums and
+// the combine are rows_strip's (block_rows), in the same order, so the bits are the same;
+// acc16: those rows' 16 columns. next: the group to prefetch (0: none, on a second pass over
+// a group already in the caches).
 template <class F>
 KN_SIMD void few_rows_r16(const uint8_t* group, int64_t nb, uintptr_t next, const QuantActs& x,
-                          const int32_t* init, float* acc16) {
-  with_rows(int(x.M), [&](auto rows) KN_INL_LAMBDA {
+                          const int32_t* init, int64_t m0, int rows_n, float* acc16) {
+  with_rows(rows_n, [&](auto rows) KN_INL_LAMBDA {
     constexpr int R = decltype(rows)::value;
     __m512 acc[R];
 #pragma GCC unroll 8
@@ -251,15 +252,19 @@ KN_SIMD void few_rows_r16(const uint8_t* group, int64_t nb, uintptr_t next, cons
       __m512i t[8];
       __m512 dw, mw;
       unpack_block_r16<F>(group + b * 16 * F::BYTES, t, dw, mw);
-      block_rows<F, R>(t, dw, mw, x, init, b * x.M, acc);
+      block_rows<F, R>(t, dw, mw, x, init, b * x.M + m0, acc);
     }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc16 + 16 * r, acc[r]);
   });
 }
 
-// Rows up to which a repacked weight's groups run block by block in registers (few_rows_r16).
-constexpr int64_t kFewRows = 8;
+// Rows up to which a repacked weight's groups run block by block in registers (few_rows_r16),
+// 8 rows at a time, each group read again from the caches for every 8 rows: at 16 rows that
+// beats unpacking a strip into memory and reading it back (bench/kernel.py, Qwen2.5-0.5B at
+// 16 rows: the Q8_0 output 5.99 -> 4.70 ms, the Q5_0 gate and up 0.145 -> 0.132 ms); at 32
+// and 64 rows the strip was as fast or faster (Q5_0 0.269 against 0.301 ms at 32).
+constexpr int64_t kFewRows = 16;
 
 // Columns [n0, n1), 16 at a time. R16: the weight is repacked (repack.h; n0 and n1 multiples
 // of 16), each group's blocks read as stored (unpack_strip_r16, above); else plain rows.
@@ -276,8 +281,10 @@ KN_SIMD void legacy_cols16(const MatmulArgs& a, int64_t n0, int64_t n1) {
       for (int c = 0; c < 16; ++c) rows[c] = a.w + std::min(n + c, n1 - 1) * a.row_bytes;
     const uintptr_t next = next_group(a, n, 16);
     std::fill(acc.begin(), acc.end(), 0.f);
-    if (R16 && M <= kFewRows) {   // a block at a time, in registers
-      few_rows_r16<F>(a.w + n * a.row_bytes, nb, next, acts, init.data(), acc.data());
+    if (R16 && M <= kFewRows) {   // a block at a time, in registers, 8 rows at a time
+      for (int64_t m0 = 0; m0 < M; m0 += 8)
+        few_rows_r16<F>(a.w + n * a.row_bytes, nb, m0 == 0 ? next : 0, acts, init.data(), m0,
+                        int(std::min<int64_t>(8, M - m0)), acc.data() + 16 * m0);
     } else {
       for (int64_t b0 = 0; b0 < nb; b0 += kStrip) {
         const int nbs = int(std::min<int64_t>(kStrip, nb - b0));
