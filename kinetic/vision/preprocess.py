@@ -21,6 +21,7 @@ Images are numpy arrays [height, width, 3] uint8 (RGB), as kinetic.vision.images
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -53,6 +54,7 @@ def _lanczos_filter(x: np.ndarray) -> np.ndarray:
 FILTERS = {"bilinear": (1.0, _bilinear_filter), "lanczos": (3.0, _lanczos_filter)}
 
 
+@functools.lru_cache(maxsize=16)   # an image's sizes repeat: a model's output sizes are fixed
 def resample_weights(n_in: int, n_out: int, algo: str) -> np.ndarray:
     """[n_out, n_in] int64: Pillow's precompute_coeffs in fixed point. The filter is
     widened by the scale when shrinking (antialiasing); an output pixel's centre is
@@ -75,6 +77,7 @@ def resample_weights(n_in: int, n_out: int, algo: str) -> np.ndarray:
             w = w / total
         t = w * (1 << PRECISION_BITS)
         out[xx, xmin:xmax] = np.trunc(np.where(w < 0, t - 0.5, t + 0.5)).astype(np.int64)
+    out.flags.writeable = False   # cached: shared by every caller
     return out
 
 
@@ -86,11 +89,23 @@ def resample(src: np.ndarray, width: int, height: int, algo: str) -> np.ndarray:
     half = 1 << (PRECISION_BITS - 1)
     if width != src.shape[1]:
         w = resample_weights(src.shape[1], width, algo)
-        img = np.clip((half + np.einsum("hwc,xw->hxc", img, w)) >> PRECISION_BITS, 0, 255)
+        img = np.clip((half + _int_matmul(w, img.transpose(1, 0, 2).reshape(src.shape[1], -1))
+                       .reshape(width, src.shape[0], 3).transpose(1, 0, 2)) >> PRECISION_BITS,
+                      0, 255)
     if height != src.shape[0]:
         w = resample_weights(src.shape[0], height, algo)
-        img = np.clip((half + np.einsum("hwc,yh->ywc", img, w)) >> PRECISION_BITS, 0, 255)
+        img = np.clip((half + _int_matmul(w, img.reshape(src.shape[0], -1))
+                       .reshape(height, img.shape[1], 3)) >> PRECISION_BITS, 0, 255)
     return img.astype(np.uint8)
+
+
+def _int_matmul(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """w @ x of int64 matrices, exactly, through float64 (BLAS): every product and partial
+    sum here is an integer below 2**53 in magnitude (pixels <= 255 times weights <= 2**22, over
+    at most a few thousand taps), so float64 holds each one exactly and the result is the
+    integer product's. numpy's integer einsum took seconds on a large image."""
+    assert np.abs(w).sum(axis=1).max(initial=0) * 255 < 2 ** 53
+    return (w.astype(np.float64) @ x.astype(np.float64)).astype(np.int64)
 
 
 def resize(src: np.ndarray, width: int, height: int, algo: str, pad: bool) -> np.ndarray:
