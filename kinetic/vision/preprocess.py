@@ -54,8 +54,22 @@ def _lanczos_filter(x: np.ndarray) -> np.ndarray:
 FILTERS = {"bilinear": (1.0, _bilinear_filter), "lanczos": (3.0, _lanczos_filter)}
 
 
-@functools.lru_cache(maxsize=16)   # an image's sizes repeat: a model's output sizes are fixed
 def resample_weights(n_in: int, n_out: int, algo: str) -> np.ndarray:
+    """_resample_weights, kept for the sizes that repeat (a model's output sizes are fixed,
+    and images often share theirs) while the matrix is small: at most 16 of 16 MB."""
+    if n_in * n_out <= 1 << 21:
+        return _cached_weights(n_in, n_out, algo)
+    return _resample_weights(n_in, n_out, algo)
+
+
+@functools.lru_cache(maxsize=16)
+def _cached_weights(n_in: int, n_out: int, algo: str) -> np.ndarray:
+    out = _resample_weights(n_in, n_out, algo)
+    out.flags.writeable = False   # shared by every caller
+    return out
+
+
+def _resample_weights(n_in: int, n_out: int, algo: str) -> np.ndarray:
     """[n_out, n_in] int64: Pillow's precompute_coeffs in fixed point. The filter is
     widened by the scale when shrinking (antialiasing); an output pixel's centre is
     (xx + 0.5) * scale in the input, its taps from int(centre - support + 0.5) to
@@ -77,7 +91,6 @@ def resample_weights(n_in: int, n_out: int, algo: str) -> np.ndarray:
             w = w / total
         t = w * (1 << PRECISION_BITS)
         out[xx, xmin:xmax] = np.trunc(np.where(w < 0, t - 0.5, t + 0.5)).astype(np.int64)
-    out.flags.writeable = False   # cached: shared by every caller
     return out
 
 
@@ -101,11 +114,17 @@ def resample(src: np.ndarray, width: int, height: int, algo: str) -> np.ndarray:
 
 def _int_matmul(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     """w @ x of int64 matrices, exactly, through float64 (BLAS): every product and partial
-    sum here is an integer below 2**53 in magnitude (pixels <= 255 times weights <= 2**22, over
-    at most a few thousand taps), so float64 holds each one exactly and the result is the
-    integer product's. numpy's integer einsum took seconds on a large image."""
+    sum here is an integer below 2**53 in magnitude (pixels <= 255 times weights whose
+    magnitudes sum to about 2**22 a row), so float64 holds each one exactly and the result is
+    the integer product's. numpy's integer einsum took seconds on a large image. x's columns
+    go through in slices of at most 32 MB of float64, so that a large image's copy stays small."""
     assert np.abs(w).sum(axis=1).max(initial=0) * 255 < 2 ** 53
-    return (w.astype(np.float64) @ x.astype(np.float64)).astype(np.int64)
+    wf = w.astype(np.float64)
+    out = np.empty((w.shape[0], x.shape[1]), np.int64)
+    step = max(1, (1 << 22) // max(1, x.shape[0]))
+    for c in range(0, x.shape[1], step):
+        out[:, c:c + step] = wf @ x[:, c:c + step].astype(np.float64)
+    return out
 
 
 def resize(src: np.ndarray, width: int, height: int, algo: str, pad: bool) -> np.ndarray:
