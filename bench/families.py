@@ -61,6 +61,7 @@ if str(ROOT) not in sys.path:
 
 from bench.client import random_prompts, run_streams   # noqa: E402
 from bench.probes import OtherLoad, cpu_name, load_note, wait_quiet   # noqa: E402
+from bench.report import save_run   # noqa: E402
 from bench.servers import (KineticServer, LlamaServer, find_llama_server,   # noqa: E402
                            link_shared_libraries, resolve_server_binary)
 from bench.throughput import gguf_facts   # noqa: E402
@@ -274,13 +275,10 @@ def main(argv=None) -> int:
     print(table(results))
     print(f"after: {load_note()}")
     if args.json:
-        Path(args.json).write_text(json.dumps(
-            {"date": started.isoformat(timespec="minutes"), "cpu": cpu,
-             "argv": sys.argv[1:] if argv is None else list(argv), "reps": args.reps,
-             "threads": args.threads, "n_ctx": args.n_ctx, "streams": args.streams, "prompt_tokens": args.prompt_tokens,
-             "decode_tokens": args.decode_tokens, "short_prompt": args.short_prompt,
-             "models": results}, indent=1, default=str) + "\n")
-        print(f"figures written to {args.json}")
+        save_run(args.json, started, cpu, argv, reps=args.reps, threads=args.threads,
+                 n_ctx=args.n_ctx, streams=args.streams, prompt_tokens=args.prompt_tokens,
+                 decode_tokens=args.decode_tokens, short_prompt=args.short_prompt,
+                 models=results)
     return 0
 
 

@@ -4,6 +4,7 @@
                             other processes kept busy during each figure's best run, and the
                             memory-bandwidth bound of each decode figure
     write_json(res, path)
+    save_run(path, started, cpu, argv, **fields)   another benchmark's run, with its header
     plot(res, path)         aggregate decode tokens/s against the number of streams, one line
                             per server (matplotlib, Agg backend, imported only here)
 
@@ -16,6 +17,7 @@ step), "model".
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 # kinetic (drafting off) / llama-server, the Speed II issue's (docs/performance.md): prompt,
@@ -99,6 +101,14 @@ def table(res: dict) -> str:
 
 def write_json(res: dict, path: str) -> None:
     Path(path).write_text(json.dumps(res, indent=1, default=str) + "\n")
+
+
+def save_run(path: str, started, cpu: str, argv, **fields) -> None:
+    """A benchmark run's JSON at `path`: when it started, the CPU, the arguments (argv, or
+    sys.argv's when None), then its own fields; says where it went."""
+    write_json({"date": started.isoformat(timespec="minutes"), "cpu": cpu,
+                "argv": sys.argv[1:] if argv is None else list(argv), **fields}, path)
+    print(f"figures written to {path}")
 
 
 def plot(res: dict, path: str) -> None:

@@ -89,6 +89,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.probes import OtherLoad, cpu_has, cpu_name, load_note, wait_quiet   # noqa: E402
+from bench.report import save_run   # noqa: E402
 from bench.servers import (find_llama_server, link_shared_libraries,   # noqa: E402
                            resolve_server_binary)
 
@@ -502,12 +503,8 @@ def main(argv=None) -> int:
     print(table(results))
     print(f"after: {load_note()}")
     if args.json:
-        Path(args.json).write_text(json.dumps(
-            {"date": started.isoformat(timespec="minutes"), "cpu": cpu,
-             "argv": sys.argv[1:] if argv is None else list(argv), "reps": args.reps,
-             "images": args.images, "threads": args.threads, "mtmd_cli": cli,
-             "families": results}, indent=1, default=str) + "\n")
-        print(f"figures written to {args.json}")
+        save_run(args.json, started, cpu, argv, reps=args.reps, images=args.images,
+                 threads=args.threads, mtmd_cli=cli, families=results)
     return 0
 
 
