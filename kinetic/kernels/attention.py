@@ -19,7 +19,8 @@ its rows the image's last position as end, as llama.cpp masks key p0 for query p
 The arithmetic per (row t, query head h), keys l = lo..end of the row's slot in order:
 qs = round_to_cache_dtype(q) * scale; score_l = sum over j in order of qs[j] * k_l[j]
 (each product rounded, then added); optional softcap * tanhf(score / softcap);
-p_l = expf(score_l - max); out = (sum over l in order of p_l * v_l) / (sum over l of p_l).
+p_l = exp_softmax(score_l - max) (below: float32 operations only, the kernel's on every path);
+out = (sum over l in order of p_l * v_l) / (sum over l of p_l).
 """
 
 from __future__ import annotations
@@ -112,14 +113,42 @@ def attention_host(q, k_cache, v_cache, page_table, slots, positions, scale: flo
     return out
 
 
-def _libm():
-    """C's expf and tanhf, the functions the kernel calls (numpy's float32 exp is its own
-    SIMD code and need not give libm's bits)."""
-    libm = ctypes.CDLL("libm.so.6")
-    for name in ("expf", "tanhf"):
-        fn = getattr(libm, name)
-        fn.restype, fn.argtypes = ctypes.c_float, [ctypes.c_float]
-    return libm.expf, libm.tanhf
+def _libm_tanhf():
+    """C's tanhf, the function the kernel calls for a softcap (numpy's float32 tanh is its
+    own code and need not give libm's bits)."""
+    fn = ctypes.CDLL("libm.so.6").tanhf
+    fn.restype, fn.argtypes = ctypes.c_float, [ctypes.c_float]
+    return fn
+
+
+# exp_softmax's constants (csrc/attention_impl.h): Cephes' expf polynomial
+_LOG2E, _MAGIC = np.float32(1.44269504088896341), np.float32(12582912.0)
+_LN2_HI, _LN2_LO = np.float32(0.693359375), np.float32(-2.12194440e-4)
+_EXP_P = [np.float32(c) for c in (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3,
+                                  4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)]
+_EXP_LOW = np.float32(-86.0)
+
+
+def exp_softmax(x) -> np.ndarray:
+    """The kernel's exp of x = score - max <= 0 (csrc/attention_impl.h, exp_softmax), in the
+    same float32 operations, each rounded on its own: n = round(x log2 e) by adding 1.5 * 2^23,
+    r = x - n ln2 in two parts, Cephes' polynomial p(r), then n added to p's exponent bits;
+    0 below -86 and for a NaN. Within 2 ulp of e^x."""
+    x = np.asarray(x, np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        t = x * _LOG2E + _MAGIC
+        n = t - _MAGIC
+        shift = (t.view(np.uint32) - _MAGIC.view(np.uint32)) << np.uint32(23)
+        r = x - n * _LN2_HI
+        r = r - n * _LN2_LO
+        z = r * r
+        p = r * _EXP_P[0] + _EXP_P[1]
+        for c in _EXP_P[2:]:
+            p = p * r + c
+        p = p * z + r
+        p = p + np.float32(1.0)
+        bits = np.where(x >= _EXP_LOW, p.view(np.uint32) + shift, np.uint32(0))
+    return bits.astype(np.uint32).view(np.float32)
 
 
 def reference_attention(q, k_cache, v_cache, page_table, slots, positions, scale: float,
@@ -127,7 +156,7 @@ def reference_attention(q, k_cache, v_cache, page_table, slots, positions, scale
     """The kernel's arithmetic in numpy float32, in its order (module docstring): the
     scores as a loop over j of vectors across keys (lane-per-key order), the values as a
     loop over keys of vectors across j. Slow; for tests."""
-    expf, tanhf = _libm()
+    tanhf = _libm_tanhf()
     f32 = np.float32
     k_cache, v_cache = np.asarray(k_cache), np.asarray(v_cache)
     # q meets the cache in its storage type (round to nearest even, as the kernel does)
@@ -154,7 +183,7 @@ def reference_attention(q, k_cache, v_cache, page_table, slots, positions, scale
                 c = f32(softcap)
                 s = np.array([c * f32(tanhf(float(x / c))) for x in s], np.float32)
             m = s.max()
-            p = np.array([expf(float(x - m)) for x in s], np.float32)
+            p = exp_softmax(s - m)
             den = np.add.accumulate(p)[-1]  # sequential, in order of l
             o = np.zeros(vc.shape[3], np.float32)
             for i in range(len(ls)):

@@ -15,7 +15,7 @@
 //              (every product rounded, then added: no FMA)
 //   score_l  = softcap * tanhf(score_l / softcap)                       (if softcap > 0)
 //   m        = max_l score_l
-//   p_l      = expf(score_l - m)
+//   p_l      = exp_softmax(score_l - m)   (attention_impl.h: float32 operations only)
 //   den      = ((0 + p_lo) + p_lo+1) + ... + p_e
 //   o[j]     = ((0 + p_lo*v_lo[j]) + p_lo+1*v_lo+1[j]) + ... + p_e*v_e[j]
 //   out[t, h, j] = o[j] / den
@@ -25,8 +25,9 @@
 //
 // The SIMD paths vectorize the scores across keys (a lane per key, each lane summing over j
 // in order) and the weighted values across j (a lane per j, summing over l in order), so
-// every element sees exactly the scalar sequence above. expf and tanhf are the scalar libm
-// functions on every path. Cache elements are read as float exactly (half and bfloat16 ->
+// every element sees exactly the scalar sequence above. exp_softmax is written out in
+// float32 multiplies, adds and bit moves (a lane per key on the SIMD paths, the same
+// sequence); tanhf, for a softcap only, is the scalar libm function on every path. Cache elements are read as float exactly (half and bfloat16 ->
 // float lose nothing); the one exception is a signalling-NaN half, which the SIMD paths'
 // hardware conversion reads quieted, and which no KV cache holds (attention_impl.h).
 //

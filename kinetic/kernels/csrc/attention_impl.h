@@ -36,6 +36,10 @@ typedef float V __attribute__((vector_size(KN_ATTN_W * sizeof(float))));
 inline V load(const float* p) { V v; std::memcpy(&v, p, sizeof(V)); return v; }
 inline void store(float* p, V v) { std::memcpy(p, &v, sizeof(V)); }
 inline V zero() { V v; std::memset(&v, 0, sizeof(V)); return v; }
+#if KN_ATTN_W > 1
+typedef uint32_t VU32 __attribute__((vector_size(KN_ATTN_W * sizeof(uint32_t))));
+inline VU32 zero_u() { VU32 v; std::memset(&v, 0, sizeof(VU32)); return v; }
+#endif
 inline int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
 inline float max32(float x, float y) { return y > x ? y : x; }
 
@@ -249,6 +253,72 @@ void value_pair(const float* pa, const float* pb, const float* const* vp, int64_
   }
 }
 
+// exp(x) for the softmax's x = score - max <= 0, in float32 operations only, each rounded
+// on its own (-ffp-contract=off), the same sequence in every lane and on every path, and
+// in attention.py's numpy reference (exp_softmax): no libm, whose expf is a scalar call.
+//   n = round(x * log2(e)) (adding 1.5 * 2^23 rounds to the nearest integer, ties to even,
+//       and leaves n in the sum's low bits); r = (x - n * ln2_hi) - n * ln2_lo
+//   p = ((((((P0 r + P1) r + P2) r + P3) r + P4) r + P5) * r^2 + r) + 1   (Cephes' expf)
+//   exp = p * 2^n, by adding n to p's exponent bits; 0 below x = -86 (where 2^n would leave
+//       the normal floats; e^-86 < 5e-38 next to the max's weight 1) and for a NaN.
+// Within 2 ulp of e^x; x = 0 gives exactly 1.
+constexpr float kExpLog2e = 1.44269504088896341f, kExpMagic = 12582912.0f;
+constexpr float kExpLn2Hi = 0.693359375f, kExpLn2Lo = -2.12194440e-4f;
+constexpr float kExpP0 = 1.9875691500e-4f, kExpP1 = 1.3981999507e-3f,
+                kExpP2 = 8.3334519073e-3f, kExpP3 = 4.1665795894e-2f,
+                kExpP4 = 1.6666665459e-1f, kExpP5 = 5.0000001201e-1f, kExpLow = -86.0f;
+
+inline float exp_softmax(float x) {
+  const float t = x * kExpLog2e + kExpMagic;
+  const float n = t - kExpMagic;
+  const uint32_t shift = (f32_to_bits(t) - f32_to_bits(kExpMagic)) << 23;
+  float r = x - n * kExpLn2Hi;
+  r = r - n * kExpLn2Lo;
+  const float z = r * r;
+  float p = kExpP0 * r + kExpP1;
+  p = p * r + kExpP2;
+  p = p * r + kExpP3;
+  p = p * r + kExpP4;
+  p = p * r + kExpP5;
+  p = p * z + r;
+  p = p + 1.0f;
+  return x >= kExpLow ? bits_to_f32(f32_to_bits(p) + shift) : 0.0f;
+}
+
+// x[l] = exp_softmax(x[l] - m) for l < n: W lanes at a time, each lane exp_softmax's
+// sequence, then the last n % W one by one.
+void exp_shifted(float* x, int64_t n, float m) {
+  int64_t l = 0;
+#if KN_ATTN_W > 1
+  typedef VU32 VU;
+  const VU magic_bits = zero_u() + f32_to_bits(kExpMagic);
+  for (; l + W <= n; l += W) {
+    const V v = load(x + l) - m;
+    const V t = v * kExpLog2e + kExpMagic;
+    const V nf = t - kExpMagic;
+    VU tb;
+    std::memcpy(&tb, &t, sizeof(VU));
+    const VU shift = (tb - magic_bits) << 23;
+    V r = v - nf * kExpLn2Hi;
+    r = r - nf * kExpLn2Lo;
+    const V z = r * r;
+    V p = r * kExpP0 + kExpP1;
+    p = p * r + kExpP2;
+    p = p * r + kExpP3;
+    p = p * r + kExpP4;
+    p = p * r + kExpP5;
+    p = p * z + r;
+    p = p + 1.0f;
+    VU pb;
+    std::memcpy(&pb, &p, sizeof(VU));
+    const VU keep = (VU)(v >= kExpLow);  // all ones where kept, zero else (and for a NaN)
+    pb = (pb + shift) & keep;
+    std::memcpy(x + l, &pb, sizeof(VU));
+  }
+#endif
+  for (; l < n; ++l) x[l] = exp_softmax(x[l] - m);
+}
+
 // max of x[0..n): exact in any grouping (a NaN is skipped in every grouping alike), so
 // lanes and four chains may share the work.
 float max_of(const float* x, int64_t n) {
@@ -336,7 +406,7 @@ void KN_ATTN_UNIT(const AttnArgs& a, int64_t t0, int64_t R, int64_t kh, float* s
     if (rg < r1 * G) score_block(&qs[rg * Q], kt, Q, &s[rg * npad + b0]);
   }
 
-  // per row and head, over its own n keys: softcap; m = max; p_l = expf(score_l - m);
+  // per row and head, over its own n keys: softcap; m = max; p_l = exp_softmax(score_l - m);
   // den = sum of p_l in order of l
   for (int64_t r = 0; r < R; ++r) {
     const int64_t n = last[r] - first[r] + 1;
@@ -344,11 +414,20 @@ void KN_ATTN_UNIT(const AttnArgs& a, int64_t t0, int64_t R, int64_t kh, float* s
       float* sg = &s[(r * G + g) * npad + first[r]];
       if (a.softcap > 0)
         for (int64_t l = 0; l < n; ++l) sg[l] = a.softcap * std::tanh(sg[l] / a.softcap);
-      const float m = max_of(sg, n);
-      for (int64_t l = 0; l < n; ++l) sg[l] = std::exp(sg[l] - m);
-      float d = 0.0f;
-      for (int64_t l = 0; l < n; ++l) d = d + sg[l];
-      den[r * G + g] = d;
+      exp_shifted(sg, n, max_of(sg, n));
+    }
+    // den: each head's sum in order of l, four heads' chains side by side (the same sums; a
+    // last group of fewer than four repeats its last head in the spare chains, unstored)
+    const float* s0 = &s[r * G * npad + first[r]];
+    for (int64_t g = 0; g < G; g += 4) {
+      const float* sh[4];
+      for (int64_t i = 0; i < 4; ++i) sh[i] = s0 + (g + i < G ? g + i : G - 1) * npad;
+      float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
+      for (int64_t l = 0; l < n; ++l) {
+        d0 = d0 + sh[0][l]; d1 = d1 + sh[1][l]; d2 = d2 + sh[2][l]; d3 = d3 + sh[3][l];
+      }
+      const float d[4] = {d0, d1, d2, d3};
+      for (int64_t i = 0; i < 4 && g + i < G; ++i) den[r * G + g + i] = d[i];
     }
   }
 
