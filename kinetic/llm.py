@@ -31,6 +31,7 @@ from kinetic.model.loader import LoadedModel, load_model
 from kinetic.text.chat_messages import MEDIA_MARKER
 from kinetic.text.chat_template import ChatTemplate
 from kinetic.text.tokenizer import Tokenizer
+from kinetic.text.vocab import VOCAB_ONLY_KEYS
 
 if TYPE_CHECKING:
     from kinetic.embedding import EmbeddingModel
@@ -267,6 +268,9 @@ def open_model(path: str | os.PathLike[str], config: EngineConfig, *, dtype: str
     loaded = load_model(os.fspath(path), dtype=dtype, act_quant=llama_rounding,
                         progress=stage("loading"), kernel=kernel, defer_repack=True)
     tokenizer = Tokenizer.from_metadata(loaded.file.metadata)
+    # the arrays only the vocabulary reads go before the steps compile, whose peak they would
+    # add to (Llama 3's merges: 25 MB of str); /api/show reads them from the file again
+    loaded.file.drop(VOCAB_ONLY_KEYS)
     if pooling is not None and pooling != loaded.config.pooling:
         if loaded.config.task != "embedding" or pooling not in EMBEDDING_POOLINGS:
             raise ValueError(f"pooling {pooling!r}: {os.fspath(path)} is "
@@ -284,6 +288,8 @@ def open_model(path: str | os.PathLike[str], config: EngineConfig, *, dtype: str
     draft_model = None if draft is None else load_model(
         os.fspath(draft), dtype=dtype, act_quant=llama_rounding, kernel=kernel,
         progress=stage("loading the draft model"), defer_repack=True)
+    if draft_model is not None:
+        draft_model.file.drop(VOCAB_ONLY_KEYS)   # it has no tokenizer of its own
     projector = None
     if mmproj is not None:
         from kinetic.vision.projector import load_projector

@@ -118,6 +118,22 @@ def test_arrays_read_back_exactly(sample):
     assert m["a.nested_str"] == [["a", "b"], ["c"]]
 
 
+def test_dropped_values_are_read_again_from_the_file(sample):
+    whole = GGUFFile(sample).metadata
+    f = GGUFFile(sample)
+    dropped = ("a.str", "a.nested", "a.f32", "no.such.key")
+    f.drop(dropped)
+    assert list(f.metadata) == [k for k in whole if k not in dropped]
+    assert f.keys() == list(whole)   # in the file's order, the dropped ones too
+    assert f.read("a.str") == whole["a.str"] and f.read("t.str") == whole["t.str"]
+    assert [a.tolist() for a in f.read("a.nested")] == [[1, 2, 3], [4]]
+    assert f.read("a.f32").dtype == np.float32
+    assert f.read("a.f32").tolist() == whole["a.f32"].tolist()
+    assert "a.str" not in f.metadata   # read for the caller, not kept
+    with pytest.raises(KeyError):
+        f.read("no.such.key")
+
+
 @pytest.mark.parametrize("alignment", [None, 64])
 def test_tensors_read_back_exactly(tmp_path, alignment):
     f = GGUFFile(write_sample(tmp_path / "s.gguf", alignment))

@@ -22,6 +22,8 @@ import ollama
 import pytest
 
 from kinetic.api.core import ServerConfig, ServerState
+from kinetic.model.gguf_file import GGUFFile
+from kinetic.text.vocab import VOCAB_ONLY_KEYS
 from tests.app_client import (N_CTX, AppClient, Transport, assert_ollama_error, in_process_app,
                               model_app)
 from tests.embedding_models import write_bert
@@ -88,6 +90,35 @@ def test_show_reads_the_gguf(app, client):
     assert info["tokenizer.ggml.tokens"] is None     # arrays only with verbose, as Ollama
     status, answer = app.post("/api/show", json.dumps({"model": "x", "verbose": True}).encode())
     assert status == 200 and len(answer["model_info"]["tokenizer.ggml.tokens"]) > 1000
+
+
+def test_show_reads_again_the_arrays_the_model_let_go(app):
+    """The loaded model keeps no merge lines, scores or token types (kinetic.llm.open_model
+    drops them from its GGUFFile once the tokenizer is made, which keeps the merges as ranks
+    and shares the file's token list), yet /api/show gives every key in the file's order,
+    those arrays as the file has them with verbose and null without."""
+    model = app.app.extensions["kinetic"].model
+    gguf, vocab = model.loaded.file, model.tokenizer._v
+    whole = GGUFFile(gguf.path).metadata
+    merges = whole["tokenizer.ggml.merges"]
+    assert len(merges) > 1000
+    for key in VOCAB_ONLY_KEYS:
+        assert key not in gguf.metadata
+    assert vocab.ranks and not any(isinstance(v, list) and len(v) == len(merges)
+                                   for v in (*vars(vocab).values(), *gguf.metadata.values()))
+    assert vocab.tokens is gguf.metadata["tokenizer.ggml.tokens"]   # one list, not two
+
+    keys = [k for k in whole if k != "tokenizer.chat_template"] + ["general.parameter_count"]
+    status, answer = app.post("/api/show", json.dumps({"model": "x", "verbose": True}).encode())
+    info = answer["model_info"]
+    assert status == 200 and list(info) == keys
+    assert info["tokenizer.ggml.merges"] == merges
+    assert info["tokenizer.ggml.token_type"] == whole["tokenizer.ggml.token_type"].tolist()
+    assert info["tokenizer.ggml.tokens"] == whole["tokenizer.ggml.tokens"]
+    status, answer = app.post("/api/show", json.dumps({"model": "x"}).encode())
+    info = answer["model_info"]
+    assert status == 200 and list(info) == keys and info["tokenizer.ggml.merges"] is None
+    assert "tokenizer.ggml.merges" not in gguf.metadata   # read for the answer, not kept
 
 
 # --- chat and generate ---------------------------------------------------------------------

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from kinetic.model.gguf_file import GGUFFile
-from kinetic.text.bpe import merge, parse_merges
+from kinetic.text.bpe import merge
 from kinetic.text.tokenizer import Tokenizer
+from kinetic.text.vocab import parse_merges
 from tests.conftest import real_model_file
 
 DATA = Path(__file__).parent / "data"

@@ -23,6 +23,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -170,8 +171,10 @@ class GGUFFile:
 
     Values are str (UTF-8, undecodable bytes kept as surrogate escapes), int, float, bool,
     numpy arrays for numeric arrays, list[str] for string arrays and lists for arrays of
-    arrays. Tensor data stay in the file (memory-mapped) until read. Raises GGUFError for
-    any file that is missing or malformed."""
+    arrays. Tensor data stay in the file (memory-mapped) until read. `drop` frees values a
+    long-lived process has no more use for (the vocabulary's merges, once the tokenizer is
+    made); `keys()` still lists them and `read` reads one again. Raises GGUFError for any
+    file that is missing or malformed."""
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = os.fspath(path)
@@ -179,7 +182,7 @@ class GGUFFile:
         try:
             h = _Header(buf, self.path)
             n_tensors, n_kv = _read_counts(h)
-            self.metadata: dict[str, Any] = _read_kv(h, n_kv)
+            self.metadata, self._value_at = _read_kv(h, n_kv)
             infos = _read_tensor_infos(h, n_tensors)
             alignment = _alignment(h, self.metadata)
             # The data section starts at the end of the tensor infos, rounded up.
@@ -221,6 +224,26 @@ class GGUFFile:
         """The metadata value of `key`, or `default`."""
         return self.metadata.get(key, default)
 
+    def drop(self, keys: Iterable[str]) -> None:
+        """Frees the values of `keys` from `metadata`: a served model holds its file for its
+        whole life, and a vocabulary's arrays are big as Python objects (Llama 3's 280,147
+        merges take 25 MB as str) where the tokenizer keeps what it needs in its own form."""
+        for key in keys:
+            self.metadata.pop(key, None)
+
+    def keys(self) -> list[str]:
+        """Every metadata key in the file's order, those `drop` freed included."""
+        return list(self._value_at)
+
+    def read(self, key: str) -> Any:
+        """The metadata value of `key`, parsed from the file again where `drop` freed it (the
+        header is still mapped; the file is never written); KeyError if the file has none."""
+        if key in self.metadata:
+            return self.metadata[key]
+        h = _Header(self._map, self.path)
+        h.pos, h.where = self._value_at[key], f"metadata key {key!r}"
+        return h.value(h.u32())
+
 
 def _map(path: str) -> mmap.mmap:
     """A private map of the file (copy on write: the file itself is never written), after
@@ -254,17 +277,20 @@ def _read_counts(h: _Header) -> tuple[int, int]:
     return h.u64(), h.u64()
 
 
-def _read_kv(h: _Header, n_kv: int) -> dict[str, Any]:
+def _read_kv(h: _Header, n_kv: int) -> tuple[dict[str, Any], dict[str, int]]:
+    """(key -> value, key -> where its value type starts in the file), in the file's order."""
     meta: dict[str, Any] = {}
+    value_at: dict[str, int] = {}
     for i in range(n_kv):
         h.where = f"metadata key #{i} of {n_kv}"
         key = h.string()
         h.where = f"metadata key {key!r}"
+        value_at[key] = h.pos
         value = h.value(h.u32())
         if key in meta:
             raise h.error(f"duplicate metadata key {key!r}")
         meta[key] = value
-    return meta
+    return meta, value_at
 
 
 def _read_tensor_infos(h: _Header, n: int) -> list[_TensorInfo]:

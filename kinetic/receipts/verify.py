@@ -268,16 +268,17 @@ def _engine_for(rec: dict[str, Any], path: str, model, need_ctx: int):
            step_tokens, page_size, kv_dtype, ctx)
     with _engines_lock:
         if key not in _engines:
-            loaded = None
+            loaded = tok = None
             if model is not None and not isinstance(model, (str, os.PathLike)):
                 if (model.loaded.config.kernel == kernel
                         and _weights(model.loaded) == (weights, rounding)):
-                    loaded = model.loaded
+                    # its tokenizer too: the file's merges are gone (GGUFFile.drop)
+                    loaded, tok = model.loaded, model.tokenizer
             try:
                 if loaded is None:
                     loaded = load_model(path, dtype=weights if kernel == "xla" else "bfloat16",
                                         act_quant=rounding == "llama.cpp", kernel=kernel)
-                tok = Tokenizer.from_metadata(loaded.file.metadata)
+                    tok = Tokenizer.from_metadata(loaded.file.metadata)
                 config = EngineConfig(parallel=1, n_ctx=ctx, step_tokens=step_tokens,
                                       page_size=page_size, kv_dtype=kv_dtype, speculative=False,
                                       max_draft=0, host_cache_mb=0)

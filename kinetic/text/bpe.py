@@ -3,31 +3,18 @@
 A word (one pre-tokenizer piece) starts as its characters; the adjacent pair whose merge has the
 lowest rank (earliest in `tokenizer.ggml.merges`) is merged, the leftmost one on ties, until no
 adjacent pair has a merge. Final symbols that are not in the vocabulary fall back to byte tokens.
-Results are cached per word, since real text repeats its words.
+Results are cached per word, since real text repeats its words. The ranks come from
+kinetic/text/vocab.py's parse_merges.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from kinetic.text import unicode_data as ud
 from kinetic.text.chunks import bpe_merge
 
 _CACHE_LIMIT = 1 << 16
-
-
-def parse_merges(merges: Sequence[str]) -> dict[tuple[str, str], int]:
-    """Returns {(left, right): rank} for merge lines "left right"; the first of duplicates wins.
-    The split is at the first space after the first character, so a left part that is itself a
-    space survives. Each distinct part is one string object, shared by every pair it is in
-    (Llama 3's 280,147 merges: 65 MB of pairs, 38 MB shared)."""
-    ranks: dict[tuple[str, str], int] = {}
-    parts: dict[str, str] = {}
-    for rank, line in enumerate(merges):
-        pos = line.find(" ", 1)
-        left, right = (line[:pos], line[pos + 1:]) if pos >= 0 else ("", "")
-        ranks.setdefault((parts.setdefault(left, left), parts.setdefault(right, right)), rank)
-    return ranks
 
 
 class BPE:

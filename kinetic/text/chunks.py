@@ -167,7 +167,7 @@ def bpe_merge(symbols: Sequence[str], ranks: dict[tuple[str, str], int],
     return out
 
 
-def score_ranks(scores: list[float]) -> list[int]:
+def score_ranks(scores: Sequence[float]) -> list[int]:
     """Each token's place by score, from the highest (0) down, equal scores sharing one, a
     NaN score last (a NaN compares false with everything: as a heap key it left the order
     undefined), for spm_merge."""

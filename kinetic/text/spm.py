@@ -9,7 +9,7 @@ such tokens, so the whole text is merged at once.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from kinetic.text.chunks import score_ranks, spm_merge
 
@@ -17,7 +17,7 @@ from kinetic.text.chunks import score_ranks, spm_merge
 class SPM:
     """Score-driven bigram merging over a vocabulary with per-token scores."""
 
-    def __init__(self, token_to_id: dict[str, int], scores: list[float]):
+    def __init__(self, token_to_id: dict[str, int], scores: Sequence[float]):
         self._token_to_id = token_to_id
         self._ranks = score_ranks(scores)   # each token's place by score, the best 0
 

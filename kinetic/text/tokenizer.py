@@ -17,7 +17,7 @@ from typing import Any
 
 from kinetic.text import chunks
 from kinetic.text import unicode_data as ud
-from kinetic.text.bpe import BPE, parse_merges
+from kinetic.text.bpe import BPE
 from kinetic.text.pretokenize import Splitter
 from kinetic.text.spm import SPM
 from kinetic.text.vocab import (BYTE, CONTROL, LSTRIP, NORMAL, RSTRIP, UNKNOWN, USER_DEFINED,
@@ -35,13 +35,12 @@ class Tokenizer:
         self._v = vocab
         self._tokens = vocab.tokens
         self._attrs = vocab.attrs
-        self._ranks: dict[tuple[str, str], int] = {}   # BPE's merges
+        self._ranks = vocab.ranks   # BPE's merges
         if vocab.kind == "spm":
             self._spm = SPM(vocab.token_to_id, vocab.scores)
         elif vocab.kind == "bpe":
             pre = vocab.pre
             self._splitter = Splitter(pre.regexes)
-            self._ranks = parse_merges(vocab.merges)
             self._bpe = BPE(vocab.token_to_id, self._ranks,
                             byte_encode=pre.byte_encode, ignore_merges=pre.ignore_merges,
                             newline_words_whole=pre.name == "gemma4")

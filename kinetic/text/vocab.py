@@ -9,6 +9,8 @@ ids a model sees depend on all of it, so it is reproduced here in one place.
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +32,10 @@ RSTRIP = 1 << 8
 _TYPE_TO_ATTR = {1: NORMAL, 2: UNKNOWN, 3: CONTROL, 4: USER_DEFINED, 5: UNUSED, 6: BYTE}
 
 _KEY = "tokenizer.ggml."
+
+# The arrays that only load_vocab reads: a GGUFFile may drop them once the Vocab is made
+# (kinetic.llm.open_model). tokenizer.ggml.tokens stays: Vocab.tokens is that same list.
+VOCAB_ONLY_KEYS = (_KEY + "merges", _KEY + "scores", _KEY + "token_type")
 
 # Texts that mark end-of-turn and fill-in-the-middle tokens when the metadata does not name them.
 _EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
@@ -69,13 +75,16 @@ _SPECIAL_KEYS = (
 
 @dataclass
 class Vocab:
-    """Everything the tokenizer needs from the metadata. `kind` is "spm", "bpe" or "wpm"."""
+    """Everything the tokenizer needs from the metadata. `kind` is "spm", "bpe" or "wpm".
+    Each part is held in the form the tokenizer uses, not as the metadata has it: BPE's
+    merges as `ranks` (parse_merges), never the lines, and `scores` (float64) only for
+    SentencePiece, which alone merges by them."""
 
     model: str
     kind: str
     pre: PreTokenizer | None
     tokens: list[str]
-    scores: list[float]
+    scores: array
     attrs: list[int]
     token_to_id: dict[str, int]
     special: dict[str, int | None]
@@ -86,7 +95,7 @@ class Vocab:
     add_space_prefix: bool = False
     clean_spaces: bool = False
     escape_whitespaces: bool = True
-    merges: list[str] = field(default_factory=list)
+    ranks: dict[tuple[str, str], int] = field(default_factory=dict)   # BPE's merges
     lowercase: bool = True
     strip_accents: bool = True
     special_ids_longest_first: list[int] = field(default_factory=list)
@@ -134,16 +143,21 @@ def load_vocab(md: dict[str, Any]) -> Vocab:
         raise ValueError("BPE vocabulary without tokenizer.ggml.merges")
     add_space_prefix = bool(md.get(_KEY + "add_space_prefix", add_space_prefix))
 
-    tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+    if not isinstance(tokens, list) or not all(tokens):
+        tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+    # else the metadata's list itself, which its GGUFFile keeps too: one list, not two
     n = len(tokens)
     token_to_id: dict[str, int] = {}
     for i, t in enumerate(tokens):
         if token_to_id.setdefault(t, i) != i:
             raise ValueError(f"duplicate token in vocabulary: {t!r} has ids {token_to_id[t]} and {i}")
-    raw_scores = md.get(_KEY + "scores")
-    # float32 -> float64 is exact, so score comparisons are the same as llama.cpp's.
-    scores = (np.asarray(raw_scores[:n], dtype=np.float64).tolist() if raw_scores is not None
-              else [0.0] * n)
+    scores = array("d")
+    if kind == "spm":
+        raw_scores = md.get(_KEY + "scores")
+        # float32 -> float64 is exact, so score comparisons are the same as llama.cpp's; an
+        # array takes 8 bytes a score where a list of floats took 32 (8 MB at 262,144 tokens)
+        scores.frombytes(np.asarray(raw_scores[:n], dtype=np.float64).tobytes()
+                         if raw_scores is not None else bytes(8 * n))
     types = md.get(_KEY + "token_type")
     attrs = ([_TYPE_TO_ATTR.get(t, 0) for t in np.asarray(types[:n]).tolist()]
              if types is not None else [NORMAL] * n)
@@ -172,12 +186,26 @@ def load_vocab(md: dict[str, Any]) -> Vocab:
                   token_to_id=token_to_id, special=special, add_bos=add_bos, add_eos=add_eos, add_sep=add_sep,
                   add_space_prefix=add_space_prefix, clean_spaces=clean_spaces,
                   escape_whitespaces=escape_whitespaces,
-                  merges=list(md.get(_KEY + "merges") or []),
+                  ranks=parse_merges(md.get(_KEY + "merges") or ()) if kind == "bpe" else {},
                   lowercase=lowercase, strip_accents=strip_accents)
     _detect_special_tokens(vocab)
     _apply_model_attrs(vocab, str(md.get("general.name", "")).lower(), pre_name,
                        str(md.get("general.architecture", "")))
     return vocab
+
+
+def parse_merges(merges: Sequence[str]) -> dict[tuple[str, str], int]:
+    """Returns {(left, right): rank} for merge lines "left right"; the first of duplicates wins.
+    The split is at the first space after the first character, so a left part that is itself a
+    space survives. Each distinct part is one string object, shared by every pair it is in
+    (Llama 3's 280,147 merges: 65 MB of pairs, 38 MB shared)."""
+    ranks: dict[tuple[str, str], int] = {}
+    parts: dict[str, str] = {}
+    for rank, line in enumerate(merges):
+        pos = line.find(" ", 1)
+        left, right = (line[:pos], line[pos + 1:]) if pos >= 0 else ("", "")
+        ranks.setdefault((parts.setdefault(left, left), parts.setdefault(right, right)), rank)
+    return ranks
 
 
 def _mark_control(vocab: Vocab, tid: int) -> None:

@@ -103,11 +103,14 @@ async def listing(state: ServerState) -> dict[str, Any]:
 
 def model_info(gguf, verbose: bool) -> dict[str, Any]:
     """/api/show's model_info: the GGUF metadata but the chat template, as JSON values (lists
-    as null unless `verbose`), with general.parameter_count."""
+    as null unless `verbose`), with general.parameter_count. The arrays the loaded model
+    dropped (GGUFFile.drop: the vocabulary's merges, scores, token types) are read from the
+    file again for `verbose`, and are null without it, as every list is."""
     info: dict[str, Any] = {}
-    for key, value in gguf.metadata.items():
+    for key in gguf.keys():
         if key == "tokenizer.chat_template":
             continue
+        value = gguf.read(key) if verbose else gguf.metadata.get(key)
         if isinstance(value, (list, tuple, np.ndarray)):
             value = _json_value(value) if verbose else None
         info[key] = _json_value(value)
