@@ -138,6 +138,27 @@ def test_softmax_exp_is_near_exp_and_exact_at_its_ends():
     assert not np.any(A.exp_softmax(np.array([-86.001, -100, -np.inf, np.nan], np.float32)))
 
 
+def test_queries_rounded_to_half_alike_on_every_isa():
+    """A half cache's queries are rounded to half first: F16C on the SIMD paths, software on
+    the scalar one. Queries at the edges of that rounding (ties to even, half subnormals,
+    the largest half, overflow to infinity, a NaN) give every path the reference's bits;
+    the rows with an infinite or NaN query come out the same NaN everywhere."""
+    rng = np.random.default_rng(12)
+    q, k, v, table, slots, positions = random_case(rng, 6, 9, 3, 40, 13, "f16", P=21)
+    edges = np.array([1 + 2.0 ** -11, 1 + 3 * 2.0 ** -11, 2.0 ** -25, 3 * 2.0 ** -26, 6e-8,
+                      1e-5, 65504.0, 65519.0, 65520.0, -2.0 ** -24, 0.5 + 2.0 ** -12],
+                     np.float32)
+    q[1:5] = rng.choice(edges, q[1:5].shape) * rng.choice([-1, 1], q[1:5].shape)
+    q[4, 2, 5] = np.nan
+    args = (q, k, v, table, slots, positions, 0.125)
+    want = A.reference_attention(*args).view(np.uint32)
+    assert np.isnan(A.reference_attention(*args)[4, 2]).all()   # the NaN row is there
+    for isa in kk.supported_isas():
+        for threads in (1, 2):
+            got = A.attention_host(*args, isa=isa, threads=threads).view(np.uint32)
+            assert np.array_equal(got, want), (isa, threads)
+
+
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 def test_wide_scores_match_the_reference_on_every_isa(dtype):
     """Scores hundreds apart (a large scale): the exp's every branch (weights far below

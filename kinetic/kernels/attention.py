@@ -155,7 +155,15 @@ def reference_attention(q, k_cache, v_cache, page_table, slots, positions, scale
                         window: int = 0, softcap: float = 0.0, ends=None) -> np.ndarray:
     """The kernel's arithmetic in numpy float32, in its order (module docstring): the
     scores as a loop over j of vectors across keys (lane-per-key order), the values as a
-    loop over keys of vectors across j. Slow; for tests."""
+    loop over keys of vectors across j. Slow; for tests. Infinite and NaN inputs are
+    computed as the kernel computes them, without numpy's warnings."""
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        return _reference_attention(q, k_cache, v_cache, page_table, slots, positions, scale,
+                                    window, softcap, ends)
+
+
+def _reference_attention(q, k_cache, v_cache, page_table, slots, positions, scale, window,
+                         softcap, ends) -> np.ndarray:
     tanhf = _libm_tanhf()
     f32 = np.float32
     k_cache, v_cache = np.asarray(k_cache), np.asarray(v_cache)

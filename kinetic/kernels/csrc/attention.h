@@ -21,7 +21,9 @@
 //   out[t, h, j] = o[j] / den
 //
 // q is rounded to the cache's storage type first, as layers.paged_attention does (llama.cpp
-// meets an f16 cache with f16 queries); for an f32 cache that is the identity.
+// meets an f16 cache with f16 queries); for an f32 cache that is the identity. The SIMD
+// paths round to half with F16C, the scalar path in software: the same bits for every
+// number (attention_impl.h, round_scale_row).
 //
 // The SIMD paths vectorize the scores across keys (a lane per key, each lane summing over j
 // in order) and the weighted values across j (a lane per j, summing over l in order), so

@@ -97,6 +97,29 @@ inline float round_to(int fmt, float x) {
   return fmt == F16 ? round_f16(x) : fmt == BF16 ? round_bf16(x) : x;
 }
 
+// dst[j] = round_to(fmt, src[j]) * scale for j < n. For a half cache the SIMD paths round
+// with F16C (float -> half -> float, round to nearest even: f32_to_f16's bits for every
+// number; a NaN keeps part of its payload where the software drops it, and no output bit
+// depends on a NaN's payload: a NaN score weighs 0, exp_softmax), the scalar path and the
+// last n % W values with common.h's.
+void round_scale_row(int fmt, const float* src, int64_t n, float scale, float* dst) {
+  int64_t j = 0;
+#if KN_ATTN_W == 8
+  if (fmt == F16)
+    for (; j + 8 <= n; j += 8)
+      _mm256_storeu_ps(dst + j, _mm256_mul_ps(_mm256_cvtph_ps(_mm256_cvtps_ph(
+          _mm256_loadu_ps(src + j), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)),
+          _mm256_set1_ps(scale)));
+#elif KN_ATTN_W == 16
+  if (fmt == F16)
+    for (; j + 16 <= n; j += 16)
+      _mm512_storeu_ps(dst + j, _mm512_mul_ps(_mm512_maskz_cvtph_ps(__mmask16(0xFFFF),
+          _mm512_cvtps_ph(_mm512_loadu_ps(src + j), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)),
+          _mm512_set1_ps(scale)));
+#endif
+  for (; j < n; ++j) dst[j] = round_to(fmt, src[j]) * scale;
+}
+
 // kt[j * KB + i] = kp[i][j] for the KB key rows kp of a block: the keys moved to a lane per
 // key. Only bits move. With W lanes, W x W tiles go through log2(W) rounds of interleaving
 // row i with row i + W/2 (a perfect shuffle; after log2(W) rounds the tile is transposed).
@@ -133,21 +156,25 @@ inline void transpose_tile(const float* const* src, int64_t c0, float* dst, int6
 }
 #endif
 
-void transpose_keys(const float* const* kp, int64_t Q, float* kt) {
+// The first nk keys of the block (nk a multiple of W, at most KB): a short last block (a
+// short context's only one) moves and scores only the lanes it has.
+void transpose_keys(const float* const* kp, int64_t Q, int64_t nk, float* kt) {
   int64_t j0 = 0;
 #if KN_ATTN_W > 1
   for (; j0 + W <= Q; j0 += W)
-    for (int64_t i0 = 0; i0 < KB; i0 += W) transpose_tile(kp + i0, j0, kt + j0 * KB + i0, KB);
+    for (int64_t i0 = 0; i0 < nk; i0 += W) transpose_tile(kp + i0, j0, kt + j0 * KB + i0, KB);
 #endif
   for (int64_t j = j0; j < Q; ++j)  // columns past the last whole tile
-    for (int64_t i = 0; i < KB; ++i) kt[j * KB + i] = kp[i][j];
+    for (int64_t i = 0; i < nk; ++i) kt[j * KB + i] = kp[i][j];
 }
 
-// s[i] = sum over j in order of qs[j] * kt[j * KB + i], for the KB keys of a block. Four
-// vectors of keys at a time, in registers: four independent chains in flight.
-void score_block(const float* qs, const float* kt, int64_t Q, float* s) {
+// s[i] = sum over j in order of qs[j] * kt[j * KB + i], for the first nk keys of a block
+// (nk a multiple of W). Four vectors of keys at a time, in registers: four independent
+// chains in flight; then the vectors left one at a time (each lane the same chain).
+void score_block(const float* qs, const float* kt, int64_t Q, int64_t nk, float* s) {
   static_assert(KB % (4 * W) == 0, "a key block is a whole number of four vectors");
-  for (int64_t u = 0; u < KB; u += 4 * W) {
+  int64_t u = 0;
+  for (; u + 4 * W <= nk; u += 4 * W) {
     V a0 = zero(), a1 = zero(), a2 = zero(), a3 = zero();
     for (int64_t j = 0; j < Q; ++j) {
       const float qj = qs[j];
@@ -159,13 +186,19 @@ void score_block(const float* qs, const float* kt, int64_t Q, float* s) {
     }
     store(s + u, a0); store(s + u + W, a1); store(s + u + 2 * W, a2); store(s + u + 3 * W, a3);
   }
+  for (; u < nk; u += W) {
+    V a0 = zero();
+    for (int64_t j = 0; j < Q; ++j) a0 = a0 + qs[j] * load(kt + j * KB + u);
+    store(s + u, a0);
+  }
 }
 
 // score_block for two queries at once (two heads, or a head of two rows): each lane's sum
 // is score_block's chain; the two share the loads of kt and keep eight chains in flight.
-void score_pair(const float* qa, const float* qb, const float* kt, int64_t Q, float* sa,
-                float* sb) {
-  for (int64_t u = 0; u < KB; u += 4 * W) {
+void score_pair(const float* qa, const float* qb, const float* kt, int64_t Q, int64_t nk,
+                float* sa, float* sb) {
+  int64_t u = 0;
+  for (; u + 4 * W <= nk; u += 4 * W) {
     V a0 = zero(), a1 = zero(), a2 = zero(), a3 = zero();
     V b0 = zero(), b1 = zero(), b2 = zero(), b3 = zero();
     for (int64_t j = 0; j < Q; ++j) {
@@ -177,6 +210,16 @@ void score_pair(const float* qa, const float* qb, const float* kt, int64_t Q, fl
     }
     store(sa + u, a0); store(sa + u + W, a1); store(sa + u + 2 * W, a2); store(sa + u + 3 * W, a3);
     store(sb + u, b0); store(sb + u + W, b1); store(sb + u + 2 * W, b2); store(sb + u + 3 * W, b3);
+  }
+  for (; u < nk; u += W) {
+    V a0 = zero(), b0 = zero();
+    for (int64_t j = 0; j < Q; ++j) {
+      const V k0 = load(kt + j * KB + u);
+      a0 = a0 + qa[j] * k0;
+      b0 = b0 + qb[j] * k0;
+    }
+    store(sa + u, a0);
+    store(sb + u, b0);
   }
 }
 
@@ -379,20 +422,20 @@ void KN_ATTN_UNIT(const AttnArgs& a, int64_t t0, int64_t R, int64_t kh, float* s
   }
 
   // qs = round_to_cache_dtype(q) * scale, for the G query heads of kv head kh of each row
-  for (int64_t r = 0; r < R; ++r)
-    for (int64_t g = 0; g < G; ++g)
-      for (int64_t j = 0; j < Q; ++j)
-        qs[(r * G + g) * Q + j] =
-            round_to(a.k_fmt, a.q[((t0 + r) * a.H + kh * G + g) * Q + j]) * a.scale;
+  for (int64_t r = 0; r < R; ++r)   // a row's G heads of kv head kh are contiguous in q
+    round_scale_row(a.k_fmt, a.q + ((t0 + r) * a.H + kh * G) * Q, G * Q, a.scale,
+                    qs + r * G * Q);
 
-  // scores, block by block of KB keys (lanes past the last key score a zero key: unused),
+  // scores, block by block of KB keys (a short last block: its keys rounded up to W lanes; the
+  // lanes past the last key score a zero key, unused),
   // for the rows that see some key of the block (a row's lanes outside its own keys are
   // scores no step below reads)
   for (int64_t b0 = 0; b0 < N; b0 += KB) {
     const int64_t nb = min64(KB, N - b0);
-    for (int64_t i = 0; i < KB; ++i)
+    const int64_t nk = (nb + W - 1) / W * W;  // lanes to score
+    for (int64_t i = 0; i < nk; ++i)
       rp[i] = i < nb ? row_f32(a.k_fmt, a.k, rows[b0 + i] * Q, Q, kbuf + i * Q) : zeros;
-    transpose_keys(rp, Q, kt);
+    transpose_keys(rp, Q, nk, kt);
     // the rows that see a key of the block, r0..r1-1: first[] and last[] never fall with r, so
     // they are the rows before the first that starts past the block, from the first that
     // ends in it or later; their (row, head)s rg are r0 * G .. r1 * G - 1, scored in pairs
@@ -401,9 +444,9 @@ void KN_ATTN_UNIT(const AttnArgs& a, int64_t t0, int64_t R, int64_t kh, float* s
     while (r1 > r0 && first[r1 - 1] >= b0 + nb) --r1;
     int64_t rg = r0 * G;
     for (; rg + 1 < r1 * G; rg += 2)
-      score_pair(&qs[rg * Q], &qs[(rg + 1) * Q], kt, Q, &s[rg * npad + b0],
+      score_pair(&qs[rg * Q], &qs[(rg + 1) * Q], kt, Q, nk, &s[rg * npad + b0],
                  &s[(rg + 1) * npad + b0]);
-    if (rg < r1 * G) score_block(&qs[rg * Q], kt, Q, &s[rg * npad + b0]);
+    if (rg < r1 * G) score_block(&qs[rg * Q], kt, Q, nk, &s[rg * npad + b0]);
   }
 
   // per row and head, over its own n keys: softcap; m = max; p_l = exp_softmax(score_l - m);
@@ -452,10 +495,17 @@ void KN_ATTN_UNIT(const AttnArgs& a, int64_t t0, int64_t R, int64_t kh, float* s
     }
   }
 
+  // out = o / den, W columns at a time (each lane the same one division)
   for (int64_t r = 0; r < R; ++r)
     for (int64_t g = 0; g < G; ++g) {
       float* dst = a.out + ((t0 + r) * a.H + kh * G + g) * Qv;
-      for (int64_t j = 0; j < Qv; ++j) dst[j] = o[(r * G + g) * Qv + j] / den[r * G + g];
+      const float* og = &o[(r * G + g) * Qv];
+      const float d = den[r * G + g];
+      int64_t j = 0;
+#if KN_ATTN_W > 1
+      for (; j + W <= Qv; j += W) store(dst + j, load(og + j) / d);
+#endif
+      for (; j < Qv; ++j) dst[j] = og[j] / d;
     }
 }
 
