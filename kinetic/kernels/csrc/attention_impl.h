@@ -117,6 +117,10 @@ void round_scale_row(int fmt, const float* src, int64_t n, float scale, float* d
           _mm512_cvtps_ph(_mm512_loadu_ps(src + j), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)),
           _mm512_set1_ps(scale)));
 #endif
+#if KN_ATTN_W > 1
+  if (fmt == F32)
+    for (; j + W <= n; j += W) store(dst + j, load(src + j) * scale);
+#endif
   for (; j < n; ++j) dst[j] = round_to(fmt, src[j]) * scale;
 }
 
@@ -377,7 +381,10 @@ float max_of(const float* x, int64_t n) {
     m2 = x2 > m2 ? x2 : m2;
     m3 = x3 > m3 ? x3 : m3;
   }
-  for (int i = 0; i < W; ++i) m = max32(max32(max32(max32(m, m0[i]), m1[i]), m2[i]), m3[i]);
+  m0 = m1 > m0 ? m1 : m0;
+  m2 = m3 > m2 ? m3 : m2;
+  m0 = m2 > m0 ? m2 : m0;
+  for (int i = 0; i < W; ++i) m = max32(m, m0[i]);
 #endif
   for (; l < n; ++l) m = max32(m, x[l]);
   return m;
