@@ -76,3 +76,15 @@ def drop_staging_caches() -> None:
         util.clear_all_caches()
     except (ImportError, AttributeError):
         pass
+
+
+def resident_bytes() -> int | None:
+    """The process's resident memory now (VmRSS), or None where /proc does not tell it."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from kinetic.engine.engine_config import CACHE_TYPES   # -ctk / -ctv: llama-server's names
+
 
 def resolve_model(name: str) -> str:
     """The GGUF file `name` means: a path, or the cached file of a pulled model name.
@@ -32,8 +34,6 @@ def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
     return tuple(keys)
 
 
-# -ctk / -ctv (llama-server's names for the cache types kinetic stores) -> EngineConfig.kv_dtype
-CACHE_TYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
 
 
 def serve_options(args: argparse.Namespace):

@@ -729,3 +729,22 @@ def test_a_kv_cache_larger_than_the_memory_available_is_refused_naming_the_sizes
         EngineConfig(parallel=16, n_ctx=4096, page_size=16, num_pages=9).resolved(mm.CONFIG)
     monkeypatch.setattr(engine_config, "available_memory", lambda: need)
     assert EngineConfig(parallel=16, n_ctx=4096, page_size=16).resolved(mm.CONFIG) == cfg
+
+
+def test_the_start_memory_line_names_the_weights_the_cache_and_its_type():
+    """kinetic serve's memory line (engine_config.memory_summary): the file's size, the
+    resolved cache's bytes and type (llama-server's name), and the resident memory when
+    known."""
+    from kinetic.engine.engine_config import (EngineConfig, cache_type_name, kv_memory_needed,
+                                              memory_summary)
+    for dtype, name in [("float32", "f32"), ("float16", "f16"), ("bfloat16", "bf16")]:
+        cfg = EngineConfig(parallel=4, n_ctx=4096, page_size=16,
+                           kv_dtype=dtype).resolved(mm.CONFIG)
+        assert cache_type_name(dtype) == name
+        line = memory_summary(mm.CONFIG, cfg, 3 << 20, 500 << 20)
+        kv = kv_memory_needed(mm.CONFIG, cfg)   # 1 layer, 1 head: 2 x (4 or 2) bytes a token
+        assert kv == (8 if dtype == "float32" else 4) * 16 * (4 * 256 + 1)
+        assert line == (f"memory: weights 3.00 MiB mapped from the file; KV cache up to "
+                        f"{-(-kv * 100 // (1 << 20)) / 100:.2f} MiB ({name} keys and values, "
+                        f"1024 pages of 16 tokens); resident now 500.00 MiB")
+    assert memory_summary(mm.CONFIG, cfg, 3 << 20, None).endswith("pages of 16 tokens)")

@@ -53,7 +53,8 @@ from kinetic.api.app import create_app
 from kinetic.api.core import ServerConfig, ServerState, dumps, log
 from kinetic.api.errors import ERROR_TYPES, error_body
 from kinetic.api.offload import SWITCH_INTERVAL
-from kinetic.engine.engine_config import EngineConfig
+from kinetic.engine.engine_config import EngineConfig, memory_summary
+from kinetic.memory import resident_bytes
 
 GRACEFUL_SECONDS = 5.0     # a stop: running requests' time to finish before they are cancelled
 CANCELLED_SECONDS = 1.0    # then their time to end (a cancel reaches the engine at once)
@@ -180,6 +181,10 @@ async def _main(config: ServerConfig, opts: ModelOptions) -> int:
                          f"{'; interpreted: slow, for tests' if on != 'gpu' else ''})",
                }.get(kernel, f"XLA on {on} (dequantized weights)")
         print(f"kinetic: weights multiplied by {how}", file=sys.stderr, flush=True)
+        if task == "text":
+            line = memory_summary(model.loaded.config, model.engine.config,
+                                  os.path.getsize(model.loaded.file.path), resident_bytes())
+            print(f"kinetic: {line}", file=sys.stderr, flush=True)
         print(f"kinetic: serving {state.model_id} at http://{host}:{port}/v1{also} (context "
               f"{model.n_ctx}, {slots}); Ctrl+C stops it", file=sys.stderr, flush=True)
         # what loading made lives as long as the server: out of the collector's sight, so

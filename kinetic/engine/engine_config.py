@@ -112,6 +112,30 @@ def recurrent_bytes_per_sequence(model_config) -> int:
     return sum(c.recurrent_layers) * per_layer
 
 
+# llama-server's names for the cache types (-ctk / -ctv, /props) -> EngineConfig.kv_dtype
+CACHE_TYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
+
+
+def cache_type_name(kv_dtype: str) -> str:
+    """llama-server's name of a kv_dtype (f32, f16, bf16)."""
+    return next(name for name, dtype in CACHE_TYPES.items() if dtype == kv_dtype)
+
+
+def memory_summary(model_config, config: EngineConfig, weights_bytes: int,
+                   resident: int | None) -> str:
+    """One line of what a served model holds, as llama-server prints its buffer sizes: the
+    GGUF file (mapped: its pages come from the file, not from allocations), the KV cache of
+    the resolved config (its type; taken page by page as steps write it, up to this size),
+    and the process's resident memory now (what the weights read so far, the runtime and the
+    compiled steps hold), when the system tells it."""
+    c = config
+    kv = kv_memory_needed(model_config, c)
+    line = (f"memory: weights {_size(weights_bytes, math.ceil)} mapped from the file; KV cache "
+            f"up to {_size(kv, math.ceil)} ({cache_type_name(c.kv_dtype)} keys and values, "
+            f"{c.num_pages - 1} pages of {c.page_size} tokens)")
+    return line if resident is None else f"{line}; resident now {_size(resident, math.ceil)}"
+
+
 def kv_memory_needed(model_config, config: EngineConfig) -> int:
     """Bytes of the KV cache of a resolved config: every page, the reserved one included."""
     return (kv_bytes_per_token(model_config, config.kv_dtype) * config.page_size * config.num_pages

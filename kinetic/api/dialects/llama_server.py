@@ -41,6 +41,7 @@ from kinetic.api.metrics import Task, metric_values, prometheus_text
 from kinetic.api.offload import input_ids, offload, prompt_tokens
 from kinetic.api.receipt import receipt_maker
 from kinetic.api.params import INT32_MAX, boolean, check_prompt_fits, integer
+from kinetic.engine.engine_config import cache_type_name
 from kinetic.engine.encoder import normalize
 from kinetic.engine.request import Delta, GenerationRequest
 from kinetic.engine.sampling_params import SamplingParams
@@ -424,6 +425,8 @@ async def props():
         "bos_token": token_text(tok.bos_id), "eos_token": token_text(tok.eos_id),
         "build_info": f"kinetic-{__version__}",
         "kernel": kernels.describe(model.loaded.config.kernel),
+        "cache_type_k": cache_type_name(engine.config.kv_dtype),
+        "cache_type_v": cache_type_name(engine.config.kv_dtype),
         "capabilities": serves(state),
     })
 
