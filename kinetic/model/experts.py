@@ -11,8 +11,9 @@ the weights' sum are chains of elementwise operations over the expert axis (XLA'
 may group a row's values differently at another row count; a max is exact in any order, so
 the softmax's is XLA's); an expert runs only on the rows that chose it, gathered into a
 small bucket of rows (none: it is skipped, so a decode step reads only the chosen experts'
-weights), and each row takes its result only where it chose it, by selection. The kernel gives a row the same bits at any row count (docs/architecture.md), so
-the same expert gives a row the same bits whatever else chose it. With the C++ kernel the
+weights), and each row takes its result only where it chose it, by selection. The kernel
+gives a row the same bits at any row count (docs/architecture.md), so the same expert gives
+a row the same bits whatever else chose it. With the C++ kernel the
 experts run as one call per projection over every (row, chosen expert) pair
 (`_pairs_swiglu`, as llama.cpp's mul_mat_id): nothing per expert is compiled, and each
 chosen expert's blocks are read once per step.

@@ -38,7 +38,6 @@ inline void store(float* p, V v) { std::memcpy(p, &v, sizeof(V)); }
 inline V zero() { V v; std::memset(&v, 0, sizeof(V)); return v; }
 #if KN_ATTN_W > 1
 typedef uint32_t VU32 __attribute__((vector_size(KN_ATTN_W * sizeof(uint32_t))));
-inline VU32 zero_u() { VU32 v; std::memset(&v, 0, sizeof(VU32)); return v; }
 #endif
 inline int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
 inline float max32(float x, float y) { return y > x ? y : x; }
@@ -315,55 +314,47 @@ constexpr float kExpP0 = 1.9875691500e-4f, kExpP1 = 1.3981999507e-3f,
                 kExpP2 = 8.3334519073e-3f, kExpP3 = 4.1665795894e-2f,
                 kExpP4 = 1.6666665459e-1f, kExpP5 = 5.0000001201e-1f, kExpLow = -86.0f;
 
-inline float exp_softmax(float x) {
-  const float t = x * kExpLog2e + kExpMagic;
-  const float n = t - kExpMagic;
-  const uint32_t shift = (f32_to_bits(t) - f32_to_bits(kExpMagic)) << 23;
-  float r = x - n * kExpLn2Hi;
+// All ones where exp_softmax keeps x's value, zero below kExpLow and for a NaN: for one
+// float, and for each lane of V.
+inline uint32_t exp_softmax_kept(float x) { return x >= kExpLow ? ~0u : 0u; }
+#if KN_ATTN_W > 1
+inline VU32 exp_softmax_kept(V x) { return (VU32)(x >= kExpLow); }
+#endif
+
+// The sequence above on T, one float or the W lanes of V (TU: its uint32 twin): the same
+// operations for both.
+template <class T, class TU>
+inline T exp_softmax(T x) {
+  const T t = x * kExpLog2e + kExpMagic;
+  const T n = t - kExpMagic;
+  TU tb;
+  std::memcpy(&tb, &t, sizeof(TU));
+  const TU shift = (tb - f32_to_bits(kExpMagic)) << 23;
+  T r = x - n * kExpLn2Hi;
   r = r - n * kExpLn2Lo;
-  const float z = r * r;
-  float p = kExpP0 * r + kExpP1;
+  const T z = r * r;
+  T p = r * kExpP0 + kExpP1;
   p = p * r + kExpP2;
   p = p * r + kExpP3;
   p = p * r + kExpP4;
   p = p * r + kExpP5;
   p = p * z + r;
   p = p + 1.0f;
-  return x >= kExpLow ? bits_to_f32(f32_to_bits(p) + shift) : 0.0f;
+  TU pb;
+  std::memcpy(&pb, &p, sizeof(TU));
+  pb = (pb + shift) & exp_softmax_kept(x);
+  T out;
+  std::memcpy(&out, &pb, sizeof(T));
+  return out;
 }
 
-// x[l] = exp_softmax(x[l] - m) for l < n: W lanes at a time, each lane exp_softmax's
-// sequence, then the last n % W one by one.
+// x[l] = exp_softmax(x[l] - m) for l < n: W lanes at a time, then the last n % W one by one.
 void exp_shifted(float* x, int64_t n, float m) {
   int64_t l = 0;
 #if KN_ATTN_W > 1
-  typedef VU32 VU;
-  const VU magic_bits = zero_u() + f32_to_bits(kExpMagic);
-  for (; l + W <= n; l += W) {
-    const V v = load(x + l) - m;
-    const V t = v * kExpLog2e + kExpMagic;
-    const V nf = t - kExpMagic;
-    VU tb;
-    std::memcpy(&tb, &t, sizeof(VU));
-    const VU shift = (tb - magic_bits) << 23;
-    V r = v - nf * kExpLn2Hi;
-    r = r - nf * kExpLn2Lo;
-    const V z = r * r;
-    V p = r * kExpP0 + kExpP1;
-    p = p * r + kExpP2;
-    p = p * r + kExpP3;
-    p = p * r + kExpP4;
-    p = p * r + kExpP5;
-    p = p * z + r;
-    p = p + 1.0f;
-    VU pb;
-    std::memcpy(&pb, &p, sizeof(VU));
-    const VU keep = (VU)(v >= kExpLow);  // all ones where kept, zero else (and for a NaN)
-    pb = (pb + shift) & keep;
-    std::memcpy(x + l, &pb, sizeof(VU));
-  }
+  for (; l + W <= n; l += W) store(x + l, exp_softmax<V, VU32>(load(x + l) - m));
 #endif
-  for (; l < n; ++l) x[l] = exp_softmax(x[l] - m);
+  for (; l < n; ++l) x[l] = exp_softmax<float, uint32_t>(x[l] - m);
 }
 
 // max of x[0..n): exact in any grouping (a NaN is skipped in every grouping alike), so
