@@ -193,3 +193,31 @@ def test_half_rounding_of_special_activations(isa: str) -> None:
     w = np.zeros((k, k), np.float16)
     w[np.arange(k), np.arange(k)] = 1.0
     _check(1, w.view(np.uint8).ravel(), k, k, x, isa, "F16 special activations")
+
+
+@pytest.mark.parametrize("isa", SIMD_ISAS)
+@pytest.mark.parametrize("fmt", [2, 3, 8, 12, 14], ids=["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"])
+def test_int8_rounding_of_special_activations(fmt: int, isa: str) -> None:
+    """The q8_0 / q8_1 / q8_K roundings of the SIMD paths (quantize_avx2.cc: blocks 8 at a
+    time, on the threads once a call has 4096 values) on special values: NaN payloads, one
+    infinity, a block of zeros, a block whose largest magnitude is negative and comes
+    first, half-range scales (a block scale of 65504 * 127 overflows the half), and
+    subnormals (1 / scale is infinite). 12 rows of 512 values: every path and split gives
+    the scalar reference's bits."""
+    _need_isa(isa)
+    f32 = np.float32
+    rng = np.random.default_rng(fmt)
+    k, m = 512, 12
+    x = rng.standard_normal((m, k)).astype(f32)
+    x[0, 5] = np.array([0x7FA00001], np.uint32).view(f32)[0]   # signalling NaN, a payload
+    x[1, 40] = np.inf                                           # q8_1's s: inf * 0
+    x[2, 0], x[2, 300] = -np.inf, np.nan
+    x[3, :64] = 0.0                                             # two q8_0 blocks of zeros
+    x[4, :] = 0.0                                               # a q8_K block of zeros too
+    x[5, 32], x[5, 33] = -7.0, 7.0                             # negative largest first
+    x[6, :] = 65504.0 * 200                                     # d past the half range
+    x[7, :] = np.float32(1e-40)                                 # subnormals
+    x[8, ::2] *= 1e30                                           # scales of half inf
+    rows = 21
+    w = _weights(fmt, rows, k, rng)
+    _check(fmt, w, rows, k, x, isa, f"{FORMATS[fmt][0]} special activations")

@@ -72,6 +72,10 @@ int64_t chunk_cols(int64_t N, int threads) {
   return std::max<int64_t>(16, (cols + 15) / 16 * 16);
 }
 
+// Values of x from which its rounding is split over the threads (below, one thread: a
+// dispatch costs about what rounding 4096 values does).
+constexpr int64_t kSplitActs = 4096;
+
 }  // namespace
 
 const char* qmatmul_parts(const MatmulPart* parts, int n_parts, int64_t K, const float* x,
@@ -80,24 +84,23 @@ const char* qmatmul_parts(const MatmulPart* parts, int n_parts, int64_t K, const
     if (const char* e = check_matmul(parts[p].fmt, parts[p].n, K, M)) return e;
   if (M == 0 || n_parts == 0) return nullptr;
   if (!isa_supported(isa)) return "this CPU lacks the instruction set asked for";
-  // Each activation rounding once, shared by the parts whose weights take it.
+  // Each activation rounding once, shared by the parts whose weights take it; its rows on
+  // every thread where there are enough values to pay for the split (each row is rounded on
+  // its own, so the split changes nothing).
   QuantActs acts[6];
   bool done[6] = {};
   std::vector<MatmulArgs> args;
   std::vector<int64_t> first_chunk{0};  // part p's chunks are [first_chunk[p], first_chunk[p+1])
   std::vector<int64_t> cols;
+  const bool simd = isa != ISA_SCALAR;
   for (int p = 0; p < n_parts; ++p) {
     const FormatInfo* f = format_info(parts[p].fmt);
-    if (!done[f->act] && f->qk == 1 && M > 1) {   // float weights: rows rounded in parallel
-      float_acts_begin(f->act, M, K, acts[f->act]);
-      const int64_t rows = std::max<int64_t>(1, M / (int64_t(threads) * 4));
+    if (!done[f->act]) {
+      quantize_begin(f->act, M, K, simd, acts[f->act]);
+      const int64_t rows = M * K >= kSplitActs ? std::max<int64_t>(1, M / (int64_t(threads) * 2)) : M;
       run_chunks((M + rows - 1) / rows, threads, schedule, [&](int64_t c) {
-        float_acts_rows(x, c * rows, std::min(M, (c + 1) * rows), acts[f->act],
-                        isa >= ISA_AVX2);
+        quantize_rows(x, c * rows, std::min(M, (c + 1) * rows), acts[f->act], simd);
       });
-    } else if (!done[f->act]) {
-      quantize_acts(f->act, x, M, K, acts[f->act]);
-      if (isa != ISA_SCALAR) by_block(acts[f->act]);
     }
     done[f->act] = true;
     args.push_back({base_format(parts[p].fmt), f, parts[p].w, row_bytes(parts[p].fmt, K),

@@ -58,7 +58,7 @@ inline float weight_value(int fmt, const uint8_t* row, int64_t k) {
 
 // Output columns [n0, n1) of every row. The reference handles every format; the SIMD paths
 // return false for a format they do not accelerate, and the reference takes it. The SIMD
-// paths also read the activations' block-major copies (quantize.h by_block), which the
+// paths also read the activations' block-major copies (quantize.h, QuantActs::bq), which the
 // driver fills once per call.
 void qmatmul_cols_ref(const MatmulArgs& a, int64_t n0, int64_t n1);
 bool qmatmul_cols_avx2(const MatmulArgs& a, int64_t n0, int64_t n1);

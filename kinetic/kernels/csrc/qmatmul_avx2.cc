@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "qmatmul.h"
-#include "quantize.h"
 
 namespace kn {
 namespace {
@@ -61,21 +60,5 @@ struct FQ8_0 {
 }  // namespace
 
 bool qmatmul_cols_avx2(const MatmulArgs& a, int64_t n0, int64_t n1) { return dispatch(a, n0, n1); }
-
-// vcvtps2ph rounds to nearest even, to infinity past the half range and to half's
-// subnormals exactly as round_f16 does; a NaN keeps bits of its payload there, so NaN lanes
-// take round_f16's quiet NaN of the same sign instead.
-KN_SIMD void round_f16_avx2(const float* x, float* y, int64_t n) {
-  const __m256 sign = _mm256_set1_ps(-0.0f);
-  const __m256 qnan = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000));
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 v = _mm256_loadu_ps(x + i);
-    const __m256 r = _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
-    const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
-    _mm256_storeu_ps(y + i, _mm256_blendv_ps(r, _mm256_or_ps(_mm256_and_ps(v, sign), qnan), nan));
-  }
-  for (; i < n; ++i) y[i] = round_f16(x[i]);
-}
 
 }  // namespace kn

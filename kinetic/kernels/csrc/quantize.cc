@@ -66,6 +66,8 @@ inline int first_abs(const float* x, float a) {
 }
 #endif
 
+}  // namespace
+
 void q8_0_row(const float* x, int64_t K, bool with_sum, int8_t* q, float* d, float* s, int32_t* qsum) {
   for (int64_t b = 0; b < K / 32; ++b) {
     const float* xb = x + b * 32;
@@ -130,32 +132,29 @@ void q8_k_row(const float* x, int64_t K, int8_t* q, float* d, int32_t* bsum) {
   }
 }
 
+namespace {
+
+// The block-major copies of row m (quantize.h), from its row-major arrays.
+void row_by_block(QuantActs& x, int64_t m) {
+  const int64_t M = x.M, nb = x.K / 32;
+  for (int64_t b = 0; b < nb; ++b) {
+    const size_t i = size_t(b * M + m), src = size_t(m * nb + b);
+    std::memcpy(&x.bq[8 * i], &x.q[32 * src], 32);
+    x.bd[i] = x.d[src];
+    x.bnsum[i] = -x.qsum[src];
+    if (x.kind == ACT_Q8_1) x.bs[i] = x.s[src];
+  }
+}
+
 }  // namespace
 
-void float_acts_begin(ActKind kind, int64_t M, int64_t K, QuantActs& out) {
+void quantize_begin(ActKind kind, int64_t M, int64_t K, bool block_major, QuantActs& out) {
   out.kind = kind;
   out.M = M;
   out.K = K;
-  out.f.reset(new float[size_t(M * K)]);
-}
-
-void float_acts_rows(const float* x, int64_t m0, int64_t m1, QuantActs& out, bool f16c) {
-  const ActKind kind = out.kind;
-  if (kind == ACT_F16 && f16c) {
-    round_f16_avx2(x + m0 * out.K, out.f.get() + m0 * out.K, (m1 - m0) * out.K);
-    return;
-  }
-  for (int64_t i = m0 * out.K; i < m1 * out.K; ++i)
-    out.f[size_t(i)] = kind == ACT_F16 ? round_f16(x[i]) : kind == ACT_BF16 ? round_bf16(x[i]) : x[i];
-}
-
-void quantize_acts(ActKind kind, const float* x, int64_t M, int64_t K, QuantActs& out) {
-  out.kind = kind;
-  out.M = M;
-  out.K = K;
+  out.block_major = block_major && (kind == ACT_Q8_0 || kind == ACT_Q8_1);
   if (kind == ACT_F32 || kind == ACT_F16 || kind == ACT_BF16) {
-    float_acts_begin(kind, M, K, out);
-    float_acts_rows(x, 0, M, out);
+    out.f.reset(new float[size_t(M * K)]);
     return;
   }
   const int64_t nb = out.blocks_per_row();
@@ -163,32 +162,46 @@ void quantize_acts(ActKind kind, const float* x, int64_t M, int64_t K, QuantActs
   out.d.resize(size_t(M * nb));
   if (kind == ACT_Q8_K) {
     out.bsum.resize(size_t(M * K / 16));
-    for (int64_t m = 0; m < M; ++m)
-      q8_k_row(x + m * K, K, &out.q[m * K], &out.d[m * nb], &out.bsum[m * K / 16]);
     return;
   }
   if (kind == ACT_Q8_1) out.s.resize(size_t(M * nb));
   out.qsum.resize(size_t(M * nb));
-  for (int64_t m = 0; m < M; ++m)
-    q8_0_row(x + m * K, K, kind == ACT_Q8_1, &out.q[m * K], &out.d[m * nb],
-             kind == ACT_Q8_1 ? &out.s[m * nb] : nullptr, &out.qsum[m * nb]);
+  if (out.block_major) {
+    out.bq.resize(size_t(M * nb * 8));
+    out.bd.resize(size_t(M * nb));
+    out.bnsum.resize(size_t(M * nb));
+    if (kind == ACT_Q8_1) out.bs.resize(size_t(M * nb));
+  }
 }
 
-void by_block(QuantActs& x) {
-  if (x.kind != ACT_Q8_0 && x.kind != ACT_Q8_1) return;
-  const int64_t M = x.M, nb = x.K / 32;
-  x.bq.resize(size_t(M * nb * 8));
-  x.bd.resize(size_t(M * nb));
-  x.bnsum.resize(size_t(M * nb));
-  if (x.kind == ACT_Q8_1) x.bs.resize(size_t(M * nb));
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t b = 0; b < nb; ++b) {
-      const size_t i = size_t(b * M + m), src = size_t(m * nb + b);
-      std::memcpy(&x.bq[8 * i], &x.q[32 * src], 32);
-      x.bd[i] = x.d[src];
-      x.bnsum[i] = -x.qsum[src];
-      if (x.kind == ACT_Q8_1) x.bs[i] = x.s[src];
+void quantize_rows(const float* x, int64_t m0, int64_t m1, QuantActs& out, bool simd) {
+  const ActKind kind = out.kind;
+  const int64_t K = out.K, nb = out.blocks_per_row();
+  if (kind == ACT_F16 && simd) {
+    round_f16_avx2(x + m0 * K, out.f.get() + m0 * K, (m1 - m0) * K);
+    return;
+  }
+  if (kind == ACT_F32 || kind == ACT_F16 || kind == ACT_BF16) {
+    for (int64_t i = m0 * K; i < m1 * K; ++i)
+      out.f[size_t(i)] = kind == ACT_F16 ? round_f16(x[i]) : kind == ACT_BF16 ? round_bf16(x[i]) : x[i];
+    return;
+  }
+  for (int64_t m = m0; m < m1; ++m) {
+    if (kind == ACT_Q8_K) {
+      (simd ? q8_k_row_avx2 : q8_k_row)(x + m * K, K, &out.q[size_t(m * K)], &out.d[size_t(m * nb)],
+                                        &out.bsum[size_t(m * K / 16)]);
+      continue;
     }
+    const bool with_sum = kind == ACT_Q8_1;
+    (simd ? q8_0_row_avx2 : q8_0_row)(x + m * K, K, with_sum, &out.q[size_t(m * K)], &out.d[size_t(m * nb)],
+                                      with_sum ? &out.s[size_t(m * nb)] : nullptr, &out.qsum[size_t(m * nb)]);
+    if (out.block_major) row_by_block(out, m);
+  }
+}
+
+void quantize_acts(ActKind kind, const float* x, int64_t M, int64_t K, QuantActs& out) {
+  quantize_begin(kind, M, K, false, out);
+  quantize_rows(x, 0, M, out, false);
 }
 
 }  // namespace kn
