@@ -93,6 +93,7 @@ const char* qmatmul_parts(const MatmulPart* parts, int n_parts, int64_t K, const
   std::vector<int64_t> first_chunk{0};  // part p's chunks are [first_chunk[p], first_chunk[p+1])
   std::vector<int64_t> cols;
   const bool simd = isa != ISA_SCALAR;
+  std::vector<std::vector<int32_t>> words(static_cast<size_t>(n_parts));
   for (int p = 0; p < n_parts; ++p) {
     const FormatInfo* f = format_info(parts[p].fmt);
     if (!done[f->act]) {
@@ -105,6 +106,8 @@ const char* qmatmul_parts(const MatmulPart* parts, int n_parts, int64_t K, const
     done[f->act] = true;
     args.push_back({base_format(parts[p].fmt), f, parts[p].w, row_bytes(parts[p].fmt, K),
                     parts[p].n, K, M, &acts[f->act], parts[p].y, is_repacked(parts[p].fmt)});
+    if (isa == ISA_AVX512 && qmatmul_words_avx512(args[size_t(p)], words[size_t(p)]))
+      args[size_t(p)].words = words[size_t(p)].data();
     cols.push_back(chunk_cols(parts[p].n, threads));
     first_chunk.push_back(first_chunk.back() + (parts[p].n + cols[p] - 1) / cols[p]);
   }

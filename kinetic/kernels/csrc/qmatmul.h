@@ -27,6 +27,9 @@ struct MatmulArgs {
   const QuantActs* acts;
   float* y;           // [M, N]
   bool repacked = false;  // rows [0, N / 16 * 16) in the 16-column layout of fmt (repack.h)
+  // The activation words the AVX-512 path's loops read besides the values, made once per
+  // call (qmatmul_words_avx512) instead of by every chunk; null: the loop makes its own.
+  const int32_t* words = nullptr;
 };
 
 // The integer results of one weight block against one activation block.
@@ -65,6 +68,8 @@ bool qmatmul_cols_avx2(const MatmulArgs& a, int64_t n0, int64_t n1);
 bool qmatmul_cols_avx512(const MatmulArgs& a, int64_t n0, int64_t n1);
 // Columns [n0, n1) of a repacked weight, whole groups of 16 (n0, n1 multiples of 16).
 bool qmatmul_cols_avx512_r16(const MatmulArgs& a, int64_t n0, int64_t n1);
+// a's MatmulArgs::words for the AVX-512 path into out; false: its format reads none.
+bool qmatmul_words_avx512(const MatmulArgs& a, std::vector<int32_t>& out);
 
 // A plain error message, or nullptr when the shapes fit.
 const char* check_matmul(int fmt, int64_t N, int64_t K, int64_t M);

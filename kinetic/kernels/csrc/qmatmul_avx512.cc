@@ -58,4 +58,6 @@ bool qmatmul_cols_avx512_r16(const MatmulArgs& a, int64_t n0, int64_t n1) {
   return dispatch_r16(a, n0, n1);
 }
 
+bool qmatmul_words_avx512(const MatmulArgs& a, std::vector<int32_t>& out) { return dispatch_words(a, out); }
+
 }  // namespace kn

@@ -404,8 +404,9 @@ KN_SIMD void kquant_cols16(const MatmulArgs& a, int64_t n0, int64_t n1) {
   constexpr int NSUB = 256 / KQ::SUB, NW = KQ::MINS ? NSUB / 2 : NSUB;  // act words per row block
   const QuantActs& x = *a.acts;
   const int64_t M = a.M, K = a.K, nb = K / 256;
-  std::vector<int32_t> xa;
-  k16_act_words<KQ>(x, M, xa);
+  std::vector<int32_t> own;
+  if (!a.words) k16_act_words<KQ>(x, M, own);
+  const int32_t* xa = a.words ? a.words : own.data();
   std::vector<float> acc(size_t(M * 16));
   const uint32_t* xq = reinterpret_cast<const uint32_t*>(x.q.data());
   Tile16 t;
@@ -432,7 +433,7 @@ KN_SIMD void kquant_cols16(const MatmulArgs& a, int64_t n0, int64_t n1) {
         if (M == 1) {
           __m512i isum, q;
           const uint32_t* xw = xq + size_t(b * 64);
-          const int32_t* xr = &xa[size_t(b * NW)];
+          const int32_t* xr = xa + b * NW;
           if constexpr (R16)
             KQ::sums1(Words16{a.w + n * a.row_bytes + b * 16 * F::BYTES}, t, xw, xr, isum, q);
           else
@@ -452,7 +453,7 @@ KN_SIMD void kquant_cols16(const MatmulArgs& a, int64_t n0, int64_t n1) {
         const int32_t* xr[R];
         for (int r = 0; r < R; ++r) {
           xw[r] = xq + size_t(((m + r) * K + b * 256) / 4);
-          xr[r] = &xa[size_t(((m + r) * nb + b) * NW)];
+          xr[r] = xa + ((m + r) * nb + b) * NW;
         }
         __m512i isum[R], q[R];
         k16_sums<KQ, R>(t, xw, xr, isum, q);
@@ -467,6 +468,23 @@ KN_SIMD void kquant_cols16(const MatmulArgs& a, int64_t n0, int64_t n1) {
     for (int64_t m = 0; m < M; ++m)
       for (int c = 0; c < valid; ++c) a.y[m * a.N + n + c] = acc[size_t(m * 16 + c)];
   }
+}
+
+// The activation words of a's format (MatmulArgs::words): offset_init's for the 32-value
+// blocks with an offset, k16_act_words' for the K-quants; false: none.
+KN_SIMD bool dispatch_words(const MatmulArgs& a, std::vector<int32_t>& out) {
+  const QuantActs& x = *a.acts;
+  switch (a.fmt) {
+    case Q4_0: out = offset_init<FQ4_0>(x); return true;
+    case Q5_0: out = offset_init<FQ5_0>(x); return true;
+    case Q8_0: out = offset_init<FQ8_0>(x); return true;
+    case Q2_K: k16_act_words<K16<FQ2_K>>(x, a.M, out); return true;
+    case Q3_K: k16_act_words<K16<FQ3_K>>(x, a.M, out); return true;
+    case Q4_K: k16_act_words<K16<FQ4_K>>(x, a.M, out); return true;
+    case Q5_K: k16_act_words<K16<FQ5_K>>(x, a.M, out); return true;
+    case Q6_K: k16_act_words<K16<FQ6_K>>(x, a.M, out); return true;
+  }
+  return false;
 }
 
 // A repacked weight's whole groups (qmatmul_cols_avx512_r16); false: not a repackable format.

@@ -272,7 +272,8 @@ template <class F, bool R16>
 KN_SIMD void legacy_cols16(const MatmulArgs& a, int64_t n0, int64_t n1) {
   const int64_t M = a.M, nb = a.K / F::QK;
   const QuantActs& acts = *a.acts;
-  const std::vector<int32_t> init = offset_init<F>(acts);
+  const std::vector<int32_t> own = a.words ? std::vector<int32_t>() : offset_init<F>(acts);
+  const int32_t* init = a.words ? a.words : own.data();
   std::vector<float> acc(size_t(M * 16));
   Strip16 strip;
   for (int64_t n = n0; n < n1; n += 16) {
@@ -283,7 +284,7 @@ KN_SIMD void legacy_cols16(const MatmulArgs& a, int64_t n0, int64_t n1) {
     std::fill(acc.begin(), acc.end(), 0.f);
     if (R16 && M <= kFewRows) {   // a block at a time, in registers, 8 rows at a time
       for (int64_t m0 = 0; m0 < M; m0 += 8)
-        few_rows_r16<F>(a.w + n * a.row_bytes, nb, m0 == 0 ? next : 0, acts, init.data(), m0,
+        few_rows_r16<F>(a.w + n * a.row_bytes, nb, m0 == 0 ? next : 0, acts, init, m0,
                         int(std::min<int64_t>(8, M - m0)), acc.data() + 16 * m0);
     } else {
       for (int64_t b0 = 0; b0 < nb; b0 += kStrip) {
@@ -292,7 +293,7 @@ KN_SIMD void legacy_cols16(const MatmulArgs& a, int64_t n0, int64_t n1) {
           unpack_strip_r16<F>(a.w + n * a.row_bytes, b0, nbs, next, strip);
         else
           unpack_strip<F>(rows, b0, nbs, next, strip);
-        rows_any<F>(strip, nbs, b0, acts, init.data(), acc.data());
+        rows_any<F>(strip, nbs, b0, acts, init, acc.data());
       }
     }
     const __mmask16 valid = __mmask16((1u << std::min<int64_t>(16, n1 - n)) - 1);
