@@ -21,9 +21,12 @@ def plan(scheduler, runner, jobs: dict, quiet: bool) -> int:
     nothing could happen between them: `quiet` (no request or cancel waiting in the inbox),
     no request waiting for a slot, no prefill wanting the rows they leave, every running
     sequence caught up without a draft, and every request plain greedy (no penalties, DRY or
-    Mirostat), without a grammar, logprobs or scored logits, with room for every step's token
-    (max_tokens and the context). Stop strings and end-of-generation tokens may still come:
-    the tokens after them are dropped (Job.take), never sent."""
+    Mirostat), without a grammar, logprobs or scored logits, with room in the context for
+    every step's token. Stop strings, end-of-generation tokens and max_tokens may still come
+    within the steps: the tokens after them are dropped (Job.take; Turn._finish cuts at
+    max_tokens), never sent, as a rejected draft's are. (Waiting for every sequence to have
+    n tokens left before its max_tokens sent a batch whose streams end at different steps
+    through single steps for their last n - 1 tokens each.)"""
     running = scheduler.running
     if not running or not quiet or scheduler.waiting or scheduler.prefilling:
         return 0
@@ -36,13 +39,10 @@ def plan(scheduler, runner, jobs: dict, quiet: bool) -> int:
                 or job.matcher is not None or job.request.logprobs is not None
                 or job.all_logits or not plain_greedy(job.request.params)):
             return 0
-        room = runner.config.max_context - len(seq.tokens)
-        if seq.max_tokens is not None:
-            room = min(room, seq.max_tokens - seq.n_decoded - 1)
-        if room < n - 1:
+        if runner.config.max_context - len(seq.tokens) < n - 1:
             return 0
     for seq in running:
-        scheduler.set_draft(seq.seq_id, [seq.tokens[-1]] * (n - 1))
+        scheduler.set_draft(seq.seq_id, [seq.tokens[-1]] * (n - 1), past_max=True)
     return n
 
 

@@ -126,10 +126,14 @@ class Scheduler(Fairness, PrefixReuse, Prefills):
         self.waiting.append(seq)
         self._groups.setdefault(group_of(seq), [0, self._turn - 1])[0] += 1
 
-    def set_draft(self, seq_id: int, draft: list[int]) -> None:
+    def set_draft(self, seq_id: int, draft: list[int], past_max: bool = False) -> None:
         """Propose `draft` tokens to follow sequence `seq_id`'s newest token; the next step
-        that finds it caught up verifies as many as fit (all rows' logits are sampled)."""
-        self.sequences[seq_id].draft = list(draft)
+        that finds it caught up verifies as many as fit (all rows' logits are sampled).
+        past_max: rows for them even past the sequence's max_tokens (decode steps' placeholders,
+        whose tokens past it are dropped); otherwise drafts stop there."""
+        seq = self.sequences[seq_id]
+        seq.draft = list(draft)
+        seq.draft_past_max = past_max
 
     def finish(self, seq_id: int, reason: str = "stop") -> Sequence:
         """Finish sequence `seq_id` now (EOG, a stop string, a cancel): its slot and pages are
@@ -224,7 +228,7 @@ class Scheduler(Fairness, PrefixReuse, Prefills):
             if seq.draft and seq.seq_id in self._taken and todo[seq.seq_id] == 1:
                 # drafts may neither run past the context nor produce more than max_tokens
                 room = self.config.max_context - len(seq.tokens)
-                if seq.max_tokens is not None:
+                if seq.max_tokens is not None and not seq.draft_past_max:
                     room = min(room, seq.max_tokens - seq.n_decoded - 1)
                 k = max(0, min(len(seq.draft), self._budget, room))
                 if k:

@@ -76,6 +76,7 @@ class Sequence:
     status: Status = Status.WAITING
     finish_reason: str | None = None
     draft: list[int] = field(default_factory=list)  # proposed tokens to verify next step
+    draft_past_max: bool = False   # the draft's rows may pass max_tokens (Scheduler.set_draft)
     arrival: int = -1               # order of `add`; older sequences are never preempted first
     group: object = None            # who asked (one HTTP request's prompts share one): waiting
                                     # sequences are admitted round-robin across groups;
