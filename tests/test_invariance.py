@@ -214,15 +214,17 @@ def test_answers_are_the_same_with_several_decode_steps_per_call_and_one(setup):
 def test_decode_steps_run_past_max_tokens_and_drop_the_rest(setup):
     """Streams that end at different steps keep several decode steps per call to their last
     token (decode_steps.plan: rows past a stream's max_tokens are computed and dropped, as a
-    rejected draft's): each of four greedy requests of 5 to 8 tokens, started together on a
-    4-slot engine at 4 steps a call, gets exactly its max_tokens tokens, finish "length",
-    the tokens it gets alone at one step a call, and the engine ends with no sequence."""
+    rejected draft's), and a call's rows may pass the step's (8 streams x 4 steps = 32 rows
+    at -np 8, whose steps hold 16): each of eight greedy requests of 5 to 12 tokens, started
+    together, gets exactly its max_tokens tokens, finish "length", the tokens it gets alone
+    at one step a call, and the engine ends with no sequence."""
     tok, engine, _ = setup
     one = engine("one-step", parallel=4, decode_steps=1, speculative=False)
-    several = engine("four-steps", parallel=4, decode_steps=4, speculative=False)
+    several = engine("p8-four-steps", parallel=8, decode_steps=4, speculative=False)
+    assert several.runner.config.step_tokens == 16 and several.runner.decode_steps_at(8) == 4
     reqs = [GenerationRequest(tok.encode(OTHERS[i % 3] + f" {i}"),
                               SamplingParams(temperature=0.0, ignore_eos=True), max_tokens=5 + i)
-            for i in range(4)]
+            for i in range(8)]
 
     def answer(e, request):
         out, reason, usage = [], None, None
@@ -232,11 +234,11 @@ def test_decode_steps_run_past_max_tokens_and_drop_the_rest(setup):
         return out, reason, usage.completion_tokens
 
     want = [answer(one, r) for r in reqs]
-    assert [w[1:] for w in want] == [("length", 5 + i) for i in range(4)]
+    assert [w[1:] for w in want] == [("length", 5 + i) for i in range(8)]
     before = several.counters()["decode_step_calls"]
-    got = [None] * 4
+    got = [None] * 8
     threads = [threading.Thread(target=lambda i=i: got.__setitem__(i, answer(several, reqs[i])))
-               for i in range(4)]
+               for i in range(8)]
     for t in threads:
         t.start()
     for t in threads:

@@ -41,6 +41,12 @@ def plan(scheduler, runner, jobs: dict, quiet: bool) -> int:
             return 0
         if runner.config.max_context - len(seq.tokens) < n - 1:
             return 0
+    # The turn's n x len(running) rows may pass step_tokens, so they must all be given (an
+    # ordinary step could not hold them): each sequence's n - 1 more tokens take at most
+    # this many new pages, and the pages must be there without preempting anyone.
+    per = (n - 1) // runner.config.page_size + 2
+    if scheduler.pages.available < per * len(running):
+        return 0
     for seq in running:
         scheduler.set_draft(seq.seq_id, [seq.tokens[-1]] * (n - 1), past_max=True)
     return n

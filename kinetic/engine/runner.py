@@ -179,12 +179,13 @@ class Runner:
 
     def decode_steps_at(self, n: int) -> int:
         """Decode steps one call runs for n sequences (0 or 1: no such call): the config's
-        decode_steps, fewer where n's row bucket times it would not fit a step's rows (the
-        scheduler plans the call's rows as one step)."""
+        decode_steps. Their rows are planned as one turn of the scheduler (n x steps rows,
+        which may pass step_tokens: decode_steps.plan gives that turn its budget), each
+        step running at n's row bucket. (Capping them to step_tokens ran 8 streams at -np 8,
+        whose steps hold 16 rows, 2 steps a call, each call paying the turn's host work.)"""
         if not self.exact_rows or self.config.decode_steps < 2:
             return 0
-        steps = min(self.config.decode_steps, self.config.step_tokens // self.row_bucket(n))
-        return steps if steps >= 2 else 0
+        return self.config.decode_steps
 
     def decode_steps(self, tokens: np.ndarray, positions: np.ndarray, slots: np.ndarray,
                      write_index: np.ndarray, page_table: np.ndarray, bias: tuple,

@@ -160,8 +160,9 @@ class Scheduler(Fairness, PrefixReuse, Prefills):
         return self.finish(seq_id, "cancelled")
 
     # --- one step ---------------------------------------------------------------------
-    def schedule(self) -> StepPlan:
-        """Plan the next step of at most step_tokens rows (the module docstring's four
+    def schedule(self, rows: int | None = None) -> StepPlan:
+        """Plan the next step of at most step_tokens rows (`rows` instead where given:
+        decode_steps.plan's turns, n steps of one row per sequence) (the module docstring's four
         passes): a decode row for every caught-up running sequence, oldest first; then
         prompt rows in equal shares for the running sequences still in their prompt and the
         waiting ones admitted into free slots, round-robin across groups (taking their
@@ -173,7 +174,7 @@ class Scheduler(Fairness, PrefixReuse, Prefills):
         had in this step dropped, and it is re-queued at the front of the waiting queue; a
         step that preempted admits nothing.
         Allocates the pages of every row."""
-        self._budget, self._taken, preempted = self.config.step_tokens, {}, []
+        self._budget, self._taken, preempted = rows or self.config.step_tokens, {}, []
         if self.snapshots is not None:   # a snapshot goes with its prefix's last page
             self.snapshots.prune(lambda k: bool(self.pages.lookup([k])) or (
                 self.host is not None and k in self.host))

@@ -116,7 +116,7 @@ class Stepper:
         self._propose_drafts()
         n_steps = (decode_steps.plan(self.scheduler, self.runner, self.jobs, quiet)
                    if self.drafter is None else 0)
-        plan = self.scheduler.schedule()
+        plan = self.scheduler.schedule(n_steps * len(self.scheduler.running) or None)
         self.answer_prefills()   # those a request's arrival ended: before the step runs
         self._sync_host_pages(plan)
         for slot, snapshots in plan.state_loads:
