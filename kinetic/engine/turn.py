@@ -196,8 +196,8 @@ class Stepper:
                 continue
             draft = plan.tokens[row_ids[1:]].tolist() if len(row_ids) > 1 else []
             new = tokens if multi else accept(draft, tokens)
-            seq = self.scheduler.sequences[seq_id]
-            if seq.max_tokens is not None:   # decode steps' rows may pass it (set_draft)
+            seq = self.scheduler.sequences.get(seq_id)
+            if seq is not None and seq.max_tokens is not None:   # decode steps' rows may pass it
                 new = new[:max(1, seq.max_tokens - seq.n_decoded)]
             with self.grammar.work(job):
                 keep, reason = job.take(new, lps[:len(new)] if lps else None)
