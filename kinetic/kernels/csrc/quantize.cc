@@ -199,9 +199,4 @@ void quantize_rows(const float* x, int64_t m0, int64_t m1, QuantActs& out, bool 
   }
 }
 
-void quantize_acts(ActKind kind, const float* x, int64_t M, int64_t K, QuantActs& out) {
-  quantize_begin(kind, M, K, false, out);
-  quantize_rows(x, 0, M, out, false);
-}
-
 }  // namespace kn

@@ -35,13 +35,10 @@ struct QuantActs {
   int64_t blocks_per_row() const { return kind == ACT_Q8_K ? K / 256 : K / 32; }
 };
 
-// Round x [M, K] for `kind` on one thread (row-major arrays only). K must be a multiple of
-// the kind's block (32 or 256).
-void quantize_acts(ActKind kind, const float* x, int64_t M, int64_t K, QuantActs& out);
-
-// The same in two steps, so that rows can be rounded on several threads: size `out` for M
-// rows of K values (block_major: the block-major copies too, for the Q8_0 / Q8_1 kinds),
-// then round rows [m0, m1) of x into it. Each row is rounded on its own, so a split changes
+// Rounding x [M, K] for `kind` (K a multiple of the kind's block, 32 or 256) in two steps,
+// so that rows can be rounded on several threads: size `out` for M rows of K values
+// (block_major: the block-major copies too, for the Q8_0 / Q8_1 kinds), then round rows
+// [m0, m1) of x into it. Each row is rounded on its own, so a split changes
 // nothing. simd: the rows through quantize_avx2.cc's AVX2 + F16C functions (for CPUs of the
 // AVX2 path and up), which give the reference's bits for every input, NaN and inf included.
 void quantize_begin(ActKind kind, int64_t M, int64_t K, bool block_major, QuantActs& out);
