@@ -79,12 +79,10 @@ def drop_staging_caches() -> None:
 
 
 def resident_bytes() -> int | None:
-    """The process's resident memory now (VmRSS), or None where /proc does not tell it."""
+    """This process's memory in use now (its resident set), or None where /proc has no statm
+    (Ollama's /api/ps size, `kinetic serve`'s start line)."""
     try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
-        pass
-    return None
+        return None

@@ -34,8 +34,6 @@ def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
     return tuple(keys)
 
 
-
-
 def serve_options(args: argparse.Namespace):
     """The `serve` flags as (ServerConfig, ModelOptions); SystemExit with a message for
     flags kinetic refuses."""

@@ -41,7 +41,7 @@ from kinetic.api.core import (ServerState, chat_logprobs, completion_prompt_ids,
                               generation, json_body, json_response, server_state,
                               shape_grammar, token_limit)
 from kinetic.api.dialects.ollama_model import (capabilities, details, file_time, listing,
-                                                model_info, resident_bytes)
+                                                model_info)
 from kinetic.api.errors import APIError, bad_request
 from kinetic.api.metrics import Task
 from kinetic.api.offload import input_ids, offload
@@ -50,6 +50,7 @@ from kinetic.api.params import (MAX_LOGPROBS, ChatRequest, Options, check_prompt
 from kinetic.engine.encoder import normalize
 from kinetic.engine.request import Delta, GenerationRequest, TokenLogprob
 from kinetic.grammar import Grammar
+from kinetic.memory import resident_bytes
 
 blueprint = Blueprint("ollama", __name__)
 

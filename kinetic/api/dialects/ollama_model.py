@@ -83,15 +83,6 @@ def capabilities(state: ServerState) -> list[str]:
     return caps
 
 
-def resident_bytes() -> int | None:
-    """This process's memory in use (its resident set), or None where /proc has no statm."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 async def listing(state: ServerState) -> dict[str, Any]:
     """The model as /api/tags and /api/ps list it."""
     path = state.require_model().loaded.file.path
