@@ -349,7 +349,8 @@ def test_a_step_computes_only_the_logit_rows_asked_for(setup):
     rows (Runner.step_device logit_rows): one row's logits are that row's bits from the
     all-rows step, a step without logits at the T-row bucket skips the output projection yet
     fills the cache as the all-rows step does (the next step's logits are the same bits),
-    and a step's other rows (not asked for, or padding) are not computed: 0."""
+    and a step's other rows (not asked for, or padding) leave the rows asked for their bits
+    (the kernel does not write them: their values are unspecified)."""
     import numpy as np
 
     from kinetic.engine.runner import Runner, RunnerConfig
@@ -374,16 +375,15 @@ def test_a_step_computes_only_the_logit_rows_asked_for(setup):
     one = chunk(some, 16, 20, [3])
     assert one.shape == (1, model.config.vocab_size)
     assert one.tobytes() == last[3:4].tobytes()
-    # below the T-row bucket, [] gives the bucket's rows, none computed: all 0
+    # below the T-row bucket, [] gives the bucket's rows, none computed
     small = Runner(model, cfg)
     none = chunk(small, 0, 4, [])
-    assert none.shape == (4, model.config.vocab_size) and not none.any()
-    # several rows: the bucket's rows, those asked for with their bits, the others 0
+    assert none.shape == (4, model.config.vocab_size)
+    # several rows: the bucket's rows, those asked for with their bits
     several = chunk(Runner(model, cfg), 0, 16, [2, 7, 15])
     assert several.shape == all_rows.shape
     assert several[[2, 7, 15]].tobytes() == all_rows[[2, 7, 15]].tobytes()
-    assert not np.delete(several, [2, 7, 15], axis=0).any()
-    # all rows of a step under its bucket: the padding rows are not computed
+    # all rows of a step under its bucket: its rows with their bits
     padded = chunk(Runner(model, cfg), 0, 5, None)
-    assert padded.shape == (8, model.config.vocab_size) and not padded[5:].any()
+    assert padded.shape == (8, model.config.vocab_size)
     assert padded[:5].tobytes() == all_rows[:5].tobytes()

@@ -47,9 +47,10 @@ def test_jit_equals_the_c_abi_and_many_equals_one_each(weights):
         assert np.asarray(got).tobytes() == np.asarray(one).tobytes() == host.tobytes()
 
 
-def test_live_rows_get_their_bits_and_the_others_zero(weights):
+def test_live_rows_get_their_bits_in_place(weights):
     """qmatmul with `live` (a step's sampled rows of the output projection): a live row's
-    result is the bits of the plain call, every other row is 0, whatever the pattern."""
+    result is the bits of the plain call, in its own row, whatever the pattern (the other
+    rows are not written: nothing reads them)."""
     data, parts, k = weights
     rng = np.random.default_rng(4)
     x = rng.standard_normal((9, k)).astype(np.float32)
@@ -63,7 +64,6 @@ def test_live_rows_get_their_bits_and_the_others_zero(weights):
             got, want = np.asarray(got), np.asarray(want)
             on = live != 0
             assert got[on].tobytes() == want[on].tobytes()
-            assert not got[~on].any()
     with pytest.raises(Exception, match="live must be"):
         masked(x, np.ones(8, np.int32))[0].block_until_ready()
 

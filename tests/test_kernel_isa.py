@@ -221,3 +221,36 @@ def test_int8_rounding_of_special_activations(fmt: int, isa: str) -> None:
     rows = 21
     w = _weights(fmt, rows, k, rng)
     _check(fmt, w, rows, k, x, isa, f"{FORMATS[fmt][0]} special activations")
+
+
+@pytest.mark.parametrize("isa", ("scalar",) + SIMD_ISAS)
+@pytest.mark.parametrize("repack", (False, True), ids=("plain", "repacked"))
+def test_live_rows_are_written_in_place_and_no_other(isa: str, repack: bool) -> None:
+    """qmatmul_rows (a step's sampled rows of the output projection, MatmulArgs::y_rows): on
+    every path and format each live row of y gets exactly the bits of the plain call, in
+    its own row, and every other row keeps what it held (a NaN pattern here)."""
+    if isa != "scalar":
+        _need_isa(isa)
+    rng = np.random.default_rng(77)
+    patterns = ([1] * 9, [0] * 9, [0] * 8 + [1], [1, 0, 1, 1, 0, 0, 1, 0, 1], [0, 1] * 4 + [0])
+    for fmt, (name, qk, _, _) in FORMATS.items():
+        if repack and fmt not in (2, 3, 6, 7, 8, 10, 11, 12, 13, 14):
+            continue
+        k = 256 if qk > 1 else 40
+        n = 48 if repack else N
+        w = _weights(fmt, n, k, rng)
+        if repack:
+            w = w.copy()
+            fmt = kernels.repack16_host(fmt, w, n, k)
+        x = _acts(9, k, rng)
+        full = kernels.qmatmul_host(fmt, w, n, k, x, isa=isa, threads=1)
+        for live in patterns:
+            live = np.asarray(live, np.int32)
+            for threads in (1, 2):
+                y = np.full((9, n), np.nan, np.float32)
+                y.view(np.uint32)[:] = 0x7FC0BEEF
+                kernels.qmatmul_rows_host(fmt, w, n, k, x, live, y, isa=isa, threads=threads)
+                on = live != 0
+                what = f"{name} {isa} threads={threads} live={live.tolist()}"
+                assert np.array_equal(_bits(y[on]), _bits(full[on])), what
+                assert (y[~on].view(np.uint32) == 0x7FC0BEEF).all(), what

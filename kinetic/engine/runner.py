@@ -132,12 +132,14 @@ class Runner:
                     ) -> jax.Array:
         """Run one step over up to T rows (arrays of length n <= T) and update the cache.
         page_table: [S, P]. Returns the device array of logits [B, V] for every row of the
-        step's bucket B >= n (rows n.. are padding: 0 with the ffi kernel). With logit_rows
+        step's bucket B >= n (rows n.. are padding, unspecified with the ffi kernel). With logit_rows
         (exact_rows only), the caller needs only those rows, and only they are computed:
         [r] (a prompt chunk samples only its last row) gives [1, V] for row r alone; [] (a
         prompt chunk before its last, the draft model following the target) skips the output
-        projection ([0, V] at the T-row bucket, [B, V] zeros at the smaller ones: fewer
-        compiled shapes); several rows give [B, V] with the others' rows 0. drafts [n] bool:
+        projection ([0, V] at the T-row bucket, [B, V] unspecified at the smaller ones: fewer
+        compiled shapes); several rows give [B, V], the others' rows unspecified (the C++
+        kernel does not write them: zeroing them cost a prompt step more than its sampled
+        rows). drafts [n] bool:
         the rows that are unverified drafts (a recurrent model commits no state for them:
         RecurrentState). images (config.image_rows only): (mask [n], embeddings [n, D], ends
         [n]), the rows where mask is 1 take their embedding as input instead of their
@@ -315,7 +317,8 @@ class Runner:
         (step_device; None: all): "all" (the XLA kernel: every row's), else (the ffi kernel)
         one row's alone ([r], [1, V]), none ([], [0, V], at the T-row bucket only: the prompt
         chunks that need none are full ones), or "mask": [bucket, V], the wanted rows
-        computed and the others 0 (one compiled shape per bucket for every other want)."""
+        computed, the others unspecified (one compiled shape per bucket for every other
+        want)."""
         if not self.exact_rows:
             return "all"
         if want is not None and (len(want) == 1 and bucket > 1

@@ -41,6 +41,8 @@ def _load() -> ctypes.CDLL | None:
     lib = ctypes.CDLL(found[0])
     i64, i32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
     lib.kn_qmatmul.argtypes = [i32, ptr, i64, i64, ptr, i64, ptr, i32, i32, ctypes.c_char_p, i32]
+    lib.kn_qmatmul_rows.argtypes = [i32, ptr, i64, i64, ptr, i64, ptr, ptr, i32, i32,
+                                    ctypes.c_char_p, i32]
     lib.kn_dequant_rows.argtypes = [i32, ptr, i64, i64, ptr, i64, ptr, ctypes.c_char_p, i32]
     lib.kn_qmatmul_id.argtypes = [i32, ptr, i64, i64, i64, i64, ptr, i64, ptr, i64, ptr, i32,
                                   i32, ctypes.c_char_p, i32]
@@ -136,6 +138,26 @@ def qmatmul_host(fmt: int, w: np.ndarray, n: int, k: int, x: np.ndarray,
     code = ISAS.index(isa) if isa is not None else lib.kn_active_isa()
     _call(lib.kn_qmatmul, int(fmt), w.ctypes.data, n, k, x.ctypes.data, x.shape[0],
           y.ctypes.data, code, int(threads))
+    return y
+
+
+def qmatmul_rows_host(fmt: int, w: np.ndarray, n: int, k: int, x: np.ndarray,
+                     live: np.ndarray, y: np.ndarray, isa: str | None = None,
+                     threads: int = 1) -> np.ndarray:
+    """qmatmul_host over the rows m of x [M, k] with live[m] != 0 (csrc/qmatmul_api.h,
+    qmatmul_rows): each such row's result is written to row m of y ([M, n] float32, in
+    place), and every other row of y is left as it was. Returns y."""
+    lib = _need()
+    w = _weight_bytes(w, fmt, n, k)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    live = np.ascontiguousarray(live, dtype=np.int32)
+    if x.ndim != 2 or x.shape[1] != k or live.shape != (x.shape[0],):
+        raise ValueError(f"x must be [M, {k}] and live [M], got {x.shape} and {live.shape}")
+    if y.shape != (x.shape[0], n) or y.dtype != np.float32 or not y.flags.c_contiguous:
+        raise ValueError(f"y must be a C-contiguous float32 [{x.shape[0]}, {n}]")
+    code = ISAS.index(isa) if isa is not None else lib.kn_active_isa()
+    _call(lib.kn_qmatmul_rows, int(fmt), w.ctypes.data, n, k, x.ctypes.data, x.shape[0],
+          live.ctypes.data, y.ctypes.data, code, int(threads))
     return y
 
 

@@ -1,7 +1,7 @@
 """The FFI kernels as JAX functions, usable inside jit (CPU only).
 
     qmatmul(x, data, fmt, offset, n, k, live)  x [..., k] f32 -> [..., n] f32 (live: only
-                                             the rows flagged, the others 0)
+                                             the rows flagged, the others unwritten)
     qmatmul_id(x, ids, data, weights, k, n_expert)  experts' projections: x [R, k],
                                              ids [R, S] -> [R, S, n] per weight
     dequant_rows(rows, data, fmt, offset, n, k)  rows [T] int32 -> [T, k] f32
@@ -60,7 +60,8 @@ def qmatmul_many(x: jax.Array, data: jax.Array, weights: list[tuple[int, int, in
                  k: int, live: jax.Array | None = None) -> list[jax.Array]:
     """x [..., k] times several weights (fmt, offset, n) of the same buffer, in one call:
     [..., n] per weight, each what qmatmul gives for it alone. live (x's rows flattened,
-    int32): only the rows where it is nonzero are computed, the others are 0."""
+    int32): only the rows where it is nonzero are computed; the others are not written, so
+    their values are unspecified (whatever the output buffer held)."""
     register()
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k).astype(jnp.float32)

@@ -38,7 +38,7 @@ class StepInput:
     page_table: [S, P] page ids of each slot's sequence, in order.
     logit_rows: [R] the rows whose logits are returned, in order (None: all T).
     logit_mask: [T] int32, with logit_rows None: the rows whose logits are computed (nonzero);
-      the others' logits are 0 (None: every row's). A step that samples several rows pays
+      the others' logits are unspecified and never read (None: every row's). A step that samples several rows pays
       the output projection, the largest matrix of a small model, for those rows alone.
     recur: the recurrent layers' part (kinetic/model/delta_net.Recur; None: no such layer).
     embeds, embed_mask: [T, D] and [T]: rows whose input is the given embedding (an image's
@@ -157,7 +157,8 @@ def linear(x: jax.Array, p: Proj, b: jax.Array | None = None,
            live: jax.Array | None = None) -> jax.Array:
     """x [..., K] . W^T -> [..., N] float32: the one swap point between the C++ kernel
     (packed weights) and XLA's dot (dense ones). live [T] (x [T, K]): the rows wanted; the
-    others are 0, and the C++ kernel does not compute them."""
+    others are unspecified (the C++ kernel neither computes nor writes them; XLA's dot gives
+    0)."""
     if p.fmt in (DENSE, PLANES):
         if p.fmt == PLANES:
             y = pallas_matmul.matmul(x, p.data)

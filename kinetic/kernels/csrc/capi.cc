@@ -35,6 +35,19 @@ KN_API int kn_qmatmul(int fmt, const uint8_t* w, int64_t N, int64_t K, const flo
   return e ? fail(e, err, errlen) : 0;
 }
 
+// qmatmul_api.h qmatmul_rows with one part: y [M, N] gets the rows m with live[m] != 0;
+// its other rows are left as they were.
+KN_API int kn_qmatmul_rows(int fmt, const uint8_t* w, int64_t N, int64_t K, const float* x,
+                           int64_t M, const int32_t* live, float* y, int isa, int threads,
+                           char* err, int errlen) {
+  if (isa < kn::ISA_SCALAR || isa > kn::ISA_AVX512) return fail("unknown ISA", err, errlen);
+  if (threads < 1) threads = 1;
+  const kn::MatmulPart part{fmt, w, N, y};
+  const char* e = kn::qmatmul_rows(&part, 1, K, x, M, live, kn::Isa(isa), threads,
+                                   threads > 1 ? kn::thread_schedule() : kn::Schedule());
+  return e ? fail(e, err, errlen) : 0;
+}
+
 // qmatmul_api.h qmatmul_id with one part: y [rows * share, N]; expert e's weight starts
 // e * stride bytes after w.
 KN_API int kn_qmatmul_id(int fmt, const uint8_t* w, int64_t stride, int64_t n_expert,

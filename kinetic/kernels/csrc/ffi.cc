@@ -6,7 +6,7 @@
 //     bytes into w (w is the whole memory-mapped GGUF file: one buffer, never a copy per
 //     tensor); several weights that read the same x go through one call
 //   kinetic_qmatmul_rows(x, w, live s32[M]; as kinetic_qmatmul) -> the same, computed for
-//     the rows m with live[m] != 0 only, every other row 0 (a step's sampled rows)
+//     the rows m with live[m] != 0 only, every other row unwritten (a step's sampled rows)
 //   kinetic_dequant_rows(rows s32[T], w u8[bytes]; fmt, offset, n, k) -> out f32[T, k]
 #include <algorithm>
 #include <string>
@@ -89,7 +89,8 @@ ffi::Error QMatmul(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
   return run_matmul("kinetic_qmatmul", x, w, ys, fmts, offsets, ns, k, nullptr, 0);
 }
 
-// kinetic_qmatmul over the rows whose live flag is set (kn::qmatmul_rows); the others are 0.
+// kinetic_qmatmul over the rows whose live flag is set (kn::qmatmul_rows); the others are
+// not written.
 ffi::Error QMatmulRows(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
                        ffi::Buffer<ffi::S32> live, ffi::RemainingRets ys,
                        ffi::Span<const int64_t> fmts, ffi::Span<const int64_t> offsets,

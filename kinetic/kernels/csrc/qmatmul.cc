@@ -46,12 +46,13 @@ void run_repacked(Isa isa, const MatmulArgs& a, int64_t n0, int64_t n1) {
     g.w = rows.data();
     g.N = 16;
     g.y = y.data();
+    g.y_rows = nullptr;
     g.repacked = false;
     for (int64_t n = n0; n < n16; n += 16) {
       unrepack_group(a.fmt, a.w + n * a.row_bytes, a.K / a.info->qk, rows.data());
       run_plain(isa, g, 0, 16);
       for (int64_t m = 0; m < a.M; ++m)
-        std::copy(y.begin() + m * 16, y.begin() + (m + 1) * 16, a.y + m * a.N + n);
+        std::copy(y.begin() + m * 16, y.begin() + (m + 1) * 16, a.out(m) + n);
     }
   }
   if (std::max(n0, n16) < n1) run_plain(isa, a, std::max(n0, n16), n1);
@@ -106,6 +107,7 @@ const char* qmatmul_parts(const MatmulPart* parts, int n_parts, int64_t K, const
     done[f->act] = true;
     args.push_back({base_format(parts[p].fmt), f, parts[p].w, row_bytes(parts[p].fmt, K),
                     parts[p].n, K, M, &acts[f->act], parts[p].y, is_repacked(parts[p].fmt)});
+    args.back().y_rows = parts[p].y_rows;
     if (isa == ISA_AVX512 && qmatmul_words_avx512(args[size_t(p)], words[size_t(p)]))
       args[size_t(p)].words = words[size_t(p)].data();
     cols.push_back(chunk_cols(parts[p].n, threads));

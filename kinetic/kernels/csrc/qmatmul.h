@@ -30,6 +30,10 @@ struct MatmulArgs {
   // The activation words the AVX-512 path's loops read besides the values, made once per
   // call (qmatmul_words_avx512) instead of by every chunk; null: the loop makes its own.
   const int32_t* words = nullptr;
+  // The row of y that row m of x writes (null: row m): a call over some rows of a larger y
+  // (qmatmul_rows' live rows, qmatmul_id's pairs of one expert) writes them in place.
+  const int64_t* y_rows = nullptr;
+  float* out(int64_t m) const { return y + (y_rows ? y_rows[m] : m) * N; }
 };
 
 // The integer results of one weight block against one activation block.

@@ -14,19 +14,22 @@ const char* qmatmul(int fmt, const uint8_t* w, int64_t N, int64_t K, const float
 
 // Several weights that read the same activations (q, k, v; gate, up) in one call: the
 // activations are rounded once per kind, and the columns of every part are split over the
-// threads together. parts[p].y is [M, parts[p].n]. Each output is what qmatmul gives.
+// threads together. parts[p].y is [M, parts[p].n], or, with y_rows, a larger output whose
+// row y_rows[m] row m of x writes (the others untouched). Each output is what qmatmul gives.
 struct MatmulPart {
   int fmt;
   const uint8_t* w;
   int64_t n;
   float* y;
+  const int64_t* y_rows = nullptr;
 };
 const char* qmatmul_parts(const MatmulPart* parts, int n_parts, int64_t K, const float* x,
                           int64_t M, Isa isa, int threads, const Schedule& schedule);
 
 // qmatmul_parts over the rows m of x with live[m] != 0 (x and each y are [M, ...]): those
-// rows get the bits qmatmul_parts gives them, every other row of each y is zero, and only
-// the live rows cost work (a step's sampled rows of the output projection).
+// rows get the bits qmatmul_parts gives them, written in place; every other row of each y is
+// left as it was, unwritten (a step's sampled rows of the output projection: nothing reads
+// the others, and writing them cost a prompt step more than its sampled rows did).
 const char* qmatmul_rows(const MatmulPart* parts, int n_parts, int64_t K, const float* x,
                          int64_t M, const int32_t* live, Isa isa, int threads,
                          const Schedule& schedule);

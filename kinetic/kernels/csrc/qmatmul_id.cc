@@ -1,8 +1,8 @@
 // qmatmul over (row, expert) pairs (qmatmul_api.h, qmatmul_id): a mixture-of-experts layer's
 // projections in one call, as llama.cpp's mul_mat_id. The pairs are grouped by expert in one
 // pass (in pair order within an expert); each expert with pairs gets one qmatmul_parts call
-// over its pairs' rows copied together, so its weights are read once per call, and the
-// results go back to their pairs' places. A row's result does not depend on which other
+// over its pairs' rows copied together, so its weights are read once per call, each result
+// written straight to its pair's row (MatmulPart::y_rows). A row's result does not depend on which other
 // rows share its call (the kernel's contract), so a pair gets the bits qmatmul gives its row
 // against its expert alone.
 #include <cstring>
@@ -29,7 +29,6 @@ const char* qmatmul_id(const MatmulPart* parts, const int64_t* strides, int n_pa
   for (int64_t p = 0; p < pairs; ++p) by_expert[size_t(fill[size_t(ids[p])]++)] = p;
 
   std::vector<float> xs;
-  std::vector<std::vector<float>> ys(static_cast<size_t>(n_parts));
   std::vector<MatmulPart> packed(parts, parts + n_parts);
   for (int64_t e = 0; e < n_expert; ++e) {
     const int64_t lo = start[size_t(e)], L = start[size_t(e + 1)] - lo;
@@ -39,19 +38,12 @@ const char* qmatmul_id(const MatmulPart* parts, const int64_t* strides, int n_pa
       std::memcpy(&xs[size_t(i * K)], x + by_expert[size_t(lo + i)] / share * K,
                   size_t(K) * sizeof(float));
     for (int p = 0; p < n_parts; ++p) {
-      ys[size_t(p)].resize(size_t(L * parts[p].n));
       packed[size_t(p)].w = parts[p].w + e * strides[p];
-      packed[size_t(p)].y = ys[size_t(p)].data();
+      packed[size_t(p)].y_rows = &by_expert[size_t(lo)];
     }
     if (const char* err = qmatmul_parts(packed.data(), n_parts, K, xs.data(), L, isa, threads,
                                         schedule))
       return err;
-    for (int p = 0; p < n_parts; ++p) {
-      const int64_t N = parts[p].n;
-      for (int64_t i = 0; i < L; ++i)
-        std::memcpy(parts[p].y + by_expert[size_t(lo + i)] * N, &ys[size_t(p)][size_t(i * N)],
-                    size_t(N) * sizeof(float));
-    }
   }
   return nullptr;
 }

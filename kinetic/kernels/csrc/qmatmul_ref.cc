@@ -39,7 +39,7 @@ void float_cols(const MatmulArgs& a, int64_t n0, int64_t n1) {
       float lanes[16] = {};
       for (int64_t k = 0; k < a.K; ++k)
         lanes[k % 16] = lanes[k % 16] + xm[k] * weight_value(a.fmt, row, k);
-      a.y[m * a.N + n] = reduce_lanes(lanes);
+      a.out(m)[n] = reduce_lanes(lanes);
     }
   }
 }
@@ -67,7 +67,7 @@ void qmatmul_cols_ref(const MatmulArgs& a, int64_t n0, int64_t n1) {
         acc[m] = combine(f, acc[m], block_sums(f, u, xq, bs), u.d, u.m, x.d[ib], sx);
       }
     }
-    for (int64_t m = 0; m < a.M; ++m) a.y[m * a.N + n] = acc[m];
+    for (int64_t m = 0; m < a.M; ++m) a.out(m)[n] = acc[m];
   }
 }
 

@@ -192,7 +192,7 @@ KN_SIMD void quant_cols(const MatmulArgs& a, int64_t n0, int64_t n1) {
     }
     const int valid = int(std::min<int64_t>(8, n1 - n));
     for (int64_t m = 0; m < M; ++m)
-      for (int c = 0; c < valid; ++c) a.y[m * a.N + n + c] = acc[size_t(m * 8 + c)];
+      for (int c = 0; c < valid; ++c) a.out(m)[n + c] = acc[size_t(m * 8 + c)];
   }
 }
 
@@ -339,7 +339,7 @@ KN_SIMD void float_cols(const MatmulArgs& a, int64_t n0, int64_t n1) {
         for (int i = 0; i < 4; ++i)
           for (int j = 0; j < 2; ++j)
             float_tail(xr[i], row[j], FMT, K16, K, lo[2 * i + j], hi[2 * i + j],
-                       a.y + (m + i) * a.N + n + j);
+                       a.out(m + i) + n + j);
       }
     }
     for (; m < m1; ++m) {   // one pair at a time: M = 1, the last row, the last column
@@ -351,7 +351,7 @@ KN_SIMD void float_cols(const MatmulArgs& a, int64_t n0, int64_t n1) {
           l0 = mul_add<FMT == F16>(l0, _mm256_loadu_ps(xm + k), w0);
           l1 = mul_add<FMT == F16>(l1, _mm256_loadu_ps(xm + k + 8), w1);
         }
-        float_tail(xm, row[j], FMT, K16, K, l0, l1, a.y + m * a.N + n + j);
+        float_tail(xm, row[j], FMT, K16, K, l0, l1, a.out(m) + n + j);
       }
     }
   }

@@ -30,10 +30,11 @@ KN_INL __m512 mul_add16(__m512 acc, __m512 x, __m512 w) {
   return _mm512_add_ps(acc, _mm512_mul_ps(x, w));
 }
 
-// One register tile: R rows (x[0..R)) against C columns (w[0..C)), every pair over all K.
+// One register tile: R rows (x[0..R)) against C columns (w[0..C)), every pair over all K;
+// row i's C results go to y[i][0..C).
 template <int FMT, int R, int C>
 KN_INL void float_tile16(const float* const* x, const uint8_t* const* w, int64_t K, int64_t K16,
-                         float* y, int64_t ldy) {
+                         float* const* y) {
   __m512 acc[R][C];
 #pragma GCC unroll 8
   for (int i = 0; i < R; ++i)
@@ -56,7 +57,7 @@ KN_INL void float_tile16(const float* const* x, const uint8_t* const* w, int64_t
     for (int j = 0; j < C; ++j) {
       const __m512 l = acc[i][j];
       const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(l), 1));
-      float_tail(x[i], w[j], FMT, K16, K, _mm512_castps512_ps256(l), hi, y + i * ldy + j);
+      float_tail(x[i], w[j], FMT, K16, K, _mm512_castps512_ps256(l), hi, y[i] + j);
     }
 }
 
@@ -65,16 +66,22 @@ template <int FMT, int R>
 KN_INL void float_rows16(const MatmulArgs& a, int64_t m, int64_t n0, int64_t n1, int64_t K16) {
   constexpr int kCols = 4;
   const float* xr[R];
-  for (int i = 0; i < R; ++i) xr[i] = &a.acts->f[size_t((m + i) * a.K)];
+  float* yr[R];
+  for (int i = 0; i < R; ++i) {
+    xr[i] = &a.acts->f[size_t((m + i) * a.K)];
+    yr[i] = a.out(m + i) + n0;
+  }
   int64_t n = n0;
   for (; n + kCols <= n1; n += kCols) {
     const uint8_t* wr[kCols];
     for (int j = 0; j < kCols; ++j) wr[j] = a.w + (n + j) * a.row_bytes;
-    float_tile16<FMT, R, kCols>(xr, wr, a.K, K16, a.y + m * a.N + n, a.N);
+    float_tile16<FMT, R, kCols>(xr, wr, a.K, K16, yr);
+    for (int i = 0; i < R; ++i) yr[i] += kCols;
   }
   for (; n < n1; ++n) {
     const uint8_t* wr[1] = {a.w + n * a.row_bytes};
-    float_tile16<FMT, R, 1>(xr, wr, a.K, K16, a.y + m * a.N + n, a.N);
+    float_tile16<FMT, R, 1>(xr, wr, a.K, K16, yr);
+    for (int i = 0; i < R; ++i) yr[i] += 1;
   }
 }
 

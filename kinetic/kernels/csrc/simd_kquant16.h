@@ -466,7 +466,7 @@ KN_SIMD void kquant_cols16(const MatmulArgs& a, int64_t n0, int64_t n1) {
     }
     const int valid = int(std::min<int64_t>(16, n1 - n));
     for (int64_t m = 0; m < M; ++m)
-      for (int c = 0; c < valid; ++c) a.y[m * a.N + n + c] = acc[size_t(m * 16 + c)];
+      for (int c = 0; c < valid; ++c) a.out(m)[n + c] = acc[size_t(m * 16 + c)];
   }
 }
 

@@ -236,12 +236,14 @@ KN_INL void unpack_strip_r16(const uint8_t* group, int64_t b0, int nbs, uintptr_
 // Rows m0 .. m0 + R - 1 (R <= 8) against a repacked group's nb blocks, a block at a time, its
 // vectors in registers and the rows' accumulators too (no strip in memory: at few rows,
 // storing and reloading the strip cost as much as the sums). Per row and block the sums and
-// the combine are rows_strip's (block_rows), in the same order, so the bits are the same;
-// acc16: those rows' 16 columns. next: the group to prefetch (0: none, on a second pass over
-// a group already in the caches).
+// the combine are rows_strip's (block_rows), in the same order, so the bits are the same.
+// The results go straight to a's output, columns n.. of those rows (valid: the columns that
+// exist). next: the group to prefetch (0: none, on a second pass over a group already in the
+// caches).
 template <class F>
 KN_SIMD void few_rows_r16(const uint8_t* group, int64_t nb, uintptr_t next, const QuantActs& x,
-                          const int32_t* init, int64_t m0, int rows_n, float* acc16) {
+                          const int32_t* init, int64_t m0, int rows_n, const MatmulArgs& a,
+                          int64_t n, __mmask16 valid) {
   with_rows(rows_n, [&](auto rows) KN_INL_LAMBDA {
     constexpr int R = decltype(rows)::value;
     __m512 acc[R];
@@ -255,7 +257,7 @@ KN_SIMD void few_rows_r16(const uint8_t* group, int64_t nb, uintptr_t next, cons
       block_rows<F, R>(t, dw, mw, x, init, b * x.M + m0, acc);
     }
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc16 + 16 * r, acc[r]);
+    for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(a.out(m0 + r) + n, valid, acc[r]);
   });
 }
 
@@ -281,23 +283,23 @@ KN_SIMD void legacy_cols16(const MatmulArgs& a, int64_t n0, int64_t n1) {
     if constexpr (!R16)
       for (int c = 0; c < 16; ++c) rows[c] = a.w + std::min(n + c, n1 - 1) * a.row_bytes;
     const uintptr_t next = next_group(a, n, 16);
-    std::fill(acc.begin(), acc.end(), 0.f);
+    const __mmask16 valid = __mmask16((1u << std::min<int64_t>(16, n1 - n)) - 1);
     if (R16 && M <= kFewRows) {   // a block at a time, in registers, 8 rows at a time
       for (int64_t m0 = 0; m0 < M; m0 += 8)
         few_rows_r16<F>(a.w + n * a.row_bytes, nb, m0 == 0 ? next : 0, acts, init, m0,
-                        int(std::min<int64_t>(8, M - m0)), acc.data() + 16 * m0);
-    } else {
-      for (int64_t b0 = 0; b0 < nb; b0 += kStrip) {
-        const int nbs = int(std::min<int64_t>(kStrip, nb - b0));
-        if constexpr (R16)
-          unpack_strip_r16<F>(a.w + n * a.row_bytes, b0, nbs, next, strip);
-        else
-          unpack_strip<F>(rows, b0, nbs, next, strip);
-        rows_any<F>(strip, nbs, b0, acts, init, acc.data());
-      }
+                        int(std::min<int64_t>(8, M - m0)), a, n, valid);
+      continue;
     }
-    const __mmask16 valid = __mmask16((1u << std::min<int64_t>(16, n1 - n)) - 1);
+    std::fill(acc.begin(), acc.end(), 0.f);
+    for (int64_t b0 = 0; b0 < nb; b0 += kStrip) {
+      const int nbs = int(std::min<int64_t>(kStrip, nb - b0));
+      if constexpr (R16)
+        unpack_strip_r16<F>(a.w + n * a.row_bytes, b0, nbs, next, strip);
+      else
+        unpack_strip<F>(rows, b0, nbs, next, strip);
+      rows_any<F>(strip, nbs, b0, acts, init, acc.data());
+    }
     for (int64_t m = 0; m < M; ++m)
-      _mm512_mask_storeu_ps(a.y + m * a.N + n, valid, _mm512_loadu_ps(&acc[size_t(16 * m)]));
+      _mm512_mask_storeu_ps(a.out(m) + n, valid, _mm512_loadu_ps(&acc[size_t(16 * m)]));
   }
 }
