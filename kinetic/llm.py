@@ -232,8 +232,8 @@ def load(path: str | os.PathLike[str], *, n_ctx: int = 4096, dtype: str = "bfloa
     ("bfloat16" or "float32") and whether activations are rounded as llama.cpp's CPU
     backend does (docs/parity.md); parallel: sequences the engine runs at once (0: as many
     as half the free memory holds, up to 4; at most 64); step_tokens: most rows per step
-    (0: 16, or 2 x parallel when that is more, 128 for a mixture of experts; at least
-    parallel);
+    (0: 16, past 8 streams 4 x parallel up to 64 rows and 2 x parallel beyond, 128 for a
+    mixture of experts; at least parallel);
     speculative: drafting in the step's spare rows (never changes the output); draft: a
     smaller GGUF model of the same vocabulary to draft with (else n-gram lookup); mmproj:
     a vision projector (llama.cpp's mmproj GGUF) for this text model: prompts with images

@@ -51,7 +51,7 @@ def serve_options(args: argparse.Namespace):
         raise SystemExit("kinetic serve: -ub must be at least 1")
     if args.batch_size < 1:
         raise SystemExit("kinetic serve: -b must be at least 1")
-    # -ub: rows per compiled step; without it 16, or 2 x -np when that is more
+    # -ub: rows per compiled step; without it engine_config.auto_step_tokens(-np)
     ubatch = args.ubatch_size or auto_step_tokens(max(args.parallel, 1))
     if args.draft_max is not None and not 0 <= args.draft_max < ubatch:
         raise SystemExit(f"kinetic serve: --draft-max must be between 0 and -ub - 1 "

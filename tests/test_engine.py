@@ -694,8 +694,8 @@ def test_dry_rows_past_the_pair_width_give_the_same_tokens(make_engine, monkeypa
 def test_step_size_grows_with_parallel_and_parallel_is_bounded():
     from kinetic.engine.engine_config import EngineConfig
     resolve = lambda **kw: EngineConfig(n_ctx=64, page_size=4, **kw).resolved(mm.CONFIG)  # noqa: E731
-    assert [resolve(parallel=n).step_tokens for n in (1, 4, 8, 9, 16, 64)] == [
-        16, 16, 16, 18, 32, 128]
+    assert [resolve(parallel=n).step_tokens for n in (1, 4, 8, 9, 16, 32, 33, 64)] == [
+        16, 16, 16, 36, 64, 64, 66, 128]
     assert resolve(parallel=16, step_tokens=16).step_tokens == 16     # -ub as given
     # a mixture of experts steps at least 128 rows (its prompt steps share each expert),
     # except on kernel "xla", where every step costs all its rows

@@ -125,7 +125,7 @@ def test_sixteen_streams_with_long_and_short_prompts_give_what_they_give_alone()
         reference.close()
     engine = mm.make_engine(parallel=16, n_ctx=512, page_size=16, step_tokens=0)
     try:
-        assert engine.config.step_tokens == 32 and engine.config.num_pages == 16 * 32 + 1
+        assert engine.config.step_tokens == 64 and engine.config.num_pages == 16 * 32 + 1
         sinks = [Collector() for _ in requests]
         with Paused(engine):   # all 16 reach the engine in one turn
             for r, sink in zip(requests, sinks):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 MAX_AUTO_PARALLEL = 4
 MAX_PARALLEL = 64        # the server's 64 connections (SPEC.md); a step holds every stream
-MIN_STEP_TOKENS = 16     # the automatic step size: 16 rows, or 2 x parallel when more
+MIN_STEP_TOKENS = 16     # the automatic step size: 16 rows, more past 8 streams (auto_step_tokens)
 MOE_STEP_TOKENS = 128    # a mixture of experts': a prompt step's rows share each expert
 
 
@@ -70,12 +70,18 @@ class EngineConfig:
 
 
 def auto_step_tokens(parallel: int, model_config=None) -> int:
-    """The step size for `parallel` streams: 16 rows, or 2 x parallel when that is more, so
-    that with every stream decoding (one row each) as many rows are left for a new
-    request's prompt chunk or for drafts (at 16 slots a 16-row step leaves a new request's
-    prompt one row a step beside 15 decoding streams). It grows only past 8 streams: each
-    row bucket (1, 2, 4 ... step_tokens) costs compiled step shapes and a sampler size,
-    tens of MB and seconds of start-up (docs/server.md, "Sharing a step", has figures).
+    """The step size for `parallel` streams: 16 rows up to 8 streams; past them 4 x
+    parallel up to 64 rows, 2 x parallel beyond (-np 16: 64, -np 32: 64, -np 64: 128). With
+    every stream decoding (one row each), the rest are left for new requests' prompt chunks
+    or for drafts (at 16 slots a 16-row step would leave a new request's prompt one row a
+    step beside 15 decoding streams). Four rows a stream where that is at most 64, not
+    two: when many requests arrive together every prompt step that ends a prompt reads the
+    output projection for its sampled rows, the largest matrix of a small model, so
+    larger steps end more prompts per read (Gemma 3 270M, 16 streams of a 16-token prompt
+    and 64 tokens, in process: the prompts took 178 ms at 32-row steps, 138-143 at 64, the
+    same at 128; docs/performance.md). It grows only past 8 streams: each row bucket (1, 2,
+    4 ... step_tokens) costs compiled step shapes and a sampler size, tens of MB and
+    seconds of start-up (docs/server.md, "Sharing a step", has figures).
 
     A mixture of experts (model_config.n_expert, on a kernel whose steps cost their rows:
     not "xla") steps at least 128 rows: at 16 a prompt step's rows choose most experts a
@@ -86,7 +92,7 @@ def auto_step_tokens(parallel: int, model_config=None) -> int:
     if (model_config is not None and getattr(model_config, "n_expert", 0)
             and getattr(model_config, "kernel", "ffi") != "xla"):
         base = MOE_STEP_TOKENS
-    return max(base, 2 * parallel)
+    return max(base, 2 * parallel, min(4 * parallel, 64)) if parallel > 8 else base
 
 
 def kv_bytes_per_token(model_config, kv_dtype: str) -> int:

@@ -464,9 +464,9 @@ KN_SIMD void kquant_cols16(const MatmulArgs& a, int64_t n0, int64_t n1) {
       for (; m + 2 <= M; m += 2) rows_from(std::integral_constant<int, 2>(), m);
       if (m < M) rows_from(std::integral_constant<int, 1>(), m);
     }
-    const int valid = int(std::min<int64_t>(16, n1 - n));
+    const __mmask16 valid = __mmask16((1u << std::min<int64_t>(16, n1 - n)) - 1);
     for (int64_t m = 0; m < M; ++m)
-      for (int c = 0; c < valid; ++c) a.out(m)[n + c] = acc[size_t(m * 16 + c)];
+      _mm512_mask_storeu_ps(a.out(m) + n, valid, _mm512_loadu_ps(&acc[size_t(16 * m)]));
   }
 }
 
