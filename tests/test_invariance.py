@@ -346,11 +346,12 @@ def check_row_buckets(model, ids: list[int], other: list[int]) -> None:
 
 def test_a_step_computes_only_the_logit_rows_asked_for(setup):
     """A prompt chunk samples only its last row, a chunk before it none, a decode step its
-    rows (Runner.step_device logit_rows): one row's logits are that row's bits from the
-    all-rows step, a step without logits at the T-row bucket skips the output projection yet
-    fills the cache as the all-rows step does (the next step's logits are the same bits),
-    and a step's other rows (not asked for, or padding) leave the rows asked for their bits
-    (the kernel does not write them: their values are unspecified)."""
+    rows (Runner.step_device logit_rows). With the C++ kernel every want is one compiled
+    shape a bucket ([B, V], the asked rows computed and written, the others not): an asked
+    row's logits are its bits from the all-rows step; a step that asks for none (the
+    projection skipped) fills the cache as the all-rows step does, so the next step's
+    logits are the same bits; and the step compiles no shape of its own for one row or
+    none."""
     import numpy as np
 
     from kinetic.engine.runner import Runner, RunnerConfig
@@ -360,6 +361,7 @@ def test_a_step_computes_only_the_logit_rows_asked_for(setup):
     ids = np.asarray((tok.encode(PROMPT, add_special=True) * 3)[:20])
     cfg = RunnerConfig(step_tokens=16, num_slots=1, page_size=16, num_pages=3, pages_per_slot=2)
     table = np.array([[1, 2]], np.int32)
+    V = model.config.vocab_size
 
     def chunk(runner, lo, hi, want):
         pos = np.arange(lo, hi)
@@ -368,22 +370,22 @@ def test_a_step_computes_only_the_logit_rows_asked_for(setup):
                                              want))
 
     full, some = Runner(model, cfg), Runner(model, cfg)
+    assert all(full._logit_shape(b, want) == "mask"
+               for b in full.row_buckets for want in (None, [0], [], [1, 2]))
     all_rows = chunk(full, 0, 16, None)
-    assert all_rows.shape == (16, model.config.vocab_size)
-    assert chunk(some, 0, 16, []).shape == (0, model.config.vocab_size)
+    assert all_rows.shape == (16, V)
+    assert chunk(some, 0, 16, []).shape == (16, V)
     last = chunk(full, 16, 20, None)[:4]
     one = chunk(some, 16, 20, [3])
-    assert one.shape == (1, model.config.vocab_size)
-    assert one.tobytes() == last[3:4].tobytes()
+    assert one.shape == (4, V)
+    assert one[3].tobytes() == last[3].tobytes()
     # below the T-row bucket, [] gives the bucket's rows, none computed
-    small = Runner(model, cfg)
-    none = chunk(small, 0, 4, [])
-    assert none.shape == (4, model.config.vocab_size)
+    assert chunk(Runner(model, cfg), 0, 4, []).shape == (4, V)
     # several rows: the bucket's rows, those asked for with their bits
     several = chunk(Runner(model, cfg), 0, 16, [2, 7, 15])
     assert several.shape == all_rows.shape
     assert several[[2, 7, 15]].tobytes() == all_rows[[2, 7, 15]].tobytes()
     # all rows of a step under its bucket: its rows with their bits
     padded = chunk(Runner(model, cfg), 0, 5, None)
-    assert padded.shape == (8, model.config.vocab_size)
+    assert padded.shape == (8, V)
     assert padded[:5].tobytes() == all_rows[:5].tobytes()

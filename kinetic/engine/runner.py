@@ -76,6 +76,9 @@ class Runner:
         self._warming = False   # compile's warm-up steps run (on zero weights)
         # the C++ kernels and the pallas kernel give a row the same bits in any step
         self.exact_rows = cfg.kernel in ("ffi", "pallas")
+        # the C++ kernel computes and writes only a mask's rows of the output projection, so
+        # one logits shape a bucket serves every want (_logit_shape)
+        self._mask_costs_its_rows = cfg.kernel == "ffi"
         T = config.step_tokens
         self.row_buckets = ([b for b in ROW_BUCKETS if b < T] + [T]) if self.exact_rows else [T]
         self.state = RecurrentState(config) if cfg.recurrent else None
@@ -132,14 +135,14 @@ class Runner:
                     ) -> jax.Array:
         """Run one step over up to T rows (arrays of length n <= T) and update the cache.
         page_table: [S, P]. Returns the device array of logits [B, V] for every row of the
-        step's bucket B >= n (rows n.. are padding, unspecified with the ffi kernel). With logit_rows
-        (exact_rows only), the caller needs only those rows, and only they are computed:
-        [r] (a prompt chunk samples only its last row) gives [1, V] for row r alone; [] (a
-        prompt chunk before its last, the draft model following the target) skips the output
-        projection ([0, V] at the T-row bucket, [B, V] unspecified at the smaller ones: fewer
-        compiled shapes); several rows give [B, V], the others' rows unspecified (the C++
-        kernel does not write them: zeroing them cost a prompt step more than its sampled
-        rows). drafts [n] bool:
+        step's bucket B >= n (rows n.. are padding, unspecified with the ffi kernel). With
+        logit_rows (exact_rows only), the caller needs only those rows, and only they are
+        computed: the C++ kernel gives [B, V] with those rows' logits and the others
+        unspecified (it does not write them: zeroing them cost a prompt step more than its
+        sampled rows), [] (a prompt chunk before its last, the draft model following the
+        target) skipping the output projection; the pallas kernel gives [r] (a prompt chunk
+        samples only its last row) as [1, V] for row r alone and [] at the T-row bucket as
+        [0, V] (_logit_shape). drafts [n] bool:
         the rows that are unverified drafts (a recurrent model commits no state for them:
         RecurrentState). images (config.image_rows only): (mask [n], embeddings [n, D], ends
         [n]), the rows where mask is 1 take their embedding as input instead of their
@@ -314,13 +317,18 @@ class Runner:
 
     def _logit_shape(self, bucket: int, want: list[int] | None) -> str | list[int]:
         """The logits a step at `bucket` rows computes for a caller who wants the rows `want`
-        (step_device; None: all): "all" (the XLA kernel: every row's), else (the ffi kernel)
-        one row's alone ([r], [1, V]), none ([], [0, V], at the T-row bucket only: the prompt
-        chunks that need none are full ones), or "mask": [bucket, V], the wanted rows
-        computed, the others unspecified (one compiled shape per bucket for every other
-        want)."""
+        (step_device; None: all): "all" (the XLA kernel: every row's), or "mask": [bucket,
+        V], the wanted rows computed, the others unspecified. The C++ kernel ("ffi") computes
+        and writes only the mask's rows (kinetic_qmatmul_rows; none: no projection at all),
+        so the mask serves every want at one compiled shape a bucket: a step shape each for
+        one row's logits and for none would only cost memory (10-20 MB an executable) and
+        compile time. The pallas kernel computes every row of a mask, so there one row's
+        logits alone ([r], [1, V]) and none ([], [0, V], at the T-row bucket only: the prompt
+        chunks that need none are full ones) have their own shapes."""
         if not self.exact_rows:
             return "all"
+        if self._mask_costs_its_rows:
+            return "mask"
         if want is not None and (len(want) == 1 and bucket > 1
                                  or not want and bucket == self.config.step_tokens):
             return list(want)

@@ -139,7 +139,8 @@ class Stepper:
                                          plan.write_index, plan.page_table,
                                          sampled if only else None, plan.draft_rows,
                                          self._image_inputs(plan))
-        at_row = {r: 0 for r in sampled} if only and len(sampled) == 1 else None
+        at_row = ({r: 0 for r in sampled} if only and len(sampled) == 1 and logits.shape[0] == 1
+                  else None)
         for c in plan.chunks:
             if c.seq_id in self.prefills:
                 continue
