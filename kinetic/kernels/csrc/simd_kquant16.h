@@ -161,70 +161,90 @@ template <> struct K16<FQ4_K> {  // d | dmin | scales[12] | qs[128]
     k4_header16(src, t);
     k4_values16(src, 4, t);
   }
-  // One row's sums (k16_sums at R = 1) with the values unpacked straight into the dot
-  // products, sub-block by sub-block, never stored in t (which gets the header alone).
-  template <class Src>
-  KN_INL static void sums1(const Src& src, Tile16& t, const uint32_t* xw, const int32_t* xa,
-                           __m512i& isum, __m512i& q) {
+  // R rows' sums (k16_sums') with the values unpacked straight into the dot products,
+  // sub-block by sub-block, never stored in t (which gets the header alone): xb the first
+  // row's k16_act_words entry, row r's E * r words after it. The sums are integers, exact
+  // in any order, so the bits are the tile's.
+  template <int R, int E, class Src>
+  KN_INL static void sums(const Src& src, Tile16& t, const int32_t* xb, __m512i* isum,
+                          __m512i* q) {
     k4_header16(src, t);
     const __m512i m4 = bytes64(0x0F);
-    isum = q = _mm512_setzero_si512();
+    const uint32_t* xw = reinterpret_cast<const uint32_t*>(xb);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) isum[r] = q[r] = _mm512_setzero_si512();
 #pragma GCC unroll 4
     for (int c = 0; c < 4; ++c) {  // sub-blocks 2c (low nibbles) and 2c + 1 (high)
-      __m512i w[8], lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
-      src.words(4 + 8 * c, 8, w);
+      __m512i lo[R], hi[R];
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm512_setzero_si512();
 #pragma GCC unroll 8
       for (int k = 0; k < 8; ++k) {
-        lo = dpbusd_bcast(lo, _mm512_and_si512(w[k], m4), xw + 16 * c + k);
-        hi = dpbusd_bcast(hi, _mm512_and_si512(_mm512_srli_epi32(w[k], 4), m4), xw + 16 * c + 8 + k);
+        const __m512i w = src.word(4 + 8 * c + k);
+        const __m512i wl = _mm512_and_si512(w, m4), wh = _mm512_and_si512(_mm512_srli_epi32(w, 4), m4);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+          lo[r] = dpbusd_bcast(lo[r], wl, xw + E * r + 16 * c + k);
+          hi[r] = dpbusd_bcast(hi[r], wh, xw + E * r + 16 * c + 8 + k);
+        }
       }
-      isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(lo, t.sc[2 * c]));
-      isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(hi, t.sc[2 * c + 1]));
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(lo[r], t.sc[2 * c]));
+        isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(hi[r], t.sc[2 * c + 1]));
+      }
     }
 #pragma GCC unroll 4
-    for (int i = 0; i < 4; ++i) q = dpwssd_bcast(q, t.mn[i], xa + i);
+    for (int i = 0; i < 4; ++i)
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) q[r] = dpwssd_bcast(q[r], t.mn[i], xb + E * r + 64 + i);
   }
+  static constexpr int FEW_R = 4;   // rows a pass of sums
 };
 
 template <> struct K16<FQ6_K> {  // ql[128] | qh[64] | scales int8[16] | d; value = (lo | hi << 4) - 32
   static constexpr bool HAVE = true, MINS = false, FUSED1 = true;
   static constexpr int SUB = 16, OFF = 32;
-  // One row's sums (k16_sums at R = 1), the values unpacked straight into the dot products:
-  // value word i = 32h + 8j + k (load's u[i]) is sub-block 8h + 2j + k / 4's.
-  template <class Src>
-  KN_INL static void sums1(const Src& src, Tile16& t, const uint32_t* xw, const int32_t* xa,
-                           __m512i& isum, __m512i& q) {
+  // R rows' sums (k16_sums'), the values unpacked straight into the dot products (value
+  // word i = 32h + 8j + k, load's u[i], is sub-block 8h + 2j + k / 4's): xb the first row's
+  // k16_act_words entry, row r's E * r words after it. Integer sums: the tile's bits.
+  template <int R, int E, class Src>
+  KN_INL static void sums(const Src& src, Tile16& t, const int32_t* xb, __m512i* isum,
+                          __m512i* q) {
     const __m512i m4 = bytes64(0x0F), m30 = bytes64(0x30);
     __m512i v[4];
     src.words(48, 4, v);
     t.dw = f16x16(src.template tail<210>());
-    isum = q = _mm512_setzero_si512();
+    const uint32_t* xw = reinterpret_cast<const uint32_t*>(xb);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) isum[r] = q[r] = _mm512_setzero_si512();
 #pragma GCC unroll 2
-    for (int h = 0; h < 2; ++h) {
-      __m512i l0[8], l1[8], qh[8];
-      src.words(16 * h, 8, l0);
-      src.words(16 * h + 8, 8, l1);
-      src.words(32 + 8 * h, 8, qh);
+    for (int h = 0; h < 2; ++h)
 #pragma GCC unroll 4
       for (int j = 0; j < 4; ++j)
 #pragma GCC unroll 2
         for (int half = 0; half < 2; ++half) {
           const int sb = 8 * h + 2 * j + half;
-          __m512i p = _mm512_set1_epi32(xa[sb]);
+          __m512i p[R];
+#pragma GCC unroll 8
+          for (int r = 0; r < R; ++r) p[r] = _mm512_set1_epi32(xb[E * r + 64 + sb]);
 #pragma GCC unroll 4
           for (int kk = 0; kk < 4; ++kk) {
             const int k = 4 * half + kk;
-            const __m512i lo = j == 0 ? l0[k] : j == 1 ? l1[k] : j == 2 ? _mm512_srli_epi32(l0[k], 4)
-                                                                       : _mm512_srli_epi32(l1[k], 4);
-            const __m512i hi = j == 0 ? _mm512_slli_epi32(qh[k], 4) : j == 1 ? _mm512_slli_epi32(qh[k], 2)
-                               : j == 2 ? qh[k] : _mm512_srli_epi32(qh[k], 2);
+            const __m512i l = src.word(16 * h + (j & 1) * 8 + k), qh = src.word(32 + 8 * h + k);
+            const __m512i lo = j < 2 ? l : _mm512_srli_epi32(l, 4);
+            const __m512i hi = j == 0 ? _mm512_slli_epi32(qh, 4) : j == 1 ? _mm512_slli_epi32(qh, 2)
+                               : j == 2 ? qh : _mm512_srli_epi32(qh, 2);
             const __m512i u = _mm512_or_si512(_mm512_and_si512(lo, m4), _mm512_and_si512(hi, m30));
-            p = dpbusd_bcast(p, u, xw + 32 * h + 8 * j + k);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; ++r) p[r] = dpbusd_bcast(p[r], u, xw + E * r + 32 * h + 8 * j + k);
           }
-          isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(p, byte_s32(v[sb / 4], sb % 4)));
+          const __m512i sc = byte_s32(v[sb / 4], sb % 4);
+#pragma GCC unroll 8
+          for (int r = 0; r < R; ++r) isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(p[r], sc));
         }
-    }
   }
+  static constexpr int FEW_R = 8;   // rows a pass of sums
   template <class Src>
   KN_INL static void load(const Src& src, Tile16& t) {
     const __m512i m4 = bytes64(0x0F), m30 = bytes64(0x30);
@@ -332,38 +352,52 @@ template <> struct K16<FQ2_K> {  // scales[16] (lo 4 scale, hi 4 min) | qs[64] |
   }
 };
 
-// Per call, per row and block: the activation words the tile's extras meet. OFF: the int32
+// Per call, the activations of every (block, row) in one block-major array of int32 words:
+// entry (b * M + m) is row m's block b, kEntry<KQ> words: its 256 values as 64 words (the
+// dot products' broadcast operands), then the words the tile's extras meet. OFF: the int32
 // -OFF * xsum_s of each sub-block s; MINS: the int16 pairs (xsum_{4q+r}, xsum_{4q+r+2}) in
-// the mn[2q + r] order. |xsum_s| <= 32 * 127, so the pairs are exact.
+// the mn[2q + r] order. |xsum_s| <= 32 * 127, so the pairs are exact. Block-major, the rows
+// of one block lie a constant number of words apart, so a loop over R rows reads them all
+// from one pointer with constant offsets (a pointer a row ran it out of registers).
+template <class KQ>
+constexpr int kExtra = KQ::MINS ? 128 / KQ::SUB : 256 / KQ::SUB;
+template <class KQ>
+constexpr int kEntry = 64 + kExtra<KQ>;
+
 template <class KQ>
 void k16_act_words(const QuantActs& x, int64_t M, std::vector<int32_t>& out) {
-  constexpr int NSUB = 256 / KQ::SUB, PER = KQ::SUB / 16, NW = KQ::MINS ? NSUB / 2 : NSUB;
-  const int64_t blocks = M * x.K / 256;
-  out.resize(size_t(blocks * NW));
-  for (int64_t i = 0; i < blocks; ++i) {
-    int32_t xs[16];
-    for (int s = 0; s < NSUB; ++s) {
-      xs[s] = 0;
-      for (int g = 0; g < PER; ++g) xs[s] += x.bsum[size_t(16 * i + PER * s + g)];
-    }
-    int32_t* w = &out[size_t(i * NW)];
-    if (KQ::MINS) {
-      for (int t = 0; t < NW; ++t) {
-        const int s = 4 * (t / 2) + t % 2;
-        w[t] = int32_t(uint32_t(uint16_t(xs[s])) | uint32_t(uint16_t(xs[s + 2])) << 16);
+  constexpr int NSUB = 256 / KQ::SUB, PER = KQ::SUB / 16, NW = kExtra<KQ>;
+  const int64_t nb = x.K / 256;
+  out.resize(size_t(M * nb * kEntry<KQ>));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t i = m * nb + b;   // the row-major block index of x.q and x.bsum
+      int32_t* e = &out[size_t((b * M + m) * kEntry<KQ>)];
+      std::memcpy(e, &x.q[size_t(i * 256)], 256);
+      int32_t xs[16];
+      for (int s = 0; s < NSUB; ++s) {
+        xs[s] = 0;
+        for (int g = 0; g < PER; ++g) xs[s] += x.bsum[size_t(16 * i + PER * s + g)];
       }
-    } else {
-      for (int s = 0; s < NSUB; ++s) w[s] = -KQ::OFF * xs[s];
+      int32_t* w = e + 64;
+      if (KQ::MINS) {
+        for (int t = 0; t < NW; ++t) {
+          const int s = 4 * (t / 2) + t % 2;
+          w[t] = int32_t(uint32_t(uint16_t(xs[s])) | uint32_t(uint16_t(xs[s + 2])) << 16);
+        }
+      } else {
+        for (int s = 0; s < NSUB; ++s) w[s] = -KQ::OFF * xs[s];
+      }
     }
-  }
 }
 
-// sumi (and summ into q) of R rows against the tile: xw[r] the row's 64 activation words,
-// xa[r] its k16_act_words. Each tile vector is loaded once for the R rows.
+// sumi (and summ into q) of R rows against the tile: xb the first row's k16_act_words entry
+// for this block, row r's kEntry<KQ> * r words after it. Each tile vector is loaded once
+// for the R rows.
 template <class KQ, int R>
-KN_INL void k16_sums(const Tile16& t, const uint32_t* const* xw, const int32_t* const* xa, __m512i* isum,
-                     __m512i* q) {
-  constexpr int NSUB = 256 / KQ::SUB, WPS = KQ::SUB / 4;
+KN_INL void k16_sums(const Tile16& t, const int32_t* xb, __m512i* isum, __m512i* q) {
+  constexpr int NSUB = 256 / KQ::SUB, WPS = KQ::SUB / 4, E = kEntry<KQ>;
+  const uint32_t* xw = reinterpret_cast<const uint32_t*>(xb);
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) isum[r] = q[r] = _mm512_setzero_si512();
 #pragma GCC unroll 16
@@ -373,7 +407,7 @@ KN_INL void k16_sums(const Tile16& t, const uint32_t* const* xw, const int32_t* 
     __m512i p[R], p2[R];
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
-      p[r] = KQ::OFF ? _mm512_set1_epi32(xa[r][s]) : _mm512_setzero_si512();
+      p[r] = KQ::OFF ? _mm512_set1_epi32(xb[E * r + 64 + s]) : _mm512_setzero_si512();
       p2[r] = _mm512_setzero_si512();
     }
 #pragma GCC unroll 8
@@ -381,8 +415,8 @@ KN_INL void k16_sums(const Tile16& t, const uint32_t* const* xw, const int32_t* 
       const __m512i u = _mm512_load_si512(&t.u[WPS * s + k]), u2 = _mm512_load_si512(&t.u[WPS * s + k + 1]);
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
-        p[r] = dpbusd_bcast(p[r], u, xw[r] + WPS * s + k);
-        p2[r] = dpbusd_bcast(p2[r], u2, xw[r] + WPS * s + k + 1);
+        p[r] = dpbusd_bcast(p[r], u, xw + E * r + WPS * s + k);
+        p2[r] = dpbusd_bcast(p2[r], u2, xw + E * r + WPS * s + k + 1);
       }
     }
 #pragma GCC unroll 4
@@ -393,22 +427,26 @@ KN_INL void k16_sums(const Tile16& t, const uint32_t* const* xw, const int32_t* 
 #pragma GCC unroll 8
     for (int i = 0; i < NSUB / 2; ++i)
 #pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) q[r] = dpwssd_bcast(q[r], t.mn[i], xa[r] + i);
+      for (int r = 0; r < R; ++r) q[r] = dpwssd_bcast(q[r], t.mn[i], xb + E * r + 64 + i);
 }
+
+// Rows up to which the K-quants with a fused path (FUSED1) unpack each block straight into
+// the rows' dot products, FEW_R rows a pass, instead of into a tile in memory read back for
+// every 4 rows.
+constexpr int64_t kFewK = 16;
 
 // Columns [n0, n1), 16 at a time. R16: the weight is repacked (repack.h's word layout; n0 and
 // n1 multiples of 16), each group's block read with loads (Words16); else plain rows (Rows16).
 template <class F, bool R16>
 KN_SIMD void kquant_cols16(const MatmulArgs& a, int64_t n0, int64_t n1) {
   using KQ = K16<F>;
-  constexpr int NSUB = 256 / KQ::SUB, NW = KQ::MINS ? NSUB / 2 : NSUB;  // act words per row block
+  constexpr int E = kEntry<KQ>;
   const QuantActs& x = *a.acts;
   const int64_t M = a.M, K = a.K, nb = K / 256;
   std::vector<int32_t> own;
   if (!a.words) k16_act_words<KQ>(x, M, own);
-  const int32_t* xa = a.words ? a.words : own.data();
+  const int32_t* xa = a.words ? a.words : own.data();   // k16_act_words' entries
   std::vector<float> acc(size_t(M * 16));
-  const uint32_t* xq = reinterpret_cast<const uint32_t*>(x.q.data());
   Tile16 t;
   for (int64_t n = n0; n < n1; n += 16) {
     const uint8_t* rows[16];
@@ -427,18 +465,26 @@ KN_SIMD void kquant_cols16(const MatmulArgs& a, int64_t n0, int64_t n1) {
         float* am = &acc[size_t(m * 16)];
         _mm512_storeu_ps(am, _mm512_add_ps(_mm512_loadu_ps(am), step));
       };
+      const int32_t* xb = xa + b * M * E;   // row m's entry: xb + m * E
       if constexpr (KQ::FUSED1) {
-        // One row (decode): the values go straight into its dot products, the tile never
-        // stored; its integer sums are exact in any order, so the bits are the tile's.
-        if (M == 1) {
-          __m512i isum, q;
-          const uint32_t* xw = xq + size_t(b * 64);
-          const int32_t* xr = xa + b * NW;
-          if constexpr (R16)
-            KQ::sums1(Words16{a.w + n * a.row_bytes + b * 16 * F::BYTES}, t, xw, xr, isum, q);
-          else
-            KQ::sums1(Rows16{rows, b * F::BYTES}, t, xw, xr, isum, q);
-          finish(0, isum, q);
+        // Up to kFewK rows (decode): the values go straight into the rows' dot products,
+        // FEW_R rows a pass, the tile never stored; its integer sums are exact in any order,
+        // so the bits are the tile's.
+        if (M <= kFewK) {
+          auto pass = [&](auto r_const, int64_t m) KN_INL_LAMBDA {
+            constexpr int R = decltype(r_const)::value;
+            __m512i isum[R], q[R];
+            if constexpr (R16)
+              KQ::template sums<R, E>(Words16{a.w + n * a.row_bytes + b * 16 * F::BYTES}, t, xb + m * E, isum, q);
+            else
+              KQ::template sums<R, E>(Rows16{rows, b * F::BYTES}, t, xb + m * E, isum, q);
+            for (int r = 0; r < R; ++r) finish(m + r, isum[r], q[r]);
+          };
+          int64_t m = 0;
+          for (; m + KQ::FEW_R <= M; m += KQ::FEW_R) pass(std::integral_constant<int, KQ::FEW_R>(), m);
+          if (KQ::FEW_R > 4 && m + 4 <= M) { pass(std::integral_constant<int, 4>(), m); m += 4; }
+          for (; m + 2 <= M; m += 2) pass(std::integral_constant<int, 2>(), m);
+          if (m < M) pass(std::integral_constant<int, 1>(), m);
           continue;
         }
       }
@@ -446,17 +492,11 @@ KN_SIMD void kquant_cols16(const MatmulArgs& a, int64_t n0, int64_t n1) {
         KQ::load(Words16{a.w + n * a.row_bytes + b * 16 * F::BYTES}, t);
       else
         KQ::load(Rows16{rows, b * F::BYTES}, t);
-      // R rows from m (4, then 2, then 1): their activation words, sums, then combine.
+      // R rows from m (4, then 2, then 1): their sums, then combine.
       auto rows_from = [&](auto r_const, int64_t m) KN_INL_LAMBDA {
         constexpr int R = decltype(r_const)::value;
-        const uint32_t* xw[R];
-        const int32_t* xr[R];
-        for (int r = 0; r < R; ++r) {
-          xw[r] = xq + size_t(((m + r) * K + b * 256) / 4);
-          xr[r] = xa + ((m + r) * nb + b) * NW;
-        }
         __m512i isum[R], q[R];
-        k16_sums<KQ, R>(t, xw, xr, isum, q);
+        k16_sums<KQ, R>(t, xb + m * E, isum, q);
         for (int r = 0; r < R; ++r) finish(m + r, isum[r], q[r]);
       };
       int64_t m = 0;
