@@ -95,6 +95,19 @@ void check_matmul_format(int fmt, int64_t n, int64_t k, std::mt19937& rng) {
       std::vector<float> y(size_t(m * n));  // kinetic's own spinning pool (pool.h)
       qmatmul(fmt, w.data(), n, k, x.data(), m, y.data(), isa, 2, Schedule());
       expect_same(ref, y, "qmatmul on the pool");
+      // every other row live (qmatmul_rows, written in place): those rows get ref's, the
+      // others keep what they held
+      std::vector<int32_t> live(static_cast<size_t>(m));
+      for (int64_t r = 0; r < m; ++r) live[size_t(r)] = int32_t(r % 2 == 0);
+      std::vector<float> part(size_t(m * n), -7.0f), want(part);
+      for (int64_t r = 0; r < m; r += 2)
+        std::copy(ref.begin() + r * n, ref.begin() + (r + 1) * n, want.begin() + r * n);
+      const MatmulPart one{fmt, w.data(), n, part.data()};
+      if (const char* e = qmatmul_rows(&one, 1, k, x.data(), m, live.data(), isa, 2, Schedule())) {
+        std::printf("qmatmul_rows error: %s\n", e);
+        ++failures;
+      }
+      expect_same(want, part, "qmatmul_rows in place");
     }
   }
   std::vector<int32_t> rows = {0, int32_t(n - 1), int32_t(std::min<int64_t>(5, n - 1))};
