@@ -357,8 +357,8 @@ template <> struct K16<FQ2_K> {  // scales[16] (lo 4 scale, hi 4 min) | qs[64] |
 // dot products' broadcast operands), then the words the tile's extras meet. OFF: the int32
 // -OFF * xsum_s of each sub-block s; MINS: the int16 pairs (xsum_{4q+r}, xsum_{4q+r+2}) in
 // the mn[2q + r] order. |xsum_s| <= 32 * 127, so the pairs are exact. Block-major, the rows
-// of one block lie a constant number of words apart, so a loop over R rows reads them all
-// from one pointer with constant offsets (a pointer a row ran it out of registers).
+// of one block lie a constant number of words apart, so a pass over R rows (K16<>::sums,
+// k16_sums) reads them all from one pointer at constant offsets, one register for 8 rows.
 template <class KQ>
 constexpr int kExtra = KQ::MINS ? 128 / KQ::SUB : 256 / KQ::SUB;
 template <class KQ>
