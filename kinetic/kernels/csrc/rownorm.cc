@@ -77,29 +77,21 @@ KN_AVX2 void scale_rows_avx2(const float* x, float inv, const float* w, int64_t 
 }  // namespace
 
 void rms_norm_rows(const float* x, const float* w, int64_t rows, int64_t d, float eps, float* y) {
+  auto square = square_lanes;
+  auto scale = scale_rows;
 #if defined(__x86_64__)
-  const bool avx2 = active_isa() >= ISA_AVX2;
-#else
-  const bool avx2 = false;
+  if (active_isa() >= ISA_AVX2) {
+    square = square_lanes_avx2;
+    scale = scale_rows_avx2;
+  }
 #endif
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * d;
     float lanes[16] = {};
-#if defined(__x86_64__)
-    if (avx2)
-      square_lanes_avx2(xr, d, lanes);
-    else
-#endif
-      square_lanes(xr, d, lanes);
+    square(xr, d, lanes);
     const float mean = reduce_lanes(lanes) / float(d);
     const float inv = 1.0f / std::sqrt(mean + eps);
-#if defined(__x86_64__)
-    if (avx2) {
-      scale_rows_avx2(xr, inv, w, d, y + r * d);
-      continue;
-    }
-#endif
-    scale_rows(xr, inv, w, d, y + r * d);
+    scale(xr, inv, w, d, y + r * d);
   }
 }
 

@@ -150,11 +150,13 @@ KN_INL __m512i dpwssd_bcast(__m512i acc, __m512i v, const int32_t* x) {
 }
 
 // Per format: SUB values per sub-block, OFF the value offset (taken off via the activation
-// sums), MINS whether summ is used, load(src, t) the block src reads (Rows16, Words16) into t.
+// sums), MINS whether summ is used, load(src, t) the block src reads (Rows16, Words16) into t;
+// FUSED: sums<R, E>(src, t, ...) as well, R rows' sums with the values never stored in t
+// (up to kFewK rows, FEW_R a pass).
 template <class F> struct K16 { static constexpr bool HAVE = false; };
 
 template <> struct K16<FQ4_K> {  // d | dmin | scales[12] | qs[128]
-  static constexpr bool HAVE = true, MINS = true, FUSED1 = true;
+  static constexpr bool HAVE = true, MINS = true, FUSED = true;
   static constexpr int SUB = 32, OFF = 0;
   template <class Src>
   KN_INL static void load(const Src& src, Tile16& t) {
@@ -203,7 +205,7 @@ template <> struct K16<FQ4_K> {  // d | dmin | scales[12] | qs[128]
 };
 
 template <> struct K16<FQ6_K> {  // ql[128] | qh[64] | scales int8[16] | d; value = (lo | hi << 4) - 32
-  static constexpr bool HAVE = true, MINS = false, FUSED1 = true;
+  static constexpr bool HAVE = true, MINS = false, FUSED = true;
   static constexpr int SUB = 16, OFF = 32;
   // R rows' sums (k16_sums'), the values unpacked straight into the dot products (value
   // word i = 32h + 8j + k, load's u[i], is sub-block 8h + 2j + k / 4's): xb the first row's
@@ -273,7 +275,7 @@ template <> struct K16<FQ6_K> {  // ql[128] | qh[64] | scales int8[16] | d; valu
 };
 
 template <> struct K16<FQ5_K> {  // d | dmin | scales[12] | qh[32] | qs[128]; bit i of qh[l]: bit 4 of 32i + l
-  static constexpr bool HAVE = true, MINS = true, FUSED1 = false;
+  static constexpr bool HAVE = true, MINS = true, FUSED = false;
   static constexpr int SUB = 32, OFF = 0;
   template <class Src>
   KN_INL static void load(const Src& src, Tile16& t) {
@@ -289,7 +291,7 @@ template <> struct K16<FQ5_K> {  // d | dmin | scales[12] | qh[32] | qs[128]; bi
 };
 
 template <> struct K16<FQ3_K> {  // hmask[32] | qs[64] | scales[12] | d; value = (lo | hbit << 2) - 4
-  static constexpr bool HAVE = true, MINS = false, FUSED1 = false;
+  static constexpr bool HAVE = true, MINS = false, FUSED = false;
   static constexpr int SUB = 16, OFF = 4;
   template <class Src>
   KN_INL static void load(const Src& src, Tile16& t) {
@@ -324,7 +326,7 @@ template <> struct K16<FQ3_K> {  // hmask[32] | qs[64] | scales[12] | d; value =
 };
 
 template <> struct K16<FQ2_K> {  // scales[16] (lo 4 scale, hi 4 min) | qs[64] | d | dmin
-  static constexpr bool HAVE = true, MINS = true, FUSED1 = false;
+  static constexpr bool HAVE = true, MINS = true, FUSED = false;
   static constexpr int SUB = 16, OFF = 0;
   template <class Src>
   KN_INL static void load(const Src& src, Tile16& t) {
@@ -430,10 +432,25 @@ KN_INL void k16_sums(const Tile16& t, const int32_t* xb, __m512i* isum, __m512i*
       for (int r = 0; r < R; ++r) q[r] = dpwssd_bcast(q[r], t.mn[i], xb + E * r + 64 + i);
 }
 
-// Rows up to which the K-quants with a fused path (FUSED1) unpack each block straight into
+// Rows up to which the K-quants with a fused path (FUSED) unpack each block straight into
 // the rows' dot products, FEW_R rows a pass, instead of into a tile in memory read back for
 // every 4 rows.
 constexpr int64_t kFewK = 16;
+
+// fn(std::integral_constant<int, R>(), m) for groups of rows covering [0, M): R = MAXR while
+// that many are left, then 4 (where MAXR is more), 2 and 1.
+template <int MAXR, class Fn>
+KN_INL void row_groups(int64_t M, Fn&& fn) {
+  int64_t m = 0;
+  for (; m + MAXR <= M; m += MAXR) fn(std::integral_constant<int, MAXR>(), m);
+  if constexpr (MAXR > 4)
+    if (m + 4 <= M) {
+      fn(std::integral_constant<int, 4>(), m);
+      m += 4;
+    }
+  for (; m + 2 <= M; m += 2) fn(std::integral_constant<int, 2>(), m);
+  if (m < M) fn(std::integral_constant<int, 1>(), m);
+}
 
 // Columns [n0, n1), 16 at a time. R16: the weight is repacked (repack.h's word layout; n0 and
 // n1 multiples of 16), each group's block read with loads (Words16); else plain rows (Rows16).
@@ -466,12 +483,12 @@ KN_SIMD void kquant_cols16(const MatmulArgs& a, int64_t n0, int64_t n1) {
         _mm512_storeu_ps(am, _mm512_add_ps(_mm512_loadu_ps(am), step));
       };
       const int32_t* xb = xa + b * M * E;   // row m's entry: xb + m * E
-      if constexpr (KQ::FUSED1) {
+      if constexpr (KQ::FUSED) {
         // Up to kFewK rows (decode): the values go straight into the rows' dot products,
         // FEW_R rows a pass, the tile never stored; its integer sums are exact in any order,
         // so the bits are the tile's.
         if (M <= kFewK) {
-          auto pass = [&](auto r_const, int64_t m) KN_INL_LAMBDA {
+          row_groups<KQ::FEW_R>(M, [&](auto r_const, int64_t m) KN_INL_LAMBDA {
             constexpr int R = decltype(r_const)::value;
             __m512i isum[R], q[R];
             if constexpr (R16)
@@ -479,12 +496,7 @@ KN_SIMD void kquant_cols16(const MatmulArgs& a, int64_t n0, int64_t n1) {
             else
               KQ::template sums<R, E>(Rows16{rows, b * F::BYTES}, t, xb + m * E, isum, q);
             for (int r = 0; r < R; ++r) finish(m + r, isum[r], q[r]);
-          };
-          int64_t m = 0;
-          for (; m + KQ::FEW_R <= M; m += KQ::FEW_R) pass(std::integral_constant<int, KQ::FEW_R>(), m);
-          if (KQ::FEW_R > 4 && m + 4 <= M) { pass(std::integral_constant<int, 4>(), m); m += 4; }
-          for (; m + 2 <= M; m += 2) pass(std::integral_constant<int, 2>(), m);
-          if (m < M) pass(std::integral_constant<int, 1>(), m);
+          });
           continue;
         }
       }
@@ -493,16 +505,12 @@ KN_SIMD void kquant_cols16(const MatmulArgs& a, int64_t n0, int64_t n1) {
       else
         KQ::load(Rows16{rows, b * F::BYTES}, t);
       // R rows from m (4, then 2, then 1): their sums, then combine.
-      auto rows_from = [&](auto r_const, int64_t m) KN_INL_LAMBDA {
+      row_groups<4>(M, [&](auto r_const, int64_t m) KN_INL_LAMBDA {
         constexpr int R = decltype(r_const)::value;
         __m512i isum[R], q[R];
         k16_sums<KQ, R>(t, xb + m * E, isum, q);
         for (int r = 0; r < R; ++r) finish(m + r, isum[r], q[r]);
-      };
-      int64_t m = 0;
-      for (; m + 4 <= M; m += 4) rows_from(std::integral_constant<int, 4>(), m);
-      for (; m + 2 <= M; m += 2) rows_from(std::integral_constant<int, 2>(), m);
-      if (m < M) rows_from(std::integral_constant<int, 1>(), m);
+      });
     }
     const __mmask16 valid = __mmask16((1u << std::min<int64_t>(16, n1 - n)) - 1);
     for (int64_t m = 0; m < M; ++m)
