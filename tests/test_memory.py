@@ -74,3 +74,70 @@ def test_a_threshold_set_in_the_environment_is_left_as_set(monkeypatch):
     assert _growth("compiling", MALLOC_MMAP_THRESHOLD_="33554432") >= 48
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "33554432")
     assert memory.set_mmap_threshold(memory.COMPILE_THRESHOLD) is False
+
+
+def _mapping_of(addr: int) -> str:
+    """The /proc/self/maps line of the mapping that holds addr."""
+    for line in open("/proc/self/maps"):
+        lo, hi = (int(v, 16) for v in line.split()[0].split("-"))
+        if lo <= addr < hi:
+            return line
+    raise AssertionError(f"{addr:#x} is not mapped")
+
+
+def _thp_off() -> bool:
+    try:
+        return "[never]" in open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    except OSError:
+        return True
+
+
+@pytest.mark.skipif(_thp_off(), reason="this system has no transparent huge pages to ask for")
+def test_huge_pages_move_whole_pieces_of_a_private_map_and_keep_every_byte(tmp_path):
+    import mmap
+
+    import numpy as np
+
+    from kinetic import memory
+    H = memory.HUGE_PAGE
+    data = np.random.default_rng(0).integers(0, 256, 5 * H + 12345, dtype=np.uint8)
+    path = tmp_path / "weights.bin"
+    path.write_bytes(data.tobytes())
+    with open(path, "rb") as f:
+        m = mmap.mmap(f.fileno(), data.nbytes, access=mmap.ACCESS_COPY)
+    buf = np.frombuffer(m, dtype=np.uint8)
+    base = buf.ctypes.data
+    inside = [p for p in range(-(-base // H), (base + buf.nbytes) // H)]   # whole pieces
+    done: set[int] = set()
+    # a range over the second whole piece and into the third: both move, nothing else
+    start = inside[1] * H - base + 100
+    assert memory.huge_pages(buf, start, H, done) == 2 * H
+    assert done == {inside[1], inside[2]}
+    assert " 00:00 0 " in _mapping_of(inside[1] * H)           # now anonymous memory
+    assert "weights.bin" in _mapping_of(inside[0] * H)           # its neighbour is not
+    # pieces already moved are skipped; a range over the whole map moves only the pieces
+    # that lie inside it (never memory beyond either end)
+    assert memory.huge_pages(buf, start, 10, done) == 0
+    moved = memory.huge_pages(buf, 0, buf.nbytes, done)
+    assert moved == (len(inside) - 2) * H and done == set(inside)
+    ends = [a for a in (base, base + buf.nbytes - 1) if a // H not in done]
+    assert ends and all("weights.bin" in _mapping_of(a) for a in ends)   # partial pieces
+    assert np.array_equal(buf, data)                             # every byte as it was
+    buf[start] ^= 0xFF                                           # still writable, privately
+    assert path.read_bytes()[start] == data[start]
+    del buf
+    m.close()
+
+
+def test_huge_pages_off_moves_nothing(monkeypatch, tmp_path):
+    import numpy as np
+
+    from kinetic import memory
+    monkeypatch.setenv("KINETIC_HUGE_PAGES", "0")
+    memory._huge_pages_on.cache_clear()
+    try:
+        buf = np.zeros(3 * memory.HUGE_PAGE, np.uint8)
+        assert memory.huge_pages(buf, 0, buf.nbytes, set()) == 0
+    finally:
+        monkeypatch.undo()
+        memory._huge_pages_on.cache_clear()

@@ -32,6 +32,7 @@ from gguf import GGMLQuantizationType
 from kinetic import kernels
 from kinetic.kernels import ffi as native
 from kinetic.kernels import pallas_matmul
+from kinetic.memory import huge_pages
 from kinetic.model import quants
 from kinetic.model.config import Config, ModelConfigError
 from kinetic.model.gguf_file import GGUFFile, RawTensor
@@ -270,6 +271,8 @@ class _Packer:
     or more is rearranged in place, in the file's private map, into the 16-column layout
     (its Proj's fmt then carries kernels.REPACK16): the written pages become the process's
     own copy and the file's pages are no longer mapped, so memory holds the weights once.
+    Before it is written, each 2 MB piece it lies in moves to memory that may use huge
+    pages (memory.huge_pages: the steps stream these weights).
     Tensors read on the host from the file (a ranking head) are passed with repack=False.
     With a `pending` list, the Projs get the repacked id at once but the bytes are left for
     run_repacks (LoadedModel.finish_repack), which must run before a step reads them."""
@@ -281,6 +284,7 @@ class _Packer:
         # reads it; a buffer XLA copied would not see them, so then nothing is repacked.
         in_place = self.data.unsafe_buffer_pointer() == f.bytes.ctypes.data
         self.writable = f.writable_bytes() if repack and in_place else None
+        self.huge: set[int] = set()   # the 2 MB pieces huge_pages moved
 
     def experts(self, raw: RawTensor) -> list[Proj]:
         """A mixture's stacked [E, N, K] matrices as E projections: expert e's rows follow
@@ -298,6 +302,7 @@ class _Packer:
         if self.pending is not None:
             self.pending.append((p.fmt, p.offset, size, p.n, p.k))
             return dataclasses.replace(p, fmt=p.fmt | kernels.REPACK16)
+        huge_pages(self.writable, p.offset, size, self.huge)
         fmt = kernels.repack16_host(p.fmt, self.writable[p.offset:p.offset + size], p.n, p.k)
         return dataclasses.replace(p, fmt=fmt)
 
@@ -317,8 +322,9 @@ class _Packer:
 
 def run_repacks(f: GGUFFile, pending: list) -> None:
     """The rearrangements a _Packer with a pending list left (fmt, offset, size, n, k each)."""
-    whole = f.writable_bytes()
+    whole, huge = f.writable_bytes(), set()
     for fmt, offset, size, n, k in pending:
+        huge_pages(whole, offset, size, huge)
         kernels.repack16_host(fmt, whole[offset:offset + size], n, k)
 
 
