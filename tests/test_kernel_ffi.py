@@ -100,6 +100,38 @@ def test_rms_norm_is_its_numpy_reference_bit_for_bit():
         assert got.tobytes() == reference.rms_norm(x, w, 1e-6).tobytes(), d
 
 
+def _glu_inputs(rng, n: int, specials: bool) -> tuple[np.ndarray, np.ndarray]:
+    g = np.concatenate([rng.standard_normal(n).astype(np.float32) * s for s in (0.1, 3, 40, 120)])
+    if specials:   # zeros, infinities, NaN, past exp's cut-off at -86, subnormals
+        g = np.concatenate([g, np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 86.5, -86.5, 100,
+                                         -100, 1e-40, -1e-40], np.float32)])
+    return g, rng.standard_normal(g.size).astype(np.float32)
+
+
+def test_swiglu_is_its_numpy_reference_bit_for_bit_on_every_path():
+    """csrc/glu.h on each instruction-set path through the C ABI (lengths with and without a
+    tail past the last 16 and 8 lanes, special values included) and through the FFI inside
+    jit (the kernel's threads, in chunks), against reference.swiglu; and within a few ulp of
+    XLA's own silu(g) * u, which it replaces on the CPU."""
+    from kinetic.kernels import reference
+    rng = np.random.default_rng(11)
+    for n in (1, 15, 4099):
+        g, u = _glu_inputs(rng, n, specials=True)
+        want = reference.swiglu(g, u)
+        for isa in kernels.supported_isas():
+            assert kernels.swiglu_host(g, u, isa=isa).tobytes() == want.tobytes(), (isa, n)
+    # XLA runs with subnormals flushed to zero (as the model's steps do), so none here; an
+    # output past one chunk of the threads' split (16,384 elements)
+    g, u = _glu_inputs(rng, 9000, specials=False)
+    g, u = g.reshape(8, -1), u.reshape(8, -1)
+    got = np.asarray(jax.jit(ffi.swiglu)(jnp.asarray(g), jnp.asarray(u)))
+    assert got.tobytes() == reference.swiglu(g, u).tobytes()
+    xla = np.asarray(jax.jit(lambda a, b: jax.nn.silu(a) * b)(g, u))
+    np.testing.assert_allclose(got, xla, rtol=2e-6, atol=1e-30)
+    with pytest.raises(Exception, match="one shape"):   # an error with a message, not a crash
+        jax.jit(ffi.swiglu)(jnp.ones((2, 8)), jnp.ones((2, 4))).block_until_ready()
+
+
 def test_layer_norm_is_its_numpy_reference_bit_for_bit_at_any_row_count():
     """The encoders' layer norm: the numpy reference's bits (kernels/reference.py), a row the
     same alone as among 64, and close to the float64 formula."""

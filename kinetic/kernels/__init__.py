@@ -49,6 +49,7 @@ def _load() -> ctypes.CDLL | None:
     lib.kn_delta_rule.argtypes = [ptr, ctypes.c_float, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64,
                                   ptr, i32, i32, ctypes.c_char_p, i32]
     lib.kn_isa_supported.argtypes = [i32]
+    lib.kn_swiglu.argtypes = [ptr, ptr, i64, ptr, i32, ctypes.c_char_p, i32]
     lib.kn_row_bytes.argtypes = [i32, i64]
     lib.kn_row_bytes.restype = i64
     lib.kn_repack16.argtypes = [i32, ptr, i64, i64, ctypes.c_char_p, i32]
@@ -138,6 +139,20 @@ def qmatmul_host(fmt: int, w: np.ndarray, n: int, k: int, x: np.ndarray,
     code = ISAS.index(isa) if isa is not None else lib.kn_active_isa()
     _call(lib.kn_qmatmul, int(fmt), w.ctypes.data, n, k, x.ctypes.data, x.shape[0],
           y.ctypes.data, code, int(threads))
+    return y
+
+
+def swiglu_host(g: np.ndarray, u: np.ndarray, isa: str | None = None) -> np.ndarray:
+    """silu(g) * u elementwise (csrc/glu.h; reference.swiglu is the same arithmetic), float32,
+    on a path from supported_isas() (default: the active one)."""
+    lib = _need()
+    g = np.ascontiguousarray(g, dtype=np.float32)
+    u = np.ascontiguousarray(u, dtype=np.float32)
+    if g.shape != u.shape:
+        raise ValueError(f"g {g.shape} and u {u.shape} must have one shape")
+    y = np.empty_like(g)
+    code = ISAS.index(isa) if isa is not None else lib.kn_active_isa()
+    _call(lib.kn_swiglu, g.ctypes.data, u.ctypes.data, g.size, y.ctypes.data, code)
     return y
 
 

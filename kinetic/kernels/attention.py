@@ -33,6 +33,7 @@ import numpy as np
 
 from kinetic import kernels
 from kinetic.kernels import ffi
+from kinetic.kernels.reference import exp_softmax
 
 F32, F16, BF16 = 0, 1, 30  # GGML type ids, as the kernel takes them
 _host_ready = False
@@ -119,36 +120,6 @@ def _libm_tanhf():
     fn = ctypes.CDLL("libm.so.6").tanhf
     fn.restype, fn.argtypes = ctypes.c_float, [ctypes.c_float]
     return fn
-
-
-# exp_softmax's constants (csrc/attention_impl.h): Cephes' expf polynomial
-_LOG2E, _MAGIC = np.float32(1.44269504088896341), np.float32(12582912.0)
-_LN2_HI, _LN2_LO = np.float32(0.693359375), np.float32(-2.12194440e-4)
-_EXP_P = [np.float32(c) for c in (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3,
-                                  4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)]
-_EXP_LOW = np.float32(-86.0)
-
-
-def exp_softmax(x) -> np.ndarray:
-    """The kernel's exp of x = score - max <= 0 (csrc/attention_impl.h, exp_softmax), in the
-    same float32 operations, each rounded on its own: n = round(x log2 e) by adding 1.5 * 2^23,
-    r = x - n ln2 in two parts, Cephes' polynomial p(r), then n added to p's exponent bits;
-    0 below -86 and for a NaN. Within 2 ulp of e^x."""
-    x = np.asarray(x, np.float32)
-    with np.errstate(invalid="ignore", over="ignore"):
-        t = x * _LOG2E + _MAGIC
-        n = t - _MAGIC
-        shift = (t.view(np.uint32) - _MAGIC.view(np.uint32)) << np.uint32(23)
-        r = x - n * _LN2_HI
-        r = r - n * _LN2_LO
-        z = r * r
-        p = r * _EXP_P[0] + _EXP_P[1]
-        for c in _EXP_P[2:]:
-            p = p * r + c
-        p = p * z + r
-        p = p + np.float32(1.0)
-        bits = np.where(x >= _EXP_LOW, p.view(np.uint32) + shift, np.uint32(0))
-    return bits.astype(np.uint32).view(np.float32)
 
 
 def reference_attention(q, k_cache, v_cache, page_table, slots, positions, scale: float,

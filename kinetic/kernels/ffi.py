@@ -46,7 +46,8 @@ def register() -> None:
                  "kinetic_dequant_rows",
                  "kinetic_attention",
                  "kinetic_rms_norm", "kinetic_layer_norm", "kinetic_cos_sin", "kinetic_kv_write",
-                 "kinetic_lazy_zeros", "kinetic_row_argmax", "kinetic_delta_rule"):
+                 "kinetic_lazy_zeros", "kinetic_row_argmax", "kinetic_delta_rule",
+                 "kinetic_swiglu"):
         jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu")
     _registered = True
 
@@ -159,6 +160,15 @@ def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
     x = x.astype(jnp.float32)
     return jax.ffi.ffi_call("kinetic_rms_norm", jax.ShapeDtypeStruct(x.shape, jnp.float32))(
         x, w.astype(jnp.float32), eps=np.float32(eps))
+
+
+def swiglu(gate: jax.Array, up: jax.Array) -> jax.Array:
+    """silu(gate) * up elementwise, in the kernel's own float32 sequence (csrc/glu.h;
+    reference.swiglu), run by the kernel's threads."""
+    register()
+    gate, up = gate.astype(jnp.float32), up.astype(jnp.float32)
+    return jax.ffi.ffi_call("kinetic_swiglu", jax.ShapeDtypeStruct(gate.shape, jnp.float32))(
+        gate, up)
 
 
 def layer_norm(x: jax.Array, w: jax.Array, b: jax.Array, eps: float) -> jax.Array:

@@ -476,6 +476,47 @@ def _exp_f(x) -> np.ndarray:
     return np.exp(np.asarray(x, np.float32).astype(np.float64)).astype(np.float32)
 
 
+# exp_softmax's constants (csrc/exp_f32.h): Cephes' expf polynomial
+_LOG2E, _MAGIC = np.float32(1.44269504088896341), np.float32(12582912.0)
+_LN2_HI, _LN2_LO = np.float32(0.693359375), np.float32(-2.12194440e-4)
+_EXP_P = [np.float32(c) for c in (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3,
+                                  4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)]
+_EXP_LOW = np.float32(-86.0)
+
+
+def exp_softmax(x) -> np.ndarray:
+    """The kernel's exp of x = score - max <= 0 (csrc/exp_f32.h: the attention's softmax and swiglu's sigmoid), in the
+    same float32 operations, each rounded on its own: n = round(x log2 e) by adding 1.5 * 2^23,
+    r = x - n ln2 in two parts, Cephes' polynomial p(r), then n added to p's exponent bits;
+    0 below -86 and for a NaN. Within 2 ulp of e^x."""
+    x = np.asarray(x, np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        t = x * _LOG2E + _MAGIC
+        n = t - _MAGIC
+        shift = (t.view(np.uint32) - _MAGIC.view(np.uint32)) << np.uint32(23)
+        r = x - n * _LN2_HI
+        r = r - n * _LN2_LO
+        z = r * r
+        p = r * _EXP_P[0] + _EXP_P[1]
+        for c in _EXP_P[2:]:
+            p = p * r + c
+        p = p * z + r
+        p = p + np.float32(1.0)
+        bits = np.where(x >= _EXP_LOW, p.view(np.uint32) + shift, np.uint32(0))
+    return bits.astype(np.uint32).view(np.float32)
+
+
+def swiglu(g, u) -> np.ndarray:
+    """silu(g) * u elementwise in csrc/glu.h's float32 sequence: t = exp_softmax(-|g|),
+    s = (1 if g >= 0 else t) / (1 + t), (g * s) * u, each operation rounded on its own."""
+    g, u = np.asarray(g, np.float32), np.asarray(u, np.float32)
+    one = np.float32(1.0)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        t = exp_softmax(-np.abs(g))
+        s = np.where(g >= 0, one, t).astype(np.float32) / (one + t)
+        return ((g * s) * u).astype(np.float32)
+
+
 def delta_rule(taps, windows, matrices, pending, events, rows, replay, n_replay: int,
                heads: int, key_heads: int, eps: float):
     """csrc/delta_rule.h in numpy, the same operations in the same order (every sum over

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 
 from kinetic.kernels import ffi as native
 from kinetic.model.config import Config
-from kinetic.model.layers import Proj, linear, swiglu
+from kinetic.model.layers import Proj, linear, silu_times, swiglu
 
 
 def _chain(columns: list[jax.Array], op) -> jax.Array:
@@ -106,7 +106,7 @@ def _pairs_swiglu(x: jax.Array, chosen: jax.Array, stacked: list, data: jax.Arra
     T, D = x.shape
     K = chosen.shape[1]
     gate, up = native.qmatmul_id(x, chosen, data, stacked[:2], D, n_expert)
-    h = (jax.nn.silu(gate) * up).reshape(T * K, -1)
+    h = silu_times(gate, up).reshape(T * K, -1)
     (y,) = native.qmatmul_id(h, chosen.reshape(T * K, 1), data, stacked[2:], h.shape[1],
                              n_expert)
     return y.reshape(T, K, D)

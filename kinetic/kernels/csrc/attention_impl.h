@@ -299,54 +299,11 @@ void value_pair(const float* pa, const float* pb, const float* const* vp, int64_
   }
 }
 
-// exp(x) for the softmax's x = score - max <= 0, in float32 operations only, each rounded
-// on its own (-ffp-contract=off), the same sequence in every lane and on every path, and
-// in attention.py's numpy reference (exp_softmax): no libm, whose expf is a scalar call.
-//   n = round(x * log2(e)) (adding 1.5 * 2^23 rounds to the nearest integer, ties to even,
-//       and leaves n in the sum's low bits); r = (x - n * ln2_hi) - n * ln2_lo
-//   p = ((((((P0 r + P1) r + P2) r + P3) r + P4) r + P5) * r^2 + r) + 1   (Cephes' expf)
-//   exp = p * 2^n, by adding n to p's exponent bits; 0 below x = -86 (where 2^n would leave
-//       the normal floats; e^-86 < 5e-38 next to the max's weight 1) and for a NaN.
-// Within 2 ulp of e^x; x = 0 gives exactly 1.
-constexpr float kExpLog2e = 1.44269504088896341f, kExpMagic = 12582912.0f;
-constexpr float kExpLn2Hi = 0.693359375f, kExpLn2Lo = -2.12194440e-4f;
-constexpr float kExpP0 = 1.9875691500e-4f, kExpP1 = 1.3981999507e-3f,
-                kExpP2 = 8.3334519073e-3f, kExpP3 = 4.1665795894e-2f,
-                kExpP4 = 1.6666665459e-1f, kExpP5 = 5.0000001201e-1f, kExpLow = -86.0f;
-
-// All ones where exp_softmax keeps x's value, zero below kExpLow and for a NaN: for one
-// float, and for each lane of V.
-inline uint32_t exp_softmax_kept(float x) { return x >= kExpLow ? ~0u : 0u; }
 #if KN_ATTN_W > 1
-inline VU32 exp_softmax_kept(V x) { return (VU32)(x >= kExpLow); }
+#define KN_EXP_V V
+#define KN_EXP_VU VU32
 #endif
-
-// The sequence above on T, one float or the W lanes of V (TU: its uint32 twin): the same
-// operations for both.
-template <class T, class TU>
-inline T exp_softmax(T x) {
-  const T t = x * kExpLog2e + kExpMagic;
-  const T n = t - kExpMagic;
-  TU tb;
-  std::memcpy(&tb, &t, sizeof(TU));
-  const TU shift = (tb - f32_to_bits(kExpMagic)) << 23;
-  T r = x - n * kExpLn2Hi;
-  r = r - n * kExpLn2Lo;
-  const T z = r * r;
-  T p = r * kExpP0 + kExpP1;
-  p = p * r + kExpP2;
-  p = p * r + kExpP3;
-  p = p * r + kExpP4;
-  p = p * r + kExpP5;
-  p = p * z + r;
-  p = p + 1.0f;
-  TU pb;
-  std::memcpy(&pb, &p, sizeof(TU));
-  pb = (pb + shift) & exp_softmax_kept(x);
-  T out;
-  std::memcpy(&out, &pb, sizeof(T));
-  return out;
-}
+#include "exp_f32.h"
 
 // x[l] = exp_softmax(x[l] - m) for l < n: W lanes at a time, then the last n % W one by one.
 void exp_shifted(float* x, int64_t n, float m) {

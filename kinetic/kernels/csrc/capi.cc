@@ -6,6 +6,7 @@
 
 #include "delta_rule.h"
 #include "float_json.h"
+#include "glu.h"
 #include "lazyzero.h"
 #include "qmatmul_api.h"
 #include "repack.h"
@@ -25,6 +26,16 @@ KN_API int kn_best_isa() { return kn::best_isa(); }
 KN_API int kn_active_isa() { return kn::active_isa(); }
 KN_API int kn_isa_supported(int isa) { return kn::isa_supported(kn::Isa(isa)); }
 KN_API int64_t kn_row_bytes(int fmt, int64_t K) { return kn::row_bytes(fmt, K); }
+
+// glu.h on a chosen path, one thread: y[i] = silu(g[i]) * u[i].
+KN_API int kn_swiglu(const float* g, const float* u, int64_t n, float* y, int isa, char* err,
+                     int errlen) {
+  if (isa < kn::ISA_SCALAR || isa > kn::ISA_AVX512) return fail("unknown ISA", err, errlen);
+  if (!kn::isa_supported(kn::Isa(isa))) return fail("this CPU lacks the instruction set asked for", err, errlen);
+  if (n < 0) return fail("swiglu: negative length", err, errlen);
+  kn::swiglu_isa(g, u, n, y, isa);
+  return 0;
+}
 
 KN_API int kn_qmatmul(int fmt, const uint8_t* w, int64_t N, int64_t K, const float* x,
                       int64_t M, float* y, int isa, int threads, char* err, int errlen) {

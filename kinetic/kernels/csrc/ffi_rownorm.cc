@@ -2,8 +2,11 @@
 //   kinetic_rms_norm(x f32[..., D], w f32[D]; eps) -> y f32[..., D]
 //   kinetic_layer_norm(x f32[..., D], w f32[D], b f32[D]; eps) -> y f32[..., D]
 //   kinetic_cos_sin(theta f32[...]) -> (cos f32[...], sin f32[...])
+// and of glu.h:
+//   kinetic_swiglu(gate f32[...], up f32[...]) -> silu(gate) * up f32[...]
 #include <string>
 
+#include "glu.h"
 #include "rownorm.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -46,6 +49,15 @@ ffi::Error CosSin(ffi::Buffer<ffi::F32> theta, ffi::ResultBuffer<ffi::F32> c,
   return ffi::Error::Success();
 }
 
+ffi::Error Swiglu(ffi::Buffer<ffi::F32> g, ffi::Buffer<ffi::F32> u,
+                  ffi::ResultBuffer<ffi::F32> y) {
+  const int64_t n = int64_t(g.element_count());
+  if (int64_t(u.element_count()) != n || int64_t(y->element_count()) != n)
+    return ffi::Error::InvalidArgument("kinetic_swiglu: gate, up and the result must have one shape");
+  kn::swiglu(g.typed_data(), u.typed_data(), n, y->typed_data());
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 #pragma GCC visibility push(default)
@@ -69,6 +81,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kinetic_cos_sin, CosSin,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kinetic_swiglu, Swiglu,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 
 #pragma GCC visibility pop
