@@ -4,7 +4,7 @@
 // their position (ends: an image attending to itself both ways); the row pieces; the JSON
 // writer of float vectors (float_json.h); the greedy row argmax (argmax.h); weights in the
 // 16-column layout (repack.h); a mixture's projections over (row, expert) pairs; the
-// gated delta rule. Each path must
+// gated delta rule; the gated feed-forward's silu(gate) * up (glu.h). Each path must
 // give the reference path's bits. Exit status 0 when every case matches; the sanitizers
 // abort on any undefined behaviour or bad access.
 #include <array>
@@ -20,6 +20,7 @@
 #include "attention.h"
 #include "delta_rule.h"
 #include "float_json.h"
+#include "glu.h"
 #include "qmatmul_api.h"
 #include "repack.h"
 #include "rownorm.h"
@@ -430,6 +431,29 @@ void check_row_argmax() {
   }
 }
 
+// glu.h on every path this CPU has against the 1-lane path, over lengths with and without
+// a tail past the last 8 and 16 lanes and special values (zeros, infinities, NaN, past exp's
+// cut-off, subnormals); then the threaded entry (several chunks) against it too.
+void check_swiglu(std::mt19937& rng) {
+  std::normal_distribution<float> normal;
+  std::vector<float> g(40000), u(g.size());
+  for (size_t i = 0; i < g.size(); ++i) g[i] = normal(rng) * float(1 + i % 4 * 30), u[i] = normal(rng);
+  const float inf = INFINITY, special[] = {0.0f, -0.0f, inf, -inf, std::nanf(""), 86.5f,
+                                           -86.5f, 100.0f, -100.0f, 1e-40f, -1e-40f};
+  std::copy(std::begin(special), std::end(special), g.begin());
+  for (int64_t n : {int64_t(1), int64_t(11), int64_t(23), int64_t(g.size())}) {
+    std::vector<float> want(static_cast<size_t>(n)), got(static_cast<size_t>(n));
+    swiglu_isa(g.data(), u.data(), n, want.data(), ISA_SCALAR);
+    for (Isa isa : {ISA_AVX2, ISA_AVX512})
+      if (isa_supported(isa)) {
+        swiglu_isa(g.data(), u.data(), n, got.data(), isa);
+        expect_same(got, want, (std::string("swiglu on ") + isa_name(isa)).c_str());
+      }
+    swiglu(g.data(), u.data(), n, got.data());
+    expect_same(got, want, "swiglu on the kernel's threads");
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -446,6 +470,7 @@ int main() {
   check_delta_rule(rng);
   check_json_floats();
   check_row_argmax();
+  check_swiglu(rng);
   std::printf("%s (best path here: %s)\n", failures ? "FAILED" : "all paths agree",
               isa_name(best_isa()));
   return failures ? 1 : 0;
