@@ -120,10 +120,12 @@ def test_swiglu_is_its_numpy_reference_bit_for_bit_on_every_path():
         want = reference.swiglu(g, u)
         for isa in kernels.supported_isas():
             assert kernels.swiglu_host(g, u, isa=isa).tobytes() == want.tobytes(), (isa, n)
-    # XLA runs with subnormals flushed to zero (as the model's steps do), so none here; an
-    # output past one chunk of the threads' split (16,384 elements)
+    # XLA runs with subnormals flushed to zero (as the model's steps do), so no input or
+    # result here is one (|g| <= 60, |u| >= 0.5); an output past one chunk of the threads'
+    # split (16,384 elements)
     g, u = _glu_inputs(rng, 9000, specials=False)
-    g, u = g.reshape(8, -1), u.reshape(8, -1)
+    g = np.clip(g, -60, 60).reshape(8, -1)
+    u = (np.sign(u) * rng.uniform(0.5, 2.0, u.size)).astype(np.float32).reshape(8, -1)
     got = np.asarray(jax.jit(ffi.swiglu)(jnp.asarray(g), jnp.asarray(u)))
     assert got.tobytes() == reference.swiglu(g, u).tobytes()
     xla = np.asarray(jax.jit(lambda a, b: jax.nn.silu(a) * b)(g, u))

@@ -506,14 +506,22 @@ def exp_softmax(x) -> np.ndarray:
     return bits.astype(np.uint32).view(np.float32)
 
 
+def exp_any(x) -> np.ndarray:
+    """e^x for any x (csrc/exp_f32.h exp_any): exp_softmax's sequence up to x = 88, +inf
+    above, 0 below -86 and for a NaN."""
+    x = np.asarray(x, np.float32)
+    big = x > np.float32(88.0)
+    e = exp_softmax(np.where(big, np.float32(0.0), x))
+    return np.where(big, np.float32(np.inf), e).astype(np.float32)
+
+
 def swiglu(g, u) -> np.ndarray:
-    """silu(g) * u elementwise in csrc/glu.h's float32 sequence: t = exp_softmax(-|g|),
-    s = (1 if g >= 0 else t) / (1 + t), (g * s) * u, each operation rounded on its own."""
+    """silu(g) * u elementwise in csrc/glu.h's float32 sequence, each operation rounded on
+    its own: (g * (1 / (1 + exp_any(-g)))) * u."""
     g, u = np.asarray(g, np.float32), np.asarray(u, np.float32)
     one = np.float32(1.0)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        t = exp_softmax(-np.abs(g))
-        s = np.where(g >= 0, one, t).astype(np.float32) / (one + t)
+        s = one / (one + exp_any(-g))
         return ((g * s) * u).astype(np.float32)
 
 

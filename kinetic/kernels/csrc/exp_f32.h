@@ -1,6 +1,7 @@
-// exp of x <= 0 in float32 operations only (the attention's softmax, csrc/attention_impl.h,
-// and the gated feed-forward's sigmoid, csrc/glu.cc), the same sequence in every lane, on
-// every path and in the numpy references (kernels/attention.py exp_softmax).
+// exp in float32 operations only (exp_softmax for x <= 0: the attention's softmax,
+// csrc/attention_impl.h; exp_any for any x: the gated feed-forward's sigmoid, csrc/glu.cc),
+// the same sequence in every lane, on every path and in the numpy references
+// (kernels/reference.py exp_softmax, exp_any).
 //
 // Not a standalone header: its includer puts it inside its own anonymous namespace (one
 // copy per instruction-set path, each with internal linkage), after <cstring>, <cstdint>
@@ -20,7 +21,8 @@ constexpr float kExpLog2e = 1.44269504088896341f, kExpMagic = 12582912.0f;
 constexpr float kExpLn2Hi = 0.693359375f, kExpLn2Lo = -2.12194440e-4f;
 constexpr float kExpP0 = 1.9875691500e-4f, kExpP1 = 1.3981999507e-3f,
                 kExpP2 = 8.3334519073e-3f, kExpP3 = 4.1665795894e-2f,
-                kExpP4 = 1.6666665459e-1f, kExpP5 = 5.0000001201e-1f, kExpLow = -86.0f;
+                kExpP4 = 1.6666665459e-1f, kExpP5 = 5.0000001201e-1f, kExpLow = -86.0f,
+                kExpHigh = 88.0f;
 
 // All ones where exp_softmax keeps x's value, zero below kExpLow and for a NaN: for one
 // float, and for each lane of KN_EXP_V.
@@ -54,4 +56,14 @@ inline T exp_softmax(T x) {
   T out;
   std::memcpy(&out, &pb, sizeof(T));
   return out;
+}
+
+// e^x for any x: exp_softmax's sequence up to x = 88 (2^n still a normal float's exponent
+// there), +inf above (e^88.72 is the largest float; between, the answer is rounded up to
+// +inf), 0 below -86 and for a NaN as exp_softmax.
+template <class T, class TU>
+inline T exp_any(T x) {
+  const T big = x > kExpHigh ? T{} + INFINITY : T{};
+  const T e = exp_softmax<T, TU>(x > kExpHigh ? T{} : x);
+  return x > kExpHigh ? big : e;
 }

@@ -6,6 +6,7 @@
 // path gives the same bits.
 #include "glu.h"
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -16,16 +17,9 @@
 #define KN_GLU_BODY                                                                        \
   template <class T, class TU>                                                             \
   inline T silu_times(T g, T u) {                                                          \
-    TU gb;                                                                                 \
-    std::memcpy(&gb, &g, sizeof(TU));                                                      \
-    const TU nb = gb | 0x80000000u; /* -|g| */                                             \
-    T neg;                                                                                 \
-    std::memcpy(&neg, &nb, sizeof(T));                                                     \
-    const T t = exp_softmax<T, TU>(neg);                                                   \
+    const T e = exp_any<T, TU>(-g);                                                        \
     const T one = T{} + 1.0f;                                                              \
-    const T num = g >= 0.0f ? one : t;                                                     \
-    const T s = num / (one + t);                                                           \
-    return (g * s) * u;                                                                    \
+    return (g * (one / (one + e))) * u;                                                    \
   }
 
 namespace kn {
