@@ -76,15 +76,15 @@ def _environ(extra: dict):
 
 class KineticServer:
     """`kinetic serve GGUF` (tests/serve_process.ServeProcess), drafting off unless `draft`.
-    step_tokens: -ub (0: kinetic's default); cache_type: -ctk/-ctv (f32, f16, bf16);
+    step_tokens: -ub (0: kinetic's default); cache_type: -ctk/-ctv (None: kinetic's default);
     preload: LD_PRELOAD for the server process."""
 
     def __init__(self, gguf: str, *, parallel: int, n_ctx: int, draft: bool,
                  threads: int | None = None, step_tokens: int = 0, dtype: str = "bfloat16",
-                 cache_type: str = "f32", preload: str | None = None, log=None):
+                 cache_type: str | None = None, preload: str | None = None, log=None):
         flags = ["-np", str(parallel), "-c", str(n_ctx * parallel), "--cache-ram", "0", "--dtype",
                  dtype]   # -c: the total of the slots, as llama-server counts it
-        if cache_type != "f32":   # kinetic's default KV type
+        if cache_type:
             flags += ["-ctk", cache_type, "-ctv", cache_type]
         if step_tokens:
             flags += ["-ub", str(step_tokens)]
@@ -198,10 +198,11 @@ def link_shared_libraries(binary: str) -> None:
 class LlamaServer:
     """llama.cpp's server on `gguf`: -c n_ctx*parallel -np parallel -t threads, no RAM
     prompt cache, no weight repacking on an AMX CPU; or, given `flags`, those and -t threads
-    (its own default sizes). Its output goes to `log`."""
+    (its own default sizes); cache_type: -ctk/-ctv (None: its default, f16). Its output goes to `log`."""
 
     def __init__(self, path: str, gguf: str, *, threads: int, parallel: int = 1,
-                 n_ctx: int = 0, flags: list[str] | None = None, log=None):
+                 n_ctx: int = 0, flags: list[str] | None = None, log=None,
+                 cache_type: str | None = None):
         binary, wrapper = resolve_server_binary(path)
         if not wrapper:
             link_shared_libraries(binary)
@@ -218,6 +219,8 @@ class LlamaServer:
             flags += ["--cache-ram", "0"]
         if cpu_has("amx_tile") and "--no-repack" in helptext:
             flags += ["--no-repack"]
+        if cache_type:
+            flags += ["-ctk", cache_type, "-ctv", cache_type]
         base = [binary, "-m", gguf, "--host", "127.0.0.1", "--port", str(self.port)]
         self.cmd = base + (["--"] if wrapper else []) + flags
         self.binary, self.wrapper = binary, wrapper

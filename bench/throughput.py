@@ -194,9 +194,9 @@ def main(argv=None) -> int:
                     help="kinetic serve --dtype (weights' compute type without the C++ kernel)")
     ap.add_argument("--step-tokens", type=int, default=0,
                     help="kinetic serve -ub, rows per step (0: its default)")
-    ap.add_argument("--cache-type", default="f32", choices=["f32", "f16", "bf16"],
-                    help="kinetic serve -ctk/-ctv, its KV cache's type (f32: its default; "
-                         "llama-server keeps its default, f16)")
+    ap.add_argument("--cache-type", default=None, choices=["f32", "f16", "bf16", "q8_0"],
+                    help="-ctk/-ctv of both servers (default: each keeps its own default, "
+                         "f16 for both)")
     ap.add_argument("--kinetic-preload", metavar="LIB",
                     help="LD_PRELOAD for the kinetic processes, e.g. "
                          "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
@@ -237,7 +237,7 @@ def main(argv=None) -> int:
     try:
         if server_path:
             s = LlamaServer(server_path, path, parallel=parallel, n_ctx=args.n_ctx,
-                            threads=args.threads, log=logf)
+                            threads=args.threads, log=logf, cache_type=args.cache_type)
             started_servers.append(s)
             print("llama-server: " + " ".join(s.cmd), flush=True)
             try:

@@ -23,7 +23,7 @@ import numpy as np
 
 from kinetic.engine.engine import Engine
 from kinetic.memory import drop_staging_caches
-from kinetic.engine.engine_config import EngineConfig
+from kinetic.engine.engine_config import CACHE_TYPES, EngineConfig
 from kinetic.engine.request import Delta, GenerationRequest, ImageRows
 from kinetic.engine.sampling_params import SamplingParams
 from kinetic.grammar import Grammar, compile_gbnf, compile_json_schema
@@ -218,7 +218,8 @@ def load(path: str | os.PathLike[str], *, n_ctx: int = 4096, dtype: str = "bfloa
          speculative: bool = True, draft: str | os.PathLike[str] | None = None,
          llama_rounding: bool = True, kernel: str = "auto",
          progress: Callable[[int, int], None] | None = None,
-         mmproj: str | os.PathLike[str] | None = None) -> "Model | EmbeddingModel":
+         mmproj: str | os.PathLike[str] | None = None,
+         cache_type: str = "f16") -> "Model | EmbeddingModel":
     """Load a GGUF model for use from Python: a Model for a text model, an
     kinetic.embedding.EmbeddingModel for an embedding or ranking model (one whose file has a
     pooling type; n_ctx, kernel and progress apply to it, the rest is for generation).
@@ -237,11 +238,15 @@ def load(path: str | os.PathLike[str], *, n_ctx: int = 4096, dtype: str = "bfloa
     speculative: drafting in the step's spare rows (never changes the output); draft: a
     smaller GGUF model of the same vocabulary to draft with (else n-gram lookup); mmproj:
     a vision projector (llama.cpp's mmproj GGUF) for this text model: prompts with images
-    (Model.image_prompt).
+    (Model.image_prompt); cache_type: the KV cache's type by llama-server's name (-ctk):
+    "f16" (the default, as llama.cpp's), "f32", "bf16".
     Raises a ValueError subclass naming the problem for a file that cannot be used.
     """
+    if cache_type not in CACHE_TYPES:
+        raise ValueError(f"cache_type {cache_type!r}: one of {', '.join(CACHE_TYPES)}")
     config = EngineConfig(parallel=parallel, n_ctx=n_ctx, step_tokens=step_tokens,
-                          page_size=page_size, speculative=speculative)
+                          page_size=page_size, speculative=speculative,
+                          kv_dtype=CACHE_TYPES[cache_type])
     return open_model(path, config, dtype=dtype, draft=draft, llama_rounding=llama_rounding,
                       kernel=kernel, stage=lambda label: progress if label == "loading" else None,
                       mmproj=mmproj)
@@ -255,7 +260,8 @@ def open_model(path: str | os.PathLike[str], config: EngineConfig, *, dtype: str
                draft: str | os.PathLike[str] | None = None, llama_rounding: bool = True,
                kernel: str = "auto", stage: Stage | None = None,
                compile: bool = False, pooling: str | None = None,
-               mmproj: str | os.PathLike[str] | None = None) -> "Model | EmbeddingModel":
+               mmproj: str | os.PathLike[str] | None = None,
+         cache_type: str = "f16") -> "Model | EmbeddingModel":
     """A GGUF file ready to run, the one set-up of `load` and `kinetic serve`: the file read,
     its tokenizer, then an Engine over `config` for a text model (with `draft` for
     speculative decoding) or an Encoder for an embedding or ranking model. compile: every

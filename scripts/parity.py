@@ -1,9 +1,15 @@
 """Parity with llama.cpp on the real models: tokenization, chat prompts, next-token
 distributions (teacher-forced) and greedy continuations, against tests/data/reference/.
 
-    python scripts/parity.py [smollm2 gemma3 qwen25coder] [--dtype bfloat16]
+    python scripts/parity.py [smollm2 gemma3 qwen25coder] [--dtype bfloat16] [-ctk f16]
+        [--llama-server PATH [--save DIR]]
 
 Prints one line of figures per model (the numbers in docs/parity.md come from here).
+With --llama-server, the continuations are recorded again first by that llama-server on this
+machine (its defaults: `-c 2048 -np 1 -t 2`; the same prompt ids, POST /completion as
+tests/data/reference/README.md describes), and kinetic is measured against those: the
+recorded files came from another CPU kind, whose kernels round otherwise (docs/parity.md).
+--save DIR keeps the answers recorded here (one JSON per model, the reference's layout).
 """
 
 from __future__ import annotations
@@ -99,25 +105,69 @@ def measure(model, ref: dict, greedy_tokens: int = 16) -> dict:
     }
 
 
+def record_here(key: str, ref: dict, binary: str, gguf: str) -> dict:
+    """`ref` with its continuations recorded again by llama-server `binary` on this machine:
+    the same prompt ids, greedy, N tokens each as recorded, top-20 raw log-probabilities."""
+    import tempfile
+    sys.path.insert(0, str(REFERENCE.parents[2]))
+    from bench.servers import LlamaServer
+    from scripts.record_arch_refs import N_PROBS, greedy_steps, post
+    with tempfile.TemporaryFile("w+") as log:
+        server = LlamaServer(binary, gguf, threads=2, flags=["-c", "2048", "-np", "1"], log=log)
+        try:
+            server.wait_ready(timeout=600)
+            out = []
+            for c in ref["continuations"]:
+                r = post(server, "/completion", {
+                    "prompt": c["prompt_ids"], "n_predict": len(c["tokens"]), "temperature": 0,
+                    "n_probs": N_PROBS, "post_sampling_probs": False, "cache_prompt": False,
+                    "return_tokens": True})
+                out.append({**c, "content": r["content"], "tokens": r["tokens"],
+                            "steps": greedy_steps(r, c["prompt"])})
+        except Exception:
+            log.seek(0)
+            print(log.read()[-3000:], file=sys.stderr)
+            raise
+        finally:
+            server.close()
+    return {**ref, "continuations": out,
+            "recorded_here": {"server_command": " ".join(server.cmd[1:])}}
+
+
 def main() -> int:
     import kinetic
+    from kinetic.engine.engine_config import CACHE_TYPES, cache_type_name
     from kinetic.fetch import MODELS, fetch_model
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("models", nargs="*", help=f"any of {', '.join(KEYS)} (default: all)")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--no-llama-rounding", action="store_true",
                     help="do not round activations as llama.cpp's CPU matmul does")
+    ap.add_argument("-ctk", "--cache-type", default=None, choices=sorted(CACHE_TYPES),
+                    help="kinetic's KV cache type (default: kinetic's default)")
+    ap.add_argument("--llama-server", metavar="PATH",
+                    help="record the continuations again with this llama-server first")
+    ap.add_argument("--save", metavar="DIR", help="with --llama-server: keep them here")
     args = ap.parse_args()
     unknown = set(args.models) - set(KEYS)
     if unknown:
         ap.error(f"unknown model {', '.join(sorted(unknown))}; choose from {', '.join(KEYS)}")
     for key in args.models or KEYS:
         ref = json.loads((REFERENCE / f"{key}.json").read_text())
-        model = kinetic.load(fetch_model(key), n_ctx=2048, dtype=args.dtype,
-                             llama_rounding=not args.no_llama_rounding)
+        gguf = str(fetch_model(key))
+        if args.llama_server:
+            ref = record_here(key, ref, args.llama_server, gguf)
+            if args.save:
+                Path(args.save).mkdir(parents=True, exist_ok=True)
+                (Path(args.save) / f"{key}.json").write_text(json.dumps(ref, indent=1))
+        cache = {} if args.cache_type is None else {"cache_type": args.cache_type}
+        model = kinetic.load(gguf, n_ctx=2048, dtype=args.dtype,
+                             llama_rounding=not args.no_llama_rounding, **cache)
         figures = measure(model, ref)
         print(json.dumps({"model": MODELS[key].filename, "dtype": args.dtype,
-                          "llama_rounding": not args.no_llama_rounding, **figures}), flush=True)
+                          "cache_type": cache_type_name(model.engine.config.kv_dtype),
+                          "against": "llama-server here" if args.llama_server else
+                          "tests/data/reference", **figures}), flush=True)
     return 0
 
 

@@ -159,8 +159,10 @@ def mock_model() -> LoadedModel:
 
 
 def make_engine(**config) -> Engine:
-    """An engine over the mock model; EngineConfig fields as keywords (small defaults)."""
-    defaults = dict(parallel=2, n_ctx=64, step_tokens=16, page_size=4)
+    """An engine over the mock model; EngineConfig fields as keywords (small defaults). Its
+    cache holds token ids and positions, so a float32 one: a half holds integers exactly only
+    up to 2048."""
+    defaults = dict(parallel=2, n_ctx=64, step_tokens=16, page_size=4, kv_dtype="float32")
     return Engine(mock_model(), MockTokenizer(), EngineConfig(**{**defaults, **config}))
 
 

@@ -56,7 +56,9 @@ def test_parity_with_llama_cpp(name, tmp_path):
     n_ctx = max(len(c["prompt_ids"]) + len(c["tokens"]) for c in conts) + 16
     # dtype applies to the XLA kernel only (GPU, non-x86): float32 weights there, since
     # bfloat16 ones flip near-ties (top-1 96-98% on these files with KINETIC_KERNEL=xla)
-    model = kinetic.load(path, n_ctx=n_ctx, dtype="float32")
+    # cache_type f32: the references come from llama-server with an f32 cache and flash
+    # attention off (scripts/record_arch_refs.py SERVER_FLAGS), float sums as kinetic's
+    model = kinetic.load(path, n_ctx=n_ctx, dtype="float32", cache_type="f32")
     try:
         ids_ok = sum(model.prompt_ids(c["prompt"]) == c["prompt_ids"] for c in conts)
         f = continuation_figures(model, conts)

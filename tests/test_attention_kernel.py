@@ -12,6 +12,9 @@
     give the bits each row gets on its own (max_group=1), on every ISA and thread count;
 (g) a float16 cache holding every finite half reads the same on every path (the SIMD paths
     convert with F16C, the scalar one in software);
+(i) a q8_0 cache (blocks of 32: an f16 scale, 32 int8; the query quantized alike): equal to
+    the reference bitwise on every path and thread count, batch invariant, close to the XLA
+    path, and refused where a head is not a multiple of 32 wide;
 (h) rows whose end (last visible key) is past their position, as an image that attends to
     itself both ways gives them (Gemma 3's): equal to the reference bitwise on every path,
     thread count and group size, each row's bits its own, close to layers.paged_attention's
@@ -29,6 +32,7 @@ import pytest
 import kinetic.kernels as kk
 from kinetic.kernels import KernelError
 from kinetic.kernels import attention as A
+from kinetic.kernels import reference as R
 from kinetic.model import layers
 
 pytestmark = pytest.mark.skipif(not kk.available(), reason="the C++ kernel is not built")
@@ -219,9 +223,9 @@ def test_bad_input_is_an_error_not_a_crash():
         A.attention_host(*args, window=-1)
     with pytest.raises(KernelError, match="multiple"):
         A.attention_host(q[:, :3], *args[1:])  # H = 3 query heads over K = 2
-    with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
+    with pytest.raises(ValueError, match="float32, float16, bfloat16 or q8_0"):
         A.attention_host(q, k.astype(np.int8), *args[2:])
-    with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
+    with pytest.raises(ValueError, match="float32, float16, bfloat16 or q8_0"):
         jitted(q, k.astype(np.int8), *args[2:])
     ends_before, ends_past = positions.copy(), positions.copy()
     ends_before[1] = positions[1] - 1
@@ -345,3 +349,72 @@ def test_ends_close_to_layers_paged_attention(window):
     err = np.abs(ours - xla).max() / np.abs(xla).max()
     assert err < 1e-5, err
     assert not np.allclose(xla, jitted(*args, fn=_layers_jit))  # the ends were honoured
+
+
+# --- (i) q8_0 caches ---------------------------------------------------------------------------
+
+def q8_0_case(rng, T, H=4, K=2, Q=64, Qv=32, S=3, P=7):
+    """A random case over q8_0 caches (kinetic/kernels/reference.py q8_0_blocks), some values
+    large beside small ones (a block's scale then rounds its small values to few levels)."""
+    kf = rng.standard_normal((PAGES, PS, K, Q)).astype(np.float32)
+    kf[..., 5] *= 40   # an outlier channel, as real keys have
+    vf = rng.standard_normal((PAGES, PS, K, Qv)).astype(np.float32)
+    k, v = R.q8_0_blocks(kf), R.q8_0_blocks(vf)
+    table = rng.integers(0, PAGES, (S, P)).astype(np.int32)
+    slots = rng.integers(0, S, T).astype(np.int32)
+    positions = rng.integers(0, P * PS, T).astype(np.int32)
+    positions[0] = 0
+    q = rng.standard_normal((T, H, Q)).astype(np.float32)
+    return q, k, v, table, slots, positions
+
+
+def test_q8_0_cache_is_its_reference_on_every_path_and_thread_count():
+    rng = np.random.default_rng(11)
+    case = q8_0_case(rng, 9)
+    for window, softcap in [(0, 0.0), (7, 0.0), (0, 2.5)]:
+        args = (*case, 0.125, window, softcap)
+        want = A.reference_attention(*args)
+        for isa in kk.supported_isas():
+            for threads in (1, 2):
+                got = A.attention_host(*args, isa=isa, threads=threads)
+                assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (isa, threads)
+        assert np.array_equal(jitted(*args).view(np.uint32), want.view(np.uint32))
+        # XLA's path reads the same values (layers.dequantize_q8_0) and sums in its own order
+        np.testing.assert_allclose(jitted(*args, fn=_layers_jit), want, rtol=2e-5, atol=2e-5)
+
+
+def test_q8_0_row_is_batch_invariant():
+    rng = np.random.default_rng(12)
+    q, k, v, table, slots, positions = q8_0_case(rng, 16)
+    alone = jitted(q[3:4], k, v, table, slots[3:4], positions[3:4], 0.125)[0]
+    for T in (4, 7, 16):
+        assert np.array_equal(jitted(q[:T], k, v, table, slots[:T], positions[:T], 0.125)[3],
+                              alone), T
+
+
+def test_q8_0_query_is_quantized_as_the_keys_are():
+    """A q8_0 key cache meets a q8_0 query (llama.cpp quantizes the query for q8_0 keys): a
+    query already made of q8_0 values gives the same bits as the raw one it came from."""
+    rng = np.random.default_rng(13)
+    q, k, v, table, slots, positions = q8_0_case(rng, 5)
+    read_back = R.q8_0_values(R.q8_0_blocks(q))
+    assert not np.array_equal(read_back, q)
+    args = (k, v, table, slots, positions, 0.125)
+    assert np.array_equal(A.attention_host(q, *args), A.attention_host(read_back, *args))
+
+
+def test_q8_0_needs_heads_a_multiple_of_32_wide():
+    """A q8_0 row is whole blocks of 32: the kernel refuses a query whose width its cache rows
+    cannot hold, and an engine refuses a q8_0 cache for a model with such heads, naming them."""
+    import dataclasses
+    from kinetic.engine.engine_config import EngineConfig
+    from tests import mock_model
+    rng = np.random.default_rng(14)
+    q, k, v, table, slots, positions = q8_0_case(rng, 3, Q=64, Qv=32)
+    with pytest.raises(Exception, match="head width"):   # 48 values: not whole blocks
+        jitted(np.zeros((3, 4, 48), np.float32), k[..., :51], v, table, slots, positions, 0.125)
+    cfg = dataclasses.replace(mock_model.CONFIG, head_dim=48, v_head_dim=64)
+    with pytest.raises(ValueError, match="blocks of 32 values: this model.s heads are 48 wide"):
+        EngineConfig(parallel=1, n_ctx=64, kv_dtype="q8_0").resolved(cfg)
+    EngineConfig(parallel=1, n_ctx=64, kv_dtype="q8_0").resolved(
+        dataclasses.replace(cfg, head_dim=96))

@@ -717,14 +717,14 @@ def test_a_kv_cache_larger_than_the_memory_available_is_refused_naming_the_sizes
     from kinetic.engine import engine_config
     from kinetic.engine.engine_config import EngineConfig, kv_memory_needed
     cfg = EngineConfig(parallel=16, n_ctx=4096, page_size=16).resolved(mm.CONFIG)
-    need = kv_memory_needed(mm.CONFIG, cfg)   # 1 layer, 1 head, 2 x 4 bytes a token
-    assert need == 8 * 16 * (16 * 256 + 1)
+    need = kv_memory_needed(mm.CONFIG, cfg)   # 1 layer, 1 head, 2 x 2 bytes a token (f16)
+    assert need == 4 * 16 * (16 * 256 + 1)
     monkeypatch.setattr(engine_config, "available_memory", lambda: need - 1)
-    with pytest.raises(ValueError, match=r"KV cache for 16 sequences of 4096 tokens \(float32\)"
-                       r" needs 0\.51 MiB, more than the 0\.50 MiB of memory available; "
+    with pytest.raises(ValueError, match=r"KV cache for 16 sequences of 4096 tokens \(float16\)"
+                       r" needs 0\.26 MiB, more than the 0\.25 MiB of memory available; "
                        r"lower --parallel \(-np\) or --ctx-size \(-c\)$"):
         EngineConfig(parallel=16, n_ctx=4096, page_size=16).resolved(mm.CONFIG)
-    monkeypatch.setattr(engine_config, "available_memory", lambda: 1000)
+    monkeypatch.setattr(engine_config, "available_memory", lambda: 500)   # 9 pages: 576 bytes
     with pytest.raises(ValueError, match="the KV cache for 9 pages of 16 tokens"):
         EngineConfig(parallel=16, n_ctx=4096, page_size=16, num_pages=9).resolved(mm.CONFIG)
     monkeypatch.setattr(engine_config, "available_memory", lambda: need)

@@ -149,6 +149,29 @@ def check_never_depends_on_load(tok, engine, model, request: GenerationRequest, 
     assert run(engine("chunk5", parallel=4, chunk_tokens=5), request)[:2] == want
 
 
+@pytest.mark.parametrize("kv_dtype", ["float32", "q8_0"])
+def test_answer_never_depends_on_load_with_every_cache_type(setup, kv_dtype):
+    """The default cache (float16) runs every check above; the other types (-ctk f32, q8_0:
+    quantized and rotated) the main ones: alone, fully and partly cached, beside 3 other
+    requests, with one slot, without drafts."""
+    tok, engine, model = setup
+
+    def typed(name: str, draft=None, **kw):
+        return engine(f"{kv_dtype}-{name}", draft, kv_dtype=kv_dtype, **kw)
+    request = requests(tok)["seeded"]
+    ids, lps, cached = run(typed("p4", parallel=4), request)
+    want = (ids, lps)
+    assert len(ids) == 20 and cached == 0
+    assert run(typed("p4", parallel=4), request)[:2] == want
+    assert run_with_others(typed("p4", parallel=4), request, tok)[:2] == want
+    assert run(typed("p1", parallel=1, speculative=False), request)[:2] == want
+    partial = GenerationRequest(request.prompt[:32] + tok.encode(" Fruits: pear"),
+                                SamplingParams(temperature=0.0), max_tokens=4)
+    run(typed("p1", parallel=1, speculative=False), partial)
+    got = run(typed("p1", parallel=1, speculative=False), request)
+    assert 0 < got[2] < len(request.prompt) and got[:2] == want
+
+
 @pytest.mark.parametrize("kind", ["greedy", "seeded"])
 def test_answer_after_a_prefill_of_its_start_is_the_cold_answer(setup, kind):
     """(7) A prefill (Engine.prefill, what /v1/prefill runs) of the prompt's start, alone or

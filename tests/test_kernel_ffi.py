@@ -209,6 +209,41 @@ def test_kv_write_in_place_equals_numpy_rounding_and_xla_scatter(dtype):
         np.testing.assert_array_equal(got.view(np.uint8), np.asarray(ref).reshape(want.shape).view(np.uint8))
 
 
+def test_kv_write_q8_0_is_its_reference_blocks_in_place_and_in_xla():
+    """A q8_0 cache row written by the C++ KV write holds reference.q8_0_blocks' bytes (each
+    block of 32 quantized as llama.cpp's q8_0: f16 scale, int8 values), as XLA's scatter
+    (layers.write_kv) writes them; other rows keep their bytes."""
+    from kinetic.kernels import reference as R
+    from kinetic.model.layers import dequantize_q8_0, write_kv
+    rng = np.random.default_rng(3)
+    pages, page_size, K, Q, Qv, T = 6, 4, 2, 64, 32, 5
+    k = (rng.standard_normal((T, K, Q)) * np.float32(10.0) ** rng.integers(-6, 3, (T, K, Q))
+         ).astype(np.float32)
+    k[0, 0, :32] = 0   # an all-zero block: scale 0, values 0
+    v = rng.standard_normal((T, K, Qv)).astype(np.float32)
+    index = np.array([5, 23, 0, 12, 7], np.int32)
+    old_k = rng.integers(0, 256, (pages, page_size, K, Q // 32 * 34), np.uint8)
+    old_v = rng.integers(0, 256, (pages, page_size, K, Qv // 32 * 34), np.uint8)
+    got_k, got_v = jax.jit(lambda kc, vc: ffi.kv_write(kc, vc, jnp.asarray(k), jnp.asarray(v),
+                                                       jnp.asarray(index)))(old_k, old_v)
+    for got, old, new in ((got_k, old_k, k), (got_v, old_v, v)):
+        want = old.reshape(-1, K, old.shape[-1]).copy()
+        want[index] = R.q8_0_blocks(new)
+        np.testing.assert_array_equal(np.asarray(got).reshape(want.shape), want)
+        xla = np.asarray(jax.jit(write_kv)(jnp.asarray(old), jnp.asarray(new),
+                                           jnp.asarray(index))).reshape(want.shape)
+        np.testing.assert_array_equal(xla, want)
+        # read back: d * q, within half a step of each block's scale (and the f16 rounding
+        # of the scale, at most 127 * d * 2^-11 more)
+        back = np.asarray(dequantize_q8_0(jnp.asarray(want[index])))
+        np.testing.assert_array_equal(back, R.q8_0_values(want[index]))
+        step = np.abs(new).reshape(T, K, -1, 32).max(-1, keepdims=True) / 127
+        assert (np.abs(back - new).reshape(step.shape[:-1] + (32,)) <= step * 0.57).all()
+    with pytest.raises(Exception, match="must be"):   # 48 values: not whole blocks
+        jax.jit(lambda kc, vc: ffi.kv_write(kc, vc, jnp.ones((1, K, 48)), jnp.asarray(v[:1]),
+                                            jnp.zeros(1, jnp.int32)))(old_k, old_v)[0].block_until_ready()
+
+
 def test_kv_write_outside_the_cache_is_an_error_not_a_write():
     kc, vc = jnp.zeros((2, 4, 1, 8)), jnp.zeros((2, 4, 1, 8))
     rows = jnp.ones((1, 1, 8))

@@ -302,7 +302,7 @@ def test_props(server, tok):
     assert props["build_info"].startswith("kinetic-")
     assert props["eos_token"] == tok.token_piece(tok.eos_id, special=True) == "<|im_end|>"
     assert props["chat_template_caps"]["supports_system_role"] is True
-    assert props["cache_type_k"] == props["cache_type_v"] == "f32"   # kinetic's default
+    assert props["cache_type_k"] == props["cache_type_v"] == "f16"   # kinetic's default
 
 
 def slots(server) -> list[dict]:

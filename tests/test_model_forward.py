@@ -225,3 +225,69 @@ def test_real_sizes_by_eval_shape(tiny):
                                    weights, [(kv, kv)] * 24, step)
     assert logits.shape == (T, 151936) and logits.dtype == jnp.float32
     assert len(cache) == 24 and cache[0][0].shape == kv.shape
+
+
+# ---- the KV cache's types ---------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def wide_heads_file(tmp_path_factory):
+    """A llama whose heads are 64 wide: a q8_0 cache holds two blocks a head and rotates it
+    (layers.rotation_sizes)."""
+    return str(write_tiny_model(tmp_path_factory.mktemp("wide") / "m.gguf", "llama",
+                                d_model=128, n_head=2, n_kv_head=1, head_dim=64))
+
+
+@pytest.mark.parametrize("kernel", ["ffi", "xla"])
+@pytest.mark.parametrize("kv_dtype", ["float32", "float16", "bfloat16", "q8_0"])
+def test_every_cache_type_follows_the_reference_and_keeps_each_rows_bits(wide_heads_file,
+                                                                         kernel, kv_dtype):
+    """Each cache type (-ctk f32, f16, bf16, q8_0) stays close to the dense float64
+    reference, and a row's logits are the same bits whether its prompt runs in chunks of 8
+    or one token a step, alone or beside another slot's rows."""
+    model = (load_model(wide_heads_file, kernel="ffi") if kernel == "ffi" else
+             load_model(wide_heads_file, dtype="float32", act_quant=False, kernel="xla"))
+    rng = np.random.default_rng(5)
+    a = [int(t) for t in rng.integers(0, model.config.vocab_size, 19)]
+    b = [int(t) for t in rng.integers(0, model.config.vocab_size, 11)]
+    alone = feed(runner_for(model, kv_dtype=kv_dtype), {0: a}, chunk=8)[0]
+    want = dense_reference(model, np.array(a))
+    scale = np.abs(want).max()
+    # the cache's rounding (q8_0: 1/254 of each block's largest value) on top of the
+    # kernel's activation rounding
+    np.testing.assert_allclose(alone, want, atol=(0.06 if kernel == "ffi" else 0.02) * scale)
+    np.testing.assert_array_equal(feed(runner_for(model, kv_dtype=kv_dtype), {0: a}, chunk=1)[0],
+                                  alone)
+    shared = feed(runner_for(model, kv_dtype=kv_dtype), {1: b, 0: a}, chunk=3)
+    np.testing.assert_array_equal(shared[0], alone)
+
+
+def test_hadamard_is_the_orthonormal_sylvester_matrix_and_its_own_inverse():
+    from kinetic.model.layers import hadamard
+    rng = np.random.default_rng(6)
+    for n in (64, 128, 256):
+        H = np.ones((1, 1))
+        while H.shape[0] < n:
+            H = np.block([[H, H], [H, -H]])
+        H /= np.sqrt(n)
+        x = rng.standard_normal((5, 3, 2 * n)).astype(np.float32)
+        got = np.asarray(hadamard(jnp.asarray(x), n))
+        want = (x.reshape(-1, n).astype(np.float64) @ H.T).reshape(x.shape)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(hadamard(jnp.asarray(got), n)), x, atol=1e-5)
+        # elementwise: a row's bits are its own, alone or among others
+        np.testing.assert_array_equal(np.asarray(hadamard(jnp.asarray(x[2:3]), n)), got[2:3])
+
+
+def test_rotation_sizes_follow_llama_cpp():
+    """A quantized cache rotates keys in blocks of the largest power of two dividing the head
+    width (from 64), values in blocks of 64; heads not a multiple of 64 wide, and float
+    caches, are not rotated (llama.cpp's attn_rot_k / attn_rot_v)."""
+    from kinetic.model.layers import rotation_sizes
+    q8 = (jnp.zeros((1, 1, 1, 68), jnp.uint8),) * 2
+    f16 = (jnp.zeros((1, 1, 1, 64), jnp.float16),) * 2
+    assert rotation_sizes(q8, 64, 64) == (64, 64)
+    assert rotation_sizes(q8, 128, 128) == (128, 64)
+    assert rotation_sizes(q8, 256, 256) == (256, 64)
+    assert rotation_sizes(q8, 192, 192) == (64, 64)
+    assert rotation_sizes(q8, 96, 32) == (0, 0)
+    assert rotation_sizes(f16, 128, 128) == (0, 0)

@@ -140,9 +140,10 @@ def test_drafting_and_the_host_cache_can_be_turned_off():
 
 
 def test_cache_type_flags_set_the_kv_cache_type():
-    assert options()[1].engine.kv_dtype == "float32"
-    assert options("-ctk", "f16")[1].engine.kv_dtype == "float16"     # one alone sets both
+    assert options()[1].engine.kv_dtype == "float16"                  # llama.cpp's default
+    assert options("-ctk", "f32")[1].engine.kv_dtype == "float32"     # one alone sets both
     assert options("-ctv", "bf16")[1].engine.kv_dtype == "bfloat16"
+    assert options("-ctk", "q8_0", "-ctv", "q8_0")[1].engine.kv_dtype == "q8_0"
     assert options("--cache-type-k", "f16", "--cache-type-v", "f16")[1].engine.kv_dtype == "float16"
-    with pytest.raises(SystemExit):          # a quantized cache: argparse names the choices
-        options("-ctk", "q8_0")
+    with pytest.raises(SystemExit):          # a type kinetic has not: argparse names the choices
+        options("-ctk", "q4_0")

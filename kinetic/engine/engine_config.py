@@ -23,7 +23,8 @@ class EngineConfig:
     page_size: int = 16
     chunk_tokens: int = 512    # most prompt rows one sequence gets per step
     num_pages: int = 0         # 0: every slot can hold a full context, plus the reserved page
-    kv_dtype: str = "float32"   # the KV cache's storage type (float16 halves it; see docs)
+    kv_dtype: str = "float16"   # the KV cache's storage type, llama.cpp's default (float32
+                                # doubles it; CACHE_TYPES has llama-server's names)
     speculative: bool = True   # n-gram prompt-lookup drafts in the step's spare rows
     max_draft: int = 4
     host_cache_mb: int = 1024  # evicted prefix pages kept in host memory (0: none)
@@ -31,6 +32,8 @@ class EngineConfig:
                                # between them (1: one step per call; see docs/performance.md)
 
     def __post_init__(self) -> None:
+        if self.kv_dtype not in KV_VALUE_BYTES:
+            raise ValueError(f"kv_dtype {self.kv_dtype!r}: one of {', '.join(KV_VALUE_BYTES)}")
         if not 0 <= self.parallel <= MAX_PARALLEL:
             raise ValueError(f"parallel (-np) must be 0 (automatic) or 1 to {MAX_PARALLEL} "
                              f"sequences at once, not {self.parallel}")
@@ -57,6 +60,11 @@ class EngineConfig:
         from free memory (at most step_tokens when that is given), step_tokens from parallel,
         pages for every slot's full context. Raises ValueError, naming the sizes, if the KV
         cache would not fit the memory available (kv_memory_needed)."""
+        if self.kv_dtype == "q8_0" and (model_config.head_dim % 32 or
+                                        model_config.v_head_dim % 32):
+            raise ValueError(f"a q8_0 KV cache stores blocks of 32 values: this model's heads "
+                             f"are {model_config.head_dim} wide (keys) and "
+                             f"{model_config.v_head_dim} (values); use f16 (-ctk f16)")
         n_ctx = min(self.n_ctx, model_config.context_length)
         cfg = dataclasses.replace(self, n_ctx=max(n_ctx, self.page_size))
         parallel = cfg.parallel or auto_parallel(model_config, cfg.n_ctx, cfg.kv_dtype)
@@ -99,10 +107,10 @@ def kv_bytes_per_token(model_config, kv_dtype: str) -> int:
     """Cache bytes a token takes: keys and values of each attention layer (in kv_dtype), a
     convolution layer's float32 input (runner.py's cache); a delta-rule layer's state is per
     sequence, not per token (recurrent_bytes_per_sequence)."""
-    size = 2 if kv_dtype in ("float16", "bfloat16") else 4
     c = model_config
     n_conv, n_recurrent = sum(c.conv_layers), sum(c.recurrent_layers)
-    return ((c.n_layer - n_conv - n_recurrent) * c.n_kv_head * (c.head_dim + c.v_head_dim) * size
+    per_head = (c.head_dim + c.v_head_dim) * KV_VALUE_BYTES[kv_dtype]
+    return (math.ceil((c.n_layer - n_conv - n_recurrent) * c.n_kv_head * per_head)
             + n_conv * c.d_model * 4)
 
 
@@ -118,12 +126,15 @@ def recurrent_bytes_per_sequence(model_config) -> int:
     return sum(c.recurrent_layers) * per_layer
 
 
-# llama-server's names for the cache types (-ctk / -ctv, /props) -> EngineConfig.kv_dtype
-CACHE_TYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
+# llama-server's names for the cache types (-ctk / -ctv, /props) -> EngineConfig.kv_dtype.
+# q8_0: blocks of 32 values, an f16 scale and 32 int8 (34 bytes), as GGUF's Q8_0 weights and
+# llama.cpp's q8_0 cache (kinetic/model/layers.py kv_storage)
+CACHE_TYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "q8_0": "q8_0"}
+KV_VALUE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "q8_0": 34 / 32}
 
 
 def cache_type_name(kv_dtype: str) -> str:
-    """llama-server's name of a kv_dtype (f32, f16, bf16)."""
+    """llama-server's name of a kv_dtype (f32, f16, bf16, q8_0)."""
     return next(name for name, dtype in CACHE_TYPES.items() if dtype == kv_dtype)
 
 

@@ -29,7 +29,7 @@ from kinetic.engine.recurrent_state import RecurrentState, StateSnapshot
 from kinetic.engine.sample_batch import SampleBatch, SampleShape
 from kinetic.engine.sample_device import DeviceSampler, Drawn, greedy_tokens
 from kinetic.model import delta_net
-from kinetic.model.layers import StepInput
+from kinetic.model.layers import StepInput, kv_storage
 from kinetic.model.loader import LoadedModel
 from kinetic.model.weights import join_buffer, split_buffer
 
@@ -46,7 +46,7 @@ class RunnerConfig:
     page_size: int = 16
     num_pages: int = 129      # including the reserved page 0
     pages_per_slot: int = 128  # P: a slot's page table length; context = P * page_size
-    kv_dtype: str = "float32"
+    kv_dtype: str = "float16"  # the cache's type (EngineConfig.kv_dtype)
     decode_steps: int = 1     # most greedy decode steps one device call runs (decode_steps)
     max_draft: int = 0        # most draft rows of one sequence in a step (recurrent models:
                               # the places its drafts' inputs are kept until verified)
@@ -101,9 +101,11 @@ class Runner:
         page by page as the steps first write there, as it does for calloc."""
         if self._cache is None:
             cfg, config = self.model.config, self.config
-            shape_k = (config.num_pages, config.page_size, cfg.n_kv_head, cfg.head_dim)
-            shape_v = (config.num_pages, config.page_size, cfg.n_kv_head, cfg.v_head_dim)
-            dt = jnp.dtype(config.kv_dtype)
+            # a q8_0 cache's rows are its blocks' bytes (layers.kv_storage)
+            (wk, dt), (wv, _) = (kv_storage(config.kv_dtype, w)
+                                 for w in (cfg.head_dim, cfg.v_head_dim))
+            shape_k = (config.num_pages, config.page_size, cfg.n_kv_head, wk)
+            shape_v = (config.num_pages, config.page_size, cfg.n_kv_head, wv)
             # the C++ kernels: memory taken as pages are written
             zeros = native.lazy_zeros if cfg.kernel == "ffi" else jnp.zeros
             pages = (config.num_pages, config.page_size)

@@ -33,18 +33,26 @@ import numpy as np
 
 from kinetic import kernels
 from kinetic.kernels import ffi
+from kinetic.kernels import reference
 from kinetic.kernels.reference import exp_softmax
 
-F32, F16, BF16 = 0, 1, 30  # GGML type ids, as the kernel takes them
+F32, F16, Q8_0, BF16 = 0, 1, 8, 30  # GGML type ids, as the kernel takes them
 _host_ready = False
 
 
 def _fmt(dtype) -> int:
-    """The kernel's id for a cache dtype (float32, float16, bfloat16), or ValueError."""
+    """The kernel's id for a cache dtype (float32, float16, bfloat16; uint8: q8_0 blocks,
+    kinetic/model/layers.py kv_storage), or ValueError."""
     name = np.dtype(dtype).name
-    if name not in ("float32", "float16", "bfloat16"):
-        raise ValueError(f"the KV cache must be float32, float16 or bfloat16, not {name}")
-    return {"float32": F32, "float16": F16, "bfloat16": BF16}[name]
+    if name not in ("float32", "float16", "bfloat16", "uint8"):
+        raise ValueError(f"the KV cache must be float32, float16, bfloat16 or q8_0 (uint8), "
+                         f"not {name}")
+    return {"float32": F32, "float16": F16, "bfloat16": BF16, "uint8": Q8_0}[name]
+
+
+def _values(cache: np.ndarray) -> int:
+    """Values in a cache row (its last dimension; a q8_0 row's bytes hold 32 per 34)."""
+    return cache.shape[-1] // 34 * 32 if cache.dtype == np.uint8 else cache.shape[-1]
 
 
 def paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, step, scale: float,
@@ -58,7 +66,7 @@ def paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, step, 
     T, H, _ = q.shape
     positions = step.positions.astype(jnp.int32)
     ends = positions if ends is None else jnp.asarray(ends).astype(jnp.int32)
-    out = jax.ShapeDtypeStruct((T, H, v_cache.shape[-1]), jnp.float32)
+    out = jax.ShapeDtypeStruct((T, H, _values(v_cache)), jnp.float32)
     return jax.ffi.ffi_call("kinetic_attention", out)(
         q.astype(jnp.float32), k_cache, v_cache, step.page_table.astype(jnp.int32),
         step.slots.astype(jnp.int32), positions, ends,
@@ -95,13 +103,13 @@ def attention_host(q, k_cache, v_cache, page_table, slots, positions, scale: flo
     if q.ndim != 3 or k_cache.ndim != 4 or v_cache.ndim != 4 or page_table.ndim != 2:
         raise ValueError("q [T, H, Q], caches [pages, page_size, K, *], page_table [S, P]")
     T, H, Q = q.shape
-    pages, page_size, K, Qk = k_cache.shape
-    if Qk != Q or v_cache.shape[:3] != k_cache.shape[:3]:
+    pages, page_size, K, _ = k_cache.shape
+    if _values(k_cache) != Q or v_cache.shape[:3] != k_cache.shape[:3]:
         raise ValueError(f"cache shapes {k_cache.shape}, {v_cache.shape} do not fit q {q.shape}")
     ends = None if ends is None else np.ascontiguousarray(ends, dtype=np.int32)
     if slots.shape != (T,) or positions.shape != (T,) or getattr(ends, "shape", (T,)) != (T,):
         raise ValueError("slots, positions and ends must be [T]")
-    Qv = v_cache.shape[3]
+    Qv = _values(v_cache)
     out = np.empty((T, H, Qv), np.float32)
     code = kernels.ISAS.index(isa) if isa is not None else lib.kn_active_isa()
     kernels._call(lib.kn_attention, q.ctypes.data, T, H, Q, k_cache.ctypes.data,
@@ -138,9 +146,13 @@ def _reference_attention(q, k_cache, v_cache, page_table, slots, positions, scal
     tanhf = _libm_tanhf()
     f32 = np.float32
     k_cache, v_cache = np.asarray(k_cache), np.asarray(v_cache)
-    # q meets the cache in its storage type (round to nearest even, as the kernel does)
-    q = np.asarray(q, np.float32).astype(k_cache.dtype).astype(np.float32)
-    kc, vc = k_cache.astype(np.float32), v_cache.astype(np.float32)  # exact
+    # q meets the cache in its storage type (round to nearest even, as the kernel does; q8_0
+    # keys: each head's row quantized in blocks of 32 and read back)
+    q = np.asarray(q, np.float32)
+    q = (reference.q8_0_values(reference.q8_0_blocks(q)) if k_cache.dtype == np.uint8
+         else q.astype(k_cache.dtype).astype(np.float32))
+    kc, vc = (reference.q8_0_values(c) if c.dtype == np.uint8 else c.astype(np.float32)
+              for c in (k_cache, v_cache))  # exact
     T, H, Q = q.shape
     page_size, K = kc.shape[1], kc.shape[2]
     G = H // K

@@ -16,8 +16,7 @@ import jax.numpy as jnp
 
 from kinetic.kernels import ffi as native
 from kinetic.model.config import Config, ModelConfigError
-from kinetic.model.layers import (StepInput, embed, gelu_tanh, linear, paged_attention, qkv,
-                                  write_kv_pair)
+from kinetic.model.layers import (StepInput, cached_attention, embed, gelu_tanh, linear, qkv)
 
 GLOBAL_TENSORS = ("token_embd", "position_embd", "token_embd_norm", "token_embd_norm.bias")
 OPTIONAL_GLOBAL = ("token_types",)
@@ -82,9 +81,8 @@ def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
     for w, kv in zip(weights["blk"], cache):
         with jax.named_scope("attention"):
             q, k, v = qkv(x, w, cfg)
-            k_cache, v_cache = write_kv_pair(kv, k, v, step.write_index)
-            a = paged_attention(q, k_cache, v_cache, step, cfg.q_scale, kernel=cfg.kernel,
-                                ends=ends)
+            a, (k_cache, v_cache) = cached_attention(q, k, v, kv, step, cfg.q_scale, cfg.kernel,
+                                                     ends=ends)
             a = linear(a.reshape(T, -1), w["attn_output"], w["attn_output.bias"])
             x = layer_norm(x + a, w["attn_output_norm"], w["attn_output_norm.bias"], eps)
         with jax.named_scope("ffn"):

@@ -12,9 +12,8 @@ import math
 import jax
 
 from kinetic.model.config import Config
-from kinetic.model.layers import (StepInput, apply_rope, input_rows, geglu_ffn, linear,
-                                  output_logits, paged_attention, qkv, rms_norm, rope_angles,
-                                  write_kv_pair)
+from kinetic.model.layers import (StepInput, apply_rope, cached_attention, geglu_ffn, input_rows,
+                                  linear, output_logits, qkv, rms_norm, rope_angles)
 
 GLOBAL_TENSORS = ("token_embd", "output_norm")
 OPTIONAL_GLOBAL = ("output",)
@@ -54,10 +53,10 @@ def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
             q, k, v = qkv(h, w, cfg)
             q = apply_rope(rms_norm(q, w["attn_q_norm"], eps), cos, sin, True)
             k = apply_rope(rms_norm(k, w["attn_k_norm"], eps), cos, sin, True)
-            k_cache, v_cache = write_kv_pair((k_cache, v_cache), k, v, step.write_index)
-            a = paged_attention(q, k_cache, v_cache, step, cfg.q_scale,
-                                window=cfg.sliding_window if sliding else 0, kernel=cfg.kernel,
-                                ends=step.attend_end)   # an image's rows see each other
+            a, (k_cache, v_cache) = cached_attention(
+                q, k, v, (k_cache, v_cache), step, cfg.q_scale, cfg.kernel,
+                window=cfg.sliding_window if sliding else 0,
+                ends=step.attend_end)   # an image's rows see each other
             a = linear(a.reshape(T, -1), w["attn_output"])
             x = x + rms_norm(a, w["post_attention_norm"], eps)
         with jax.named_scope("ffn"):

@@ -18,6 +18,7 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 import numpy as np
 
 from kinetic.kernels import attention as native_attention
@@ -238,6 +239,105 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array, neox: bool) -> jax.
     return jnp.concatenate([out, rest], axis=-1) if rest.shape[-1] else out
 
 
+Q8_0_BLOCK, Q8_0_BYTES = 32, 34   # a q8_0 cache row: blocks of an f16 scale and 32 int8
+
+
+def kv_storage(kv_dtype: str, width: int) -> tuple[int, jnp.dtype]:
+    """How a cache row of `width` values is stored: (last dimension, array dtype). q8_0: the
+    row's width / 32 blocks as bytes (uint8), each d (f16) then q (int8 x 32), value d * q,
+    as GGUF stores Q8_0 (kinetic/kernels/csrc/common.h); the float types as themselves."""
+    if kv_dtype == "q8_0":
+        return width // Q8_0_BLOCK * Q8_0_BYTES, jnp.dtype(jnp.uint8)
+    return width, jnp.dtype(kv_dtype)
+
+
+def quantize_q8_0(x: jax.Array) -> jax.Array:
+    """x [..., n] (n a multiple of 32) as q8_0 blocks, uint8 [..., n / 32 * 34]: per block
+    d = max|x| / 127, q = x * (1 / d) rounded to nearest even (0 where d is 0), d stored as
+    f16, as kinetic/kernels/csrc/quantize.cc q8_0_row rounds (llama.cpp's q8_0)."""
+    x = x.astype(jnp.float32)
+    xb = x.reshape(*x.shape[:-1], -1, Q8_0_BLOCK)
+    d = jnp.max(jnp.abs(xb), axis=-1) / jnp.float32(127)
+    inv = jnp.where(d > 0, jnp.float32(1) / jnp.where(d > 0, d, 1), 0)
+    q = jnp.clip(jnp.round(xb * inv[..., None]), -127, 127).astype(jnp.int8)
+    d_bytes = lax.bitcast_convert_type(d.astype(jnp.float16), jnp.uint8)   # [..., nb, 2]
+    blocks = jnp.concatenate([d_bytes, lax.bitcast_convert_type(q, jnp.uint8)], axis=-1)
+    return blocks.reshape(*x.shape[:-1], -1)
+
+
+def dequantize_q8_0(b: jax.Array) -> jax.Array:
+    """q8_0 blocks uint8 [..., n / 32 * 34] as float32 [..., n], d * q (exact)."""
+    blocks = b.reshape(*b.shape[:-1], -1, Q8_0_BYTES)
+    d = lax.bitcast_convert_type(blocks[..., :2].reshape(*blocks.shape[:-1], 1, 2),
+                                 jnp.float16)[..., 0].astype(jnp.float32)   # [..., nb]
+    q = lax.bitcast_convert_type(blocks[..., 2:], jnp.int8).astype(jnp.float32)
+    return (d[..., None] * q).reshape(*b.shape[:-1], -1)
+
+
+def to_cache(x: jax.Array, cache_dtype) -> jax.Array:
+    """Values x [..., n] in a cache's storage (its dtype; uint8: q8_0 blocks)."""
+    if jnp.dtype(cache_dtype) == jnp.uint8:
+        return quantize_q8_0(x)
+    return x.astype(cache_dtype)
+
+
+def from_cache(c: jax.Array) -> jax.Array:
+    """A cache's stored rows as float32 values (exact)."""
+    return dequantize_q8_0(c) if c.dtype == jnp.uint8 else c.astype(jnp.float32)
+
+
+def rotation_sizes(kv: tuple[jax.Array, jax.Array], head_dim: int,
+                   v_head_dim: int) -> tuple[int, int]:
+    """The Hadamard rotations of a layer whose cache is `kv` (0: none), as llama.cpp rotates
+    a quantized cache (its attn_rot_k / attn_rot_v): keys (and queries) in blocks of the
+    largest power of two that divides head_dim, values (and the attention's output) in
+    blocks of 64, each only where its head width is a multiple of 64. A rotation leaves
+    q.k and the weighted sum of values the same in exact arithmetic and spreads a head's
+    outlier channels (Qwen2.5's keys reach 140 beside a median of 7) over the whole block
+    that q8_0 quantizes with one scale. Float caches are not rotated."""
+    if kv[0].dtype != jnp.uint8:
+        return 0, 0
+    nk = 64 if head_dim % 64 == 0 else 0
+    while nk and head_dim % (2 * nk) == 0:
+        nk *= 2
+    return nk, 64 if v_head_dim % 64 == 0 else 0
+
+
+def hadamard(x: jax.Array, n: int) -> jax.Array:
+    """x [..., D] with each block of n values of its last dimension (D a multiple of n, n a
+    power of two) multiplied by the orthonormal Walsh-Hadamard matrix of size n (Sylvester's
+    order; its own inverse). As butterflies, elementwise: a row's bits never depend on the
+    rows beside it (an XLA dot's could)."""
+    shape = x.shape
+    y = x.astype(jnp.float32).reshape(-1, n)
+    h = 1
+    while h < n:
+        y = y.reshape(-1, n // (2 * h), 2, h)
+        a, b = y[:, :, 0], y[:, :, 1]
+        y = jnp.stack([a + b, a - b], axis=2)
+        h *= 2
+    return y.reshape(shape) * jnp.float32(1 / np.sqrt(n))
+
+
+def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array,
+                     kv: tuple[jax.Array, jax.Array], step: StepInput, scale: float,
+                     kernel: str, window: int = 0, softcap: float = 0.0,
+                     ends: jax.Array | None = None) -> tuple[jax.Array, tuple]:
+    """One layer's attention over its paged cache: the step's k [T, K, Q] and v [T, K, Qv]
+    written into kv (write_kv_pair), then q [T, H, Q] attends over it (paged_attention).
+    Returns (out [T, H, Qv], the new kv). A quantized cache holds its keys and values
+    rotated (rotation_sizes): q and k are rotated before, the output rotated back after."""
+    nk, nv = rotation_sizes(kv, k.shape[-1], v.shape[-1])
+    if nk:
+        q, k = hadamard(q, nk), hadamard(k, nk)
+    if nv:
+        v = hadamard(v, nv)
+    k_cache, v_cache = write_kv_pair(kv, k, v, step.write_index)
+    a = paged_attention(q, k_cache, v_cache, step, scale, window=window, softcap=softcap,
+                        kernel=kernel, ends=ends)
+    return (hadamard(a, nv) if nv else a), (k_cache, v_cache)
+
+
 def write_kv_pair(kv: tuple[jax.Array, jax.Array], k: jax.Array, v: jax.Array,
                   write_index: jax.Array) -> tuple[jax.Array, jax.Array]:
     """The layer's (k_cache, v_cache) with the step's new rows k [T, K, Q] and v [T, K, Qv]
@@ -251,10 +351,11 @@ def write_kv_pair(kv: tuple[jax.Array, jax.Array], k: jax.Array, v: jax.Array,
 
 
 def write_kv(cache: jax.Array, new: jax.Array, write_index: jax.Array) -> jax.Array:
-    """Scatter new [T, K, Q] rows into cache [pages, page_size, K, Q] (donated: no copy)."""
+    """Scatter new [T, K, Q] rows into cache [pages, page_size, K, Q] (donated: no copy),
+    in the cache's storage (to_cache)."""
     pages, page_size = cache.shape[:2]
     flat = cache.reshape(pages * page_size, *cache.shape[2:])
-    flat = flat.at[write_index].set(new.astype(cache.dtype), unique_indices=False)
+    flat = flat.at[write_index].set(to_cache(new, cache.dtype), unique_indices=False)
     return flat.reshape(cache.shape)
 
 
@@ -284,14 +385,19 @@ def paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, step: 
         return native_attention.paged_attention(q, k_cache, v_cache, step, scale, window, softcap,
                                                 ends)
     if kernel == "pallas":
+        if k_cache.dtype == jnp.uint8 or v_cache.dtype == jnp.uint8:
+            raise ValueError("the pallas kernel reads float caches (f32, f16, bf16), not q8_0")
         return pallas_attention.paged_attention(q, k_cache, v_cache, step.page_table, step.slots,
                                                 step.positions, scale, window, softcap, ends)
     T, H, Q = q.shape
     S, P = step.page_table.shape
-    page_size, K, Qv = k_cache.shape[1], k_cache.shape[2], v_cache.shape[-1]
+    page_size, K = k_cache.shape[1], k_cache.shape[2]
+    Qv = v_cache.shape[-1] if v_cache.dtype != jnp.uint8 else v_cache.shape[-1] // Q8_0_BYTES * Q8_0_BLOCK
     L = P * page_size
-    # q meets the cache in its storage type, as llama.cpp's f16 cache makes it (exact for f32)
-    q = q.astype(k_cache.dtype).astype(jnp.float32)
+    # q meets the cache in its storage type, as llama.cpp's f16 cache makes it (exact for f32;
+    # q8_0 keys: each head's row quantized and read back, as llama.cpp quantizes the query)
+    q = (dequantize_q8_0(quantize_q8_0(q)) if k_cache.dtype == jnp.uint8
+         else q.astype(k_cache.dtype).astype(jnp.float32))
     qg = q.reshape(T, K, H // K, Q) * scale  # [T, K, G, Q]
     key_pos = jnp.arange(L, dtype=jnp.int32)[None, :]
     pos = step.positions[:, None]
@@ -301,8 +407,8 @@ def paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, step: 
         visible &= key_pos > pos - window
     out = None
     for s in range(S):
-        keys = k_cache[step.page_table[s]].reshape(L, K, Q).astype(jnp.float32)  # [L, K, Q]
-        vals = v_cache[step.page_table[s]].reshape(L, K, Qv).astype(jnp.float32)
+        keys = from_cache(k_cache[step.page_table[s]]).reshape(L, K, Q)  # [L, K, Q]
+        vals = from_cache(v_cache[step.page_table[s]]).reshape(L, K, Qv)
         scores = jnp.einsum("tkgq,lkq->tkgl", qg, keys, preferred_element_type=jnp.float32)
         if softcap:
             scores = softcap * jnp.tanh(scores / softcap)

@@ -11,9 +11,8 @@ import jax
 import jax.numpy as jnp
 
 from kinetic.model.config import Config
-from kinetic.model.layers import (StepInput, apply_rope, input_rows, linear, output_logits,
-                                  paged_attention, qkv, rms_norm, rope_angles, swiglu_ffn,
-                                  write_kv_pair)
+from kinetic.model.layers import (StepInput, apply_rope, cached_attention, input_rows, linear,
+                                  output_logits, qkv, rms_norm, rope_angles, swiglu_ffn)
 
 GLOBAL_TENSORS = ("token_embd", "output_norm")
 OPTIONAL_GLOBAL = ("output", "rope_freqs")
@@ -35,10 +34,8 @@ def attention_block(x: jax.Array, w: dict, kv: tuple[jax.Array, jax.Array], step
     if cfg.attn_temp_scale:   # Mistral 3's attention temperature, growing with the position
         periods = jnp.floor(step.positions.astype(jnp.float32) / cfg.attn_temp_floor)
         q = q * (jnp.log(periods + 1.0) * cfg.attn_temp_scale + 1.0)[:, None, None]
-    k_cache, v_cache = write_kv_pair(kv, k, v, step.write_index)
-    a = paged_attention(q, k_cache, v_cache, step, cfg.q_scale, kernel=cfg.kernel)  # [T, H, Qv]
-    out = linear(a.reshape(T, -1), w["attn_output"], w.get("attn_output.bias"))
-    return out, (k_cache, v_cache)
+    a, kv = cached_attention(q, k, v, kv, step, cfg.q_scale, cfg.kernel)  # [T, H, Qv]
+    return linear(a.reshape(T, -1), w["attn_output"], w.get("attn_output.bias")), kv
 
 
 def forward(weights: dict, cfg: Config, cache: list, step: StepInput):

@@ -7,9 +7,9 @@ from typing import Callable
 import jax
 
 from kinetic.model.config import Config
-from kinetic.model.layers import (StepInput, apply_rope, input_rows, linear, output_logits,
-                                  paged_attention, qkv, residual_layers, rms_norm, rope_angles,
-                                  swiglu_ffn, write_kv_pair)
+from kinetic.model.layers import (StepInput, apply_rope, cached_attention, input_rows, linear,
+                                  output_logits, qkv, residual_layers, rms_norm, rope_angles,
+                                  swiglu_ffn)
 
 GLOBAL_TENSORS = ("token_embd", "output_norm")
 OPTIONAL_GLOBAL = ("output",)
@@ -51,6 +51,5 @@ def attention(x: jax.Array, w: dict, kv: tuple[jax.Array, jax.Array], step: Step
     q, k, v = qkv(x, w, cfg)
     q = apply_rope(rms_norm(q, w["attn_q_norm"], eps), cos, sin, True)
     k = apply_rope(rms_norm(k, w["attn_k_norm"], eps), cos, sin, True)
-    k_cache, v_cache = write_kv_pair(kv, k, v, step.write_index)
-    a = paged_attention(q, k_cache, v_cache, step, cfg.q_scale, kernel=cfg.kernel)
-    return linear(a.reshape(T, -1), w["attn_output"]), (k_cache, v_cache)
+    a, kv = cached_attention(q, k, v, kv, step, cfg.q_scale, cfg.kernel)
+    return linear(a.reshape(T, -1), w["attn_output"]), kv

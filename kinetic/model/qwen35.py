@@ -21,9 +21,9 @@ import numpy as np
 
 from kinetic.model.config import Config, ModelConfigError
 from kinetic.model.delta_net import conv_channels, delta_net_layer
-from kinetic.model.layers import (StepInput, apply_rope, input_rows, linear, linear_many,
-                                  output_logits, paged_attention, residual_layers, rms_norm,
-                                  rope_angles, swiglu_ffn, write_kv_pair)
+from kinetic.model.layers import (StepInput, apply_rope, cached_attention, input_rows, linear,
+                                  linear_many, output_logits, residual_layers, rms_norm,
+                                  rope_angles, swiglu_ffn)
 
 GLOBAL_TENSORS = ("token_embd", "output_norm")
 OPTIONAL_GLOBAL = ("output",)
@@ -89,10 +89,9 @@ def attention(x: jax.Array, w: dict, kv: tuple[jax.Array, jax.Array], step: Step
     q = apply_rope(rms_norm(q, w["attn_q_norm"], eps), cos, sin, True)
     k = apply_rope(rms_norm(k.reshape(T, cfg.n_kv_head, Q), w["attn_k_norm"], eps), cos, sin,
                    True)
-    k_cache, v_cache = write_kv_pair(kv, k, v.reshape(T, cfg.n_kv_head, cfg.v_head_dim),
-                                     step.write_index)
-    a = paged_attention(q, k_cache, v_cache, step, cfg.q_scale, kernel=cfg.kernel)
-    return linear(a.reshape(T, -1) * jax.nn.sigmoid(gate), w["attn_output"]), (k_cache, v_cache)
+    a, kv = cached_attention(q, k, v.reshape(T, cfg.n_kv_head, cfg.v_head_dim), kv, step,
+                             cfg.q_scale, cfg.kernel)
+    return linear(a.reshape(T, -1) * jax.nn.sigmoid(gate), w["attn_output"]), kv
 
 
 def forward(weights: dict, cfg: Config, cache: list, step: StepInput):

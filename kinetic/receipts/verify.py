@@ -13,6 +13,7 @@ from typing import Any, Callable
 import numpy as np
 
 from kinetic import __version__
+from kinetic.engine.engine_config import KV_VALUE_BYTES
 from kinetic.engine.sample_batch import (HISTORY_WIDTH, MAX_CANDIDATES, sample_batches,
                                          sample_row)
 from kinetic.receipts.record import (RECEIPT_VERSION, ReceiptError, _is_int, _need,
@@ -234,7 +235,7 @@ def _engine_for(rec: dict[str, Any], path: str, model, need_ctx: int):
     n_ctx = _need(rec, "n_ctx", int, "engine")
     # bounds of what kinetic serve runs, so that a crafted receipt cannot ask for a huge step
     if not (1 <= step_tokens <= 4096 and 1 <= page_size <= 4096 and page_size <= n_ctx
-            and kv_dtype in ("float32", "float16", "bfloat16")
+            and kv_dtype in KV_VALUE_BYTES
             and kernel in ("ffi", "xla", "pallas")):
         raise ReceiptError(f"the receipt's engine settings are not ones kinetic runs "
                            f"(kernel {kernel!r}, step_tokens {step_tokens}, page_size "

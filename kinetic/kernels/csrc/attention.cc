@@ -13,8 +13,6 @@ namespace kn {
 
 namespace {
 
-bool cache_format(int fmt) { return fmt == F32 || fmt == F16 || fmt == BF16; }
-
 void run_unit(Isa isa, const AttnArgs& a, int64_t t0, int64_t R, int64_t kh, float* scratch,
               int64_t* rows) {
   if (isa == ISA_AVX512) return attention_unit_avx512(a, t0, R, kh, scratch, rows);
@@ -71,7 +69,9 @@ const char* check_attention(const AttnArgs& a) {
   if (a.num_pages < 1 || a.page_size < 1) return "the cache has no pages";
   if (a.S < 1 || a.P < 1) return "the page table is empty";
   if (!cache_format(a.k_fmt) || !cache_format(a.v_fmt))
-    return "the cache must be float32, float16 or bfloat16";
+    return "the cache must be float32, float16, bfloat16 or q8_0";
+  if (cache_row_width(a.k_fmt, a.Q) < 0 || cache_row_width(a.v_fmt, a.Qv) < 0)
+    return "a q8_0 cache needs head widths that are multiples of 32";
   if (a.window < 0) return "negative window";
   if (a.T == 0) return nullptr;
   if (!a.q || !a.k || !a.v || !a.page_table || !a.slots || !a.positions || !a.out)

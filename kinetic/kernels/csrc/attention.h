@@ -10,7 +10,9 @@
 // itself both ways (Gemma 3's) has e = the image's last position, e >= pos, as llama.cpp
 // masks key p0 for query p1 when (causal and p0 > p1) or p1 - p0 >= window:
 //
-//   qs[j]    = round_to_cache_dtype(q[t, h, j]) * scale                 (f32)
+//   qs[j]    = round_to_cache_dtype(q[t, h, j]) * scale                 (f32; a q8_0 cache:
+//              q8_0(q[t, h, :])[j] * scale, the head's row quantized in blocks of 32 as
+//              llama.cpp quantizes a query for q8_0 keys, then read back exactly)
 //   score_l  = ((0 + qs[0]*k_l[0]) + qs[1]*k_l[1]) + ... + qs[Q-1]*k_l[Q-1]
 //              (every product rounded, then added: no FMA)
 //   score_l  = softcap * tanhf(score_l / softcap)                       (if softcap > 0)
@@ -30,7 +32,7 @@
 // every element sees exactly the scalar sequence above. exp_softmax is written out in
 // float32 multiplies, adds and bit moves (a lane per key on the SIMD paths, the same
 // sequence); tanhf, for a softcap only, is the scalar libm function on every path. Cache elements are read as float exactly (half and bfloat16 ->
-// float lose nothing); the one exception is a signalling-NaN half, which the SIMD paths'
+// float lose nothing, nor does a q8_0 block's d * q: 11 bits times 8); the one exception is a signalling-NaN half, which the SIMD paths'
 // hardware conversion reads quieted, and which no KV cache holds (attention_impl.h).
 //
 // A prompt chunk's rows (one slot, consecutive positions, ends that never decrease: an
@@ -52,9 +54,10 @@ namespace kn {
 
 struct AttnArgs {
   const float* q;            // [T, H, Q]
-  const void* k;             // [num_pages, page_size, K, Q]  in k_fmt (F32, F16 or BF16)
+  const void* k;             // [num_pages, page_size, K, Q]  in k_fmt (F32, F16, BF16 or
+                             // Q8_0: a row of Q values is Q / 32 blocks, common.h)
   const void* v;             // [num_pages, page_size, K, Qv] in v_fmt
-  int k_fmt, v_fmt;          // kn::Format ids: F32, F16, BF16
+  int k_fmt, v_fmt;          // kn::Format ids: F32, F16, BF16, Q8_0
   const int32_t* page_table; // [S, P]
   const int32_t* slots;      // [T]
   const int32_t* positions;  // [T]

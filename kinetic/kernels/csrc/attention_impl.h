@@ -20,6 +20,7 @@
 
 #include "attention.h"
 #include "common.h"
+#include "quantize.h"
 
 namespace kn {
 namespace {
@@ -79,10 +80,24 @@ void bf16_to_f32_row(const uint8_t* b, int64_t n, float* buf) {
   for (; i < n; ++i) buf[i] = bf16_to_f32(load_u16(b + i * 2));
 }
 
+// n values (a multiple of 32) of Q8_0 blocks from b as float, d * q for each: exact (an f16
+// scale's 11 bits times an int8's 8 fit a float's 24).
+void q8_0_to_f32_row(const uint8_t* b, int64_t n, float* buf) {
+  for (int64_t k = 0; k < n / Q8_0_BLOCK; ++k, b += Q8_0_BYTES) {
+    const float d = load_f16(b);
+    for (int64_t i = 0; i < Q8_0_BLOCK; ++i)
+      buf[k * Q8_0_BLOCK + i] = d * float(int8_t(b[2 + i]));
+  }
+}
+
 // A cache row of n elements from element `start` of `base` (format fmt) as float: for F32
 // a pointer into the cache itself, else converted (exactly) into buf.
 const float* row_f32(int fmt, const void* base, int64_t start, int64_t n, float* buf) {
   if (fmt == F32) return static_cast<const float*>(base) + start;
+  if (fmt == Q8_0) {
+    q8_0_to_f32_row(static_cast<const uint8_t*>(base) + start / Q8_0_BLOCK * Q8_0_BYTES, n, buf);
+    return buf;
+  }
   const uint8_t* b = static_cast<const uint8_t*>(base) + start * 2;
   if (fmt == F16)
     f16_to_f32_row(b, n, buf);
@@ -101,7 +116,20 @@ inline float round_to(int fmt, float x) {
 // number; a NaN keeps part of its payload where the software drops it, and no output bit
 // depends on a NaN's payload: a NaN score weighs 0, exp_softmax), the scalar path and the
 // last n % W values with common.h's.
+// For q8_0 keys the row (a whole number of heads, so of blocks) is quantized in blocks of 32
+// as llama.cpp quantizes a query that meets q8_0 keys (quantize.h q8_0_row, the same bits on
+// every path), then read back, d * q, and scaled.
 void round_scale_row(int fmt, const float* src, int64_t n, float scale, float* dst) {
+  if (fmt == Q8_0) {
+    for (int64_t b = 0; b < n / Q8_0_BLOCK; ++b) {
+      int8_t q[Q8_0_BLOCK];
+      float d;
+      int32_t sum;
+      q8_0_row(src + b * Q8_0_BLOCK, Q8_0_BLOCK, false, q, &d, nullptr, &sum);
+      for (int64_t i = 0; i < Q8_0_BLOCK; ++i) dst[b * Q8_0_BLOCK + i] = d * float(q[i]) * scale;
+    }
+    return;
+  }
   int64_t j = 0;
 #if KN_ATTN_W == 8
   if (fmt == F16)

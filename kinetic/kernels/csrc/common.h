@@ -64,4 +64,17 @@ inline uint16_t load_u16(const uint8_t* p) { uint16_t v; std::memcpy(&v, p, 2); 
 inline uint32_t load_u32(const uint8_t* p) { uint32_t v; std::memcpy(&v, p, 4); return v; }
 inline float load_f16(const uint8_t* p) { return f16_to_f32(load_u16(p)); }
 
+// A KV cache's element types: F32, F16, BF16, or Q8_0 (rows of blocks of 32 values: an f16
+// scale d then 32 int8 q, each value d * q, as GGUF stores Q8_0 weights; a row's length a
+// multiple of 32).
+inline bool cache_format(int fmt) { return fmt == F32 || fmt == F16 || fmt == BF16 || fmt == Q8_0; }
+constexpr int64_t Q8_0_BLOCK = 32, Q8_0_BYTES = 34;
+
+// The units a cache row of n values takes in its array's last dimension: n for the float
+// types, Q8_0's bytes for Q8_0 (n / 32 blocks of 34), or -1 where n does not fit fmt.
+inline int64_t cache_row_width(int fmt, int64_t n) {
+  if (fmt != Q8_0) return n;
+  return n % Q8_0_BLOCK ? -1 : n / Q8_0_BLOCK * Q8_0_BYTES;
+}
+
 }  // namespace kn

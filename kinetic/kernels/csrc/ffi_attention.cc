@@ -5,7 +5,8 @@
 //   kinetic_attention(q f32[T, H, Q], k_cache [pages, page_size, K, Q],
 //                     v_cache [pages, page_size, K, Qv], page_table s32[S, P], slots s32[T],
 //                     positions s32[T], ends s32[T]; scale f32, window s64, softcap f32)
-//     -> out f32[T, H, Qv]         (the caches: f32, f16 or bf16, each on its own)
+//     -> out f32[T, H, Qv]         (the caches: f32, f16, bf16 or q8_0, each on its own; a
+//                                  q8_0 cache is uint8 [.., Q / 32 * 34], common.h)
 //
 // ends: each row's last visible key (attention.h), the positions themselves when causal.
 #include <string>
@@ -35,8 +36,11 @@ ffi::Error Attention(ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k_cache,
   if (kd.size() != 4) return bad("k_cache must be [pages, page_size, K, Q]");
   if (vd.size() != 4) return bad("v_cache must be [pages, page_size, K, Qv]");
   if (pd.size() != 2) return bad("page_table must be [S, P]");
-  const int64_t T = qd[0], H = qd[1], Q = qd[2], K = kd[2], Qv = vd[3];
-  if (kd[3] != Q) return bad("k_cache's head width differs from q's");
+  const int k_fmt = kn::cache_fmt(k_cache.element_type()), v_fmt = kn::cache_fmt(v_cache.element_type());
+  if (k_fmt < 0 || v_fmt < 0) return bad("the caches must be float32, float16, bfloat16 or q8_0 (uint8)");
+  const int64_t T = qd[0], H = qd[1], Q = qd[2], K = kd[2], Qv = od.size() == 3 ? od[2] : -1;
+  if (kn::cache_row_width(k_fmt, Q) != kd[3]) return bad("k_cache's head width differs from q's");
+  if (Qv < 1 || kn::cache_row_width(v_fmt, Qv) != vd[3]) return bad("v_cache's head width differs from out's");
   if (vd[0] != kd[0] || vd[1] != kd[1] || vd[2] != K)
     return bad("v_cache's pages, page size or kv heads differ from k_cache's");
   if (slots.dimensions().size() != 1 || slots.dimensions()[0] != T ||
@@ -45,9 +49,6 @@ ffi::Error Attention(ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k_cache,
     return bad("slots, positions and ends must be [T] with T = q's rows");
   if (od.size() != 3 || od[0] != T || od[1] != H || od[2] != Qv)
     return bad("out must be [T, H, Qv]");
-  const int k_fmt = kn::cache_fmt(k_cache.element_type()), v_fmt = kn::cache_fmt(v_cache.element_type());
-  if (k_fmt < 0 || v_fmt < 0) return bad("the caches must be float32, float16 or bfloat16");
-
   kn::AttnArgs a{};
   a.q = q.typed_data();
   a.k = k_cache.untyped_data();

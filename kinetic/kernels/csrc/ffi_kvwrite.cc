@@ -2,6 +2,7 @@
 //
 //   kinetic_kv_write(k_cache [pages, page_size, K, Q], v_cache [pages, page_size, K, Qv],
 //                    k f32[T, K, Q], v f32[T, K, Qv], index s32[T])
+//     (a q8_0 cache: uint8 [pages, page_size, K, Q / 32 * 34], common.h)
 //     -> (k_cache, v_cache)      each result aliases its cache argument (ffi_call's
 //                                input_output_aliases), so nothing is copied
 // Row t goes to the cache's flat row index[t] (page * page_size + offset). An index outside
@@ -30,16 +31,17 @@ ffi::Error write_one(const ffi::AnyBuffer& cache, ffi::Result<ffi::AnyBuffer>& o
                      const char* name) {
   auto cd = cache.dimensions(), sd = src.dimensions();
   if (cd.size() != 4) return bad(std::string(name) + "_cache must be [pages, page_size, K, Q]");
-  if (sd.size() != 3 || sd[1] != cd[2] || sd[2] != cd[3])
-    return bad(std::string(name) + " must be [T, K, Q] with the cache's K and Q");
-  if (int64_t(index.element_count()) != sd[0]) return bad("index must be [T]");
   const int fmt = kn::cache_fmt(cache.element_type());
   if (fmt < 0 || out->element_type() != cache.element_type() ||
       out->size_bytes() != cache.size_bytes())
-    return bad("the caches must be float32, float16 or bfloat16, each result its cache");
+    return bad("the caches must be float32, float16, bfloat16 or q8_0 (uint8), each result "
+               "its cache");
+  if (sd.size() != 3 || sd[1] != cd[2] || kn::cache_row_width(fmt, sd[2]) != cd[3])
+    return bad(std::string(name) + " must be [T, K, Q] with the cache's K and Q");
+  if (int64_t(index.element_count()) != sd[0]) return bad("index must be [T]");
   if (out->untyped_data() != cache.untyped_data())
     std::memcpy(out->untyped_data(), cache.untyped_data(), cache.size_bytes());
-  if (const char* e = kn::kv_write(out->untyped_data(), fmt, cd[0] * cd[1], cd[2] * cd[3],
+  if (const char* e = kn::kv_write(out->untyped_data(), fmt, cd[0] * cd[1], cd[2] * sd[2],
                                    src.typed_data(), index.typed_data(), sd[0]))
     return bad(e);
   return ffi::Error::Success();
