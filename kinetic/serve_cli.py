@@ -273,10 +273,12 @@ def add_serve(sub) -> None:
                        "reused by a later prompt that starts the same (default 1024; 0: none)")
     serve.add_argument("-ctk", "--cache-type-k", metavar="TYPE", choices=sorted(CACHE_TYPES),
                        default=None,
-                       help="KV cache type: f32 (the default: llama.cpp's answers are matched "
-                       "closest, docs/parity.md), f16 (half the memory, llama-server's default) "
-                       "or bf16. kinetic keeps keys and values in one type: -ctk and -ctv must "
-                       "agree, and either one alone sets both")
+                       help="KV cache type: f16 (the default, as llama-server's), f32 (twice "
+                       "the memory), bf16, or q8_0 (blocks of 32 int8 values with an f16 scale: "
+                       "0.53 of f16's memory; heads a multiple of 32 wide; keys and values "
+                       "rotated as llama.cpp rotates a quantized cache). kinetic keeps keys and "
+                       "values in one type: -ctk and -ctv must agree, and either one alone "
+                       "sets both")
     serve.add_argument("-ctv", "--cache-type-v", metavar="TYPE", choices=sorted(CACHE_TYPES),
                        default=None, help="KV cache type for values: as -ctk")
     serve.add_argument("--sign-key", metavar="FILE",

@@ -574,7 +574,7 @@ def test_no_request_compiles_after_engine_compile(make_engine):
     # at buckets 1, 4 and 16, logprob rows picked from steps of any row bucket
     engine.runner.row_buckets = [1, 2, 4, 8, 16]
     engine.compile()
-    jitted = (sampler.sample, sampler.logprobs, sampler.greedy, sampler.pick_rows)
+    jitted = (sampler.sample_rows, sampler.logprobs, sampler.greedy, sampler.pick_rows)
     before = [f._cache_size() for f in jitted]
     compiles = []   # every XLA compile from here on (a persistent cache's hit included)
 
@@ -612,10 +612,10 @@ def test_logprobs_are_computed_only_for_the_rows_that_ask(make_engine, monkeypat
     # sampler runs at buckets 1, 4 and 16
     ffi_row_buckets(e)
     assert e.sample_shape.buckets == (1, 4, 16)
-    sample_rows, logprob_rows = [], []
-    real_sample, real_logprobs = sampler.sample, sampler.logprobs
-    monkeypatch.setattr(sampler, "sample", lambda logits, *a, **kw: sample_rows.append(
-        logits.shape[0]) or real_sample(logits, *a, **kw))
+    sample_rows, logprob_rows = [], []   # rows counted in each chain call; logprob calls' rows
+    real_sample, real_logprobs = sampler.sample_rows, sampler.logprobs
+    monkeypatch.setattr(sampler, "sample_rows", lambda logits, *a, **kw: sample_rows.append(
+        int(a[-1])) or real_sample(logits, *a, **kw))
     monkeypatch.setattr(sampler, "logprobs", lambda logits, tokens, n: logprob_rows.append(
         logits.shape[0]) or real_logprobs(logits, tokens, n))
     request = GenerationRequest(HELLO, params=sampled(7), max_tokens=12, logprobs=3,
@@ -637,25 +637,29 @@ def ffi_row_buckets(e) -> None:
 
 
 def test_more_sampled_rows_than_a_chunk_sample_four_at_a_time(make_engine, monkeypatch):
-    """sampler.sample runs at most SAMPLE_CHUNK (4) rows a call: a step sampling 7 rows
-    calls it in chunks, and each request gets its tokens and logprobs from alone."""
+    """The chain (sampler.sample_rows) runs at one compiled size, SAMPLE_CHUNK (4) rows, and
+    at most that many a call: a step sampling 7 rows calls it in chunks of 4 and 3 rows, a
+    request sampling alone calls it for 1 row at the same size, and each request gets the
+    tokens and logprobs it gets alone."""
     from kinetic.engine import sampler
     from kinetic.engine.sample_batch import SAMPLE_CHUNK
     e = make_engine(parallel=8)
     ffi_row_buckets(e)
-    assert e.sample_shape.buckets == (1, 4, 16) and e.sample_shape.chunk_buckets == [1, 4]
+    assert e.sample_shape.buckets == (1, 4, 16) and e.sample_shape.chain_bucket == 4
     assert SAMPLE_CHUNK == 4
     requests = [GenerationRequest(ids("abcab"[:2 + i % 3]), params=sampled(10 + i),
                                   max_tokens=6, logprobs=2 if i % 2 else None, speculative=False)
                 for i in range(7)]
+    calls = []   # (compiled rows, rows counted) of each chain call
+    real_sample_rows = sampler.sample_rows
+    monkeypatch.setattr(sampler, "sample_rows", lambda logits, *a, **kw: calls.append(
+        (logits.shape[0], int(a[-1]))) or real_sample_rows(logits, *a, **kw))
     alone = [run(e, r) for r in requests]
-    sample_rows = []
-    real_sample = sampler.sample
-    monkeypatch.setattr(sampler, "sample", lambda logits, *a, **kw: sample_rows.append(
-        logits.shape[0]) or real_sample(logits, *a, **kw))
+    assert calls and set(calls) == {(4, 1)}   # one row, at the one compiled size
+    calls.clear()
     together = all_at_once(e, requests)
     assert [(r.tokens, r.logprobs) for r in together] == [(r.tokens, r.logprobs) for r in alone]
-    assert max(sample_rows) == 4 and sample_rows.count(4) >= 2   # 7 rows: 4, then 3 (at 4)
+    assert {b for b, _ in calls} == {4} and (4, 4) in calls and (4, 3) in calls
 
 
 def test_dry_rows_past_the_pair_width_give_the_same_tokens(make_engine, monkeypatch):

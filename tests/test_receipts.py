@@ -477,3 +477,23 @@ def test_python_api_receipt_verifies_and_names_a_tampered_token(setup):
     r["output"]["token_ids"][5] = (r["output"]["token_ids"][5] + 7) % m.config.vocab_size
     result = kinetic.verify_receipt(r, model=m)
     assert result.status == "differs" and result.position == 5 and result.exit_code == 1
+
+
+@pytest.mark.real_model
+def test_a_receipt_records_its_cache_type_and_replays_with_it(setup):
+    """A q8_0 cache's answer names its cache type in the receipt, and verify-receipt replays
+    it on a q8_0 engine, even when handed a model loaded with the default (f16) cache; the
+    same request on the f16 cache records float16."""
+    m = kinetic.load(setup["path"], n_ctx=1024, parallel=1, speculative=False, cache_type="q8_0")
+    try:
+        r = m.receipt("The capital of France is", max_tokens=12, temperature=0.7, seed=5)
+    finally:
+        m.close()
+    assert r["engine"]["kv_dtype"] == "q8_0"
+    result = kinetic.verify_receipt(r, model=setup["checker"])
+    assert result.status == "verified", result.message
+    assert kinetic.verify_receipt(r, model=setup["path"]).ok
+    f16 = setup["checker"].receipt("The capital of France is", max_tokens=12, temperature=0.7,
+                                   seed=5)
+    assert f16["engine"]["kv_dtype"] == "float16" and kinetic.verify_receipt(
+        f16, model=setup["checker"]).ok

@@ -56,7 +56,7 @@ def test_the_module_imports_no_jax():
 
 def test_the_shape_is_fixed_per_engine():
     s = shape()
-    assert s.buckets == (1, 4, 16) and s.chunk_buckets == [1, 4]
+    assert s.buckets == (1, 4, 16) and s.chain_bucket == 4
     assert [s.bucket(n) for n in (1, 2, 4, 5, 16)] == [1, 4, 4, 16, 16]
     assert s.bias_width == BIAS_WIDTH and s.history_width == 64 and s.mask_words == 4
     assert sample_buckets([8]) == [8] and sample_buckets([1, 2, 4, 8]) == [1, 4, 8]
@@ -127,4 +127,4 @@ def test_logprob_rows_and_their_bucket():
                                post_sampling=i == 3), i, 1, [], None, s) for i in range(5)]
     a, b = sample_batches(rows, s)
     assert a.logprob_rows == (1,) and a.logprob_bucket == 1 and a.post_rows == (3,)
-    assert b.logprob_rows == (0,) and b.logprob_bucket == b.T == 1
+    assert b.logprob_rows == (0,) and b.logprob_bucket == 1 and b.T == 4   # the chain: 4 rows

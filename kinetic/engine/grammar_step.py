@@ -22,6 +22,7 @@ import numpy as np
 
 from kinetic.grammar import (Grammar, GrammarTooCostly, MaskBudgetExceeded, Matcher, TokenVocab,
                              mask_budget)
+from kinetic.memory import release_memory
 from kinetic.text.tokenizer import Tokenizer
 
 # The most one request's grammar work may take in one turn, its draft check, masks and accepted
@@ -46,6 +47,9 @@ class GrammarWork:
         with self._vocab_lock:
             if self._vocab is None:
                 self._vocab = TokenVocab.from_tokenizer(self.tokenizer, special=True)
+                # building it makes and drops a dict of every token prefix per length; the C
+                # library would keep that memory (Gemma 3's 262,144 tokens: about 100 MiB)
+                release_memory()
             return self._vocab
 
     def prepare(self, grammar: Grammar) -> None:

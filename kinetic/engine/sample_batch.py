@@ -45,9 +45,10 @@ BIAS_WIDTH = MAX_LOGIT_BIAS + 64
 # A row with more than this travels whole in the dense spill, in the same compiled shape; the
 # bits are the same either way.
 DRY_WIDTH = 256
-# most rows one call of the sampler takes; more sample in chunks of it (a row's draw does
-# not depend on the rows beside it). Chunks of 4 cost less per row than one call over 16 or
-# 32 rows on CPU, and each compiled size of the sampler holds tens of MB (docs/performance.md)
+# most rows one call of the sampler's chain takes; more sample in chunks of it (a row's draw
+# does not depend on the rows beside it). The chain is compiled at one size, the bucket of
+# this many rows, and loops over the rows it has (sampler.sample_rows): each compiled size
+# of it holds about 60 MB of code (docs/performance.md)
 SAMPLE_CHUNK = 4
 
 Pairs = tuple[np.ndarray, np.ndarray]   # (token ids int32, values float32), one row's
@@ -80,10 +81,11 @@ class SampleShape:
         return next(b for b in self.buckets if b >= n)
 
     @property
-    def chunk_buckets(self) -> list[int]:
-        """The sizes the whole chain (sampler.sample) runs at: the buckets that hold a chunk
-        of up to SAMPLE_CHUNK rows; with XLA's kernel, whose steps run at T rows only, T."""
-        return sorted({self.bucket(min(n, self.buckets[-1])) for n in range(1, SAMPLE_CHUNK + 1)})
+    def chain_bucket(self) -> int:
+        """The one size the whole chain (sampler.sample_rows, a loop over its rows) runs at:
+        the bucket that holds SAMPLE_CHUNK rows; with XLA's kernel, whose steps run at T rows
+        only, T. Fewer rows pay only for themselves."""
+        return self.bucket(min(SAMPLE_CHUNK, self.buckets[-1]))
 
     @property
     def mask_words(self) -> int:
@@ -241,10 +243,11 @@ def sample_batches(rows: Sequence[SampleRow], shape: SampleShape) -> list[Sample
 
 
 def _batch(rows: Sequence[SampleRow], shape: SampleShape) -> SampleBatch:
-    n, T = len(rows), shape.bucket(len(rows))
+    greedy = all(plain_greedy(r.params) for r in rows)
+    n = len(rows)
+    T = shape.bucket(n) if greedy else shape.chain_bucket   # the chain: one compiled size
     idx = np.zeros(T, np.int32)
     idx[:n] = [r.logit_row for r in rows]
-    greedy = all(plain_greedy(r.params) for r in rows)
     bias = tuple(r.bias for r in rows)
     mask = None
     if any(r.mask is not None for r in rows):
@@ -266,7 +269,7 @@ def _batch(rows: Sequence[SampleRow], shape: SampleShape) -> SampleBatch:
     return SampleBatch(
         shape, n, T, idx, greedy, params, None if all(b is None for b in bias) else bias, mask,
         history, dry, lp,
-        T if len(lp) == n else shape.bucket(max(len(lp), 1)),
+        shape.bucket(max(len(lp), 1)),
         tuple(i for i, r in enumerate(rows) if r.post_sampling),
         tuple(r.mu for r in rows), tuple(initial_mu(r.params) for r in rows))
 

@@ -6,9 +6,11 @@ receipt verification) becomes device arrays here and is drawn from:
 - rows that are all plain greedy take the greedy draw, `greedy_tokens`: one C++ pass over
   each row where the C++ kernels run (kernel "ffi": native.row_argmax), sampler.greedy's XLA
   passes elsewhere. The decode-step loop (engine/runner.py) draws with the same function;
-- other rows take the whole chain (sampler.sample), keyed per row by (seed, position);
+- other rows take the whole chain (sampler.sample_rows: one row at a time, at one compiled
+  size), keyed per row by (seed, position);
 - rows that ask get log-probabilities of the raw logits (sampler.logprobs), or of the
-  distribution drawn from (post-sampling: sampler.distribution over the chain's arguments).
+  distribution drawn from (post-sampling: sampler.distribution_rows over the chain's
+  arguments).
 Inputs the same for every row of a bucket (no bias, every token allowed, no penalties, no
 DRY) are made once per bucket and kept on the device; a stream's bias pairs are sent once
 while the same requests keep coming back (`_bias`).
@@ -85,8 +87,8 @@ class DeviceSampler:
             hist = (self._no_history(T, shape.history_width) if batch.history is None
                     else jax.device_put(batch.history))
             chain = (picked, sampler.RowParams(**batch.params), hist, bias, mask,
-                     self._dry(batch.dry, T, shape.dry_width))
-            tokens, mus = sampler.sample(*chain, max_candidates=shape.max_candidates)
+                     self._dry(batch.dry, T, shape.dry_width), self._count(n))
+            tokens, mus = sampler.sample_rows(*chain, max_candidates=shape.max_candidates)
             new_mu = [float(m) for m in np.asarray(mus)[:n]]
         entries = self._logprobs(logits, picked, batch, tokens)
         if batch.post_rows:
@@ -112,16 +114,15 @@ class DeviceSampler:
 
     def compile(self, shape: SampleShape, logit_rows: list[int]) -> None:
         """Compile the draws and log-probabilities at every sampler bucket of `shape`, as
-        `sample` calls them (the chain at its chunk buckets), and the row picks from each
+        `sample` calls them (the chain at its one bucket, shape.chain_bucket), and the row picks from each
         size of logits a step returns (logit_rows) into the buckets its rows can take (each
         compiled executable holds about 2 MB)."""
-        chunks = shape.chunk_buckets
         for B in shape.buckets:
             logits = jnp.zeros((B, self.vocab_size), jnp.float32)
             tokens = jnp.zeros((B,), jnp.int32)
-            if B in chunks:
-                tokens, _ = sampler.sample(*self._warm_chain(shape, B),
-                                           max_candidates=shape.max_candidates)
+            if B == shape.chain_bucket:
+                tokens, _ = sampler.sample_rows(*self._warm_chain(shape, B),
+                                                max_candidates=shape.max_candidates)
             # logprobs run at the bucket of the rows that ask, picked from the step's logits
             sampler.logprobs(logits, tokens, MAX_LOGPROBS)[0].block_until_ready()
             _greedy(logits, self._bias(None, B, shape.bias_width), self._full_mask(B),
@@ -137,37 +138,38 @@ class DeviceSampler:
             release_memory()
 
     def prepare_post_sampling(self, shape: SampleShape) -> None:
-        """Compile sampler.distribution (post-sampling probabilities) at every chunk bucket,
-        once (Engine.prepare_post_sampling)."""
+        """Compile sampler.distribution_rows (post-sampling probabilities) at the chain's
+        bucket, once (Engine.prepare_post_sampling)."""
         with self._post_lock:
             if shape in self._post_ready:
                 return
-            for B in shape.chunk_buckets:
-                jnp.log(sampler.distribution(*self._warm_chain(shape, B),
-                                             max_candidates=shape.max_candidates)
-                        ).block_until_ready()
-                release_memory()
+            jnp.log(sampler.distribution_rows(*self._warm_chain(shape, shape.chain_bucket),
+                                              max_candidates=shape.max_candidates)
+                    ).block_until_ready()
+            release_memory()
             self._post_ready.add(shape)
 
     def _warm_chain(self, shape: SampleShape, B: int) -> tuple:
-        """sample's arguments at B rows exactly as `sample` passes them (bias and DRY pairs at
-        their fixed widths, the DRY spill at [B, V]): its one compiled variant."""
+        """sample_rows' arguments at B rows exactly as `sample` passes them (bias and DRY
+        pairs at their fixed widths, the DRY spill at [B, V], all B rows counted): its one
+        compiled variant."""
         params = row_fields([SamplingParams(temperature=0.8)] * B, [0] * B, [1] * B,
                             [None] * B, n_ctx=shape.n_ctx)
         return (jnp.zeros((B, self.vocab_size), jnp.float32), sampler.RowParams(**params),
                 self._no_history(B, shape.history_width), self._bias(None, B, shape.bias_width),
-                self._full_mask(B), self._dry(None, B, shape.dry_width))
+                self._full_mask(B), self._dry(None, B, shape.dry_width), self._count(B))
 
     # --- the inputs -----------------------------------------------------------------------
 
     def _logprobs(self, logits, picked, batch: SampleBatch, tokens) -> dict:
         """The log-probabilities of the rows that ask, computed for those rows alone: over
-        `picked` (the sampler's rows, the tokens still on the device) when every row asks,
-        else over their rows picked from `logits` at batch.logprob_bucket."""
+        `picked` (the sampler's rows, the tokens still on the device) when every row asks
+        and `picked` is at their bucket, else over their rows picked from `logits` at
+        batch.logprob_bucket (a chain call's 4 rows holding 1: at 1)."""
         rows = batch.logprob_rows
         if not rows:
             return {}
-        if len(rows) == batch.n:   # then at the bucket of `picked` already
+        if len(rows) == batch.n and batch.T == batch.logprob_bucket:   # `picked` already
             lp_logits, lp_tokens = picked, tokens
         else:
             L = batch.logprob_bucket
@@ -190,7 +192,8 @@ class DeviceSampler:
             drawn = np.asarray(tokens)
             return {i: (0.0 if drawn[i] >= 0 else float("-inf"), drawn[i:i + 1], np.zeros(1))
                     for i in batch.post_rows}
-        logp = jnp.log(sampler.distribution(*chain, max_candidates=batch.shape.max_candidates))
+        logp = jnp.log(sampler.distribution_rows(*chain,
+                                                 max_candidates=batch.shape.max_candidates))
         chosen, top_ids, top_lp = (np.asarray(a) for a in
                                    sampler.logprobs(logp, tokens, MAX_LOGPROBS))
         return {i: (float(chosen[i]), top_ids[i], top_lp[i]) for i in batch.post_rows}
@@ -231,6 +234,10 @@ class DeviceSampler:
     def _full_mask(self, T: int) -> jax.Array:
         """The token mask of rows without a grammar: every token allowed."""
         return self._keep(("mask", T, 0), lambda: jnp.asarray(full_mask(T, self.vocab_size)))
+
+    def _count(self, n: int) -> jax.Array:
+        """n (the rows a chain call has) as an int32 on the device, kept per n."""
+        return self._keep(("count", n), lambda: jax.device_put(np.int32(n)))
 
     def _keep(self, key: tuple, make):
         if key not in self._kept:

@@ -131,10 +131,9 @@ def greedy(logits: jax.Array, bias: Sparse | jax.Array, mask: jax.Array) -> jax.
     return _argmax(_plus_bias(x, bias))
 
 
-@functools.partial(jax.jit, static_argnames=("max_candidates",))
-def sample(logits: jax.Array, params: RowParams, history: jax.Array, bias: Sparse | jax.Array,
-           mask: jax.Array, dry: Sparse | jax.Array | None = None, *,
-           max_candidates: int = MAX_CANDIDATES) -> tuple[jax.Array, jax.Array]:
+def _sample(logits: jax.Array, params: RowParams, history: jax.Array, bias: Sparse | jax.Array,
+            mask: jax.Array, dry: Sparse | jax.Array | None = None, *,
+            max_candidates: int = MAX_CANDIDATES) -> tuple[jax.Array, jax.Array]:
     """Draws one token per row. history holds each row's last H tokens in order, -1 where
     empty (sampling_params.history_rows); bias is logit_bias (bias_pairs as a Sparse, or a
     dense bias_row array); dry is the DRY penalty to subtract (dry_pairs as a Sparse, with a
@@ -157,10 +156,10 @@ def sample(logits: jax.Array, params: RowParams, history: jax.Array, bias: Spars
     return tok, jnp.where(tok >= 0, mu, p.mu)
 
 
-@functools.partial(jax.jit, static_argnames=("max_candidates",))
-def distribution(logits: jax.Array, params: RowParams, history: jax.Array,
-                 bias: Sparse | jax.Array, mask: jax.Array, dry: Sparse | jax.Array | None = None, *,
-                 max_candidates: int = MAX_CANDIDATES) -> jax.Array:
+def _distribution(logits: jax.Array, params: RowParams, history: jax.Array,
+                  bias: Sparse | jax.Array, mask: jax.Array,
+                  dry: Sparse | jax.Array | None = None, *,
+                  max_candidates: int = MAX_CANDIDATES) -> jax.Array:
     """[B, V] float32: the probabilities `sample` draws each row's token from, after the
     whole chain (llama-server's post-sampling probabilities): one-hot for greedy rows, all
     zeros for a row with no allowed token."""
@@ -175,6 +174,56 @@ def distribution(logits: jax.Array, params: RowParams, history: jax.Array,
     onehot = (jnp.arange(V)[None, :] == f.greedy_tok[:, None]).astype(jnp.float32)
     out = jnp.where(f.full[:, None], full, out)
     return jnp.where(f.greedy[:, None], onehot, jnp.where(miro[:, None], m, out))
+
+
+sample = jax.jit(_sample, static_argnames=("max_candidates",))
+distribution = jax.jit(_distribution, static_argnames=("max_candidates",))
+
+
+def _row_of(i: jax.Array, tree):
+    """Row i ([1, ...]) of every [B, ...] array of `tree`; a Sparse's `spilled` (one flag for
+    the whole batch) as it is: a row whose spill is zeros subtracts zeros, bit for bit."""
+    def row(a):
+        return lax.dynamic_index_in_dim(a, i, keepdims=True)
+    if isinstance(tree, Sparse):
+        return Sparse(row(tree.ids), row(tree.values),
+                      None if tree.spill is None else row(tree.spill), tree.spilled)
+    return jax.tree.map(row, tree)
+
+
+@functools.partial(jax.jit, static_argnames=("max_candidates",))
+def sample_rows(logits: jax.Array, params: RowParams, history: jax.Array,
+                bias: Sparse | jax.Array, mask: jax.Array, dry: Sparse | jax.Array | None,
+                n: jax.Array, *, max_candidates: int = MAX_CANDIDATES
+                ) -> tuple[jax.Array, jax.Array]:
+    """`sample` for rows 0..n-1 (n an int32 on the device, at most B), one row at a time in a
+    loop: the serving path's chain. One compiled size then serves every count of rows up
+    to B and pays for the rows it has, not for its padding; each compiled size of the chain
+    holds about 60 MB of code (docs/performance.md), so an engine compiles one. Rows from n
+    on get token -1 and keep their mu. A row's draw depends on its own inputs alone."""
+    B = logits.shape[0]
+
+    def one(i, carry):
+        tokens, mus = carry
+        rows = [_row_of(i, a) for a in (logits, params, history, bias, mask, dry)]
+        tok, mu = _sample(*rows, max_candidates=max_candidates)
+        return tokens.at[i].set(tok[0]), mus.at[i].set(mu[0])
+
+    return lax.fori_loop(0, n, one, (jnp.full((B,), -1, jnp.int32), params.mu))
+
+
+@functools.partial(jax.jit, static_argnames=("max_candidates",))
+def distribution_rows(logits: jax.Array, params: RowParams, history: jax.Array,
+                      bias: Sparse | jax.Array, mask: jax.Array, dry: Sparse | jax.Array | None,
+                      n: jax.Array, *, max_candidates: int = MAX_CANDIDATES) -> jax.Array:
+    """`distribution` for rows 0..n-1 as sample_rows draws them (zeros from row n on)."""
+    B, V = logits.shape
+
+    def one(i, out):
+        rows = [_row_of(i, a) for a in (logits, params, history, bias, mask, dry)]
+        return out.at[i].set(_distribution(*rows, max_candidates=max_candidates)[0])
+
+    return lax.fori_loop(0, n, one, jnp.zeros((B, V), jnp.float32))
 
 
 def _per_row(need: jax.Array, fn, default: tuple, *operands):
