@@ -574,7 +574,7 @@ def test_no_request_compiles_after_engine_compile(make_engine):
     # at buckets 1, 4 and 16, logprob rows picked from steps of any row bucket
     engine.runner.row_buckets = [1, 2, 4, 8, 16]
     engine.compile()
-    jitted = (sampler.sample_rows, sampler.logprobs, sampler.greedy, sampler.pick_rows)
+    jitted = (sampler.logprobs, sampler.greedy, sampler.pick_rows)   # the chain: one AOT executable
     before = [f._cache_size() for f in jitted]
     compiles = []   # every XLA compile from here on (a persistent cache's hit included)
 
@@ -612,10 +612,9 @@ def test_logprobs_are_computed_only_for_the_rows_that_ask(make_engine, monkeypat
     # sampler runs at buckets 1, 4 and 16
     ffi_row_buckets(e)
     assert e.sample_shape.buckets == (1, 4, 16)
-    sample_rows, logprob_rows = [], []   # rows counted in each chain call; logprob calls' rows
-    real_sample, real_logprobs = sampler.sample_rows, sampler.logprobs
-    monkeypatch.setattr(sampler, "sample_rows", lambda logits, *a, **kw: sample_rows.append(
-        int(a[-1])) or real_sample(logits, *a, **kw))
+    chain_calls, logprob_rows = [], []   # (rows, rows counted) of chain calls; logprobs' rows
+    count_chain_calls(monkeypatch, chain_calls)
+    real_logprobs = sampler.logprobs
     monkeypatch.setattr(sampler, "logprobs", lambda logits, tokens, n: logprob_rows.append(
         logits.shape[0]) or real_logprobs(logits, tokens, n))
     request = GenerationRequest(HELLO, params=sampled(7), max_tokens=12, logprobs=3,
@@ -624,7 +623,22 @@ def test_logprobs_are_computed_only_for_the_rows_that_ask(make_engine, monkeypat
     batched, others = behind_three(e, request)
     assert all(c.wait().finish_reason for c in others)
     assert batched.tokens == alone.tokens and batched.logprobs == alone.logprobs
-    assert max(sample_rows) >= 4 and set(logprob_rows) == {1}
+    assert max(n for _, n in chain_calls) >= 4 and set(logprob_rows) == {1}
+
+
+def count_chain_calls(monkeypatch, calls: list) -> None:
+    """Record (rows compiled, rows counted) of every call of the sampling chain's executable
+    (DeviceSampler._chain: sampler.sample_rows compiled at the chain bucket)."""
+    from kinetic.engine import sampler
+    from kinetic.engine.sample_device import DeviceSampler
+    real = DeviceSampler._chain
+
+    def chain(self, fn, shape):
+        exe = real(self, fn, shape)
+        if fn is not sampler.sample_rows:
+            return exe
+        return lambda logits, *a: calls.append((logits.shape[0], int(a[-1]))) or exe(logits, *a)
+    monkeypatch.setattr(DeviceSampler, "_chain", chain)
 
 
 def ffi_row_buckets(e) -> None:
@@ -651,9 +665,7 @@ def test_more_sampled_rows_than_a_chunk_sample_four_at_a_time(make_engine, monke
                                   max_tokens=6, logprobs=2 if i % 2 else None, speculative=False)
                 for i in range(7)]
     calls = []   # (compiled rows, rows counted) of each chain call
-    real_sample_rows = sampler.sample_rows
-    monkeypatch.setattr(sampler, "sample_rows", lambda logits, *a, **kw: calls.append(
-        (logits.shape[0], int(a[-1]))) or real_sample_rows(logits, *a, **kw))
+    count_chain_calls(monkeypatch, calls)
     alone = [run(e, r) for r in requests]
     assert calls and set(calls) == {(4, 1)}   # one row, at the one compiled size
     calls.clear()

@@ -263,7 +263,28 @@ def test_every_cache_type_follows_the_reference_and_keeps_each_rows_bits(wide_he
 
 
 def test_hadamard_is_the_orthonormal_sylvester_matrix_and_its_own_inverse():
+    """layers.hadamard (C++ on CPU, csrc/hadamard.h; XLA's butterflies elsewhere) is the
+    numpy reference's arithmetic bit for bit, through the FFI, the C ABI and XLA alike, and
+    within float32 rounding of the orthonormal Sylvester matrix, its own inverse."""
+    import kinetic.kernels as kk
+    from kinetic.kernels import KernelError, ffi
+    from kinetic.kernels import reference as R
+    from kinetic.model import layers
     from kinetic.model.layers import hadamard
+    rng = np.random.default_rng(7)
+    for n in (64, 128, 256):
+        x = (rng.standard_normal((7, 3, 2 * n)) * np.float32(10.0) **
+             rng.integers(-3, 3, (7, 3, 2 * n))).astype(np.float32)
+        want = R.hadamard(x, n).view(np.uint32)
+        assert (kk.hadamard_host(x, n).view(np.uint32) == want).all()
+        assert (np.asarray(jax.jit(lambda a: ffi.hadamard(a, n))(x)).view(np.uint32) == want).all()
+        xla = jax.jit(lambda a: layers.hadamard(a, n))
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(layers, "_native_rows", lambda: False)   # the butterflies as XLA ops
+            assert (np.asarray(xla.lower(x).compile()(x)).view(np.uint32) == want).all()
+    for bad_n, width in ((48, 96), (64, 96)):
+        with pytest.raises(KernelError, match="rotation's block"):
+            kk.hadamard_host(np.zeros((2, width), np.float32), bad_n)
     rng = np.random.default_rng(6)
     for n in (64, 128, 256):
         H = np.ones((1, 1))

@@ -58,6 +58,14 @@ def greedy_tokens(logits: jax.Array, bias: sampler.Sparse, mask: jax.Array | Non
 
 _greedy = jax.jit(greedy_tokens, static_argnames=("exact",))
 
+# XLA's options for the chain's executables on CPU: its older fusion emitters. With the newer
+# (MLIR) ones compiling the chain took 290 MiB at its peak, which was a served SmolLM2's
+# whole peak memory (start-up, 602 MiB; 509 without it); with these 68 MiB, the executable
+# 29 MiB smaller, the same tokens and Mirostat states, a 1-row draw 3% slower (0.92 against
+# 0.89 ms at top_k 40 over Qwen2.5's 151,936 tokens) and a full-vocabulary one (top_k 0)
+# 12% (docs/performance.md, issue 40).
+CHAIN_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
+
 
 class DeviceSampler:
     """A runner's sampling: device copies of the shared inputs, kept per bucket and width."""
@@ -68,6 +76,8 @@ class DeviceSampler:
         self._last_bias: tuple | None = None   # (T, the rows' bias pairs, their device Sparse)
         self._post_lock = threading.Lock()
         self._post_ready: set[SampleShape] = set()
+        self._chains: dict[tuple, object] = {}   # (function, shape) -> its executable
+        self._chains_lock = threading.Lock()
 
     def sample(self, logits: jax.Array, batch: SampleBatch) -> Drawn:
         """Draw batch's rows from `logits` (batch.rows: each row's row there)."""
@@ -88,7 +98,7 @@ class DeviceSampler:
                     else jax.device_put(batch.history))
             chain = (picked, sampler.RowParams(**batch.params), hist, bias, mask,
                      self._dry(batch.dry, T, shape.dry_width), self._count(n))
-            tokens, mus = sampler.sample_rows(*chain, max_candidates=shape.max_candidates)
+            tokens, mus = self._chain(sampler.sample_rows, shape)(*chain)
             new_mu = [float(m) for m in np.asarray(mus)[:n]]
         entries = self._logprobs(logits, picked, batch, tokens)
         if batch.post_rows:
@@ -121,8 +131,7 @@ class DeviceSampler:
             logits = jnp.zeros((B, self.vocab_size), jnp.float32)
             tokens = jnp.zeros((B,), jnp.int32)
             if B == shape.chain_bucket:
-                tokens, _ = sampler.sample_rows(*self._warm_chain(shape, B),
-                                                max_candidates=shape.max_candidates)
+                tokens, _ = self._chain(sampler.sample_rows, shape)(*self._warm_chain(shape, B))
             # logprobs run at the bucket of the rows that ask, picked from the step's logits
             sampler.logprobs(logits, tokens, MAX_LOGPROBS)[0].block_until_ready()
             _greedy(logits, self._bias(None, B, shape.bias_width), self._full_mask(B),
@@ -143,11 +152,24 @@ class DeviceSampler:
         with self._post_lock:
             if shape in self._post_ready:
                 return
-            jnp.log(sampler.distribution_rows(*self._warm_chain(shape, shape.chain_bucket),
-                                              max_candidates=shape.max_candidates)
-                    ).block_until_ready()
+            jnp.log(self._chain(sampler.distribution_rows, shape)(
+                *self._warm_chain(shape, shape.chain_bucket))).block_until_ready()
             release_memory()
             self._post_ready.add(shape)
+
+    def _chain(self, fn, shape: SampleShape):
+        """fn (sampler.sample_rows or distribution_rows) compiled once for `shape`'s chain
+        bucket, on CPU with CHAIN_OPTIONS: the one executable every chain call runs."""
+        key = (fn, shape)
+        with self._chains_lock:
+            exe = self._chains.get(key)
+            if exe is None:
+                options = CHAIN_OPTIONS if jax.default_backend() == "cpu" else None
+                exe = fn.lower(*self._warm_chain(shape, shape.chain_bucket),
+                               max_candidates=shape.max_candidates).compile(
+                                   compiler_options=options)
+                self._chains[key] = exe
+            return exe
 
     def _warm_chain(self, shape: SampleShape, B: int) -> tuple:
         """sample_rows' arguments at B rows exactly as `sample` passes them (bias and DRY
@@ -192,8 +214,7 @@ class DeviceSampler:
             drawn = np.asarray(tokens)
             return {i: (0.0 if drawn[i] >= 0 else float("-inf"), drawn[i:i + 1], np.zeros(1))
                     for i in batch.post_rows}
-        logp = jnp.log(sampler.distribution_rows(*chain,
-                                                 max_candidates=batch.shape.max_candidates))
+        logp = jnp.log(self._chain(sampler.distribution_rows, batch.shape)(*chain))
         chosen, top_ids, top_lp = (np.asarray(a) for a in
                                    sampler.logprobs(logp, tokens, MAX_LOGPROBS))
         return {i: (float(chosen[i]), top_ids[i], top_lp[i]) for i in batch.post_rows}

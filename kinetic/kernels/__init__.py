@@ -50,6 +50,7 @@ def _load() -> ctypes.CDLL | None:
                                   ptr, i32, i32, ctypes.c_char_p, i32]
     lib.kn_isa_supported.argtypes = [i32]
     lib.kn_swiglu.argtypes = [ptr, ptr, i64, ptr, i32, ctypes.c_char_p, i32]
+    lib.kn_hadamard.argtypes = [ptr, ptr, i64, i64, i64, ctypes.c_char_p, i32]
     lib.kn_row_bytes.argtypes = [i32, i64]
     lib.kn_row_bytes.restype = i64
     lib.kn_repack16.argtypes = [i32, ptr, i64, i64, ctypes.c_char_p, i32]
@@ -153,6 +154,17 @@ def swiglu_host(g: np.ndarray, u: np.ndarray, isa: str | None = None) -> np.ndar
     y = np.empty_like(g)
     code = ISAS.index(isa) if isa is not None else lib.kn_active_isa()
     _call(lib.kn_swiglu, g.ctypes.data, u.ctypes.data, g.size, y.ctypes.data, code)
+    return y
+
+
+def hadamard_host(x: np.ndarray, n: int) -> np.ndarray:
+    """Each block of n values of x's last axis rotated (csrc/hadamard.h; reference.hadamard
+    is the same arithmetic), float32."""
+    lib = _need()
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    y = np.empty_like(x)
+    width = x.shape[-1] if x.ndim else 1
+    _call(lib.kn_hadamard, x.ctypes.data, y.ctypes.data, x.size // max(width, 1), width, int(n))
     return y
 
 

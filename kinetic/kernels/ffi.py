@@ -47,7 +47,7 @@ def register() -> None:
                  "kinetic_attention",
                  "kinetic_rms_norm", "kinetic_layer_norm", "kinetic_cos_sin", "kinetic_kv_write",
                  "kinetic_lazy_zeros", "kinetic_row_argmax", "kinetic_delta_rule",
-                 "kinetic_swiglu"):
+                 "kinetic_swiglu", "kinetic_hadamard"):
         jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu")
     _registered = True
 
@@ -160,6 +160,15 @@ def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
     x = x.astype(jnp.float32)
     return jax.ffi.ffi_call("kinetic_rms_norm", jax.ShapeDtypeStruct(x.shape, jnp.float32))(
         x, w.astype(jnp.float32), eps=np.float32(eps))
+
+
+def hadamard(x: jax.Array, n: int) -> jax.Array:
+    """Each block of n values of x's last axis rotated by the orthonormal Walsh-Hadamard
+    matrix (csrc/hadamard.h; reference.hadamard is the same arithmetic)."""
+    register()
+    x = x.astype(jnp.float32)
+    return jax.ffi.ffi_call("kinetic_hadamard", jax.ShapeDtypeStruct(x.shape, jnp.float32))(
+        x, n=np.int64(n))
 
 
 def swiglu(gate: jax.Array, up: jax.Array) -> jax.Array:

@@ -360,6 +360,20 @@ def quantize_acts(kind: str, x) -> QuantActs:
         return QuantActs(kind, q.reshape(M, K), round_f16(db), s, None, None)
 
 
+def hadamard(x, n: int) -> np.ndarray:
+    """csrc/hadamard.h: each block of n values of the last axis through the butterflies
+    (a + b, a - b) for h = 1, 2 ... n/2, then times float32(1 / sqrt(n)), in float32."""
+    x = np.asarray(x, _f32)
+    v = x.reshape(-1, n).copy()
+    h = 1
+    while h < n:
+        v = v.reshape(-1, n // (2 * h), 2, h)
+        a, b = v[:, :, 0].copy(), v[:, :, 1].copy()
+        v[:, :, 0], v[:, :, 1] = a + b, a - b
+        h *= 2
+    return (v.reshape(x.shape) * _f32(1 / np.sqrt(n))).astype(_f32)
+
+
 def q8_0_blocks(x) -> np.ndarray:
     """x [..., n] (n a multiple of 32) as a q8_0 KV cache stores it (csrc/kvwrite.cc): per
     block of 32 quantize_acts("q8_0")'s q and d, as bytes: d's f16 bits, then the 32 int8

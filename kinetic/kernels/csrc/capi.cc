@@ -7,6 +7,7 @@
 #include "delta_rule.h"
 #include "float_json.h"
 #include "glu.h"
+#include "hadamard.h"
 #include "lazyzero.h"
 #include "qmatmul_api.h"
 #include "repack.h"
@@ -34,6 +35,12 @@ KN_API int kn_swiglu(const float* g, const float* u, int64_t n, float* y, int is
   if (!kn::isa_supported(kn::Isa(isa))) return fail("this CPU lacks the instruction set asked for", err, errlen);
   if (n < 0) return fail("swiglu: negative length", err, errlen);
   kn::swiglu_isa(g, u, n, y, isa);
+  return 0;
+}
+
+KN_API int kn_hadamard(const float* x, float* y, int64_t rows, int64_t width, int64_t n,
+                       char* err, int errlen) {
+  if (const char* e = kn::hadamard_rows(x, y, rows, width, n)) return fail(e, err, errlen);
   return 0;
 }
 

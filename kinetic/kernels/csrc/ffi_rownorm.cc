@@ -2,11 +2,14 @@
 //   kinetic_rms_norm(x f32[..., D], w f32[D]; eps) -> y f32[..., D]
 //   kinetic_layer_norm(x f32[..., D], w f32[D], b f32[D]; eps) -> y f32[..., D]
 //   kinetic_cos_sin(theta f32[...]) -> (cos f32[...], sin f32[...])
-// and of glu.h:
+// of glu.h:
 //   kinetic_swiglu(gate f32[...], up f32[...]) -> silu(gate) * up f32[...]
+// and of hadamard.h:
+//   kinetic_hadamard(x f32[..., D]; n) -> each block of n of the last axis rotated
 #include <string>
 
 #include "glu.h"
+#include "hadamard.h"
 #include "rownorm.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -58,6 +61,17 @@ ffi::Error Swiglu(ffi::Buffer<ffi::F32> g, ffi::Buffer<ffi::F32> u,
   return ffi::Error::Success();
 }
 
+ffi::Error Hadamard(ffi::Buffer<ffi::F32> x, ffi::ResultBuffer<ffi::F32> y, int64_t n) {
+  auto d = x.dimensions();
+  if (d.size() < 1) return ffi::Error::InvalidArgument("kinetic_hadamard: x must be [..., D]");
+  if (y->element_count() != x.element_count())
+    return ffi::Error::InvalidArgument("kinetic_hadamard: y must have x's shape");
+  const int64_t D = d.back(), rows = D ? int64_t(x.element_count()) / D : 0;
+  if (const char* e = kn::hadamard_rows(x.typed_data(), y->typed_data(), rows, D, n))
+    return ffi::Error::InvalidArgument(std::string("kinetic_hadamard: ") + e);
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 #pragma GCC visibility push(default)
@@ -82,6 +96,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kinetic_cos_sin, CosSin,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kinetic_hadamard, Hadamard,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("n"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kinetic_swiglu, Swiglu,
                               ffi::Ffi::Bind()

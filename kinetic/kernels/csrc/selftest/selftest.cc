@@ -21,6 +21,8 @@
 #include "delta_rule.h"
 #include "float_json.h"
 #include "glu.h"
+#include "hadamard.h"
+#include "kvwrite.h"
 #include "qmatmul_api.h"
 #include "repack.h"
 #include "rownorm.h"
@@ -278,6 +280,110 @@ std::vector<uint8_t> cache_bytes(int fmt, const std::vector<float>& x) {
 // one a whole run), single rows that see past themselves. Every path, thread count and group
 // size must give the bits of the scalar path with every row on its own; ends equal to the
 // positions must give the bits of no ends; a bad end must be refused.
+// hadamard_rows against Sylvester's matrix (within float rounding), in place as out of
+// place, its own inverse; a block that is no power of two, or does not divide the row, is
+// refused.
+void check_hadamard(std::mt19937& rng) {
+  std::normal_distribution<float> normal;
+  for (int64_t n : {1, 2, 64, 256}) {
+    const int64_t rows = 3, width = 2 * n;
+    std::vector<float> x(size_t(rows * width)), y(x.size()), z(x.size());
+    for (auto& v : x) v = normal(rng);
+    hadamard_rows(x.data(), y.data(), rows, width, n);
+    z = x;
+    hadamard_rows(z.data(), z.data(), rows, width, n);
+    expect_same(y, z, "hadamard in place");
+    for (int64_t b = 0; b < rows * width / n; ++b)
+      for (int64_t i = 0; i < n; ++i) {
+        double want = 0;
+        for (int64_t j = 0; j < n; ++j)
+          want += (__builtin_popcountll(uint64_t(i & j)) % 2 ? -1.0 : 1.0) * x[size_t(b * n + j)];
+        want /= std::sqrt(double(n));
+        if (std::fabs(want - y[size_t(b * n + i)]) > 1e-4 * (1 + std::fabs(want))) {
+          std::printf("MISMATCH: hadamard n %lld block %lld value %lld\n", (long long)n,
+                      (long long)b, (long long)i);
+          ++failures;
+          return;
+        }
+      }
+    hadamard_rows(y.data(), z.data(), rows, width, n);
+    for (size_t i = 0; i < x.size(); ++i)
+      if (std::fabs(z[i] - x[i]) > 1e-4f * (1 + std::fabs(x[i]))) {
+        std::printf("MISMATCH: hadamard n %lld is not its own inverse\n", (long long)n);
+        ++failures;
+        return;
+      }
+  }
+  std::vector<float> x(96);
+  if (!hadamard_rows(x.data(), x.data(), 1, 96, 48) || !hadamard_rows(x.data(), x.data(), 1, 96, 64)) {
+    std::printf("MISMATCH: hadamard took a bad block\n");
+    ++failures;
+  }
+}
+
+// A q8_0 cache written by kv_write (64-wide keys, 32-wide values; an outlier channel, an
+// all-zero block): every path, thread count and group size gives the scalar path's bits with
+// every row on its own, rows and prompt chunks; a row that is not whole blocks is refused.
+void check_attention_q8_0(std::mt19937& rng) {
+  std::normal_distribution<float> normal;
+  const int64_t H = 4, K = 2, Q = 64, Qv = 32, pages = 12, ps = 4, S = 2, P = 6;
+  const int64_t rows = pages * ps;
+  std::vector<float> kf(size_t(rows * K * Q)), vf(size_t(rows * K * Qv));
+  for (auto* v : {&kf, &vf})
+    for (auto& x : *v) x = normal(rng);
+  for (int64_t r = 0; r < rows * K; ++r) kf[size_t(r * Q + 5)] *= 40.f;
+  for (int64_t j = 0; j < 32; ++j) kf[size_t(j)] = 0.f;
+  std::vector<uint8_t> kc(size_t(rows * K * Q / 32 * 34)), vc(size_t(rows * K * Qv / 32 * 34));
+  std::vector<int32_t> index(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) index[size_t(r)] = int32_t(r);
+  if (const char* e = kv_write(kc.data(), Q8_0, rows, K * Q, kf.data(), index.data(), rows)) {
+    std::printf("kv_write q8_0 error: %s\n", e);
+    ++failures;
+    return;
+  }
+  kv_write(vc.data(), Q8_0, rows, K * Qv, vf.data(), index.data(), rows);
+  if (kv_write(kc.data(), Q8_0, rows, 48, kf.data(), index.data(), 1) == nullptr) {
+    std::printf("MISMATCH: kv_write took a q8_0 row of 48 values\n");
+    ++failures;
+  }
+  std::vector<int32_t> table(size_t(S * P));
+  for (size_t i = 0; i < table.size(); ++i) table[i] = int32_t(1 + (i * 5) % (pages - 1));
+  const std::vector<int32_t> slots = {0, 1, 0, 0, 0, 1}, positions = {0, 11, 7, 8, 9, 23};
+  const int64_t T = int64_t(slots.size());
+  std::vector<float> q(size_t(T * H * Q)), ref(size_t(T * H * Qv));
+  for (auto& x : q) x = normal(rng);
+  AttnArgs a{q.data(), kc.data(), vc.data(), Q8_0, Q8_0, table.data(), slots.data(),
+             positions.data(), nullptr, ref.data(), T, H, K, Q, Qv, pages, ps, S, P, 0.125f,
+             0, 0.f};
+  if (const char* e = attention(a, ISA_SCALAR, 1, Schedule(), 1)) {
+    std::printf("attention q8_0 error: %s\n", e);
+    ++failures;
+    return;
+  }
+  for (Isa isa : {ISA_SCALAR, ISA_AVX2, ISA_AVX512}) {
+    if (!isa_supported(isa)) continue;
+    for (int threads : {1, 2})
+      for (int64_t group : {int64_t(1), ATTN_MAX_GROUP}) {
+        std::vector<float> y(ref.size());
+        a.out = y.data();
+        attention(a, isa, threads, threads > 1 ? thread_schedule() : Schedule(), group);
+        char what[96];
+        std::snprintf(what, sizeof(what), "attention q8_0 %s threads %d group %lld",
+                      isa_name(isa), threads, (long long)group);
+        expect_same(ref, y, what);
+      }
+  }
+  std::vector<float> y(ref.size());
+  AttnArgs bad = a;
+  bad.Q = 48;
+  bad.out = y.data();
+  const char* e = attention(bad, ISA_SCALAR, 1, Schedule());
+  if (!e || !std::strstr(e, "32")) {
+    std::printf("MISMATCH: attention took q8_0 heads 48 wide\n");
+    ++failures;
+  }
+}
+
 void check_attention(std::mt19937& rng) {
   std::normal_distribution<float> normal;
   const int64_t H = 6, K = 2, Q = 40, Qv = 24, pages = 41, ps = 4, S = 2, P = 20;
@@ -467,6 +573,8 @@ int main() {
       check_repacked_format(fmt, n, 768, rng);
   for (int fmt : {F16, Q4_0, Q8_0, Q4_K, Q6_K}) check_experts(fmt, 512, rng);
   check_attention(rng);
+  check_attention_q8_0(rng);
+  check_hadamard(rng);
   check_delta_rule(rng);
   check_json_floats();
   check_row_argmax();
