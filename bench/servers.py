@@ -198,7 +198,8 @@ def link_shared_libraries(binary: str) -> None:
 class LlamaServer:
     """llama.cpp's server on `gguf`: -c n_ctx*parallel -np parallel -t threads, no RAM
     prompt cache, no weight repacking on an AMX CPU; or, given `flags`, those and -t threads
-    (its own default sizes); cache_type: -ctk/-ctv (None: its default, f16). Its output goes to `log`."""
+    (its own default sizes); cache_type: -ctk/-ctv (None: its default, f16). Its output goes
+    to `log`."""
 
     def __init__(self, path: str, gguf: str, *, threads: int, parallel: int = 1,
                  n_ctx: int = 0, flags: list[str] | None = None, log=None,

@@ -48,7 +48,7 @@ DRY_WIDTH = 256
 # most rows one call of the sampler's chain takes; more sample in chunks of it (a row's draw
 # does not depend on the rows beside it). The chain is compiled at one size, the bucket of
 # this many rows, and loops over the rows it has (sampler.sample_rows): each compiled size
-# of it holds about 60 MB of code (docs/performance.md)
+# of it holds 35-70 MB of code (docs/performance.md)
 SAMPLE_CHUNK = 4
 
 Pairs = tuple[np.ndarray, np.ndarray]   # (token ids int32, values float32), one row's

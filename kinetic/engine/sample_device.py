@@ -60,7 +60,7 @@ _greedy = jax.jit(greedy_tokens, static_argnames=("exact",))
 
 # XLA's options for the chain's executables on CPU: its older fusion emitters. With the newer
 # (MLIR) ones compiling the chain took 290 MiB at its peak, which was a served SmolLM2's
-# whole peak memory (start-up, 602 MiB; 509 without it); with these 68 MiB, the executable
+# whole peak memory (start-up, 602 MiB; 500 with these); with these 68 MiB, the executable
 # 29 MiB smaller, the same tokens and Mirostat states, a 1-row draw 3% slower (0.92 against
 # 0.89 ms at top_k 40 over Qwen2.5's 151,936 tokens) and a full-vocabulary one (top_k 0)
 # 12% (docs/performance.md, issue 40).
@@ -124,9 +124,9 @@ class DeviceSampler:
 
     def compile(self, shape: SampleShape, logit_rows: list[int]) -> None:
         """Compile the draws and log-probabilities at every sampler bucket of `shape`, as
-        `sample` calls them (the chain at its one bucket, shape.chain_bucket), and the row picks from each
-        size of logits a step returns (logit_rows) into the buckets its rows can take (each
-        compiled executable holds about 2 MB)."""
+        `sample` calls them (the chain at its one bucket, shape.chain_bucket), and the row
+        picks from each size of logits a step returns (logit_rows) into the buckets its rows
+        can take (each compiled executable holds about 2 MB)."""
         for B in shape.buckets:
             logits = jnp.zeros((B, self.vocab_size), jnp.float32)
             tokens = jnp.zeros((B,), jnp.int32)

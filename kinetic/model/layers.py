@@ -396,7 +396,9 @@ def paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, step: 
     T, H, Q = q.shape
     S, P = step.page_table.shape
     page_size, K = k_cache.shape[1], k_cache.shape[2]
-    Qv = v_cache.shape[-1] if v_cache.dtype != jnp.uint8 else v_cache.shape[-1] // Q8_0_BYTES * Q8_0_BLOCK
+    Qv = v_cache.shape[-1]
+    if v_cache.dtype == jnp.uint8:   # q8_0 blocks: 32 values in 34 bytes
+        Qv = Qv // Q8_0_BYTES * Q8_0_BLOCK
     L = P * page_size
     # q meets the cache in its storage type, as llama.cpp's f16 cache makes it (exact for f32;
     # q8_0 keys: each head's row quantized and read back, as llama.cpp quantizes the query)

@@ -31,9 +31,11 @@
 // in order) and the weighted values across j (a lane per j, summing over l in order), so
 // every element sees exactly the scalar sequence above. exp_softmax is written out in
 // float32 multiplies, adds and bit moves (a lane per key on the SIMD paths, the same
-// sequence); tanhf, for a softcap only, is the scalar libm function on every path. Cache elements are read as float exactly (half and bfloat16 ->
-// float lose nothing, nor does a q8_0 block's d * q: 11 bits times 8); the one exception is a signalling-NaN half, which the SIMD paths'
-// hardware conversion reads quieted, and which no KV cache holds (attention_impl.h).
+// sequence); tanhf, for a softcap only, is the scalar libm function on every path. Cache
+// elements are read as float exactly (half and bfloat16 -> float lose nothing, nor does a
+// q8_0 block's d * q: 11 bits times 8); the one exception is a signalling-NaN half, which
+// the SIMD paths' hardware conversion reads quieted, and which no KV cache holds
+// (attention_impl.h).
 //
 // A prompt chunk's rows (one slot, consecutive positions, ends that never decrease: an
 // image's rows share one end, the rows after it go on from there) run as one unit, a group:

@@ -36,11 +36,14 @@ ffi::Error Attention(ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k_cache,
   if (kd.size() != 4) return bad("k_cache must be [pages, page_size, K, Q]");
   if (vd.size() != 4) return bad("v_cache must be [pages, page_size, K, Qv]");
   if (pd.size() != 2) return bad("page_table must be [S, P]");
-  const int k_fmt = kn::cache_fmt(k_cache.element_type()), v_fmt = kn::cache_fmt(v_cache.element_type());
-  if (k_fmt < 0 || v_fmt < 0) return bad("the caches must be float32, float16, bfloat16 or q8_0 (uint8)");
+  const int k_fmt = kn::cache_fmt(k_cache.element_type());
+  const int v_fmt = kn::cache_fmt(v_cache.element_type());
+  if (k_fmt < 0 || v_fmt < 0)
+    return bad("the caches must be float32, float16, bfloat16 or q8_0 (uint8)");
   const int64_t T = qd[0], H = qd[1], Q = qd[2], K = kd[2], Qv = od.size() == 3 ? od[2] : -1;
   if (kn::cache_row_width(k_fmt, Q) != kd[3]) return bad("k_cache's head width differs from q's");
-  if (Qv < 1 || kn::cache_row_width(v_fmt, Qv) != vd[3]) return bad("v_cache's head width differs from out's");
+  if (Qv < 1 || kn::cache_row_width(v_fmt, Qv) != vd[3])
+    return bad("v_cache's head width differs from out's");
   if (vd[0] != kd[0] || vd[1] != kd[1] || vd[2] != K)
     return bad("v_cache's pages, page size or kv heads differ from k_cache's");
   if (slots.dimensions().size() != 1 || slots.dimensions()[0] != T ||

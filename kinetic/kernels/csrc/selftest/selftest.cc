@@ -315,7 +315,8 @@ void check_hadamard(std::mt19937& rng) {
       }
   }
   std::vector<float> x(96);
-  if (!hadamard_rows(x.data(), x.data(), 1, 96, 48) || !hadamard_rows(x.data(), x.data(), 1, 96, 64)) {
+  if (!hadamard_rows(x.data(), x.data(), 1, 96, 48) ||
+      !hadamard_rows(x.data(), x.data(), 1, 96, 64)) {
     std::printf("MISMATCH: hadamard took a bad block\n");
     ++failures;
   }
