@@ -82,11 +82,25 @@ void bf16_to_f32_row(const uint8_t* b, int64_t n, float* buf) {
 
 // n values (a multiple of 32) of Q8_0 blocks from b as float, d * q for each: exact (an f16
 // scale's 11 bits times an int8's 8 fit a float's 24).
+// The SIMD paths convert W int8 at a time (the same exact products, lane by lane).
 void q8_0_to_f32_row(const uint8_t* b, int64_t n, float* buf) {
+#if KN_ATTN_W > 1
+  typedef int8_t VQ __attribute__((vector_size(KN_ATTN_W)));
+#endif
   for (int64_t k = 0; k < n / Q8_0_BLOCK; ++k, b += Q8_0_BYTES) {
     const float d = load_f16(b);
+#if KN_ATTN_W > 1
+    V dv;
+    for (int j = 0; j < W; ++j) dv[j] = d;
+    for (int64_t i = 0; i < Q8_0_BLOCK; i += W) {
+      VQ q;
+      std::memcpy(&q, b + 2 + i, sizeof(VQ));
+      store(buf + k * Q8_0_BLOCK + i, dv * __builtin_convertvector(q, V));
+    }
+#else
     for (int64_t i = 0; i < Q8_0_BLOCK; ++i)
       buf[k * Q8_0_BLOCK + i] = d * float(int8_t(b[2 + i]));
+#endif
   }
 }
 
