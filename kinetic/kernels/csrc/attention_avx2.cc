@@ -7,6 +7,7 @@
 
 #include "attention.h"
 #include "common.h"
+#include "quantize.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
