@@ -239,7 +239,7 @@ def load(path: str | os.PathLike[str], *, n_ctx: int = 4096, dtype: str = "bfloa
     smaller GGUF model of the same vocabulary to draft with (else n-gram lookup); mmproj:
     a vision projector (llama.cpp's mmproj GGUF) for this text model: prompts with images
     (Model.image_prompt); cache_type: the KV cache's type by llama-server's name (-ctk):
-    "f16" (the default, as llama.cpp's), "f32", "bf16".
+    "f16" (the default, as llama.cpp's), "f32", "bf16" or "q8_0" (docs/server.md).
     Raises a ValueError subclass naming the problem for a file that cannot be used.
     """
     if cache_type not in CACHE_TYPES:
@@ -260,8 +260,7 @@ def open_model(path: str | os.PathLike[str], config: EngineConfig, *, dtype: str
                draft: str | os.PathLike[str] | None = None, llama_rounding: bool = True,
                kernel: str = "auto", stage: Stage | None = None,
                compile: bool = False, pooling: str | None = None,
-               mmproj: str | os.PathLike[str] | None = None,
-         cache_type: str = "f16") -> "Model | EmbeddingModel":
+               mmproj: str | os.PathLike[str] | None = None) -> "Model | EmbeddingModel":
     """A GGUF file ready to run, the one set-up of `load` and `kinetic serve`: the file read,
     its tokenizer, then an Engine over `config` for a text model (with `draft` for
     speculative decoding) or an Encoder for an embedding or ranking model. compile: every

@@ -6,11 +6,11 @@ distributions (teacher-forced) and greedy continuations, against tests/data/refe
 
 Prints one line of figures per model (the numbers in docs/parity.md come from here).
 With --llama-server, the continuations are recorded again first by that llama-server on this
-machine (its defaults: `-c 2048 -np 1 -t 2`, with -ctk/-ctv as kinetic's when -ctk is given; the
-same prompt ids, POST /completion as
-tests/data/reference/README.md describes), and kinetic is measured against those: the
-recorded files came from another CPU kind, whose kernels round otherwise (docs/parity.md).
---save DIR keeps the answers recorded here (one JSON per model, the reference's layout).
+machine (its defaults, `-c 2048 -np 1 -t 2`, with -ctk/-ctv as kinetic's when -ctk is given;
+the same prompt ids, POST /completion as tests/data/reference/README.md describes), and
+kinetic is measured against those: the recorded files came from another CPU kind, whose
+kernels round otherwise (docs/parity.md). --save DIR keeps the answers recorded here (one
+JSON per model, the reference's layout).
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def measure(model, ref: dict, greedy_tokens: int = 16) -> dict:
     }
 
 
-def record_here(key: str, ref: dict, binary: str, gguf: str, cache_type: str | None) -> dict:
+def record_here(ref: dict, binary: str, gguf: str, cache_type: str | None) -> dict:
     """`ref` with its continuations recorded again by llama-server `binary` on this machine:
     the same prompt ids, greedy, N tokens each as recorded, top-20 raw log-probabilities;
     with `cache_type` its -ctk and -ctv (None: its default, f16)."""
@@ -159,7 +159,7 @@ def main() -> int:
         ref = json.loads((REFERENCE / f"{key}.json").read_text())
         gguf = str(fetch_model(key))
         if args.llama_server:
-            ref = record_here(key, ref, args.llama_server, gguf, args.cache_type)
+            ref = record_here(ref, args.llama_server, gguf, args.cache_type)
             if args.save:
                 Path(args.save).mkdir(parents=True, exist_ok=True)
                 (Path(args.save) / f"{key}.json").write_text(json.dumps(ref, indent=1))

@@ -418,3 +418,6 @@ def test_q8_0_needs_heads_a_multiple_of_32_wide():
         EngineConfig(parallel=1, n_ctx=64, kv_dtype="q8_0").resolved(cfg)
     EngineConfig(parallel=1, n_ctx=64, kv_dtype="q8_0").resolved(
         dataclasses.replace(cfg, head_dim=96))
+    with pytest.raises(ValueError, match="the pallas kernel reads float caches"):
+        EngineConfig(parallel=1, n_ctx=64, kv_dtype="q8_0").resolved(
+            dataclasses.replace(cfg, head_dim=96, kernel="pallas"))

@@ -240,8 +240,9 @@ def test_kv_write_q8_0_is_its_reference_blocks_in_place_and_in_xla():
         step = np.abs(new).reshape(T, K, -1, 32).max(-1, keepdims=True) / 127
         assert (np.abs(back - new).reshape(step.shape[:-1] + (32,)) <= step * 0.57).all()
     with pytest.raises(Exception, match="must be"):   # 48 values: not whole blocks
-        jax.jit(lambda kc, vc: ffi.kv_write(kc, vc, jnp.ones((1, K, 48)), jnp.asarray(v[:1]),
-                                            jnp.zeros(1, jnp.int32)))(old_k, old_v)[0].block_until_ready()
+        write = jax.jit(lambda kc, vc: ffi.kv_write(kc, vc, jnp.ones((1, K, 48)),
+                                                    jnp.asarray(v[:1]), jnp.zeros(1, jnp.int32)))
+        write(old_k, old_v)[0].block_until_ready()
 
 
 def test_kv_write_outside_the_cache_is_an_error_not_a_write():

@@ -65,6 +65,9 @@ class EngineConfig:
             raise ValueError(f"a q8_0 KV cache stores blocks of 32 values: this model's heads "
                              f"are {model_config.head_dim} wide (keys) and "
                              f"{model_config.v_head_dim} (values); use f16 (-ctk f16)")
+        if self.kv_dtype == "q8_0" and getattr(model_config, "kernel", "ffi") == "pallas":
+            raise ValueError("a q8_0 KV cache runs with the ffi and xla kernels; the pallas "
+                             "kernel reads float caches: use f16 (-ctk f16)")
         n_ctx = min(self.n_ctx, model_config.context_length)
         cfg = dataclasses.replace(self, n_ctx=max(n_ctx, self.page_size))
         parallel = cfg.parallel or auto_parallel(model_config, cfg.n_ctx, cfg.kv_dtype)
