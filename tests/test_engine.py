@@ -626,6 +626,24 @@ def test_logprobs_are_computed_only_for_the_rows_that_ask(make_engine, monkeypat
     assert max(n for _, n in chain_calls) >= 4 and set(logprob_rows) == {1}
 
 
+def test_the_chain_compiles_without_options_this_xla_does_not_know(make_engine, monkeypatch):
+    """The chain's compiler options (sample_device.CHAIN_OPTIONS, older XLA fusion emitters
+    for less memory) are dropped where XLA does not know them, with the same draws."""
+    import jax
+    import jax.numpy as jnp
+
+    from kinetic.engine import sample_device
+    unknown = {"xla_cpu_no_such_option": False}
+    with pytest.raises(jax.errors.JaxRuntimeError, match="no_such_option"):
+        jax.jit(lambda x: x + 1).lower(jnp.zeros(2)).compile(compiler_options=unknown)
+    request = GenerationRequest(HELLO, params=sampled(3), max_tokens=6, logprobs=2,
+                                speculative=False)
+    want = run(make_engine(), request)
+    monkeypatch.setattr(sample_device, "CHAIN_OPTIONS", unknown)
+    got = run(make_engine(), request)
+    assert got.tokens and (got.tokens, got.logprobs) == (want.tokens, want.logprobs)
+
+
 def count_chain_calls(monkeypatch, calls: list) -> None:
     """Record (rows compiled, rows counted) of every call of the sampling chain's executable
     (DeviceSampler._chain: sampler.sample_rows compiled at the chain bucket)."""

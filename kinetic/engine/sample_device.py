@@ -67,6 +67,17 @@ _greedy = jax.jit(greedy_tokens, static_argnames=("exact",))
 CHAIN_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
 
 
+def _compile_chain(lowered):
+    """A lowered chain compiled with CHAIN_OPTIONS on CPU; without them elsewhere, or where
+    this XLA does not know them (they change the memory compiling takes, not the draws)."""
+    if jax.default_backend() == "cpu":
+        try:
+            return lowered.compile(compiler_options=CHAIN_OPTIONS)
+        except jax.errors.JaxRuntimeError:
+            pass
+    return lowered.compile()
+
+
 class DeviceSampler:
     """A runner's sampling: device copies of the shared inputs, kept per bucket and width."""
 
@@ -164,11 +175,9 @@ class DeviceSampler:
         with self._chains_lock:
             exe = self._chains.get(key)
             if exe is None:
-                options = CHAIN_OPTIONS if jax.default_backend() == "cpu" else None
-                exe = fn.lower(*self._warm_chain(shape, shape.chain_bucket),
-                               max_candidates=shape.max_candidates).compile(
-                                   compiler_options=options)
-                self._chains[key] = exe
+                exe = self._chains[key] = _compile_chain(fn.lower(
+                    *self._warm_chain(shape, shape.chain_bucket),
+                    max_candidates=shape.max_candidates))
             return exe
 
     def _warm_chain(self, shape: SampleShape, B: int) -> tuple:
