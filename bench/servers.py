@@ -26,11 +26,13 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -193,6 +195,27 @@ def link_shared_libraries(binary: str) -> None:
                 link.symlink_to(target)
             except OSError:
                 pass
+
+
+@contextmanager
+def ready_llama_server(path: str, gguf: str, *, threads: int, flags: list[str] | None = None,
+                       cache_type: str | None = None, timeout: float = 300,
+                       tail: int = 3000) -> Iterator["LlamaServer"]:
+    """A LlamaServer (its output in a temporary file), waited ready, closed after the block.
+    An error inside prints the last `tail` characters of its output to stderr first. The
+    server object stays usable after the block for what it records (`cmd`)."""
+    with tempfile.TemporaryFile("w+") as log:
+        server = LlamaServer(path, gguf, threads=threads, flags=flags, log=log,
+                             cache_type=cache_type)
+        try:
+            server.wait_ready(timeout=timeout)
+            yield server
+        except Exception:
+            log.seek(0)
+            print(log.read()[-tail:], file=sys.stderr)
+            raise
+        finally:
+            server.close()
 
 
 class LlamaServer:

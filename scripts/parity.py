@@ -110,29 +110,19 @@ def record_here(ref: dict, binary: str, gguf: str, cache_type: str | None) -> di
     """`ref` with its continuations recorded again by llama-server `binary` on this machine:
     the same prompt ids, greedy, N tokens each as recorded, top-20 raw log-probabilities;
     with `cache_type` its -ctk and -ctv (None: its default, f16)."""
-    import tempfile
     sys.path.insert(0, str(REFERENCE.parents[2]))
-    from bench.servers import LlamaServer
+    from bench.servers import ready_llama_server
     from scripts.record_arch_refs import N_PROBS, greedy_steps, post
-    with tempfile.TemporaryFile("w+") as log:
-        server = LlamaServer(binary, gguf, threads=2, flags=["-c", "2048", "-np", "1"], log=log,
-                             cache_type=cache_type)
-        try:
-            server.wait_ready(timeout=600)
-            out = []
-            for c in ref["continuations"]:
-                r = post(server, "/completion", {
-                    "prompt": c["prompt_ids"], "n_predict": len(c["tokens"]), "temperature": 0,
-                    "n_probs": N_PROBS, "post_sampling_probs": False, "cache_prompt": False,
-                    "return_tokens": True})
-                out.append({**c, "content": r["content"], "tokens": r["tokens"],
-                            "steps": greedy_steps(r, c["prompt"])})
-        except Exception:
-            log.seek(0)
-            print(log.read()[-3000:], file=sys.stderr)
-            raise
-        finally:
-            server.close()
+    out = []
+    with ready_llama_server(binary, gguf, threads=2, flags=["-c", "2048", "-np", "1"],
+                            cache_type=cache_type, timeout=600) as server:
+        for c in ref["continuations"]:
+            r = post(server, "/completion", {
+                "prompt": c["prompt_ids"], "n_predict": len(c["tokens"]), "temperature": 0,
+                "n_probs": N_PROBS, "post_sampling_probs": False, "cache_prompt": False,
+                "return_tokens": True})
+            out.append({**c, "content": r["content"], "tokens": r["tokens"],
+                        "steps": greedy_steps(r, c["prompt"])})
     return {**ref, "continuations": out,
             "recorded_here": {"server_command": " ".join(server.cmd[1:])}}
 

@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.servers import LlamaServer   # noqa: E402
+from bench.servers import LlamaServer, ready_llama_server   # noqa: E402
 from scripts.record_embedding_refs import reference_server, rounded   # noqa: E402
 from tests import tiny_models   # noqa: E402
 
@@ -173,20 +173,10 @@ def record(name: str, binary: str, version: str, out_dir: Path, tmp: Path) -> Pa
     gguf_path = tiny_models.write_tiny_model(tmp / f"{name}.gguf", **kwargs)
     # -t 2 added by LlamaServer, and --no-repack on a CPU with AMX tiles (whose repacked
     # weights multiply in another order)
-    with tempfile.TemporaryFile("w+") as log:
-        server = LlamaServer(binary, str(gguf_path), threads=2,
-                             flags=SERVER_FLAGS, log=log)
-        try:
-            server.wait_ready(timeout=300)
-            continuations = [continuation(server, p) for p in PROMPTS]
-            bare = post(server, "/tokenize", {"content": PROMPTS[0], "add_special": False,
-                                              "parse_special": True})["tokens"]
-        except Exception:
-            log.seek(0)
-            print(log.read()[-3000:], file=sys.stderr)
-            raise
-        finally:
-            server.close()
+    with ready_llama_server(binary, str(gguf_path), threads=2, flags=SERVER_FLAGS) as server:
+        continuations = [continuation(server, p) for p in PROMPTS]
+        bare = post(server, "/tokenize", {"content": PROMPTS[0], "add_special": False,
+                                          "parse_special": True})["tokens"]
     tops = [s["top_logprobs"] for c in continuations for s in c["steps"]]
     gaps = [t[0]["logprob"] - t[1]["logprob"] for t in tops if t]
     top1 = [math.exp(t[0]["logprob"]) for t in tops if t]

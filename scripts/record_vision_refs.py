@@ -63,7 +63,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.servers import LlamaServer   # noqa: E402
+from bench.servers import LlamaServer, ready_llama_server   # noqa: E402
 from scripts.record_arch_refs import (N_PREDICT, N_PROBS, OUTPUT_SCALE,   # noqa: E402
                                       SERVER_FLAGS, greedy_steps, post)
 from scripts.record_embedding_refs import reference_server, rounded   # noqa: E402
@@ -274,38 +274,29 @@ def record(name: str, binary: str, version: str, out_dir: Path, tmp: Path) -> Pa
     n_rows = tiny_vision.tokens_per_tile(mmproj_path)
     images = {k: make_image(*v) for k, v in IMAGES.items()}
     cases = []
-    with tempfile.TemporaryFile("w+") as log:
-        server = LlamaServer(binary, str(text_path), threads=2,
-                             flags=[*SERVER_FLAGS, "--mmproj", str(mmproj_path)], log=log)
-        try:
-            server.wait_ready(timeout=300)
-            # this llama-server draws a random media marker per run (GET /props media_marker)
-            with urllib.request.urlopen(server.url + "/props", timeout=60) as r:
-                marker = json.loads(r.read())["media_marker"]
-            for image_name, data in images.items():
-                w, h, fmt, seed = IMAGES[image_name]
-                for prompt in PROMPTS:
-                    lay = layout(server, family, prompt, (w, h), mmproj_meta, n_rows,
-                                 add_bos, bos)
-                    c = continuation(server, prompt, data, marker)
-                    n = sum(len(x["text"]) if "text" in x else x["image"] for x in lay)
-                    if c["tokens_evaluated"] != n:
-                        raise RuntimeError(f"{name} {image_name} {prompt!r}: the layout has "
-                                           f"{n} positions, llama-server evaluated "
-                                           f"{c['tokens_evaluated']}: {lay}")
-                    cases.append({"image": {"name": image_name, "width": w, "height": h,
-                                            "format": fmt,
-                                            "generator": {"function": "scripts."
-                                                          "record_vision_refs.make_image",
-                                                          "args": [w, h, fmt, seed]},
-                                            "base64": base64.b64encode(data).decode()},
-                                  "prompt": prompt, "layout": lay, **c})
-        except Exception:
-            log.seek(0)
-            print(log.read()[-4000:], file=sys.stderr)
-            raise
-        finally:
-            server.close()
+    with ready_llama_server(binary, str(text_path), threads=2, tail=4000,
+                            flags=[*SERVER_FLAGS, "--mmproj", str(mmproj_path)]) as server:
+        # this llama-server draws a random media marker per run (GET /props media_marker)
+        with urllib.request.urlopen(server.url + "/props", timeout=60) as r:
+            marker = json.loads(r.read())["media_marker"]
+        for image_name, data in images.items():
+            w, h, fmt, seed = IMAGES[image_name]
+            for prompt in PROMPTS:
+                lay = layout(server, family, prompt, (w, h), mmproj_meta, n_rows,
+                             add_bos, bos)
+                c = continuation(server, prompt, data, marker)
+                n = sum(len(x["text"]) if "text" in x else x["image"] for x in lay)
+                if c["tokens_evaluated"] != n:
+                    raise RuntimeError(f"{name} {image_name} {prompt!r}: the layout has "
+                                       f"{n} positions, llama-server evaluated "
+                                       f"{c['tokens_evaluated']}: {lay}")
+                cases.append({"image": {"name": image_name, "width": w, "height": h,
+                                        "format": fmt,
+                                        "generator": {"function": "scripts."
+                                                      "record_vision_refs.make_image",
+                                                      "args": [w, h, fmt, seed]},
+                                        "base64": base64.b64encode(data).decode()},
+                              "prompt": prompt, "layout": lay, **c})
     tops = [s["top_logprobs"] for c in cases for s in c["steps"]]
     gaps = [t[0]["logprob"] - t[1]["logprob"] for t in tops if t]
     top1 = [math.exp(t[0]["logprob"]) for t in tops if t]
