@@ -280,6 +280,33 @@ std::vector<uint8_t> cache_bytes(int fmt, const std::vector<float>& x) {
 // one a whole run), single rows that see past themselves. Every path, thread count and group
 // size must give the bits of the scalar path with every row on its own; ends equal to the
 // positions must give the bits of no ends; a bad end must be refused.
+// a's output on the scalar path with every row on its own, into ref; then every path this
+// CPU has, 1 and 2 threads and groups of 1, 3 and ATTN_MAX_GROUP rows must give its bits.
+// False (a failure counted) where the kernel refused a.
+bool check_attention_paths(AttnArgs a, std::vector<float>& ref, const char* what) {
+  ref.assign(size_t(a.T * a.H * a.Qv), 0.f);
+  a.out = ref.data();
+  if (const char* e = attention(a, ISA_SCALAR, 1, Schedule(), 1)) {
+    std::printf("%s error: %s\n", what, e);
+    ++failures;
+    return false;
+  }
+  for (Isa isa : {ISA_SCALAR, ISA_AVX2, ISA_AVX512}) {
+    if (!isa_supported(isa)) continue;
+    for (int threads : {1, 2})
+      for (int64_t group : {int64_t(1), int64_t(3), ATTN_MAX_GROUP}) {
+        std::vector<float> y(ref.size());
+        a.out = y.data();
+        attention(a, isa, threads, threads > 1 ? thread_schedule() : Schedule(), group);
+        char label[160];
+        std::snprintf(label, sizeof(label), "%s %s threads %d group %lld", what,
+                      isa_name(isa), threads, (long long)group);
+        expect_same(ref, y, label);
+      }
+  }
+  return true;
+}
+
 // hadamard_rows against Sylvester's matrix (within float rounding), in place as out of
 // place, its own inverse; a block that is no power of two, or does not divide the row, is
 // refused.
@@ -351,29 +378,12 @@ void check_attention_q8_0(std::mt19937& rng) {
   for (size_t i = 0; i < table.size(); ++i) table[i] = int32_t(1 + (i * 5) % (pages - 1));
   const std::vector<int32_t> slots = {0, 1, 0, 0, 0, 1}, positions = {0, 11, 7, 8, 9, 23};
   const int64_t T = int64_t(slots.size());
-  std::vector<float> q(size_t(T * H * Q)), ref(size_t(T * H * Qv));
+  std::vector<float> q(size_t(T * H * Q)), ref;
   for (auto& x : q) x = normal(rng);
   AttnArgs a{q.data(), kc.data(), vc.data(), Q8_0, Q8_0, table.data(), slots.data(),
-             positions.data(), nullptr, ref.data(), T, H, K, Q, Qv, pages, ps, S, P, 0.125f,
+             positions.data(), nullptr, nullptr, T, H, K, Q, Qv, pages, ps, S, P, 0.125f,
              0, 0.f};
-  if (const char* e = attention(a, ISA_SCALAR, 1, Schedule(), 1)) {
-    std::printf("attention q8_0 error: %s\n", e);
-    ++failures;
-    return;
-  }
-  for (Isa isa : {ISA_SCALAR, ISA_AVX2, ISA_AVX512}) {
-    if (!isa_supported(isa)) continue;
-    for (int threads : {1, 2})
-      for (int64_t group : {int64_t(1), ATTN_MAX_GROUP}) {
-        std::vector<float> y(ref.size());
-        a.out = y.data();
-        attention(a, isa, threads, threads > 1 ? thread_schedule() : Schedule(), group);
-        char what[96];
-        std::snprintf(what, sizeof(what), "attention q8_0 %s threads %d group %lld",
-                      isa_name(isa), threads, (long long)group);
-        expect_same(ref, y, what);
-      }
-  }
+  if (!check_attention_paths(a, ref, "attention q8_0")) return;
   std::vector<float> y(ref.size());
   AttnArgs bad = a;
   bad.Q = 48;
@@ -416,28 +426,11 @@ void check_attention(std::mt19937& rng) {
         AttnArgs a{q.data(), kc.data(), vc.data(), fmt, fmt, table.data(), slots.data(),
                    positions.data(), ends, nullptr, T, H, K, Q, Qv, pages, ps, S, P, 0.125f,
                    window, softcap};
-        std::vector<float> ref(size_t(T * H * Qv));
-        a.out = ref.data();
-        if (const char* e = attention(a, ISA_SCALAR, 1, Schedule(), 1)) {
-          std::printf("attention error: %s\n", e);
-          ++failures;
-          return;
-        }
-        for (Isa isa : {ISA_SCALAR, ISA_AVX2, ISA_AVX512}) {
-          if (!isa_supported(isa)) continue;
-          for (int threads : {1, 2})
-            for (int64_t group : {int64_t(1), int64_t(3), ATTN_MAX_GROUP}) {
-              std::vector<float> y(ref.size());
-              a.out = y.data();
-              attention(a, isa, threads, threads > 1 ? thread_schedule() : Schedule(), group);
-              char what[128];
-              std::snprintf(what, sizeof(what),
-                            "attention fmt %d %s %s threads %d group %lld window %lld", fmt,
-                            chunks == 2 ? "ends" : chunks ? "chunks" : "rows", isa_name(isa),
-                            threads, (long long)group, (long long)window);
-              expect_same(ref, y, what);
-            }
-        }
+        std::vector<float> ref;
+        char what[96];
+        std::snprintf(what, sizeof(what), "attention fmt %d %s window %lld", fmt,
+                      chunks == 2 ? "ends" : chunks ? "chunks" : "rows", (long long)window);
+        if (!check_attention_paths(a, ref, what)) return;
         if (chunks == 1) {  // ends equal to the positions: the causal bits
           std::vector<float> y(ref.size());
           a.ends = positions.data();
