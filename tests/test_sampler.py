@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 import tests.sampler_reference as ref
-from kinetic.engine.sampler import (Sparse, _uniforms, distribution, full_mask, greedy, logprobs,
-                                    make_row_params, pack_pairs, sample)
+from kinetic.engine.sampler import (Sparse, _uniforms, distribution, distribution_rows,
+                                    full_mask, greedy, logprobs, make_row_params, pack_pairs,
+                                    sample, sample_rows)
 from kinetic.engine.sampling_params import (MAX_LOGIT_BIAS, DryBreakers, SamplingParams, bias_pairs,
                                             bias_row, dry_pairs, dry_row, from_gguf_defaults,
                                             history_rows)
@@ -38,6 +39,15 @@ def run(params, logits=LOGITS, histories=HISTORIES, bias=None, dry=None, mask=No
     mask = full_mask(batch, vocab) if mask is None else pad(mask, -1)
     tok, mu = sample(lg, rows, hist, bias, mask, dry, max_candidates=k)
     dist = distribution(lg, rows, hist, bias, mask, dry, max_candidates=k)
+    # the engine's chain (one row at a time, the rows counted) draws the same, bit for bit
+    count = np.int32(n)
+    tok_r, mu_r = sample_rows(lg, rows, hist, bias, mask, dry, count, max_candidates=k)
+    dist_r = distribution_rows(lg, rows, hist, bias, mask, dry, count, max_candidates=k)
+    np.testing.assert_array_equal(np.asarray(tok_r)[:n], np.asarray(tok)[:n])
+    np.testing.assert_array_equal(np.asarray(mu_r)[:n].view(np.uint32),
+                                  np.asarray(mu)[:n].view(np.uint32))
+    np.testing.assert_array_equal(np.asarray(dist_r)[:n].view(np.uint32),
+                                  np.asarray(dist)[:n].view(np.uint32))
     return np.asarray(tok)[:n], np.asarray(mu)[:n], np.asarray(dist)[:n]
 
 

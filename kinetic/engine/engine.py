@@ -282,8 +282,8 @@ class Engine:
         self.runner.model.finish_repack()
 
     def prepare_post_sampling(self) -> None:
-        """Compile sampler.distribution (post-sampling probabilities) at every sampler
-        bucket, once. Seconds per bucket, so not at start-up: call it in a worker thread
+        """Compile sampler.distribution_rows (post-sampling probabilities) at the chain's
+        bucket, once. Seconds, so not at start-up: call it in a worker thread
         before starting the first request with post_sampling, which would otherwise compile
         it on the engine thread and stall every stream meanwhile."""
         self.runner.sampler.prepare_post_sampling(self.sample_shape)

@@ -3,6 +3,10 @@
     sample(logits [B, V], RowParams, history [B, H], bias Sparse [B, W], mask [B, ceil(V/32)],
            dry Sparse [B, W'] (+ spill [B, V]))  -> (tokens [B] int32, new_mu [B] float32)
 
+The engine draws through `sample_rows`, the same chain one row at a time in a loop over the
+rows a call has, compiled at one size (kinetic/engine/sample_device.py); `sample` and
+`distribution` are the chain over the whole batch at once, with the same per-row results.
+
 Order and meaning follow llama.cpp's default chain: grammar mask, logit bias, repeat penalty
 (divide positive logits / multiply negative ones for tokens in the window), presence and
 frequency penalties, DRY (precomputed on the host: sampling_params.dry_pairs), top-n-sigma, top-k,

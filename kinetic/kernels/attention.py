@@ -51,8 +51,11 @@ def _fmt(dtype) -> int:
 
 
 def _values(cache: np.ndarray) -> int:
-    """Values in a cache row (its last dimension; a q8_0 row's bytes hold 32 per 34)."""
-    return cache.shape[-1] // 34 * 32 if cache.dtype == np.uint8 else cache.shape[-1]
+    """Values in a cache row (its last dimension; a q8_0 row is GGUF's Q8_0 blocks)."""
+    if cache.dtype != np.uint8:
+        return cache.shape[-1]
+    f = reference.FORMATS[reference.Q8_0]
+    return cache.shape[-1] // f.bytes * f.qk
 
 
 def paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, step, scale: float,

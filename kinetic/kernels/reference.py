@@ -377,23 +377,23 @@ def hadamard(x, n: int) -> np.ndarray:
 def q8_0_blocks(x) -> np.ndarray:
     """x [..., n] (n a multiple of 32) as a q8_0 KV cache stores it (csrc/kvwrite.cc): per
     block of 32 quantize_acts("q8_0")'s q and d, as bytes: d's f16 bits, then the 32 int8
-    q; uint8 [..., n / 32 * 34]."""
+    q, GGUF's Q8_0 block; uint8 [..., n / 32 * 34]."""
     x = np.ascontiguousarray(x, _f32)
     rows = x.reshape(-1, x.shape[-1])
     a = quantize_acts("q8_0", rows)
-    nb = rows.shape[1] // 32
+    f = FORMATS[Q8_0]
+    nb = rows.shape[1] // f.qk
     d = a.d.astype(np.float16).view(np.uint8).reshape(len(rows), nb, 2)
-    q = a.q.view(np.uint8).reshape(len(rows), nb, 32)
-    return np.concatenate([d, q], axis=-1).reshape(*x.shape[:-1], nb * 34)
+    q = a.q.view(np.uint8).reshape(len(rows), nb, f.qk)
+    return np.concatenate([d, q], axis=-1).reshape(*x.shape[:-1], nb * f.bytes)
 
 
 def q8_0_values(b) -> np.ndarray:
-    """q8_0 blocks uint8 [..., n / 32 * 34] as float32 [..., n]: d * q, exact."""
+    """q8_0 blocks uint8 [..., n / 32 * 34] as float32 [..., n]: dequantize's d * q, exact."""
     b = np.ascontiguousarray(b, np.uint8)
-    blocks = b.reshape(*b.shape[:-1], -1, 34)
-    d = f16_to_f32(blocks[..., :2].copy().view(np.uint16)[..., 0])
-    q = blocks[..., 2:].view(np.int8).astype(_f32)
-    return (d[..., None] * q).reshape(*b.shape[:-1], -1).astype(_f32)
+    f = FORMATS[Q8_0]
+    width, n = b.shape[-1], b.shape[-1] // f.bytes * f.qk
+    return dequantize(Q8_0, b, b.size // width, n).reshape(*b.shape[:-1], n)
 
 
 # --- 3. the matmul (qmatmul.h combine, qmatmul_ref.cc) -------------------------------------

@@ -24,6 +24,7 @@ import numpy as np
 from kinetic.kernels import attention as native_attention
 from kinetic.kernels import ffi as native
 from kinetic.kernels import pallas_attention, pallas_matmul
+from kinetic.kernels.reference import FORMATS, Q8_0
 from kinetic.model.config import Config
 
 
@@ -239,7 +240,8 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array, neox: bool) -> jax.
     return jnp.concatenate([out, rest], axis=-1) if rest.shape[-1] else out
 
 
-Q8_0_BLOCK, Q8_0_BYTES = 32, 34   # a q8_0 cache row: blocks of an f16 scale and 32 int8
+# a q8_0 cache row: GGUF's Q8_0 blocks, an f16 scale and 32 int8 in 34 bytes
+Q8_0_BLOCK, Q8_0_BYTES = FORMATS[Q8_0].qk, FORMATS[Q8_0].bytes
 
 
 def kv_storage(kv_dtype: str, width: int) -> tuple[int, jnp.dtype]:
