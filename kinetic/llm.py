@@ -219,7 +219,7 @@ def load(path: str | os.PathLike[str], *, n_ctx: int = 4096, dtype: str = "bfloa
          llama_rounding: bool = True, kernel: str = "auto",
          progress: Callable[[int, int], None] | None = None,
          mmproj: str | os.PathLike[str] | None = None,
-         cache_type: str = "f16") -> "Model | EmbeddingModel":
+         cache_type: str = "f16", swa_full: bool = False) -> "Model | EmbeddingModel":
     """Load a GGUF model for use from Python: a Model for a text model, an
     kinetic.embedding.EmbeddingModel for an embedding or ranking model (one whose file has a
     pooling type; n_ctx, kernel and progress apply to it, the rest is for generation).
@@ -239,14 +239,17 @@ def load(path: str | os.PathLike[str], *, n_ctx: int = 4096, dtype: str = "bfloa
     smaller GGUF model of the same vocabulary to draft with (else n-gram lookup); mmproj:
     a vision projector (llama.cpp's mmproj GGUF) for this text model: prompts with images
     (Model.image_prompt); cache_type: the KV cache's type by llama-server's name (-ctk):
-    "f16" (the default, as llama.cpp's), "f32", "bf16" or "q8_0" (docs/server.md).
+    "f16" (the default, as llama.cpp's), "f32", "bf16" or "q8_0" (docs/server.md);
+    swa_full: keep the sliding-window layers' rows past their window (llama-server's
+    --swa-full; by default the C++ kernel hands their memory back: kinetic/engine/
+    sliding_window.py).
     Raises a ValueError subclass naming the problem for a file that cannot be used.
     """
     if cache_type not in CACHE_TYPES:
         raise ValueError(f"cache_type {cache_type!r}: one of {', '.join(CACHE_TYPES)}")
     config = EngineConfig(parallel=parallel, n_ctx=n_ctx, step_tokens=step_tokens,
                           page_size=page_size, speculative=speculative,
-                          kv_dtype=CACHE_TYPES[cache_type])
+                          kv_dtype=CACHE_TYPES[cache_type], swa_full=swa_full)
     return open_model(path, config, dtype=dtype, draft=draft, llama_rounding=llama_rounding,
                       kernel=kernel, stage=lambda label: progress if label == "loading" else None,
                       mmproj=mmproj)

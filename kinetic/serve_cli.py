@@ -99,6 +99,8 @@ def serve_options(args: argparse.Namespace):
                          f"give both the same one")
     if types:
         given["kv_dtype"] = CACHE_TYPES[types.pop()]
+    if args.swa_full:
+        given["swa_full"] = True
     if args.kv_unified and args.ctx_size:   # one pool of -c tokens, any slot may fill it
         given["num_pages"] = -(-args.ctx_size // EngineConfig.page_size) + 1
     engine = EngineConfig(parallel=args.parallel, n_ctx=_slot_context(args),
@@ -281,6 +283,12 @@ def add_serve(sub) -> None:
                        "sets both")
     serve.add_argument("-ctv", "--cache-type-v", metavar="TYPE", choices=sorted(CACHE_TYPES),
                        default=None, help="KV cache type for values: as -ctk")
+    serve.add_argument("--swa-full", action="store_true",
+                       help="keep every row of the sliding-window layers' cache (Gemma 3's), as "
+                       "llama-server's flag does. By default their rows that every query has "
+                       "passed by the window take no memory (C++ kernel); a prompt then reuses "
+                       "a cached prefix only as far back as those layers still hold its last "
+                       "window. Never changes an answer")
     serve.add_argument("--sign-key", metavar="FILE",
                        help="sign the receipts of answers that ask for one (\"receipt\": "
                        "true) with this Ed25519 private key, PEM PKCS#8 (kinetic keygen FILE "

@@ -1,10 +1,11 @@
 """The determinism contract on the new families' tiny random-weight models: a Qwen3-MoE whose
 rows route to different experts (kinetic/model/experts.py), an LFM2 hybrid whose short
 convolutions read the inputs of the tokens before them from the paged cache
-(kinetic/model/lfm2.py), and a Qwen3.5-MoE whose delta-rule layers carry a recurrent state
+(kinetic/model/lfm2.py), a Qwen3.5-MoE whose delta-rule layers carry a recurrent state
 per slot (kinetic/model/delta_net.py): cached prefixes resume from state snapshots, drafts
 are replayed onto it once accepted, a draft model of its own kind restores its states after
-proposing. A row's logits are the same bits in every row bucket and beside
+proposing, and a Gemma 3 whose sliding-window layers hand back the rows every query has
+passed (kinetic/engine/sliding_window.py). A row's logits are the same bits in every row bucket and beside
 another sequence's rows, and greedy and seeded answers are the same alone, among others, at
 --parallel 1 and 4, cold, cached and partly cached (a prefix whose convolution inputs come
 from reused pages), with drafting on or off and another prefill chunking
@@ -27,6 +28,9 @@ FAMILIES = {
     "qwen3moe": dict(n_expert=8, n_expert_used=2, qtype="Q8_0", output_scale=2.0),
     "lfm2": dict(n_layer=4, attention_layers=(2,), qtype="Q8_0", output_scale=2.0),
     "qwen35moe": dict(n_layer=2, n_expert=8, n_expert_used=2, qtype="Q8_0", output_scale=2.0),
+    # sliding-window layers over 8 positions whose passed rows are handed back
+    # (kinetic/engine/sliding_window.py): every check resumes prefixes under that rule
+    "gemma3": dict(n_layer=4, sliding_window=8, qtype="Q8_0", output_scale=2.0),
 }
 
 

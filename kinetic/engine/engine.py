@@ -80,8 +80,12 @@ class Engine:
         self.runner = Runner(model, runner_config)
         self.drafter = DraftModel(draft, model, runner_config) if draft is not None else None
         self.host_pages = HostPageStore(config.host_cache_mb << 20)
+        # sliding-window layers keep only their window unless --swa-full (sliding_window.py)
+        windows = [r.release_window for r in (self.runner, self.drafter and self.drafter.runner)
+                   if r is not None]
         self.scheduler = Scheduler(SchedulerConfig.from_runner(
-            self.runner.config, chunk_tokens=config.chunk_tokens))
+            self.runner.config, chunk_tokens=config.chunk_tokens,
+            window=0 if config.swa_full else max(windows)))
         if config.host_cache_mb > 0:
             self.scheduler.host = self.host_pages
         self.scheduler.keep_partial = self.drafter is None

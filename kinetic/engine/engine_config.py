@@ -30,6 +30,8 @@ class EngineConfig:
     host_cache_mb: int = 1024  # evicted prefix pages kept in host memory (0: none)
     decode_steps: int = 4      # greedy decode steps per device call when nothing can come
                                # between them (1: one step per call; see docs/performance.md)
+    swa_full: bool = False     # keep sliding-window layers' rows past their window (llama-
+                               # server's --swa-full); False: handed back (sliding_window.py)
 
     def __post_init__(self) -> None:
         if self.kv_dtype not in KV_VALUE_BYTES:
@@ -153,7 +155,23 @@ def memory_summary(model_config, config: EngineConfig, weights_bytes: int,
     line = (f"memory: weights {_size(weights_bytes, math.ceil)} mapped from the file; KV cache "
             f"up to {_size(kv, math.ceil)} ({cache_type_name(c.kv_dtype)} keys and values, "
             f"{c.num_pages - 1} pages of {c.page_size} tokens)")
+    sliding = sum(getattr(model_config, "sliding_layers", ()) or ())
+    if sliding and getattr(model_config, "sliding_window", 0) > 0:
+        line += (f", of which {sliding} sliding-window layers of {model_config.n_layer} "
+                 + ("keep every row (--swa-full)" if not window_released(model_config, c) else
+                    f"hand back each sequence's rows past their {model_config.sliding_window}-"
+                    f"token window"))
     return line if resident is None else f"{line}; resident now {_size(resident, math.ceil)}"
+
+
+def window_released(model_config, config: EngineConfig) -> bool:
+    """Whether the sliding-window layers' rows that every query has passed are handed back
+    (kinetic/engine/sliding_window.py): the C++ kernel's cache (host memory), unless
+    --swa-full. The cache is still allocated whole: a page's rows come back when it is
+    written again, and short sequences pass nothing, so kv_memory_needed is unchanged."""
+    return (not config.swa_full and getattr(model_config, "sliding_window", 0) > 0
+            and any(getattr(model_config, "sliding_layers", ()) or ())
+            and getattr(model_config, "kernel", "ffi") == "ffi")
 
 
 def kv_memory_needed(model_config, config: EngineConfig) -> int:

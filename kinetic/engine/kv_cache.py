@@ -34,6 +34,10 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 
 RESERVED_PAGE = 0  # the runner's padding rows write here (kinetic/engine/runner.py)
+# hand_back's runs take up to this many handed-back neighbours on each side: a memory page
+# (4 KiB) that two cache pages share (a page is 1 KiB a layer at the least: 16 rows of 2
+# heads of 16 values in f16) goes back once both are handed back
+HAND_BACK_REACH = 4
 
 
 class OutOfPages(RuntimeError):
@@ -90,6 +94,9 @@ class PageManager:
         # (page, key) of valid pages evicted since the last `take_evicted`: their content
         # is still on the device until the next step overwrites it (the host tier saves it)
         self.evicted: list[tuple[int, bytes]] = []
+        # pages whose sliding-window layers' rows were handed back since they were last
+        # allocated (engine/sliding_window.py)
+        self._handed_back: set[int] = set()
 
     # --- inspection -------------------------------------------------------------------
     @property
@@ -189,8 +196,31 @@ class PageManager:
                 del self._page_of[key]
                 self.evicted.append((page, key))
             self._refs[page] = 1
+            self._handed_back.discard(page)
             pages.append(page)
         return pages
+
+    def hand_back(self, pages: Sequence[int]) -> list[tuple[int, int]]:
+        """Record that `pages`' sliding-window rows are handed back (until each is next
+        allocated). Returns the runs (first page, count) to hand back: the pages, each with
+        up to HAND_BACK_REACH handed-back neighbours on either side, consecutive ones as one
+        run, so that a memory page two cache pages share goes back once both have."""
+        self._handed_back.update(pages)
+        wanted: set[int] = set()
+        for page in pages:
+            wanted.add(page)
+            for step in (-1, 1):
+                for k in range(1, HAND_BACK_REACH + 1):
+                    if page + step * k not in self._handed_back:
+                        break
+                    wanted.add(page + step * k)
+        runs: list[tuple[int, int]] = []
+        for page in sorted(wanted):
+            if runs and runs[-1][0] + runs[-1][1] == page:
+                runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+            else:
+                runs.append((page, 1))
+        return runs
 
     def release(self, pages: Sequence[int]) -> None:
         """Drop one reference on each of a sequence's `pages` (given in sequence order). A

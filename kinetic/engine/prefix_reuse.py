@@ -16,6 +16,9 @@ prompt chunk is cut at the prompt's last page boundary so that a snapshot is tak
 a decoding sequence's latest full page gets one too, the plan carries the snapshot to
 restore (`state_loads`) and `complete` asks for the new ones (`take_state_saves`).
 Partial pages are not reused for them.
+
+Sliding-window layers whose passed rows were handed back (sliding_window.py): a sequence
+resumes after the longest cached prefix whose last pages still hold those rows.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class PrefixReuse:
         j = len(self.pages.lookup(keys))
         while j < len(keys) and self.host is not None and keys[j] in self.host:
             j += 1
+        j = self._window_whole(keys[:j])
         if self.snapshots is not None:
             j = self.snapshots.best(keys[:j])
         return j * ps
@@ -98,6 +102,10 @@ class PrefixReuse:
                     break
                 from_host.append(key)
             from_host = from_host[:max(0, self.pages.available - revived - 1)]
+        if self.window_gone:   # the first query's window must find its sliding layers' rows
+            k = self._window_whole(keys[:len(hits) + len(from_host)])
+            hits, from_host = hits[:k], from_host[:max(0, k - len(hits))]
+            revived = sum(self.pages.refcount(p) == 0 for p in hits)
         snapshot = None
         if self.snapshots is not None:   # a recurrent state: resume where one was kept
             k = self.snapshots.best(keys[:len(hits) + len(from_host)])
@@ -123,6 +131,7 @@ class PrefixReuse:
                 self.restores.append((page, key))
             hits = hits + restored
         seq.pages, seq.num_computed, seq.num_registered = hits, computed, len(hits)
+        seq.window_done = len(hits)   # a cached prefix is not its own to hand back
         if partial is not None:   # a private copy: this sequence writes on into the page
             page = self.pages.allocate(1)[0]
             self.restores.append((page, partial[0]))
@@ -189,7 +198,9 @@ class PrefixReuse:
         full = seq.num_computed // self.config.page_size
         extend_keys(seq.page_keys, seq.key_tokens, self.config.page_size, full)
         for i in range(seq.num_registered, full):
-            self.pages.register(seq.pages[i], seq.page_keys[i])
+            new = self.pages.key(seq.pages[i]) is None
+            if self.pages.register(seq.pages[i], seq.page_keys[i]) and new:
+                self._registered(seq.page_keys[i])
         seq.num_registered = max(seq.num_registered, full)
 
     def _snapshot_at(self, seq: Sequence) -> int:

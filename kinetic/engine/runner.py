@@ -87,6 +87,11 @@ class Runner:
         recurrent = cfg.recurrent_layers or (False,) * cfg.n_layer
         self._paged = tuple(i for i, r in enumerate(recurrent) if not r)
         self._recurrent = tuple(i for i, r in enumerate(recurrent) if r)
+        # the sliding-window layers whose passed rows can be handed back to the system: the
+        # C++ kernels' cache is host memory from lazy_zeros (release_window_rows)
+        sliding = cfg.sliding_layers if cfg.sliding_window > 0 else ()
+        self._windowed = tuple(i for i in self._paged if cfg.kernel == "ffi"
+                               and i < len(sliding) and sliding[i])
         self.sampler = DeviceSampler(cfg.vocab_size, cfg.kernel == "ffi")
 
     @property
@@ -124,6 +129,23 @@ class Runner:
     @cache.setter
     def cache(self, value: list) -> None:
         self._cache = value
+
+    @property
+    def release_window(self) -> int:
+        """The sliding window of the layers whose rows release_window_rows hands back (0:
+        none here: no sliding-window layers, or a kernel whose cache is device memory)."""
+        return self.model.config.sliding_window if self._windowed else 0
+
+    def release_window_rows(self, runs: list[tuple[int, int]]) -> int:
+        """Hand back to the system the memory of the sliding-window layers' rows (k and v)
+        of the pages in `runs` ((first page, count) each), in place: pages that every query
+        of the sequences holding them is past by the window (engine/sliding_window.py). Whole
+        memory pages only: a run's ends share theirs with the pages beside it. The rows read
+        as zeros after, and take memory again when next written. Returns the bytes handed
+        back."""
+        if not self._windowed or not runs:
+            return 0
+        return sum(native.release_rows(a, runs) for i in self._windowed for a in self.cache[i])
 
     def row_bucket(self, n: int) -> int:
         """Rows of the compiled step that holds n rows."""

@@ -43,7 +43,8 @@ not by their placeholder ids; an image whose rows attend to each other both ways
 The Scheduler's methods are here and in its three bases, one job each: fairness.py (the
 order in which waiting sequences take free slots), prefix_reuse.py (a sequence starting from
 its cached prefix: pages on the device or in host memory, a kept partial page, a recurrent
-state snapshot) and prefills.py (/v1/prefill). What it plans with (Sequence,
+state snapshot), prefills.py (/v1/prefill) and sliding_window.py (the sliding-window layers'
+rows that every query has passed, handed back). What it plans with (Sequence,
 SchedulerConfig, StepPlan) is in sequence.py. All of it is pure Python, with no JAX.
 """
 
@@ -59,13 +60,14 @@ from kinetic.engine.prefills import Prefilled, Prefills
 from kinetic.engine.prefix_reuse import PrefixReuse
 from kinetic.engine.sequence import (Chunk, ContextOverflow, SchedulerConfig, Sequence,
                                      SlotStats, Status, StepPlan)
+from kinetic.engine.sliding_window import SlidingWindow
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class Scheduler(Fairness, PrefixReuse, Prefills):
+class Scheduler(Fairness, PrefixReuse, Prefills, SlidingWindow):
     """Continuous batching over S slots and a shared pool of KV pages (see the module
     docstring for one step). Owns the PageManager and every Sequence it was given."""
 
@@ -106,6 +108,10 @@ class Scheduler(Fairness, PrefixReuse, Prefills):
         self.state_loads: list[tuple[int, object]] = []   # (slot, snapshot) this step
         self.state_saves: list[tuple[int, bytes, int, object]] = []   # (slot, key, position,
                                                                       # tag) after complete
+        # sliding-window layers (config.window): keys of the pages whose rows in them were
+        # handed back, and the pages to hand back after this step (sliding_window.py)
+        self.window_gone: set[bytes] = set()
+        self.window_releases: list[int] = []
 
     # --- requests ---------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -178,6 +184,7 @@ class Scheduler(Fairness, PrefixReuse, Prefills):
         if self.snapshots is not None:   # a snapshot goes with its prefix's last page
             self.snapshots.prune(lambda k: bool(self.pages.lookup([k])) or (
                 self.host is not None and k in self.host))
+        self._prune_window_gone()
         if self.waiting:   # a request waits for a slot or pages: no prefill may keep either
             for seq in self.filling + list(self.prefills):
                 self.finish(seq.seq_id, "cancelled")
@@ -275,6 +282,7 @@ class Scheduler(Fairness, PrefixReuse, Prefills):
                 seq.num_computed += c.num_rows
             self._register_full_pages(seq)
             self._want_snapshot(seq, c)
+            self._pass_window(seq)
             if seq.prefill:
                 if seq.num_computed == len(seq.tokens):
                     self.finish(seq.seq_id, "stop")   # every page of it is cached now
@@ -380,6 +388,7 @@ class Scheduler(Fairness, PrefixReuse, Prefills):
         self._release(seq)
         self.running.remove(seq)
         seq.status, seq.num_computed, seq.num_registered, seq.draft = Status.PREEMPTED, 0, 0, []
+        seq.window_done = 0
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 

@@ -31,11 +31,15 @@ class SchedulerConfig:
     num_pages: int = 129       # including the reserved page 0
     pages_per_slot: int = 128  # P: context = P * page_size
     chunk_tokens: int = 512    # most prompt rows one sequence gets in one step
+    window: int = 0            # sliding-window layers whose passed rows are handed back:
+                               # their window (sliding_window.py); 0: every row kept
 
     def __post_init__(self) -> None:
         for name in ("step_tokens", "num_slots", "page_size", "pages_per_slot", "chunk_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.window < 0:
+            raise ValueError(f"window must be 0 or more, got {self.window}")
         # Every running sequence takes a row in each step: decode rows first, so a step that
         # could not hold them all would leave the newest streams, or the oldest prompt, out.
         if self.step_tokens < self.num_slots:
@@ -52,11 +56,12 @@ class SchedulerConfig:
         return self.pages_per_slot * self.page_size
 
     @classmethod
-    def from_runner(cls, runner_config, chunk_tokens: int = 512) -> SchedulerConfig:
+    def from_runner(cls, runner_config, chunk_tokens: int = 512,
+                    window: int = 0) -> SchedulerConfig:
         """The scheduler shape matching a RunnerConfig (duck-typed: no JAX import here)."""
         rc = runner_config
         return cls(rc.step_tokens, rc.num_slots, rc.page_size, rc.num_pages,
-                   rc.pages_per_slot, chunk_tokens)
+                   rc.pages_per_slot, chunk_tokens, window)
 
 
 @dataclass(eq=False)
@@ -72,6 +77,8 @@ class Sequence:
     pages: list[int] = field(default_factory=list)
     page_keys: list[bytes] = field(default_factory=list)  # key chain of tokens' full pages
     num_registered: int = 0         # leading pages known to the prefix cache
+    window_done: int = 0            # leading pages past which the sliding-window layers'
+                                    # rows were handed back or kept (sliding_window.py)
     slot: int | None = None
     status: Status = Status.WAITING
     finish_reason: str | None = None

@@ -217,6 +217,10 @@ class Stepper:
             self.drafter.follow(plan)
         self._count(plan, rows, accepted, time.perf_counter() - started, multi)
         finished = self.scheduler.complete(plan, accepted)
+        released = self.scheduler.take_window_releases()   # before a step takes them again
+        for runner in (self.runner, self.drafter and self.drafter.runner):
+            if runner is not None and released:
+                runner.release_window_rows(released)
         for slot, key, position, tag in self.scheduler.take_state_saves():
             snapshots = tuple(runner.save_state(slot) for runner in self.stateful)
             if snapshots[0].position == position:   # (else accepted drafts await their replay)

@@ -13,6 +13,7 @@ directly; its FFI handlers are registered with XLA once, at import.
     delta_rule_host(...) Qwen3.5's gated delta rule over a step's rows
     dequant_rows_host()  rows of W as float32
     repack16_host(...)   a weight rearranged in place into the 16-column layout (REPACK16)
+    release_pages(...)   memory pages handed back to the system (a cache's passed rows)
 
 KINETIC_KERNEL_ISA=scalar|avx2|avx512 forces a path (every path gives the same bits); a name
 this CPU cannot run is an error at import, naming the paths it can.
@@ -56,6 +57,8 @@ def _load() -> ctypes.CDLL | None:
     lib.kn_repack16.argtypes = [i32, ptr, i64, i64, ctypes.c_char_p, i32]
     lib.kn_lazy_zero.argtypes = [ptr, i64]
     lib.kn_lazy_zero.restype = i64
+    lib.kn_release_pages.argtypes = [ctypes.c_size_t, i64]
+    lib.kn_release_pages.restype = i64
     lib.kn_json_floats.argtypes = [ptr, i64, ptr, i64]
     lib.kn_json_floats.restype = i64
     return lib
@@ -263,6 +266,14 @@ def lazy_zero_host(a: np.ndarray) -> int:
     if not a.flags.c_contiguous:
         raise ValueError("lazy_zero_host needs a contiguous array")
     return int(_need().kn_lazy_zero(a.ctypes.data, a.nbytes))
+
+
+def release_pages(address: int, nbytes: int) -> int:
+    """Hand the whole memory pages inside nbytes bytes at host address `address` back to the
+    system (csrc/lazyzero.h release_pages: they read as zeros after, and take no memory
+    until written; the partial pages at either end are left as they are). Returns the bytes
+    handed back. Only for memory whose values nobody reads again."""
+    return int(_need().kn_release_pages(int(address), int(nbytes))) if nbytes > 0 else 0
 
 
 def dequant_rows_host(fmt: int, w: np.ndarray, n: int, k: int, rows) -> np.ndarray:

@@ -9,6 +9,7 @@
     cos_sin(theta)                           theta f32 -> (cos, sin)
     kv_write(k_cache, v_cache, k, v, index)  the caches with the rows written, in place
     lazy_zeros(shape, dtype)                 zeros whose memory is taken as it is written
+    release_rows(array, runs)                rows of such an array whose memory is handed back
     delta_rule(taps, state, events, ...)     Qwen3.5's gated delta rule, states in place
     row_argmax(x, ids, values, mask)         x [B, V] f32 -> [B] int32, the greedy token
 
@@ -153,6 +154,20 @@ def lazy_zeros(shape: tuple[int, ...], dtype) -> jax.Array:
 @partial(jax.jit, static_argnums=(0, 1))
 def _lazy_zeros(shape, dtype):
     return jax.ffi.ffi_call("kinetic_lazy_zeros", jax.ShapeDtypeStruct(shape, dtype))()
+
+
+def release_rows(array: jax.Array, runs: list[tuple[int, int]]) -> int:
+    """Hand back to the system the memory of `array`'s rows (along its first axis) in each
+    run (first, count), in place (kernels.release_pages: whole memory pages only; a row of a
+    page shared with a kept row stays). For a CPU array made by lazy_zeros whose rows in the
+    runs nobody reads again: a sliding-window layer's cache pages every sequence has passed
+    (Runner.release_window_rows). Waits for the array's pending writes. Returns the bytes
+    handed back."""
+    from kinetic.kernels import release_pages
+    if not runs:
+        return 0
+    base, row = array.unsafe_buffer_pointer(), array.nbytes // array.shape[0]
+    return sum(release_pages(base + first * row, count * row) for first, count in runs)
 
 
 def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:

@@ -118,6 +118,11 @@ KN_API int64_t kn_lazy_zero(void* p, int64_t bytes) {
   return bytes > 0 ? int64_t(kn::lazy_zero(p, size_t(bytes))) : 0;
 }
 
+// lazyzero.h release_pages on a host address: the bytes handed back to the system.
+KN_API int64_t kn_release_pages(void* p, int64_t bytes) {
+  return bytes > 0 ? int64_t(kn::release_pages(p, size_t(bytes))) : 0;
+}
+
 // float_json.h: x[0..n) as a JSON list into out (cap characters); the characters written, -1
 // if a value is not finite, -2 if cap is short of 2 + n * kn::kJsonFloatChars.
 KN_API int64_t kn_json_floats(const float* x, int64_t n, char* out, int64_t cap) {

@@ -45,4 +45,15 @@ size_t lazy_zero(void* p, size_t bytes) {
   return end - start;
 }
 
+size_t release_pages(void* p, size_t bytes) {
+  const long ps = sysconf(_SC_PAGESIZE);
+  const uintptr_t page = ps > 0 ? uintptr_t(ps) : 4096;
+  const uintptr_t at = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t start = (at + page - 1) / page * page;
+  const uintptr_t end = (at + bytes) / page * page;
+  if (end <= start) return 0;
+  if (madvise(reinterpret_cast<void*>(start), end - start, MADV_DONTNEED) != 0) return 0;
+  return end - start;
+}
+
 }  // namespace kn

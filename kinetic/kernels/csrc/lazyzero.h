@@ -15,4 +15,12 @@ namespace kn {
 // bytes handed back (0: all of it was memset). Never fails: the result always reads as zeros.
 size_t lazy_zero(void* p, size_t bytes);
 
+// Hand the whole system pages inside the `bytes` bytes at p back to the kernel (madvise
+// MADV_DONTNEED), for rows whose values nobody will read again (a sliding-window layer's
+// cache rows every sequence has passed): they then take no memory until written. The bytes
+// of the partial pages at either end are left as they are, and nothing changes wherever
+// madvise is refused. Only for private anonymous memory (what malloc gives), where a page
+// handed back reads as zeros. Returns the bytes handed back.
+size_t release_pages(void* p, size_t bytes);
+
 }  // namespace kn
