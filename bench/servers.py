@@ -79,13 +79,14 @@ def _environ(extra: dict):
 class KineticServer:
     """`kinetic serve GGUF` (tests/serve_process.ServeProcess), drafting off unless `draft`.
     step_tokens: -ub (0: kinetic's default); cache_type: -ctk/-ctv (None: kinetic's default);
-    preload: LD_PRELOAD for the server process."""
+    preload: LD_PRELOAD for the server process; extra: more flags (e.g. --swa-full)."""
 
     def __init__(self, gguf: str, *, parallel: int, n_ctx: int, draft: bool,
                  threads: int | None = None, step_tokens: int = 0, dtype: str = "bfloat16",
-                 cache_type: str | None = None, preload: str | None = None, log=None):
+                 cache_type: str | None = None, preload: str | None = None, log=None,
+                 extra: tuple[str, ...] = ()):
         flags = ["-np", str(parallel), "-c", str(n_ctx * parallel), "--cache-ram", "0", "--dtype",
-                 dtype]   # -c: the total of the slots, as llama-server counts it
+                 dtype, *extra]   # -c: the total of the slots, as llama-server counts it
         if cache_type:
             flags += ["-ctk", cache_type, "-ctv", cache_type]
         if step_tokens:

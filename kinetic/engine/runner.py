@@ -142,9 +142,15 @@ class Runner:
         of the sequences holding them is past by the window (engine/sliding_window.py). Whole
         memory pages only: a run's ends share theirs with the pages beside it. The rows read
         as zeros after, and take memory again when next written. Returns the bytes handed
-        back."""
+        back.
+
+        It first waits for the steps already dispatched: the scheduler counts a prompt chunk
+        computed when it plans the next step, not when the device has run it, and such a
+        step's own rows still read the window before them (a prompt chunk samples nothing, so
+        nothing else waits for it)."""
         if not self._windowed or not runs:
             return 0
+        jax.block_until_ready([self.cache[i] for i in self._windowed])
         return sum(native.release_rows(a, runs) for i in self._windowed for a in self.cache[i])
 
     def row_bucket(self, n: int) -> int:
