@@ -52,13 +52,14 @@ class WindowModel(FakeModel):
             cells[:] = GONE
 
 
-def step(sched: Scheduler, model: WindowModel, done: dict | None = None):
+def step(sched: Scheduler, model: WindowModel, done: dict | None = None, batch: int = 1):
+    """One step; then the listed pages are handed back, `batch` at a time (Turn.turn)."""
     plan = sched.schedule()
     sched.check_invariants()
     for seq in sched.complete(plan, model.step(plan)):
         if done is not None:
             done[seq.seq_id] = seq
-    model.release(sched.take_window_releases())   # as Turn.turn does, before the next step
+    model.release(sched.take_window_releases(batch))
     sched.check_invariants()
     return plan
 
@@ -141,7 +142,10 @@ def test_window_zero_keeps_every_row_and_matches_as_before():
     assert done[1].tokens == expected(done[1].prompt, 3, mix)
 
 
-def test_stress_with_preemption_drafts_and_shared_heads():
+@pytest.mark.parametrize("batch", [1, 6])
+def test_stress_with_preemption_drafts_and_shared_heads(batch):
+    """batch 6: pages wait listed across steps, some freed and allocated again meanwhile
+    (their next owner's rows must not be handed back)."""
     rng = random.Random(99)
     cfg = config(num_slots=4, num_pages=31, pages_per_slot=16, window=7)
     sched, model = Scheduler(cfg), WindowModel(cfg)
@@ -160,7 +164,7 @@ def test_stress_with_preemption_drafts_and_shared_heads():
             if seq.num_computed == len(seq.tokens) - 1 and rng.random() < 0.3:
                 truth = expected(seq.tokens, 4, mix)[len(seq.tokens):]
                 sched.set_draft(seq.seq_id, truth[:rng.randrange(5)] + [rng.randrange(100)])
-        drafted += sum(c.num_draft for c in step(sched, model, done).chunks)
+        drafted += sum(c.num_draft for c in step(sched, model, done, batch).chunks)
     assert len(done) == 40
     for seq in seqs:
         assert seq.tokens == expected(seq.prompt, seq.n_decoded, mix)
@@ -171,17 +175,25 @@ def test_stress_with_preemption_drafts_and_shared_heads():
 
 def test_hand_back_runs_take_handed_back_neighbours_until_they_are_allocated_again():
     pm = PageManager(40, 4)
+
+    def hand_back(pages):
+        for page in pages:
+            pm.pass_window(page)
+        assert pm.to_hand_back == len(set(pages))
+        return pm.hand_back()
     pages = pm.allocate(30)   # 1..30
-    assert pm.hand_back([5]) == [(5, 1)]
-    assert pm.hand_back([7]) == [(7, 1)]
-    assert pm.hand_back([6]) == [(5, 3)]   # both neighbours went back before
-    assert pm.hand_back([12, 13, 20]) == [(12, 2), (20, 1)]
-    assert pm.hand_back(list(range(14, 20))) == [(12, 9)]   # 12..20
+    assert hand_back([5]) == [(5, 1)]
+    assert hand_back([7]) == [(7, 1)]
+    assert hand_back([6]) == [(5, 3)]   # both neighbours went back before
+    assert hand_back([12, 13, 20]) == [(12, 2), (20, 1)]
+    assert hand_back(list(range(14, 20))) == [(12, 9)]   # 12..20
     # at most HAND_BACK_REACH neighbours on a side
-    assert pm.hand_back([21]) == [(21 - HAND_BACK_REACH, HAND_BACK_REACH + 1)]
+    assert hand_back([21]) == [(21 - HAND_BACK_REACH, HAND_BACK_REACH + 1)]
+    pm.pass_window(25)
     pm.release(pages)
     again = pm.allocate(29)   # the released pages come back (the last released first)
-    assert 6 in again and pm.hand_back([7]) == [(7, 1)]   # 5 and 6 were allocated again
+    assert 6 in again and 25 in again and pm.to_hand_back == 0   # 25's owner writes it
+    assert hand_back([7]) == [(7, 1)]   # 5 and 6 were allocated again
 
 
 def _resident(address: int, nbytes: int) -> list[bool]:
@@ -239,11 +251,13 @@ def _zero_pages(layer) -> set[int]:
     return set(np.flatnonzero(~k.any(axis=1) & ~v.any(axis=1)).tolist())
 
 
-def test_an_engine_hands_back_passed_rows_and_answers_as_with_swa_full(gemma):
+def test_an_engine_hands_back_passed_rows_and_answers_as_with_swa_full(gemma, monkeypatch):
     """A 300-token answer after a prompt of several steps: the sliding-window layers' pages it passed read zero (their memory
     handed back), the global layers' do not, and every answer, cold, continued, regenerated,
     or resumed where the window is gone, is the --swa-full engine's, bit for bit."""
+    from kinetic.engine import sliding_window
     from tests.test_invariance import run
+    monkeypatch.setattr(sliding_window, "WINDOW_BATCH", 4)   # the sequence has 28 pages
     tok, engine, model = gemma
     assert model.config.sliding_layers == (True, False, True, False)
     full, kept = engine("swa-full", parallel=2, swa_full=True), engine("window", parallel=2)

@@ -94,8 +94,9 @@ class PageManager:
         # (page, key) of valid pages evicted since the last `take_evicted`: their content
         # is still on the device until the next step overwrites it (the host tier saves it)
         self.evicted: list[tuple[int, bytes]] = []
-        # pages whose sliding-window layers' rows were handed back since they were last
-        # allocated (engine/sliding_window.py)
+        # pages whose sliding-window layers' rows are to be handed back, and those handed
+        # back, since they were last allocated (engine/sliding_window.py)
+        self._to_hand_back: set[int] = set()
         self._handed_back: set[int] = set()
 
     # --- inspection -------------------------------------------------------------------
@@ -196,15 +197,26 @@ class PageManager:
                 del self._page_of[key]
                 self.evicted.append((page, key))
             self._refs[page] = 1
+            self._to_hand_back.discard(page)   # its next owner writes it: nothing to hand back
             self._handed_back.discard(page)
             pages.append(page)
         return pages
 
-    def hand_back(self, pages: Sequence[int]) -> list[tuple[int, int]]:
-        """Record that `pages`' sliding-window rows are handed back (until each is next
-        allocated). Returns the runs (first page, count) to hand back: the pages, each with
-        up to HAND_BACK_REACH handed-back neighbours on either side, consecutive ones as one
-        run, so that a memory page two cache pages share goes back once both have."""
+    def pass_window(self, page: int) -> None:
+        """List `page`'s sliding-window rows to be handed back (by hand_back), unless it is
+        allocated again first."""
+        self._to_hand_back.add(page)
+
+    @property
+    def to_hand_back(self) -> int:
+        return len(self._to_hand_back)
+
+    def hand_back(self) -> list[tuple[int, int]]:
+        """The runs (first page, count) of the listed pages to hand back now, each with up
+        to HAND_BACK_REACH neighbours on either side that were handed back before (and not
+        allocated since), consecutive ones as one run, so that a memory page two cache pages
+        share goes back once both have. They count as handed back until next allocated."""
+        pages, self._to_hand_back = sorted(self._to_hand_back), set()
         self._handed_back.update(pages)
         wanted: set[int] = set()
         for page in pages:

@@ -109,9 +109,8 @@ class Scheduler(Fairness, PrefixReuse, Prefills, SlidingWindow):
         self.state_saves: list[tuple[int, bytes, int, object]] = []   # (slot, key, position,
                                                                       # tag) after complete
         # sliding-window layers (config.window): keys of the pages whose rows in them were
-        # handed back, and the pages to hand back after this step (sliding_window.py)
+        # handed back or listed to be (sliding_window.py)
         self.window_gone: set[bytes] = set()
-        self.window_releases: list[int] = []
 
     # --- requests ---------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:

@@ -4,8 +4,9 @@ A sliding-window layer (Gemma 3's 5 of every 6) reads only the last `window` pos
 each query (llama.cpp masks key p0 for query p1 when p1 - p0 >= n_swa). Its cache pages stay
 in the page table with the other layers' (one page id names a page in every layer), but once
 a sequence's last page boundary is past a page by the window, no query of that sequence
-(nor one resuming after its pages) reads the page's rows in those layers again: the scheduler lists the page (`take_window_releases`) and
-the runner hands their memory back to the system (Runner.release_window_rows). So a long
+(nor one resuming after its pages) reads the page's rows in those layers again: the scheduler lists the page (PageManager.pass_window) and,
+WINDOW_BATCH pages at a time, the runner hands their memory back to the system
+(`take_window_releases`, Runner.release_window_rows). So a long
 sequence holds its sliding-window layers' rows for about `window` positions, as llama.cpp's
 sliding-window cache does, and its global layers' rows for all of them.
 
@@ -31,11 +32,12 @@ from collections.abc import Sequence as Keys
 from kinetic.engine.sequence import Sequence
 
 PRUNE_EVERY = 4   # window_gone is pruned of keys no page holds past PRUNE_EVERY x num_pages
+WINDOW_BATCH = 32   # pages listed before they are handed back together (take_window_releases)
 
 
 class SlidingWindow:
     """The Scheduler's sliding-window releases: a base of Scheduler, whose __init__ makes the
-    state these methods use (`window_gone`, `window_releases`)."""
+    state these methods use (`window_gone`; the pages listed are the PageManager's)."""
 
     @property
     def _window_pages(self) -> int:
@@ -74,7 +76,7 @@ class SlidingWindow:
             key = self.pages.key(page)
             if key is not None:
                 self.window_gone.add(key)
-            self.window_releases.append(page)
+            self.pages.pass_window(page)
         seq.window_done = max(seq.window_done, upto)
 
     def _registered(self, key: bytes) -> None:
@@ -88,10 +90,14 @@ class SlidingWindow:
         self.window_gone = {k for k in self.window_gone if self.pages.lookup([k]) or (
             self.host is not None and k in self.host)}
 
-    def take_window_releases(self) -> list[tuple[int, int]]:
+    def take_window_releases(self, batch: int | None = None) -> list[tuple[int, int]]:
         """Runs (first page, count) of pages whose sliding-window rows the runner should
-        hand back: those listed since the last call (to be handed back before any later step
-        could take them for another sequence), with their handed-back neighbours
-        (PageManager.hand_back)."""
-        pages, self.window_releases = self.window_releases, []
-        return self.pages.hand_back(pages) if pages else []
+        hand back now (PageManager.hand_back), once at least `batch` are listed (else
+        none yet). A listed page allocated again first drops out: its next owner writes it.
+        Batched because the runner waits for the dispatched steps before it hands rows back
+        (Runner.release_window_rows), and a prompt's steps, which sample nothing, would
+        otherwise each wait for the one before. batch None: WINDOW_BATCH."""
+        batch = WINDOW_BATCH if batch is None else batch
+        if not self.pages.to_hand_back or self.pages.to_hand_back < batch:
+            return []
+        return self.pages.hand_back()

@@ -217,7 +217,7 @@ class Stepper:
             self.drafter.follow(plan)
         self._count(plan, rows, accepted, time.perf_counter() - started, multi)
         finished = self.scheduler.complete(plan, accepted)
-        released = self.scheduler.take_window_releases()   # before a step takes them again
+        released = self.scheduler.take_window_releases()   # a batch of them at a time
         for runner in (self.runner, self.drafter and self.drafter.runner):
             if runner is not None and released:
                 runner.release_window_rows(released)
