@@ -117,7 +117,7 @@ def test_help_documents_every_flag(capsys):
                  "--ubatch-size", "--api-key", "--api-key-file", "--model-draft", "--sign-key",
                  "--mmproj", "--ollama", "--metrics", "--slots", "--gpu-layers", "--timeout",
                  "--max-connections", "--stall-timeout", "--draft-max", "--cache-ram",
-                 "--cache-type-k", "--cache-type-v"):
+                 "--cache-type-k", "--cache-type-v", "--swa-full"):
         assert flag in text
 
 
@@ -147,3 +147,8 @@ def test_cache_type_flags_set_the_kv_cache_type():
     assert options("--cache-type-k", "f16", "--cache-type-v", "f16")[1].engine.kv_dtype == "float16"
     with pytest.raises(SystemExit):          # a type kinetic has not: argparse names the choices
         options("-ctk", "q4_0")
+
+
+def test_swa_full_keeps_the_sliding_window_rows():
+    assert not options()[1].engine.swa_full
+    assert options("--swa-full")[1].engine.swa_full

@@ -3,12 +3,12 @@
 A sliding-window layer (Gemma 3's 5 of every 6) reads only the last `window` positions before
 each query (llama.cpp masks key p0 for query p1 when p1 - p0 >= n_swa). Its cache pages stay
 in the page table with the other layers' (one page id names a page in every layer), but once
-a sequence's last page boundary is past a page by the window, no query of that sequence
-(nor one resuming after its pages) reads the page's rows in those layers again: the scheduler lists the page (PageManager.pass_window) and,
-WINDOW_BATCH pages at a time, the runner hands their memory back to the system
-(`take_window_releases`, Runner.release_window_rows). So a long
-sequence holds its sliding-window layers' rows for about `window` positions, as llama.cpp's
-sliding-window cache does, and its global layers' rows for all of them.
+a sequence's last page boundary is past a page by the window, no query of that sequence (nor
+one resuming after its pages) reads the page's rows in those layers again: the scheduler
+lists the page (PageManager.pass_window) and, WINDOW_BATCH pages at a time, the runner hands
+their memory back to the system (`take_window_releases`, Runner.release_window_rows). So a
+long sequence holds its sliding-window layers' rows for about `window` positions, as
+llama.cpp's sliding-window cache does, and its global layers' rows for all of them.
 
 Prefix reuse stays exact. A page whose sliding-window rows were handed back is recorded by
 its key (`window_gone`). A sequence resuming from k cached pages reads the sliding-window
