@@ -783,9 +783,11 @@ def test_the_start_memory_line_names_the_weights_the_cache_and_its_type():
                         f"1024 pages of 16 tokens); resident now 500.00 MiB")
     assert memory_summary(mm.CONFIG, cfg, 3 << 20, None).endswith("pages of 16 tokens)")
     # sliding-window layers: whether their passed rows are handed back (--swa-full keeps them)
-    sliding = mm.CONFIG.replace(sliding_window=512, sliding_layers=(True,))
+    sliding = mm.CONFIG.replace(sliding_window=512, sliding_layers=(True,), kernel="ffi")
     line = memory_summary(sliding, cfg, 3 << 20, None)
     assert line.endswith("tokens), of which 1 sliding-window layers of 1 hand back each "
                          "sequence's rows past their 512-token window")
     full = EngineConfig(parallel=4, n_ctx=4096, swa_full=True).resolved(sliding)
     assert memory_summary(sliding, full, 3 << 20, None).endswith("keep every row (--swa-full)")
+    line = memory_summary(sliding.replace(kernel="xla"), cfg, 3 << 20, None)
+    assert line.endswith("keep every row (the xla kernel's cache is device memory)")

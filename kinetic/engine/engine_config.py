@@ -157,10 +157,12 @@ def memory_summary(model_config, config: EngineConfig, weights_bytes: int,
             f"{c.num_pages - 1} pages of {c.page_size} tokens)")
     sliding = sum(getattr(model_config, "sliding_layers", ()) or ())
     if sliding and getattr(model_config, "sliding_window", 0) > 0:
-        line += (f", of which {sliding} sliding-window layers of {model_config.n_layer} "
-                 + ("keep every row (--swa-full)" if not window_released(model_config, c) else
-                    f"hand back each sequence's rows past their {model_config.sliding_window}-"
-                    f"token window"))
+        kernel = getattr(model_config, "kernel", "ffi")
+        line += (f", of which {sliding} sliding-window layers of {model_config.n_layer} " + (
+            f"hand back each sequence's rows past their {model_config.sliding_window}-token "
+            f"window" if window_released(model_config, c) else
+            "keep every row (--swa-full)" if c.swa_full else
+            f"keep every row (the {kernel} kernel's cache is device memory)"))
     return line if resident is None else f"{line}; resident now {_size(resident, math.ceil)}"
 
 
