@@ -4,7 +4,8 @@
 // their position (ends: an image attending to itself both ways); the row pieces; the JSON
 // writer of float vectors (float_json.h); the greedy row argmax (argmax.h); weights in the
 // 16-column layout (repack.h); a mixture's projections over (row, expert) pairs; the
-// gated delta rule; the gated feed-forward's silu(gate) * up (glu.h). Each path must
+// gated delta rule; the gated feed-forward's silu(gate) * up (glu.h); memory pages handed
+// back inside a range, its ends kept (lazyzero.h release_pages). Each path must
 // give the reference path's bits. Exit status 0 when every case matches; the sanitizers
 // abort on any undefined behaviour or bad access.
 #include <array>
@@ -16,6 +17,9 @@
 #include <utility>
 #include <vector>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "argmax.h"
 #include "attention.h"
 #include "delta_rule.h"
@@ -23,6 +27,7 @@
 #include "glu.h"
 #include "hadamard.h"
 #include "kvwrite.h"
+#include "lazyzero.h"
 #include "qmatmul_api.h"
 #include "repack.h"
 #include "rownorm.h"
@@ -554,6 +559,31 @@ void check_swiglu(std::mt19937& rng) {
   }
 }
 
+// release_pages on private anonymous memory (what malloc gives the KV cache): the whole
+// pages inside the range read as zeros after, the bytes of the partial pages at its ends
+// and outside it keep their values, and a range with no whole page changes nothing.
+void check_release_pages() {
+  const long ps = sysconf(_SC_PAGESIZE);
+  const size_t page = ps > 0 ? size_t(ps) : 4096, bytes = 8 * page;
+  void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) {
+    std::printf("release_pages: mmap failed, not checked\n");
+    return;
+  }
+  unsigned char* b = static_cast<unsigned char*>(m);
+  std::memset(b, 7, bytes);
+  const size_t from = page + 100, len = 4 * page;   // whole pages 2, 3 and 4 inside
+  const size_t released = release_pages(b + from, len);
+  bool ok = released == 3 * page && release_pages(b + 10, page) == 0;
+  for (size_t i = 0; i < bytes; ++i)
+    ok = ok && b[i] == ((i >= 2 * page && i < 5 * page) ? 0 : 7);
+  if (!ok) {
+    std::printf("MISMATCH release_pages\n");
+    ++failures;
+  }
+  munmap(m, bytes);
+}
+
 }  // namespace
 
 int main() {
@@ -573,6 +603,7 @@ int main() {
   check_json_floats();
   check_row_argmax();
   check_swiglu(rng);
+  check_release_pages();
   std::printf("%s (best path here: %s)\n", failures ? "FAILED" : "all paths agree",
               isa_name(best_isa()));
   return failures ? 1 : 0;
