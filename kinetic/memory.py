@@ -17,6 +17,9 @@ at the top of a heap handed it back, and the next step faulted it in again page 
 Elsewhere than glibc (musl, macOS) these do nothing. `drop_staging_caches` drops what JAX
 keeps to trace a function again, once every shape has compiled.
 
+`drop_code_pages` unmaps jaxlib's code and read-only data that the process holds only as clean
+copies of the file, before and after Engine.compile: whatever runs again faults back in.
+
 `huge_pages` moves the weights a step streams through (the rearranged projections, written
 once at load) to memory the kernel may back with 2 MB pages (Linux's transparent huge pages):
 a step that reads every weight once then walks 512 times fewer page-table entries.
@@ -159,6 +162,48 @@ def huge_pages(buf: np.ndarray, offset: int, size: int, done: set[int]) -> int:
         done.add(piece)
         moved += HUGE_PAGE
     return moved
+
+
+_MADV_DONTNEED = 4
+CODE_LIBRARIES = ("/jaxlib/",)   # drop_code_pages' default: the XLA runtime and compiler
+
+
+def drop_code_pages(libraries: tuple[str, ...] = CODE_LIBRARIES) -> int:
+    """Unmap from this process the pages of the shared libraries whose path contains one of
+    `libraries` that it holds only as clean copies of the file: their code and read-only data
+    (madvise MADV_DONTNEED on each read-only or executable private file mapping without a
+    dirty page). Whatever runs there again faults its pages back in from the page cache, as
+    after the system itself reclaimed them. Importing JAX leaves about 140 MB of jaxlib's code
+    resident (its static initializers are spread over the whole library), and compiling
+    touches XLA's and LLVM's passes, which serving never runs again: Engine.compile drops them
+    before and after it compiles. Returns the bytes of the mappings advised; nothing where
+    /proc/self/smaps is missing (not Linux) or KINETIC_DROP_CODE=0."""
+    libc = _libc()
+    if sys.platform != "linux" or libc is None or os.environ.get("KINETIC_DROP_CODE") == "0":
+        return 0
+    maps: list[list] = []   # [start, end, perms, path, dirty kB]
+    try:
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                head = line.split()
+                if not head:
+                    continue
+                if "-" in head[0] and not head[0].endswith(":"):
+                    start, end = (int(x, 16) for x in head[0].split("-"))
+                    maps.append([start, end, head[1], head[5] if len(head) > 5 else "", 1])
+                elif head[0] == "Private_Dirty:" and maps:
+                    maps[-1][4] = int(head[1])
+    except (OSError, ValueError):
+        return 0
+    madvise = libc.madvise
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    dropped = 0
+    for start, end, perms, path, dirty in maps:
+        if (perms in ("r-xp", "r--p") and dirty == 0 and path.endswith(".so")
+                and any(lib in path for lib in libraries)
+                and madvise(start, end - start, _MADV_DONTNEED) == 0):
+            dropped += end - start
+    return dropped
 
 
 def resident_bytes() -> int | None:

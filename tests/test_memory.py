@@ -1,6 +1,7 @@
 """kinetic/memory.py: while Engine.compile runs, glibc's mmap threshold is held low, so that the
 big blocks freed then go back to the system; after, the heap serves blocks up to 32 MB, so
-that a step's buffers are reused warm instead of mapped anew on every call."""
+that a step's buffers are reused warm instead of mapped anew on every call. jaxlib's clean
+code pages are unmapped and fault back in where they run (drop_code_pages)."""
 
 import os
 import platform
@@ -167,3 +168,38 @@ def test_huge_pages_off_moves_nothing(monkeypatch, tmp_path):
     finally:
         monkeypatch.undo()
         memory._huge_pages_on.cache_clear()
+
+
+def test_code_pages_of_jaxlib_are_dropped_and_fault_back_in_where_they_run():
+    """drop_code_pages unmaps jaxlib's clean code and read-only pages (the file-backed part of
+    the resident set falls), and JAX computes as before afterwards, compiles included."""
+    import re
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from kinetic import memory
+    if sys.platform != "linux" or not os.path.exists("/proc/self/smaps"):
+        pytest.skip("drop_code_pages reads /proc/self/smaps (Linux)")
+
+    def rss_file() -> int:
+        with open("/proc/self/status") as f:
+            return int(re.search(r"RssFile:\s+(\d+) kB", f.read()).group(1))
+
+    def f(x):
+        return jnp.tanh(x) @ x.T + jnp.float32(3)
+    x = jnp.arange(64.0, dtype=jnp.float32).reshape(8, 8) / 64
+    want = np.asarray(jax.jit(f)(x))
+    before = rss_file()
+    assert memory.drop_code_pages() > 0
+    assert rss_file() < before
+    assert np.array_equal(np.asarray(jax.jit(f)(x)), want)
+    g = jax.jit(lambda y: jnp.sort(y * 2.5, axis=-1))   # a new compile after the drop
+    assert np.array_equal(np.asarray(g(x)), np.sort(np.asarray(x) * 2.5, axis=-1))
+
+
+def test_drop_code_pages_can_be_turned_off(monkeypatch):
+    from kinetic import memory
+    monkeypatch.setenv("KINETIC_DROP_CODE", "0")
+    assert memory.drop_code_pages() == 0

@@ -24,6 +24,7 @@ import numpy as np
 
 from kinetic import kernels
 from kinetic.engine.runner import RESERVED_PAGE, Runner, RunnerConfig
+from kinetic.memory import drop_code_pages
 from kinetic.model.loader import LoadedModel
 from kinetic.model.quants import dequantize
 
@@ -108,11 +109,14 @@ class Encoder:
 
     def compile(self, progress=None) -> None:
         """Compile the step at every row bucket now (the first batch of each size would wait
-        for it otherwise)."""
+        for it otherwise); jaxlib's code pages the compiles touched are unmapped after each
+        (kinetic.memory.drop_code_pages, as Engine.compile does)."""
         buckets = self.runner.row_buckets
         with self._lock:
+            drop_code_pages()
             for i, rows in enumerate(buckets):
                 self._run([[0] * min(rows, self.n_ctx)] * -(-rows // self.n_ctx))
+                drop_code_pages()
                 if progress:
                     progress(i + 1, len(buckets))
 

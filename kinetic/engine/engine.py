@@ -44,7 +44,7 @@ from kinetic.engine.runner import Runner, RunnerConfig
 from kinetic.engine.scheduler import ContextOverflow, Prefilled, Scheduler, SchedulerConfig
 from kinetic.engine.turn import Stepper, answer
 from kinetic.grammar import Grammar, TokenVocab
-from kinetic.memory import compiling, drop_staging_caches, release_memory
+from kinetic.memory import compiling, drop_code_pages, drop_staging_caches, release_memory
 from kinetic.model.loader import LoadedModel
 from kinetic.text.tokenizer import Tokenizer
 
@@ -272,11 +272,14 @@ class Engine:
         steps warm up on zero weights (Runner.compile), and the weights are rearranged into
         the kernel's layout only at the end (LoadedModel.finish_repack).
         JAX's tracing caches are dropped after (drop_staging_caches). glibc's mmap threshold
-        is held low meanwhile (kinetic.memory.compiling)."""
+        is held low meanwhile (kinetic.memory.compiling), and jaxlib's code pages are unmapped
+        before, between and after (kinetic.memory.drop_code_pages: faulted back in where they
+        run)."""
         with compiling():
             self._compile(progress)
 
     def _compile(self, progress) -> None:
+        drop_code_pages()   # what importing JAX touched (kinetic.memory)
         self.runner.sampler.compile(self.sample_shape, self.runner.row_buckets)
         self.runner.compile(progress=_releasing(progress), shape=self.sample_shape)
         drop_staging_caches()
@@ -284,6 +287,7 @@ class Engine:
         # the weights' 16-column rearrangement, left by the loader until the compiler's memory
         # is handed back (Runner.compile warms up on zero weights)
         self.runner.model.finish_repack()
+        drop_code_pages()   # XLA's and LLVM's passes: serving never runs them again
 
     def prepare_post_sampling(self) -> None:
         """Compile sampler.distribution_rows (post-sampling probabilities) at the chain's
@@ -366,7 +370,11 @@ class Engine:
 
 
 def _releasing(progress):
+    """progress, after handing back what each compile left: the heap's free memory and the
+    compiler's code pages (a peak 14 MiB lower on SmolLM2 at -np 8 than dropping them only at
+    the end)."""
     def step(done: int, total: int) -> None:
+        drop_code_pages()
         release_memory()
         if progress:
             progress(done, total)
