@@ -281,6 +281,7 @@ class Engine:
     def _compile(self, progress) -> None:
         drop_code_pages()   # what importing JAX touched (kinetic.memory)
         self.runner.sampler.compile(self.sample_shape, self.runner.row_buckets)
+        _releasing(None)(0, 0)
         self.runner.compile(progress=_releasing(progress), shape=self.sample_shape)
         drop_staging_caches()
         release_memory()
@@ -370,10 +371,13 @@ class Engine:
 
 
 def _releasing(progress):
-    """progress, after handing back what each compile left: the heap's free memory and the
-    compiler's code pages (a peak 14 MiB lower on SmolLM2 at -np 8 than dropping them only at
-    the end)."""
+    """progress, after handing back what each compile left: JAX's staging caches, the
+    compiler's code pages and the heap's free memory. Each compile's peak sits on what the
+    ones before it left: SmolLM2 at -np 8, VmHWM after Engine.compile 594 MiB with all three
+    handed back only at the end, 541 dropping the code pages after each, 472 with the
+    staging caches too (docs/performance.md, Memory III)."""
     def step(done: int, total: int) -> None:
+        drop_staging_caches()
         drop_code_pages()
         release_memory()
         if progress:
