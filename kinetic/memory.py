@@ -18,7 +18,8 @@ Elsewhere than glibc (musl, macOS) these do nothing. `drop_staging_caches` drops
 keeps to trace a function again, once every shape has compiled.
 
 `drop_code_pages` unmaps jaxlib's code and read-only data that the process holds only as clean
-copies of the file, before and after Engine.compile: whatever runs again faults back in.
+copies of the file, before, between and after Engine.compile's compiles: whatever runs again
+faults back in.
 
 `huge_pages` moves the weights a step streams through (the rearranged projections, written
 once at load) to memory the kernel may back with 2 MB pages (Linux's transparent huge pages):
@@ -100,7 +101,8 @@ def drop_staging_caches() -> None:
     modules: about 10 MB per compiled shape, 80 MB of Qwen2.5-Coder-0.5B's serving process).
     The executables stay in each jitted function's own cache, where every call of a compiled
     shape finds them: after Engine.compile no request compiles (tests/test_engine.py counts
-    XLA's compiles). A JAX without this private function keeps them."""
+    XLA's compiles); Engine.compile drops them after each of its compiles, so that the next
+    one's peak does not sit on them. A JAX without this private function keeps them."""
     try:
         from jax._src import util
         util.clear_all_caches()
@@ -176,7 +178,7 @@ def drop_code_pages(libraries: tuple[str, ...] = CODE_LIBRARIES) -> int:
     after the system itself reclaimed them. Importing JAX leaves about 140 MB of jaxlib's code
     resident (its static initializers are spread over the whole library), and compiling
     touches XLA's and LLVM's passes, which serving never runs again: Engine.compile drops them
-    before and after it compiles. Returns the bytes of the mappings advised; nothing where
+    before, between and after its compiles. Returns the bytes of the mappings advised; nothing where
     /proc/self/smaps is missing (not Linux) or KINETIC_DROP_CODE=0."""
     libc = _libc()
     if sys.platform != "linux" or libc is None or os.environ.get("KINETIC_DROP_CODE") == "0":
