@@ -208,6 +208,42 @@ def drop_code_pages(libraries: tuple[str, ...] = CODE_LIBRARIES) -> int:
     return dropped
 
 
+def file_pages(path: str, address: int, size: int) -> list[tuple[int, int]]:
+    """The whole memory pages of bytes [address, address + size) that this process maps from
+    the file `path` (its file-backed mappings, not the anonymous pieces huge_pages put in
+    their place), as (start, length) runs; [] where /proc/self/maps is missing."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    lo, hi = -(-address // page) * page, (address + size) // page * page
+    runs = []
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                head = line.split(maxsplit=5)
+                if len(head) < 6 or head[5].strip() != path:
+                    continue
+                start, end = (int(x, 16) for x in head[0].split("-"))
+                a, b = max(start, lo), min(end, hi)
+                if a < b:
+                    runs.append((a, b - a))
+    except (OSError, ValueError):
+        return []
+    return runs
+
+
+def drop_file_pages(runs: list[tuple[int, int]]) -> None:
+    """Unmap `runs` (file_pages') from this process: they read the file's bytes again when
+    next touched, faulted back in from the page cache. Only for bytes of a private file
+    mapping that nothing has written (a write there would be lost): the token embedding that
+    a step gathers rows of (Runner.drop_embedding_pages)."""
+    libc = _libc()
+    if libc is None or not runs:
+        return
+    madvise = libc.madvise
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    for start, length in runs:
+        madvise(start, length, _MADV_DONTNEED)
+
+
 def resident_bytes() -> int | None:
     """This process's memory in use now (its resident set), or None where /proc has no statm
     (Ollama's /api/ps size, `kinetic serve`'s start line)."""

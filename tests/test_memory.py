@@ -203,3 +203,67 @@ def test_drop_code_pages_can_be_turned_off(monkeypatch):
     from kinetic import memory
     monkeypatch.setenv("KINETIC_DROP_CODE", "0")
     assert memory.drop_code_pages() == 0
+
+
+def test_the_token_embeddings_file_pages_are_dropped_and_read_back_the_same(tmp_path,
+                                                                             monkeypatch):
+    """Runner.drop_embedding_pages: an embedding that stays in the file's blocks (not tied to
+    the output) has its pages unmapped (the file's resident pages fall) and the rows read
+    after it are the file's: the same answer as before the drop, and as an engine that never
+    drops. A tied embedding (rearranged for the output projection) has none to drop."""
+    import re
+
+    from kinetic.engine import runner as runner_module
+    from kinetic.engine.engine import Engine
+    from kinetic.engine.engine_config import EngineConfig
+    from kinetic.engine.request import GenerationRequest
+    from kinetic.engine.sampling_params import SamplingParams
+    from kinetic.model.loader import load_model
+    from kinetic.text.tokenizer import Tokenizer
+    from tests.tiny_models import write_tiny_model
+    if sys.platform != "linux" or not os.path.exists("/proc/self/maps"):
+        pytest.skip("file_pages reads /proc/self/maps (Linux)")
+    monkeypatch.setattr(runner_module, "EMBEDDING_DROP_STEPS", 10 ** 9)   # only when called
+
+    def file_rss(path: str) -> int:
+        total, cur = 0, None
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+                    cur = line.split(maxsplit=5)[-1].strip()
+                elif line.startswith("Rss:") and cur == path:
+                    total += int(line.split()[1])
+        return total
+
+    def answer(engine, ids):
+        out = []
+        for d in engine.generate(GenerationRequest(ids, SamplingParams(temperature=0.0),
+                                                   max_tokens=12, logprobs=2)):
+            out += [(lp.token, lp.logprob) for lp in d.logprobs]
+        return out
+
+    path = os.path.realpath(write_tiny_model(tmp_path / "untied.gguf", "llama", tied=False,
+                                             qtype="Q8_0", d_model=256, output_scale=2.0))
+    model = load_model(path)
+    if model.config.kernel != "ffi":
+        pytest.skip("the embedding is in the file's blocks with the C++ kernel only")
+    tok = Tokenizer.from_metadata(model.file.metadata)
+    engine = Engine(model, tok, EngineConfig(n_ctx=256, parallel=1, speculative=False))
+    try:
+        ids = tok.encode(" ".join(f"word{i}" for i in range(40)), add_special=True)
+        want = answer(engine, ids)
+        runner = engine.runner
+        before = file_rss(path)
+        runner.drop_embedding_pages()
+        assert runner._embedding_pages and file_rss(path) < before
+        assert answer(engine, ids) == want
+    finally:
+        engine.close()
+    tied = load_model(str(write_tiny_model(tmp_path / "tied.gguf", "llama", tied=True,
+                                           qtype="Q8_0")))
+    engine = Engine(tied, tok, EngineConfig(n_ctx=256, parallel=1))
+    try:
+        engine.runner.drop_embedding_pages()
+        assert engine.runner._embedding_pages == []
+    finally:
+        engine.close()

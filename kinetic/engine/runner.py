@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from dataclasses import dataclass
 from functools import partial
 
@@ -24,12 +25,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kinetic.kernels import REPACK16
 from kinetic.kernels import ffi as native
 from kinetic.engine.recurrent_state import RecurrentState, StateSnapshot
 from kinetic.engine.sample_batch import SampleBatch, SampleShape
 from kinetic.engine.sample_device import DeviceSampler, Drawn, greedy_tokens
 from kinetic.model import delta_net
-from kinetic.model.layers import StepInput, kv_storage
+from kinetic.memory import drop_file_pages, file_pages
+from kinetic.model.layers import Proj, StepInput, kv_storage
 from kinetic.model.loader import LoadedModel
 from kinetic.model.weights import join_buffer, split_buffer
 
@@ -37,6 +40,7 @@ RESERVED_PAGE = 0  # padding rows write here; no sequence's valid positions ever
 PAGE_COPY_BATCH = 8  # pages restored from host memory per compiled copy
 KEY_BUCKET_TOKENS = 128  # smallest key axis a step reads; the next ones are 4x larger
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # compiled step sizes (exact_rows)
+EMBEDDING_DROP_STEPS = 16  # device calls between two drop_embedding_pages
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,8 @@ class Runner:
         self._windowed = tuple(i for i in self._paged if cfg.kernel == "ffi"
                                and i < len(sliding) and sliding[i])
         self.sampler = DeviceSampler(cfg.vocab_size, cfg.kernel == "ffi")
+        self._calls = 0   # device calls of steps, for drop_embedding_pages
+        self._embedding_pages: list | None = None   # its file pages, once the weights are final
 
     @property
     def cache(self) -> list:
@@ -210,6 +216,7 @@ class Runner:
         logits, self.cache = self._step(self._buffer, self._skeleton, self.cache,
                                         jax.device_put(packed), layout,
                                         self._image_embeds(images, bucket))
+        self._called()
         return logits
 
     def decode_steps_at(self, n: int) -> int:
@@ -256,7 +263,41 @@ class Runner:
                                        self.sampler.greedy_bias(bias, bucket,
                                                                 shape or self.sample_shape()),
                                        layout)
+        self._called()
         return np.asarray(out)
+
+    def _called(self) -> None:
+        self._calls += 1
+        if self._calls % EMBEDDING_DROP_STEPS == 0 and not self._warming:
+            self.drop_embedding_pages()
+
+    def drop_embedding_pages(self) -> None:
+        """Unmap the token embedding's pages from the process (memory.drop_file_pages), every
+        EMBEDDING_DROP_STEPS device calls: a step gathers its rows from the mapped file (an
+        embedding not tied to the output stays in the file's pages), and the system maps 16
+        pages around each row it faults in, so the memory held grew with every token ever
+        seen, up to the whole embedding (Qwen2.5-Coder-0.5B: +38 MiB after a 512-token prompt
+        of random ids). Unmapped, the rows a step reads fault back in from the page cache
+        with the file's bytes: the same values. Nothing for an embedding tied to the output
+        (rearranged into the kernel's layout, anonymous memory) or not in the file's blocks
+        (the xla and pallas kernels)."""
+        if self._embedding_pages is None:
+            if self.model.pending_repack:
+                return   # huge_pages may still move pieces of the map (finish_repack)
+            self._embedding_pages = self._embedding_file_pages()
+        drop_file_pages(self._embedding_pages)
+
+    def _embedding_file_pages(self) -> list[tuple[int, int]]:
+        w, weights = self.model.weights.get("token_embd"), self.model.weights
+        if (not isinstance(w, Proj) or w.fmt < 0 or w.fmt & REPACK16 or weights.get("output") is w
+                or self.model.config.kernel != "ffi"):
+            return []
+        f = self.model.file
+        base = f.writable_bytes().ctypes.data
+        if w.data.unsafe_buffer_pointer() != base:   # not the file's map itself
+            return []
+        size = f.tensors["token_embd.weight"].data.nbytes
+        return file_pages(os.path.realpath(f.path), base + w.offset, size)
 
     def sample_shape(self, eog_ids=()) -> SampleShape:
         """The shape of this runner's sampler calls, for a tokenizer with `eog_ids`."""
