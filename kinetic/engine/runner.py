@@ -273,12 +273,12 @@ class Runner:
 
     def drop_embedding_pages(self) -> None:
         """Unmap the token embedding's pages from the process (memory.drop_file_pages), every
-        EMBEDDING_DROP_STEPS device calls (at 16, a 512-token prompt still held 16 steps' rows
-        between two drops: Qwen2.5-Coder's served peak 789 MiB, 777 at 4): a step gathers its rows from the mapped file (an
+        EMBEDDING_DROP_STEPS device calls: a step gathers its rows from the mapped file (an
         embedding not tied to the output stays in the file's pages), and the system maps 16
         pages around each row it faults in, so the memory held grew with every token ever
         seen, up to the whole embedding (Qwen2.5-Coder-0.5B: +38 MiB after a 512-token prompt
-        of random ids). Unmapped, the rows a step reads fault back in from the page cache
+        of random ids). Every 16 calls, a prompt still held 16 steps' rows between two drops
+        (Qwen's served peak at -np 8: 789 MiB; 777 every 4). Unmapped, the rows a step reads fault back in from the page cache
         with the file's bytes: the same values. Nothing for an embedding tied to the output
         (rearranged into the kernel's layout, anonymous memory) or not in the file's blocks
         (the xla and pallas kernels)."""
