@@ -252,9 +252,10 @@ def _zero_pages(layer) -> set[int]:
 
 
 def test_an_engine_hands_back_passed_rows_and_answers_as_with_swa_full(gemma, monkeypatch):
-    """A 300-token answer after a prompt of several steps: the sliding-window layers' pages it passed read zero (their memory
-    handed back), the global layers' do not, and every answer, cold, continued, regenerated,
-    or resumed where the window is gone, is the --swa-full engine's, bit for bit."""
+    """A 300-token answer after a prompt of several steps: the sliding-window layers' pages
+    it passed read zero (their memory handed back), the global layers' do not, and every
+    answer, cold, continued, regenerated, or resumed where the window is gone, is the
+    --swa-full engine's, bit for bit."""
     from kinetic.engine import sliding_window
     from tests.test_invariance import run
     monkeypatch.setattr(sliding_window, "WINDOW_BATCH", 4)   # the sequence has 28 pages

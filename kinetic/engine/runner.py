@@ -278,10 +278,10 @@ class Runner:
         pages around each row it faults in, so the memory held grew with every token ever
         seen, up to the whole embedding (Qwen2.5-Coder-0.5B: +38 MiB after a 512-token prompt
         of random ids). Every 16 calls, a prompt still held 16 steps' rows between two drops
-        (Qwen's served peak at -np 8: 789 MiB; 777 every 4). Unmapped, the rows a step reads fault back in from the page cache
-        with the file's bytes: the same values. Nothing for an embedding tied to the output
-        (rearranged into the kernel's layout, anonymous memory) or not in the file's blocks
-        (the xla and pallas kernels)."""
+        (Qwen's served peak at -np 8: 789 MiB; 777 every 4). Unmapped, the rows a step reads
+        fault back in from the page cache with the file's bytes: the same values. Nothing for
+        an embedding tied to the output (rearranged into the kernel's layout, anonymous
+        memory) or not in the file's blocks (the xla and pallas kernels)."""
         if self._embedding_pages is None:
             if self.model.pending_repack:
                 return   # huge_pages may still move pieces of the map (finish_repack)
