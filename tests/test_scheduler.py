@@ -74,6 +74,15 @@ def step(sched: Scheduler, model: FakeModel, done: dict | None = None):
     return plan
 
 
+def random_drafts(sched: Scheduler, rng: random.Random) -> None:
+    """Give about a third of the caught-up running sequences a draft: a right start of 0 to
+    4 tokens (mix's), then a token that is most likely wrong."""
+    for seq in sched.running:
+        if seq.num_computed == len(seq.tokens) - 1 and rng.random() < 0.3:
+            truth = expected(seq.tokens, 4, mix)[len(seq.tokens):]
+            sched.set_draft(seq.seq_id, truth[:rng.randrange(5)] + [rng.randrange(100)])
+
+
 def run(sched: Scheduler, model: FakeModel, max_steps: int = 2000) -> dict[int, Sequence]:
     done: dict[int, Sequence] = {}
     for _ in range(max_steps):
@@ -338,10 +347,7 @@ def test_stress_32_sequences_of_3_groups_through_4_slots_and_a_small_pool():
             sched.add(pending.pop(0))
         if not (pending or sched.has_work):
             break
-        for seq in sched.running:
-            if seq.num_computed == len(seq.tokens) - 1 and rng.random() < 0.3:
-                truth = expected(seq.tokens, 4, mix)[len(seq.tokens):]
-                sched.set_draft(seq.seq_id, truth[:rng.randrange(5)] + [rng.randrange(100)])
+        random_drafts(sched, rng)
         drafted += sum(c.num_draft for c in step(sched, model, done).chunks)
         for i, n in stopped.items():
             if i in sched.sequences and sched.sequences[i].n_decoded >= n:

@@ -20,7 +20,8 @@ import pytest
 from kinetic.engine.kv_cache import HAND_BACK_REACH, PageManager
 from kinetic.engine.scheduler import Scheduler
 from kinetic.engine.sequence import SchedulerConfig, Sequence
-from tests.test_scheduler import FakeModel, assert_all_pages_returned, expected, mix
+from tests.test_scheduler import (FakeModel, assert_all_pages_returned, expected, mix,
+                                  random_drafts)
 
 GONE = -2   # a wiped cell of the sliding-window cache
 
@@ -160,10 +161,7 @@ def test_stress_with_preemption_drafts_and_shared_heads(batch):
             sched.add(pending.pop(0))
         if not (pending or sched.has_work):
             break
-        for seq in sched.running:
-            if seq.num_computed == len(seq.tokens) - 1 and rng.random() < 0.3:
-                truth = expected(seq.tokens, 4, mix)[len(seq.tokens):]
-                sched.set_draft(seq.seq_id, truth[:rng.randrange(5)] + [rng.randrange(100)])
+        random_drafts(sched, rng)
         drafted += sum(c.num_draft for c in step(sched, model, done, batch).chunks)
     assert len(done) == 40
     for seq in seqs:
