@@ -25,7 +25,8 @@ import sys
 
 from kinetic import __version__
 from kinetic.progress import progress_printer
-from kinetic.serve_cli import add_serve, add_weight_flags, resolve_model
+from kinetic.serve_cli import add_serve, add_weight_flags, apply_compile_cache_flag, \
+    resolve_model
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -36,6 +37,7 @@ def cmd_run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     import kinetic.llm
+    apply_compile_cache_flag(args)
     model = kinetic.llm.load(path, n_ctx=args.ctx_size, dtype=args.dtype, draft=draft,
                              progress=progress_printer("loading"), mmproj=args.mmproj,
                              kernel=args.kernel or "auto")

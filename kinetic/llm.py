@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
+from kinetic import compile_cache as _compile_cache
 from kinetic.engine.engine import Engine
 from kinetic.memory import drop_staging_caches
 from kinetic.engine.engine_config import CACHE_TYPES, EngineConfig
@@ -219,7 +220,8 @@ def load(path: str | os.PathLike[str], *, n_ctx: int = 4096, dtype: str = "bfloa
          llama_rounding: bool = True, kernel: str = "auto",
          progress: Callable[[int, int], None] | None = None,
          mmproj: str | os.PathLike[str] | None = None,
-         cache_type: str = "f16", swa_full: bool = False) -> "Model | EmbeddingModel":
+         cache_type: str = "f16", swa_full: bool = False,
+         compile_cache: bool | None = None) -> "Model | EmbeddingModel":
     """Load a GGUF model for use from Python: a Model for a text model, an
     kinetic.embedding.EmbeddingModel for an embedding or ranking model (one whose file has a
     pooling type; n_ctx, kernel and progress apply to it, the rest is for generation).
@@ -242,9 +244,12 @@ def load(path: str | os.PathLike[str], *, n_ctx: int = 4096, dtype: str = "bfloa
     "f16" (the default, as llama.cpp's), "f32", "bf16" or "q8_0" (docs/server.md);
     swa_full: keep the sliding-window layers' rows past their window (llama-server's
     --swa-full; by default the C++ kernel hands their memory back: kinetic/engine/
-    sliding_window.py).
+    sliding_window.py); compile_cache: keep compiled executables on disk and load them on a
+    later start (kinetic/compile_cache.py; None: on unless KINETIC_COMPILE_CACHE=0).
     Raises a ValueError subclass naming the problem for a file that cannot be used.
     """
+    if compile_cache is not None:
+        _compile_cache.set_enabled(compile_cache)
     if cache_type not in CACHE_TYPES:
         raise ValueError(f"cache_type {cache_type!r}: one of {', '.join(CACHE_TYPES)}")
     config = EngineConfig(parallel=parallel, n_ctx=n_ctx, step_tokens=step_tokens,
@@ -273,6 +278,7 @@ def open_model(path: str | os.PathLike[str], config: EngineConfig, *, dtype: str
     the file's ("none", "mean", "cls" or "last"; llama-server's --pooling). mmproj: a
     vision projector for the text model (--mmproj), checked against it."""
     stage = stage or (lambda label: None)
+    _compile_cache.configure()
     loaded = load_model(os.fspath(path), dtype=dtype, act_quant=llama_rounding,
                         progress=stage("loading"), kernel=kernel, defer_repack=True)
     tokenizer = Tokenizer.from_metadata(loaded.file.metadata)

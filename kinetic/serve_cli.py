@@ -116,7 +116,8 @@ def serve_options(args: argparse.Namespace):
 
 
 def add_weight_flags(command: argparse.ArgumentParser) -> None:
-    """--kernel and --dtype: what multiplies the weights (kinetic run and serve)."""
+    """--kernel and --dtype: what multiplies the weights, and --no-compile-cache (kinetic run
+    and serve)."""
     command.add_argument("--kernel", choices=["auto", "ffi", "xla", "pallas"], default=None,
                          help="what multiplies the weights: ffi (kinetic's C++ kernel, the "
                          "default on CPU), pallas (Pallas kernels, the default on a GPU; "
@@ -126,6 +127,10 @@ def add_weight_flags(command: argparse.ArgumentParser) -> None:
                          help="compute type of the weights when they are dequantized "
                          "(--kernel xla; default bfloat16); the other kernels read the GGUF "
                          "blocks themselves")
+    command.add_argument("--no-compile-cache", action="store_true",
+                         help="compile every shape again instead of loading what an earlier "
+                         "start compiled (kept in KINETIC_COMPILE_CACHE_DIR, else "
+                         "~/.cache/kinetic/compiled; KINETIC_COMPILE_CACHE=0 does the same)")
 
 
 def _names(value: str | None) -> tuple[str, ...]:
@@ -199,7 +204,17 @@ def _chat_template(args: argparse.Namespace) -> str | None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from kinetic.api.server import run
+    apply_compile_cache_flag(args)
     return run(*serve_options(args))
+
+
+def apply_compile_cache_flag(args: argparse.Namespace) -> None:
+    """--no-compile-cache: compile everything again (kinetic/compile_cache.py); set in the
+    environment too, for the processes this one starts."""
+    if args.no_compile_cache:
+        from kinetic import compile_cache
+        compile_cache.set_enabled(False)
+        os.environ["KINETIC_COMPILE_CACHE"] = "0"
 
 
 def add_serve(sub) -> None:

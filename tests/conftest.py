@@ -11,18 +11,21 @@ import pytest
 
 
 def _share_compiled_code() -> None:
-    """One persistent XLA compilation cache for the whole session, in a directory of its own
-    that goes with it: the same step shapes compile in many tests (every server a test starts
+    """One persistent compilation cache for the whole session, in directories of their own
+    that go with it: kinetic's (kinetic/compile_cache.py: the steps and the sampler) and
+    XLA's (the rest). The same step shapes compile in many tests (every server a test starts
     compiles its model's shapes again, and _free_compiled_code below drops the session's
     between modules), and a compile found there is loaded instead (the same executable, so
     the same bits). Set here, before anything imports jax, and in the environment, so that
-    the servers the tests start share it. A JAX_COMPILATION_CACHE_DIR already set is kept."""
-    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
-        return
-    path = tempfile.mkdtemp(prefix="kinetic-tests-xla-")
-    atexit.register(shutil.rmtree, path, ignore_errors=True)
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = path
-    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    the servers the tests start share them; never the user's own ~/.cache/kinetic/compiled.
+    Directories already set are kept."""
+    for var, prefix in (("KINETIC_COMPILE_CACHE_DIR", "kinetic-tests-compiled-"),
+                        ("JAX_COMPILATION_CACHE_DIR", "kinetic-tests-xla-")):
+        if not os.environ.get(var):
+            path = tempfile.mkdtemp(prefix=prefix)
+            atexit.register(shutil.rmtree, path, ignore_errors=True)
+            os.environ[var] = path
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 
 _share_compiled_code()
@@ -94,5 +97,7 @@ def _free_compiled_code():
     import gc
 
     import jax
+    from kinetic import compile_cache
     gc.collect()
     jax.clear_caches()
+    compile_cache.clear()

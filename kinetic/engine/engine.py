@@ -34,6 +34,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from kinetic import compile_cache
 from kinetic.engine.draft_model import DraftModel
 from kinetic.engine.engine_config import EngineConfig
 from kinetic.engine.host_cache import HostPageStore
@@ -289,6 +290,7 @@ class Engine:
         # is handed back (Runner.compile warms up on zero weights)
         self.runner.model.finish_repack()
         drop_code_pages()   # XLA's and LLVM's passes: serving never runs them again
+        compile_cache.trim()   # the disk cache within its bound
 
     def prepare_post_sampling(self) -> None:
         """Compile sampler.distribution_rows (post-sampling probabilities) at the chain's
@@ -375,11 +377,18 @@ def _releasing(progress):
     compiler's code pages and the heap's free memory. Each compile's peak sits on what the
     ones before it left: SmolLM2 at -np 8, VmHWM after Engine.compile 594 MiB with all three
     handed back only at the end, 541 dropping the code pages after each, 472 with the
-    staging caches too (docs/performance.md, Memory III)."""
+    staging caches too (docs/performance.md, Memory III). Nothing is handed back after a
+    shape whose executables were all loaded from the disk cache (kinetic/compile_cache.py):
+    loading runs no compiler."""
+    seen = [None]
+
     def step(done: int, total: int) -> None:
-        drop_staging_caches()
-        drop_code_pages()
-        release_memory()
+        compiled = compile_cache.counts()["compiled"]
+        if compiled != seen[0]:
+            seen[0] = compiled
+            drop_staging_caches()
+            drop_code_pages()
+            release_memory()
         if progress:
             progress(done, total)
     return step

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kinetic import compile_cache
 from kinetic.kernels import REPACK16
 from kinetic.kernels import ffi as native
 from kinetic.engine.recurrent_state import RecurrentState, StateSnapshot
@@ -469,13 +470,17 @@ class Runner:
 def _compiled_step(forward, cfg):
     """One jitted step per (architecture, config): runners of the same model share its
     compiled shapes instead of compiling again."""
-    return jax.jit(partial(_forward, forward, cfg), donate_argnums=(2,), static_argnums=(4,))
+    return compile_cache.jit(partial(_forward, forward, cfg), name="step",
+                             context=(forward, cfg), donate_argnums=(2,),
+                             static_argnums=(4,))
 
 
 @functools.cache
 def _compiled_decode(forward, cfg):
     """decode_steps' jitted loop, shared like _compiled_step."""
-    return jax.jit(partial(_decode_loop, forward, cfg), donate_argnums=(2,), static_argnums=(5,))
+    return compile_cache.jit(partial(_decode_loop, forward, cfg), name="decode",
+                             context=(forward, cfg), donate_argnums=(2,),
+                             static_argnums=(5,))
 
 
 def _pack(parts: list[tuple[str, np.ndarray]]) -> tuple[np.ndarray, tuple]:

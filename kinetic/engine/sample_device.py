@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kinetic import compile_cache
 from kinetic.engine import sampler
 from kinetic.engine.request import MAX_LOGPROBS
 from kinetic.engine.sample_batch import (SampleBatch, SampleShape, full_mask, pack_pairs,
@@ -56,7 +57,7 @@ def greedy_tokens(logits: jax.Array, bias: sampler.Sparse, mask: jax.Array | Non
     return sampler.greedy(logits, bias, mask)
 
 
-_greedy = jax.jit(greedy_tokens, static_argnames=("exact",))
+_greedy = compile_cache.jit(greedy_tokens, name="greedy_tokens", static_argnames=("exact",))
 
 # XLA's options for the chain's executables on CPU: its older fusion emitters. With the newer
 # (MLIR) ones compiling the chain took 290 MiB at its peak, which was a served SmolLM2's
@@ -67,15 +68,16 @@ _greedy = jax.jit(greedy_tokens, static_argnames=("exact",))
 CHAIN_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
 
 
-def _compile_chain(lowered):
-    """A lowered chain compiled with CHAIN_OPTIONS on CPU; without them elsewhere, or where
-    this XLA does not know them (they change the memory compiling takes, not the draws)."""
+def _chain_executable(fn, args: tuple, max_candidates: int):
+    """fn (a compile_cache.jit chain) compiled for args, with CHAIN_OPTIONS on CPU; without
+    them elsewhere, or where this XLA does not know them (they change the memory compiling
+    takes, not the draws). Called with args."""
     if jax.default_backend() == "cpu":
         try:
-            return lowered.compile(compiler_options=CHAIN_OPTIONS)
+            return fn.with_options(CHAIN_OPTIONS).executable(*args, max_candidates=max_candidates)
         except jax.errors.JaxRuntimeError:
             pass
-    return lowered.compile()
+    return fn.executable(*args, max_candidates=max_candidates)
 
 
 class DeviceSampler:
@@ -175,9 +177,8 @@ class DeviceSampler:
         with self._chains_lock:
             exe = self._chains.get(key)
             if exe is None:
-                exe = self._chains[key] = _compile_chain(fn.lower(
-                    *self._warm_chain(shape, shape.chain_bucket),
-                    max_candidates=shape.max_candidates))
+                exe = self._chains[key] = _chain_executable(
+                    fn, self._warm_chain(shape, shape.chain_bucket), shape.max_candidates)
             return exe
 
     def _warm_chain(self, shape: SampleShape, B: int) -> tuple:

@@ -50,6 +50,7 @@ import jax.numpy as jnp
 from jax import lax
 
 # the host side (numpy, no JAX): the engine's sampling inputs are built there
+from kinetic import compile_cache
 from kinetic.engine.sample_batch import (MAX_CANDIDATES, full_mask, initial_mu,  # noqa: F401
                                          pack_pairs, penalties_on, plain_greedy, row_fields)
 from kinetic.engine.sampling_params import SamplingParams
@@ -117,14 +118,14 @@ class Sparse(NamedTuple):
 
 # --- the jitted chain ------------------------------------------------------------------
 
-@jax.jit
+@functools.partial(compile_cache.jit, name="pick_rows")
 def pick_rows(logits: jax.Array, rows: jax.Array) -> jax.Array:
     """logits[rows] for rows [B] of in-range row indices, as one compiled call (eager
     indexing would dispatch and compile a handful of small programs per shape)."""
     return jnp.take(logits, rows, axis=0, mode="clip")
 
 
-@jax.jit
+@functools.partial(compile_cache.jit, name="greedy")
 def greedy(logits: jax.Array, bias: Sparse | jax.Array, mask: jax.Array) -> jax.Array:
     """The tokens `sample` draws for rows that are all plain_greedy, at a fraction of its
     cost: the first index of the row maximum after the mask and the bias (-1 if the row
@@ -195,7 +196,7 @@ def _row_of(i: jax.Array, tree):
     return jax.tree.map(row, tree)
 
 
-@functools.partial(jax.jit, static_argnames=("max_candidates",))
+@functools.partial(compile_cache.jit, name="sample_rows", static_argnames=("max_candidates",))
 def sample_rows(logits: jax.Array, params: RowParams, history: jax.Array,
                 bias: Sparse | jax.Array, mask: jax.Array, dry: Sparse | jax.Array | None,
                 n: jax.Array, *, max_candidates: int = MAX_CANDIDATES
@@ -216,7 +217,7 @@ def sample_rows(logits: jax.Array, params: RowParams, history: jax.Array,
     return lax.fori_loop(0, n, one, (jnp.full((B,), -1, jnp.int32), params.mu))
 
 
-@functools.partial(jax.jit, static_argnames=("max_candidates",))
+@functools.partial(compile_cache.jit, name="distribution_rows", static_argnames=("max_candidates",))
 def distribution_rows(logits: jax.Array, params: RowParams, history: jax.Array,
                       bias: Sparse | jax.Array, mask: jax.Array, dry: Sparse | jax.Array | None,
                       n: jax.Array, *, max_candidates: int = MAX_CANDIDATES) -> jax.Array:
@@ -298,7 +299,7 @@ def _front(logits, p: RowParams, history, bias, mask, dry, max_candidates: int) 
     return _Front(x_bias, x_pen, cut, greedy, greedy_tok, temp, u_draw, u_xtc, full, ci, cxt, ckeep)
 
 
-@functools.partial(jax.jit, static_argnames=("n",))
+@functools.partial(compile_cache.jit, name="logprobs", static_argnames=("n",))
 def logprobs(logits: jax.Array, tokens: jax.Array, n: int) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Log-softmax of the raw logits (before any sampler, as llama-server reports them):
     (chosen_logprob [B], top_ids [B, n], top_logprobs [B, n]), the top n by descending

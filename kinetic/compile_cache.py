@@ -1,0 +1,382 @@
+"""Compiled executables kept on disk, so that a later start loads them instead of compiling.
+
+A start compiles every step, decode-loop and sampler shape before /health says ok (tens of
+seconds on 2 cores, Engine.compile). JAX's own persistent cache keys an executable by its
+lowered program, so a warm start still traces and lowers every shape first (most of a
+warm start's time); `jit` here keys it by what the program is made from instead, and a
+warm start only loads it:
+
+- the **build**: a hash of kinetic's own Python sources and kernel library, jax's and
+  jaxlib's versions, the backend and device kind, the CPU (/proc/cpuinfo's model and feature
+  flags: XLA compiles for the CPU it runs on), the CPU count, the jax settings that change
+  a program, and every XLA_*, JAX_* and KINETIC_* environment variable. Any change gives
+  a new directory (`build_dir`): nothing compiled by another build is ever read;
+- the **call**: the function's name, what it was bound to (`context`: the model's Config,
+  say), its static arguments, and the structure, shapes and dtypes of its other arguments
+  (the weights' offsets and formats are in that structure: weights.split_buffer's skeleton).
+
+What is made from anything else (a global read while tracing) must be in `context` or in
+the build. Shapes not wrapped here go through JAX's own persistent cache, which `configure`
+points at the build's directory too (keyed by their lowered program: always right, slower
+to find).
+
+On by default, under `$KINETIC_COMPILE_CACHE_DIR`, else ~/.cache/kinetic/compiled;
+`KINETIC_COMPILE_CACHE=0` (or `kinetic serve --no-compile-cache`, `kinetic.load(...,
+compile_cache=False)`) turns it off. The whole directory is bounded
+(`KINETIC_COMPILE_CACHE_MAX_MB`, default 1024): `trim` removes the least recently used
+files past it. An entry that cannot be read or loaded is removed and compiled again; files
+are written whole (a temporary name, then renamed), so two processes may share the cache."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import logging
+import os
+import pickle
+import sys
+import tempfile
+import threading
+import weakref
+from pathlib import Path
+
+import jax
+
+from kinetic.kernels import target
+
+log = logging.getLogger("kinetic.compile_cache")
+
+DEFAULT_MAX_MB = 1024
+# the jax settings that change what a traced function lowers to
+_JAX_SETTINGS = ("jax_enable_x64", "jax_default_matmul_precision", "jax_numpy_rank_promotion",
+                 "jax_numpy_dtype_promotion", "jax_default_prng_impl",
+                 "jax_threefry_partitionable", "jax_platforms", "jax_use_shardy_partitioner")
+_ENV_PREFIXES = ("XLA_", "JAX_", "KINETIC_")
+# ... but not these, which only say where and whether this cache runs
+_ENV_IGNORED = ("KINETIC_COMPILE_CACHE", "KINETIC_COMPILE_CACHE_DIR",
+                "KINETIC_COMPILE_CACHE_MAX_MB", "JAX_COMPILATION_CACHE_DIR",
+                "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "KINETIC_CACHE")
+
+_lock = threading.Lock()
+_instances: weakref.WeakSet = weakref.WeakSet()   # every jit, for clear()
+_state = {"enabled": None, "build": None, "loaded": 0, "compiled": 0}
+
+
+def enabled() -> bool:
+    """Whether executables are read from and written to disk: `set_enabled`'s choice, else
+    on unless KINETIC_COMPILE_CACHE is 0, off, false or no."""
+    if _state["enabled"] is None:
+        flag = os.environ.get("KINETIC_COMPILE_CACHE", "1").strip().lower()
+        _state["enabled"] = flag not in ("0", "off", "false", "no")
+    return _state["enabled"]
+
+
+def set_enabled(on: bool) -> None:
+    _state["enabled"] = bool(on)
+
+
+def root() -> Path:
+    env = os.environ.get("KINETIC_COMPILE_CACHE_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "kinetic" / "compiled"
+
+
+def max_bytes() -> int:
+    try:
+        mb = float(os.environ.get("KINETIC_COMPILE_CACHE_MAX_MB", DEFAULT_MAX_MB))
+    except ValueError:
+        mb = DEFAULT_MAX_MB
+    return int(max(mb, 0) * 2**20)
+
+
+def counts() -> dict[str, int]:
+    """Executables loaded from disk and compiled by `jit` in this process so far."""
+    return {"loaded": _state["loaded"], "compiled": _state["compiled"]}
+
+
+def build_dir() -> Path:
+    """This build's directory under root() (the module docstring's build hash)."""
+    with _lock:
+        if _state["build"] is None:
+            _state["build"] = _build_hash()
+        return root() / _state["build"]
+
+
+def configure() -> None:
+    """Point JAX's own persistent cache at build_dir()/xla for the shapes `jit` does not
+    wrap (unless the process set JAX_COMPILATION_CACHE_DIR itself, as the tests do), when
+    the cache is on. Call before the first compile."""
+    if not enabled() or os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return
+    jax.config.update("jax_compilation_cache_dir", str(build_dir() / "xla"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+
+def _build_hash() -> str:
+    h = hashlib.sha256()
+    package = Path(__file__).resolve().parent
+    for path in sorted(package.rglob("*")):
+        if path.suffix in (".py", ".so", ".lark", ".jinja") and path.is_file():
+            h.update(str(path.relative_to(package)).encode())
+            h.update(path.read_bytes())
+    import jaxlib
+    h.update(f"{jax.__version__} {jaxlib.__version__} {sys.version}".encode())
+    device = jax.devices()[0]
+    h.update(f"{device.platform} {device.device_kind} {jax.default_backend()}".encode())
+    h.update(_cpu().encode())
+    h.update(str(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                 else os.cpu_count()).encode())
+    for name in _JAX_SETTINGS:
+        h.update(f"{name}={jax.config.values.get(name)!r}".encode())
+    for key in sorted(os.environ):
+        if key.startswith(_ENV_PREFIXES) and key not in _ENV_IGNORED:
+            h.update(f"{key}={os.environ[key]}".encode())
+    return h.hexdigest()[:20]
+
+
+def _cpu() -> str:
+    """The first processor's identity and feature flags from /proc/cpuinfo ('' elsewhere)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        import platform
+        return platform.processor() + platform.machine()
+    first = text.split("\n\n", 1)[0]
+    keep = ("vendor_id", "cpu family", "model", "model name", "flags", "Features",
+            "CPU implementer", "CPU part")
+    return "\n".join(line for line in first.splitlines()
+                     if line.split(":", 1)[0].strip() in keep)
+
+
+# --- the wrapped functions ----------------------------------------------------------------
+
+
+class jit:
+    """jax.jit(fun, ...) whose executables are kept on disk (the module docstring).
+    `name` names the function in the key; `context` is what the function closes over that
+    its arguments do not carry (a tuple of values whose repr says all of them, and of
+    functions, keyed by name). Calls as the jitted function does; `lower` is the jitted
+    function's. persist: True where the caller vouches that name and context say what the
+    function computes (None: the rule above).
+    """
+
+    def __init__(self, fun, *, name: str, context=(), static_argnums=(), static_argnames=(),
+                 donate_argnums=(), compiler_options: dict | None = None,
+                 persist: bool | None = None):
+        self._args = dict(fun=fun, name=name, context=context, static_argnums=static_argnums,
+                          static_argnames=static_argnames, donate_argnums=donate_argnums,
+                          persist=persist)
+        self._static_nums, self._static_names = _statics(fun, static_argnums, static_argnames)
+        self._jit = jax.jit(fun, static_argnums=self._static_nums,
+                            static_argnames=self._static_names, donate_argnums=donate_argnums)
+        self._name = name
+        # functions are keyed by name: only kinetic's own module-level ones, whose code the
+        # build hash covers; with any other (a test's mock, a closure) the executables stay
+        # in memory only
+        functions = [f for f in (*_parts(fun), *context) if callable(f)]
+        self._disk = all(_named(f) for f in functions) if persist is None else persist
+        self._context = tuple(_describe(c) for c in context)
+        self._options = dict(compiler_options or {})
+        self._executables: dict = {}
+        self._variants: dict = {}
+        self._lock = threading.Lock()
+        _instances.add(self)
+
+    def with_options(self, compiler_options: dict) -> "jit":
+        """This function compiled with XLA's `compiler_options` (kept apart on disk)."""
+        key = tuple(sorted(compiler_options.items()))
+        with self._lock:
+            if key not in self._variants:
+                self._variants[key] = jit(**self._args, compiler_options=compiler_options)
+            return self._variants[key]
+
+    def lower(self, *args, **kwargs):
+        return self._jit.lower(*args, **kwargs)
+
+    def __call__(self, *args, **kwargs):
+        if not enabled() and not self._options:
+            return self._jit(*args, **kwargs)
+        dyn_args, dyn_kwargs = self._dynamic(args, kwargs)
+        return self._executable(args, kwargs, (dyn_args, dyn_kwargs))(*dyn_args, **dyn_kwargs)
+
+    def executable(self, *args, **kwargs):
+        """The executable a call with these arguments runs (loaded or compiled now); it is
+        called with the arguments that are not static."""
+        return self._executable(args, kwargs, self._dynamic(args, kwargs))
+
+    def _cache_size(self) -> int:
+        """Executables held in memory (jax.jit's own count while the cache is off)."""
+        return (len(self._executables) + self._jit._cache_size()
+                + sum(v._cache_size() for v in self._variants.values()))
+
+    def _dynamic(self, args, kwargs) -> tuple[tuple, dict]:
+        return (tuple(a for i, a in enumerate(args) if i not in self._static_nums),
+                {k: v for k, v in kwargs.items() if k not in self._static_names})
+
+    def _executable(self, args, kwargs, dyn):
+        static = (target.backend(),   # a trace for the GPU differs (kernels/target.py)
+                  tuple(args[i] for i in self._static_nums if i < len(args)),
+                  tuple(sorted((k, v) for k, v in kwargs.items() if k in self._static_names)))
+        leaves, tree = jax.tree_util.tree_flatten(dyn)
+        signature = (static, tree, tuple(_aval(x) for x in leaves))
+        exe = self._executables.get(signature)
+        if exe is None:
+            with self._lock:
+                exe = self._executables.get(signature)
+                if exe is None:
+                    exe = self._executables[signature] = self._load_or_compile(
+                        signature, args, kwargs, tree)
+        return exe
+
+    def _load_or_compile(self, signature, args, kwargs, tree):
+        if not enabled() or not self._disk:
+            return self._compile(args, kwargs)
+        static, _, avals = signature
+        key = hashlib.sha256(repr((self._name, self._context, static, tree, avals,
+                                   sorted(self._options.items()))).encode()).hexdigest()
+        path = build_dir() / f"{self._name}-{key[:32]}.exe"
+        exe = _load(path, tree)
+        if exe is not None:
+            _state["loaded"] += 1
+            return exe
+        exe = self._compile(args, kwargs)
+        _state["compiled"] += 1
+        _store(path, exe)
+        return exe
+
+    def _compile(self, args, kwargs):
+        lowered = self._jit.lower(*args, **kwargs)
+        return lowered.compile(self._options) if self._options else lowered.compile()
+
+
+def _parts(fun) -> list:
+    """fun, or a functools.partial's function and the values it binds."""
+    if isinstance(fun, functools.partial):
+        return [*_parts(fun.func), *fun.args, *fun.keywords.values()]
+    return [fun]
+
+
+def _named(fn) -> bool:
+    """Whether fn is a module-level function of kinetic (its name says what it does)."""
+    module, name = getattr(fn, "__module__", None) or "", getattr(fn, "__qualname__", "<")
+    return (module == "kinetic" or module.startswith("kinetic.")) and "<" not in name
+
+
+def _describe(value):
+    return f"{value.__module__}.{value.__qualname__}" if callable(value) and _named(value) \
+        else value
+
+
+def _statics(fun, nums, names) -> tuple[tuple, tuple]:
+    """The static arguments' positions and names both ways, as jax.jit infers them from the
+    signature (an argument may be given either way)."""
+    nums, names = set(nums), set(names)
+    try:
+        params = list(inspect.signature(fun).parameters.values())
+    except (TypeError, ValueError):
+        return tuple(sorted(nums)), tuple(sorted(names))
+    for i, p in enumerate(params):
+        if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            continue
+        if p.name in names:
+            nums.add(i)
+        if i in nums and p.kind == p.POSITIONAL_OR_KEYWORD:
+            names.add(p.name)
+    return tuple(sorted(nums)), tuple(sorted(names))
+
+
+def clear() -> None:
+    """Drop every executable the jit functions hold in memory (as jax.clear_caches drops
+    jax.jit's): each is loaded or compiled again on its next call."""
+    for fn in list(_instances):
+        with fn._lock:
+            fn._executables.clear()
+
+
+def _aval(x) -> tuple:
+    return (getattr(x, "shape", None), str(getattr(x, "dtype", type(x).__name__)),
+            bool(getattr(x, "weak_type", False)))
+
+
+def _load(path: Path, tree):
+    """The executable stored at path, or None (missing, or unreadable: then removed)."""
+    from jax.experimental import serialize_executable
+    try:
+        blob = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        log.warning("compile cache: cannot read %s (%s); compiling", path, e)
+        return None
+    try:
+        _register_handlers()
+        payload, in_tree, out_tree = pickle.loads(blob)
+        if in_tree != tree:
+            raise ValueError("its arguments' structure differs")
+        exe = serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
+    except Exception as e:   # a torn or foreign file: compile again, and replace it
+        log.warning("compile cache: dropping %s (%s)", path.name, e)
+        path.unlink(missing_ok=True)
+        return None
+    try:
+        os.utime(path)   # recently used (trim keeps it)
+    except OSError:
+        pass
+    return exe
+
+
+def _register_handlers() -> None:
+    """Register kinetic's C++ kernels with XLA, as tracing a step does: a loaded executable
+    calls them by name."""
+    from kinetic.kernels import ffi
+    if ffi.usable():
+        ffi.register()
+
+
+def _store(path: Path, exe) -> None:
+    """Write exe at path whole (a temporary file renamed over it); a cache that cannot be
+    written is only logged."""
+    from jax.experimental import serialize_executable
+    try:
+        blob = pickle.dumps(serialize_executable.serialize(exe))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob)
+        os.replace(tmp, path)
+    except Exception as e:
+        log.warning("compile cache: cannot write %s (%s)", path, e)
+
+
+def trim(limit: int | None = None) -> int:
+    """Remove the least recently used files under root() until the whole is at most
+    `limit` bytes (max_bytes()), empty build directories after. Returns bytes removed."""
+    limit = max_bytes() if limit is None else limit
+    base = root()
+    if not base.is_dir():
+        return 0
+    files = []
+    for path in base.rglob("*"):
+        try:
+            if path.is_file():
+                st = path.stat()
+                files.append((st.st_mtime, st.st_size, path))
+        except OSError:
+            continue
+    total = sum(size for _, size, _ in files)
+    removed = 0
+    for _, size, path in sorted(files):
+        if total - removed <= limit:
+            break
+        try:
+            path.unlink()
+            removed += size
+        except OSError:
+            continue
+    for path in sorted(base.rglob("*"), key=lambda p: -len(p.parts)):
+        if path.is_dir():
+            try:
+                path.rmdir()   # only if empty
+            except OSError:
+                pass
+    return removed
