@@ -197,11 +197,14 @@ class jit:
         if not enabled() and not self._options:
             return self._jit(*args, **kwargs)
         dyn_args, dyn_kwargs = self._dynamic(args, kwargs)
-        return self._executable(args, kwargs, (dyn_args, dyn_kwargs))(*dyn_args, **dyn_kwargs)
+        exe = self._executable(args, kwargs, (dyn_args, dyn_kwargs))
+        if exe is None:   # called inside another function's trace: as jax.jit is
+            return self._jit(*args, **kwargs)
+        return exe(*dyn_args, **dyn_kwargs)
 
     def executable(self, *args, **kwargs):
         """The executable a call with these arguments runs (loaded or compiled now); it is
-        called with the arguments that are not static."""
+        called with the arguments that are not static. None for tracers."""
         return self._executable(args, kwargs, self._dynamic(args, kwargs))
 
     def _cache_size(self) -> int:
@@ -218,6 +221,8 @@ class jit:
                   tuple(args[i] for i in self._static_nums if i < len(args)),
                   tuple(sorted((k, v) for k, v in kwargs.items() if k in self._static_names)))
         leaves, tree = jax.tree_util.tree_flatten(dyn)
+        if any(isinstance(x, jax.core.Tracer) for x in leaves):
+            return None
         signature = (static, tree, tuple(_aval(x) for x in leaves))
         exe = self._executables.get(signature)
         if exe is None:
