@@ -184,8 +184,17 @@ def cmd_verify_receipt(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser with its errors in one line (its own print the whole usage first):
+    `kinetic serve: argument -ctk/--cache-type-k: invalid choice: ... (kinetic serve --help
+    lists the flags)`, exit status 2. Subcommands' parsers are of this class too."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} ({self.prog} --help lists the flags)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kinetic", description="LLM inference on JAX/XLA for GGUF "
+    p = _Parser(prog="kinetic", description="LLM inference on JAX/XLA for GGUF "
                                 "models, with answers that never depend on load.")
     p.add_argument("--version", action="version", version=f"kinetic {__version__}")
     sub = p.add_subparsers(dest="command", required=True)

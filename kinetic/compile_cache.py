@@ -155,8 +155,8 @@ class jit:
     """jax.jit(fun, ...) whose executables are kept on disk (the module docstring).
     `name` names the function in the key; `context` is what the function closes over that
     its arguments do not carry (a tuple of values whose repr says all of them, and of
-    functions, keyed by name). Calls as the jitted function does; `lower` is the jitted
-    function's. persist: True where the caller vouches that name and context say what the
+    functions, keyed by name). Calls as the jitted function does; its other attributes
+    (`lower`, `trace`...) are the jitted function's. persist: True where the caller vouches that name and context say what the
     function computes (None: the rule above).
     """
 
@@ -190,8 +190,11 @@ class jit:
                 self._variants[key] = jit(**self._args, compiler_options=compiler_options)
             return self._variants[key]
 
-    def lower(self, *args, **kwargs):
-        return self._jit.lower(*args, **kwargs)
+    def __getattr__(self, name: str):
+        """lower, trace, eval_shape...: the jitted function's."""
+        if name.startswith("__") or name in ("_jit", "_args"):
+            raise AttributeError(name)
+        return getattr(self._jit, name)
 
     def __call__(self, *args, **kwargs):
         if not enabled() and not self._options:

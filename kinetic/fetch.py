@@ -173,13 +173,27 @@ def marker_path(path: Path) -> Path:
     return path.with_name(path.name + _MARKER_SUFFIX)
 
 
-def write_marker(path: Path, digest: str) -> None:
-    """Record beside `path` that the file, at its present size and mtime, has this SHA-256."""
+def digest_record(path: Path) -> Path:
+    """Where file_sha256 records a file's digest: its marker beside it inside kinetic's model
+    cache (cache_dir()), else a file of its own under the cache's sibling `digests/` folder,
+    named by the file's real path: nothing is ever written beside a user's own file."""
+    real = Path(os.path.realpath(path))
+    cache = Path(os.path.realpath(cache_dir()))
+    if real.is_relative_to(cache):
+        return marker_path(path)
+    name = hashlib.sha256(str(real).encode()).hexdigest()[:32]
+    return cache.parent / "digests" / f"{name}.json"
+
+
+def write_marker(path: Path, digest: str, marker: Path | None = None) -> None:
+    """Record that the file at `path`, at its present size and mtime, has this SHA-256: in
+    `marker` (default: beside it, marker_path)."""
     st = path.stat()
     data = json.dumps({"sha256": digest, "size": st.st_size, "mtime_ns": st.st_mtime_ns})
-    marker = marker_path(path)
+    marker = marker or marker_path(path)
     tmp = marker.with_name(f".{marker.name}.{os.getpid()}")
     try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(data + "\n")
         os.replace(tmp, marker)
     except OSError:
@@ -219,12 +233,14 @@ def recorded_digest(path: Path) -> str | None:
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
-    """The SHA-256 of any file (a model given by path, for receipts), read from its
-    `.sha256-ok` marker while the file's size and mtime are still those the marker records;
-    otherwise hashed once and the marker written (or not, in a read-only folder)."""
+    """The SHA-256 of any file (a model given by path, for receipts), read from its record
+    (digest_record: beside it in the model cache, else under `digests/`) while the file's
+    size and mtime are still those the record holds; otherwise hashed once and the record
+    written (or not, where it cannot be)."""
     path = Path(path)
+    record = digest_record(path)
     try:
-        rec = json.loads(marker_path(path).read_text())
+        rec = json.loads(record.read_text())
         st = path.stat()
         if rec["size"] == st.st_size and rec["mtime_ns"] == st.st_mtime_ns \
                 and re.fullmatch(r"[0-9a-f]{64}", rec["sha256"]):
@@ -232,7 +248,7 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
     except (OSError, ValueError, KeyError, TypeError):
         pass
     digest = hash_file(path)
-    write_marker(path, digest)
+    write_marker(path, digest, record)
     return digest
 
 

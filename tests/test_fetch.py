@@ -268,3 +268,30 @@ def test_default_cache_files_verify(key, monkeypatch):
     if not (fetch.cache_dir() / fetch.MODELS[key].filename).is_file():
         pytest.skip(f"{key} is not in {fetch.cache_dir()}; run `kinetic pull {key}`")
     assert fetch.model_path(key) == fetch.cache_dir() / fetch.MODELS[key].filename
+
+
+def test_a_model_given_by_path_gets_no_file_beside_it(cache, tmp_path, monkeypatch):
+    """file_sha256 (a receipt's model hash) of a user's own GGUF records the digest under
+    the cache's digests/ folder, never beside the file; it is read back while the file's
+    size and mtime hold, hashed again once they change."""
+    own = tmp_path / "mine"
+    own.mkdir()
+    model = own / "model.gguf"
+    model.write_bytes(b"GGUF" + bytes(100))
+    digest = hashlib.sha256(model.read_bytes()).hexdigest()
+    assert fetch.file_sha256(model) == digest
+    assert [p.name for p in own.iterdir()] == ["model.gguf"]
+    [record] = (cache.parent / "digests").iterdir()
+    assert json.loads(record.read_text())["sha256"] == digest
+    monkeypatch.setattr(fetch, "hash_file", lambda path: pytest.fail("hashed again"))
+    assert fetch.file_sha256(model) == digest
+    monkeypatch.undo()
+    monkeypatch.setenv("KINETIC_CACHE", str(cache))
+    model.write_bytes(b"GGUF" + bytes(101))
+    assert fetch.file_sha256(model) == hashlib.sha256(model.read_bytes()).hexdigest()
+    # inside the model cache the marker stays beside the file, as kinetic pull writes it
+    cache.mkdir()
+    pulled = cache / "pulled.gguf"
+    pulled.write_bytes(b"GGUF" + bytes(7))
+    fetch.file_sha256(pulled)
+    assert fetch.marker_path(pulled).is_file()

@@ -1,4 +1,4 @@
-"""The determinism contract (DESIGN.md), bitwise, on a real model: a greedy and a seeded
+"""The determinism contract (docs/architecture.md), bitwise, on a real model: a greedy and a seeded
 request give identical token ids and log-probabilities
   (1) alone, (2) while 3 other requests of different lengths run, (3) with --parallel 1
   and 4, (4) with the prompt cold, fully cached and partly cached, (5) with speculative

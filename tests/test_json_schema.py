@@ -218,6 +218,22 @@ def test_narrowings_stay_valid():
         jsonschema.validate(json.loads(text), schema)
 
 
+def test_numbers_run_to_16_digits_as_llama_cpps():
+    """An integral part and a fraction of at most 16 digits each where no bound says
+    otherwise (llama.cpp's converter bounds them alike): a model cannot write digits until
+    max_tokens inside one number."""
+    check_table(compile_json_schema({"type": "integer"}),
+                ["0", "1234567890123456", "-9999999999999999"],
+                ["12345678901234567", "-12345678901234567", "01"])
+    check_table(compile_json_schema({"type": "number"}),
+                ["1.1234567890123456", "1234567890123456.5e10", "-0.5"],
+                ["1.12345678901234567", "12345678901234567", "1e12345678901234567"])
+    check_table(compile_json_schema({"type": "integer", "minimum": 5}),
+                ["5", "1234567890123456"], ["4", "12345678901234567"])
+    check_table(compile_json_schema({"type": "number", "exclusiveMinimum": 0}),
+                ["0.0000000000000001", "7"], ["0.00000000000000001", "0"])
+
+
 def test_jsonschemabench_compile_rate():
     files = sorted(glob.glob(os.path.join(BENCH, "*.json")))
     assert len(files) == 178

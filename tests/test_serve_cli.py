@@ -152,3 +152,16 @@ def test_cache_type_flags_set_the_kv_cache_type():
 def test_swa_full_keeps_the_sliding_window_rows():
     assert not options()[1].engine.swa_full
     assert options("--swa-full")[1].engine.swa_full
+
+
+@pytest.mark.parametrize("argv", [["serve", "m.gguf", "-ctk", "q4_1"], ["serve", "--bogus"],
+                                  ["run"], ["nothing-such"]])
+def test_a_bad_command_line_is_one_line(argv, capsys):
+    """argparse's errors without its usage block: one line naming the problem and where
+    the flags are listed, exit status 2."""
+    from kinetic.cli import main
+    with pytest.raises(SystemExit) as exit:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit.value.code == 2 and err.count("\n") == 1 and "usage" not in err
+    assert err.startswith("kinetic") and "--help lists the flags" in err

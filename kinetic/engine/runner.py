@@ -4,7 +4,7 @@ host arrays and gets host values back, and imports no JAX.
 
 A step carries up to `step_tokens` rows, whatever mix of prompt chunks and decode rows.
 With the C++ kernels (cfg.kernel "ffi") or the Pallas ones ("pallas") a row's result does
-not depend on how many rows the step has (DESIGN.md; exact_rows), so each step runs at the
+not depend on how many rows the step has (docs/architecture.md, the determinism contract; exact_rows), so each step runs at the
 smallest of a few compiled row buckets (1, 2, 4, ... step_tokens) that holds its rows: one
 stream decodes at M = 1. With XLA's
 dot (kernel "xla"), which is not batch-invariant, every step runs at step_tokens rows. The
@@ -360,7 +360,7 @@ class Runner:
     def key_bucket(self, positions: np.ndarray) -> int:
         """Pages of each slot's table the step reads: the smallest bucket that covers the
         furthest position. Attention over a padded, masked key axis gives the same bits at
-        any padded length (DESIGN.md; tests/test_invariance.py), so short sequences need not
+        any padded length (docs/architecture.md, the determinism contract; tests/test_invariance.py), so short sequences need not
         pay for the whole context."""
         need = (int(positions.max()) // self.config.page_size + 1) if len(positions) else 1
         return next(b for b in self.buckets if b >= need)

@@ -1,6 +1,6 @@
 """The scheduler: which token rows of which sequences go into the next fixed-shape step.
 
-There is no prefill phase and no decode phase (DESIGN.md). A sequence holds `tokens` (prompt
+There is no prefill phase and no decode phase (docs/architecture.md, the determinism contract). A sequence holds `tokens` (prompt
 plus generated) and `num_computed`, how many of them have K/V in the cache; the rows it still
 needs are tokens[num_computed:]. A sequence whose only uncomputed token is its newest one
 gets one "decode" row (plus its draft rows, if the engine set a draft); one with more gets a
@@ -34,7 +34,7 @@ One step, traced:
                registered for reuse, and sequences at max_tokens or the context end finish
                and release their pages at once.
 
-Which rows a step holds never changes a row's result (DESIGN.md): only when it is computed.
+Which rows a step holds never changes a row's result (docs/architecture.md, the determinism contract): only when it is computed.
 
 Images. An image's rows (Sequence.image_keys) are keyed in pages by the image's digest,
 not by their placeholder ids; an image whose rows attend to each other both ways

@@ -45,8 +45,9 @@ _hash_lock = threading.Lock()
 
 def model_record(path: str | os.PathLike[str]) -> dict[str, Any]:
     """{"name", "size", "sha256"} of a model file. The hash is computed once per file: kept
-    in memory and in a `.sha256-ok` marker beside the file (kinetic.fetch's), both keyed by
-    the path, size and mtime, so a changed file is hashed again. Blocking the first time (a
+    in memory and in a record (kinetic.fetch.digest_record: beside a file of kinetic's model
+    cache, else under its `digests/` folder), both keyed by the path, size and mtime, so a
+    changed file is hashed again. Blocking the first time (a
     large file takes seconds): the server calls it from a worker thread."""
     from kinetic.fetch import file_sha256
     real = os.path.realpath(path)
@@ -75,7 +76,7 @@ def _weights(loaded) -> tuple[str, str]:
 
 
 def engine_record(engine) -> dict[str, Any]:
-    """What decides the bits of `engine`'s answers (DESIGN.md, the determinism contract)."""
+    """What decides the bits of `engine`'s answers (docs/architecture.md, the determinism contract)."""
     import jax
 
     from kinetic import kernels

@@ -57,17 +57,18 @@ a test keeps both equal to the table:
   multiples are not built); `$dynamicRef` (dynamic scopes are not followed); `$recursiveRef` (as
   `$dynamicRef`).
 - Narrowed (the grammar may accept fewer texts than the schema, never more; numbers are written
-  canonically, "0" not "-0", integers without ".0"): `properties`: key order fixed: declared
-  order, then extra keys; `additionalProperties`: extra keys written without escapes and never
-  one of the named properties; `patternProperties`: a pattern that matches a named property adds
-  no keys; `minProperties`: met by extra keys with at most one of them; `maxItems`: past
-  `minItems` by more than the `repeat` limit, narrowed to that; `uniqueItems`: the distinct enum
-  values in enum order; `maxLength`: past `minLength` by more than the `repeat` limit, narrowed
-  to that; `pattern`: with `minLength`/`maxLength`, narrowed to fit them; `format`: a subset of
-  each format's syntax: ipv6 in full form, dates without 29 February, hostnames of up to 4
-  labels of up to 62 characters; `minimum`: fractional bounds rounded inward to integers, and no
-  exponent in a bounded number; `maximum`: past the `number_digits` limit, narrowed to the
-  largest number of that many digits.
+  canonically, "0" not "-0", integers without ".0", and, where no bound needs more, with at most
+  16 digits before the point, after it and in the exponent, as llama.cpp's converter writes
+  them): `properties`: key order fixed: declared order, then extra keys; `additionalProperties`:
+  extra keys written without escapes and never one of the named properties; `patternProperties`:
+  a pattern that matches a named property adds no keys; `minProperties`: met by extra keys with
+  at most one of them; `maxItems`: past `minItems` by more than the `repeat` limit, narrowed to
+  that; `uniqueItems`: the distinct enum values in enum order; `maxLength`: past `minLength` by
+  more than the `repeat` limit, narrowed to that; `pattern`: with `minLength`/`maxLength`,
+  narrowed to fit them; `format`: a subset of each format's syntax: ipv6 in full form, dates
+  without 29 February, hostnames of up to 4 labels of up to 62 characters; `minimum`: fractional
+  bounds rounded inward to integers, and no exponent in a bounded number; `maximum`: past the
+  `number_digits` limit, narrowed to the largest number of that many digits.
 - Values, as the meta-schemas of drafts 4 to 2020-12 type them (else a 400 naming the keyword,
   what it must be and the JSON pointer of the value): `if`, `then`, `else`,
   `additionalProperties`, `propertyNames`, `not`, `unevaluatedProperties`, `additionalItems`,

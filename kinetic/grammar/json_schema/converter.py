@@ -20,7 +20,7 @@ from kinetic.grammar.json_schema.keywords import (MISSING, VALIDATION, has_valid
 from kinetic.grammar.json_schema.limits import (SchemaLimits, Unsatisfiable, UnsupportedSchema,
                                                 too_large)
 from kinetic.grammar.json_schema.literals import literal_bytes, of_types, same_json
-from kinetic.grammar.json_schema.numbers import DIGIT, FRAC_ANY, NZ_DIGIT, number
+from kinetic.grammar.json_schema.numbers import DIGIT, FRAC_ANY, INTEGRAL, MAX_DIGITS, number
 from kinetic.grammar.json_schema.objects import ExactlyOne, object_value
 from kinetic.grammar.json_schema.strings import json_char, searcher, string_rule
 from kinetic.grammar.matcher import accepts
@@ -35,10 +35,11 @@ def define_json_rules(b: GrammarBuilder) -> None:
     b.define("ws", Rep(chars([(9, 10), (13, 13), (32, 32)]), 0, WS_MAX))
     b.define("json-char", json_char())
     b.define("json-string", seq(lit('"'), star(Ref("json-char")), lit('"')))
-    integer = seq(opt(lit("-")), alt(lit("0"), seq(NZ_DIGIT, star(DIGIT))))
+    integer = seq(opt(lit("-")), INTEGRAL)   # at most MAX_DIGITS digits, as llama.cpp's
     b.define("json-number", seq(integer, FRAC_ANY,
                                 opt(seq(chars([(69, 69), (101, 101)]),
-                                        opt(chars([(43, 43), (45, 45)])), Rep(DIGIT, 1, None)))))
+                                        opt(chars([(43, 43), (45, 45)])),
+                                        Rep(DIGIT, 1, MAX_DIGITS)))))
     b.define("json-integer", integer)
     ws = Ref("ws")
     kv = seq(Ref("json-string"), ws, lit(":"), ws, Ref("json-value"))

@@ -48,7 +48,9 @@ def keyword_list() -> str:
     narrowed = [f"`{k.name}`: {k.narrowed}" for k in TABLE if k.narrowed]
     out.append(_bullet("Narrowed (the grammar may accept fewer texts than the schema, never "
                        "more; numbers are written canonically, \"0\" not \"-0\", integers "
-                       "without \".0\"): " + "; ".join(narrowed) + "."))
+                       "without \".0\", and, where no bound needs more, with at most 16 "
+                       "digits before the point, after it and in the exponent, as llama.cpp's "
+                       "converter writes them): " + "; ".join(narrowed) + "."))
     types = [", ".join(f"`{k.name}`" for k in TABLE if k.value == name) + f": {v.must}"
              for name, v in VALUES.items() if name != "any" and any(
                  k.value == name for k in TABLE)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from kinetic.grammar.ir import EMPTY, Chars, Ref, Rep, alt, chars, lit, opt, seq, star
+from kinetic.grammar.ir import EMPTY, Chars, Ref, Rep, alt, chars, lit, opt, seq
 from kinetic.grammar.json_schema.limits import SchemaLimits, Unsatisfiable, too_large
 
 
@@ -21,9 +21,15 @@ def char_range(a: str, b: str | None = None):
 DIGIT = char_range("0", "9")
 NZ_DIGIT = char_range("1", "9")
 HEX = chars([(48, 57), (65, 70), (97, 102)])
-FRAC_ANY = opt(seq(lit("."), Rep(DIGIT, 1, None)))
-_FRAC_NONZERO = seq(lit("."), star(DIGIT), NZ_DIGIT, star(DIGIT))
-_FRAC_ZERO = opt(seq(lit("."), Rep(lit("0"), 1, None)))
+# Digits a number may run to where no bound says otherwise, as llama.cpp's converter
+# bounds them (an integral part of up to 16 digits, a fraction of up to 16): a model that
+# keeps writing digits would otherwise run on to max_tokens inside one number.
+MAX_DIGITS = 16
+INTEGRAL = alt(lit("0"), seq(NZ_DIGIT, Rep(DIGIT, 0, MAX_DIGITS - 1)))
+FRAC_ANY = opt(seq(lit("."), Rep(DIGIT, 1, MAX_DIGITS)))
+_FRAC_NONZERO = seq(lit("."), Rep(DIGIT, 0, MAX_DIGITS - 1), NZ_DIGIT,
+                    Rep(DIGIT, 0, MAX_DIGITS - 1))
+_FRAC_ZERO = opt(seq(lit("."), Rep(lit("0"), 1, MAX_DIGITS)))
 
 
 def _digits(n: int):
@@ -69,8 +75,8 @@ def _nonneg_int(lo: int, hi: int | None):
         b = min(top, 10 ** n - 1)
         if a <= b:
             out.append(same_len_range(str(a).zfill(n), str(b)))
-    if hi is None:
-        out.append(seq(NZ_DIGIT, Rep(DIGIT, n_lo, None)))
+    if hi is None:   # longer than lo, up to MAX_DIGITS (or lo's own length)
+        out.append(seq(NZ_DIGIT, Rep(DIGIT, n_lo, max(n_lo, MAX_DIGITS - 1))))
     return alt(*out)
 
 
