@@ -156,8 +156,8 @@ class jit:
     `name` names the function in the key; `context` is what the function closes over that
     its arguments do not carry (a tuple of values whose repr says all of them, and of
     functions, keyed by name). Calls as the jitted function does; its other attributes
-    (`lower`, `trace`...) are the jitted function's. persist: True where the caller vouches that name and context say what the
-    function computes (None: the rule above).
+    (`lower`, `trace`...) are the jitted function's. persist: True where the caller vouches
+    that name and context say what the function computes (None: the rule above).
     """
 
     def __init__(self, fun, *, name: str, context=(), static_argnums=(), static_argnames=(),

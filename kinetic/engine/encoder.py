@@ -8,9 +8,9 @@ text's vector is pooled from its own rows on the host: the mean of its rows, its
 a decoder: the last) and scores the row with its classifier head (`Head`).
 
 Exactness: with the C++ kernels a row's hidden state does not depend on the step's other
-rows or their number (docs/architecture.md, the determinism contract), and pooling and the head run per text on the host, so a
-text's vector and score are the same bits alone or among 256 others
-(tests/test_embeddings.py).
+rows or their number (docs/architecture.md, the determinism contract), and pooling and the head
+run per text on the host, so a text's vector and score are the same bits alone or among 256
+others (tests/test_embeddings.py).
 """
 
 from __future__ import annotations

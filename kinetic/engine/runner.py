@@ -4,9 +4,9 @@ host arrays and gets host values back, and imports no JAX.
 
 A step carries up to `step_tokens` rows, whatever mix of prompt chunks and decode rows.
 With the C++ kernels (cfg.kernel "ffi") or the Pallas ones ("pallas") a row's result does
-not depend on how many rows the step has (docs/architecture.md, the determinism contract; exact_rows), so each step runs at the
-smallest of a few compiled row buckets (1, 2, 4, ... step_tokens) that holds its rows: one
-stream decodes at M = 1. With XLA's
+not depend on how many rows the step has (docs/architecture.md, the determinism contract;
+exact_rows), so each step runs at the smallest of a few compiled row buckets (1, 2, 4, ...
+step_tokens) that holds its rows: one stream decodes at M = 1. With XLA's
 dot (kernel "xla"), which is not batch-invariant, every step runs at step_tokens rows. The
 rows a caller does not fill are padding that writes into the reserved page 0 and whose
 logits are dropped. The KV cache is one (k, v) pair of page arrays per layer, donated to
@@ -360,8 +360,8 @@ class Runner:
     def key_bucket(self, positions: np.ndarray) -> int:
         """Pages of each slot's table the step reads: the smallest bucket that covers the
         furthest position. Attention over a padded, masked key axis gives the same bits at
-        any padded length (docs/architecture.md, the determinism contract; tests/test_invariance.py), so short sequences need not
-        pay for the whole context."""
+        any padded length (docs/architecture.md, the determinism contract;
+        tests/test_invariance.py), so short sequences need not pay for the whole context."""
         need = (int(positions.max()) // self.config.page_size + 1) if len(positions) else 1
         return next(b for b in self.buckets if b >= need)
 

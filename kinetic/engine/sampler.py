@@ -21,8 +21,9 @@ still accepted, for tests). DRY rows with more penalised tokens than W travel wh
 Sparse's `spill` [B, V] instead, in the same compiled shape.
 
 Every row's result depends only on that row's inputs: draws are keyed by
-fold_in(key(seed), position) (docs/architecture.md, the determinism contract), all reductions run along a row, and a branch skipped
-for the whole batch (lax.cond) only skips work that no row in it needs.
+fold_in(key(seed), position) (docs/architecture.md, the determinism contract), all reductions
+run along a row, and a branch skipped for the whole batch (lax.cond) only skips work that no
+row in it needs.
 
 Speed on CPU: a full sort of [16, 152k] logits costs about a second, so nothing sorts the
 vocabulary. Rows with 0 < top_k <= K (K = max_candidates, 256, fixed per engine) run the chain

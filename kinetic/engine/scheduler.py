@@ -1,11 +1,12 @@
 """The scheduler: which token rows of which sequences go into the next fixed-shape step.
 
-There is no prefill phase and no decode phase (docs/architecture.md, the determinism contract). A sequence holds `tokens` (prompt
-plus generated) and `num_computed`, how many of them have K/V in the cache; the rows it still
-needs are tokens[num_computed:]. A sequence whose only uncomputed token is its newest one
-gets one "decode" row (plus its draft rows, if the engine set a draft); one with more gets a
-prompt chunk. The logits of a sequence's row are sampled only when that row is its newest
-token, so the same rule covers chunked prompts, prefix reuse and resumption after preemption.
+There is no prefill phase and no decode phase (docs/architecture.md, the determinism contract).
+A sequence holds `tokens` (prompt plus generated) and `num_computed`, how many of them have K/V
+in the cache; the rows it still needs are tokens[num_computed:]. A sequence whose only
+uncomputed token is its newest one gets one "decode" row (plus its draft rows, if the engine
+set a draft); one with more gets a prompt chunk. The logits of a sequence's row are sampled
+only when that row is its newest token, so the same rule covers chunked prompts, prefix reuse
+and resumption after preemption.
 
 One step, traced:
   schedule()   a step of at most step_tokens rows, filled in four passes:

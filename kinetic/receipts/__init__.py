@@ -25,12 +25,12 @@ spaces, UTF-8, floats as Python writes them, which read back to the same floats)
 
 Verifying (`verify_receipt`) re-derives the answer from the request alone: the prompt and
 the output run teacher-forced through the engine (Engine.score: the logits of every position,
-by the same steps as generation, so bitwise those the answer was sampled from, docs/architecture.md);
-then every position is sampled again by the engine's own runner at one row (a row's bits
-do not depend on its batch: tests/test_invariance.py), its inputs built by the function that
-builds serving's (kinetic/engine/sample_batch.py), and the tokens go through the engine's
-own `Job` (end-of-generation, grammar, stop strings, Mirostat's state, text), so that the
-finish is re-derived too.
+by the same steps as generation, so bitwise those the answer was sampled from,
+docs/architecture.md); then every position is sampled again by the engine's own runner at one
+row (a row's bits do not depend on its batch: tests/test_invariance.py), its inputs built by
+the function that builds serving's (kinetic/engine/sample_batch.py), and the tokens go through
+the engine's own `Job` (end-of-generation, grammar, stop strings, Mirostat's state, text), so
+that the finish is re-derived too.
 
 record.py makes the parts, signing.py signs and checks signatures, verify.py re-runs; the
 server's side is kinetic/api/receipt.py, the command's kinetic/cli.py (keygen, verify-receipt).

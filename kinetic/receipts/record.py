@@ -76,7 +76,8 @@ def _weights(loaded) -> tuple[str, str]:
 
 
 def engine_record(engine) -> dict[str, Any]:
-    """What decides the bits of `engine`'s answers (docs/architecture.md, the determinism contract)."""
+    """What decides the bits of `engine`'s answers (docs/architecture.md, the determinism
+    contract)."""
     import jax
 
     from kinetic import kernels
