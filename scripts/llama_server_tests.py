@@ -115,7 +115,7 @@ REASONS: dict[str, tuple[str, str]] = {
         "--api-key's key"),
     "test_ctx_shift::test_ctx_shift_disabled_stream": (
         "model-specific text",
-        "at temperature 0.8 with seed 42 kinetic's draws (its own generator, SPEC.md) end "
+        "at temperature 0.8 with seed 42 kinetic's draws (its own generator, docs/architecture.md) end "
         "the story with the end-of-generation token before the context fills; the test "
         "accepts only a 'length' finish"),
     "test_completion::test_completion_parallel_slots[[]*": (
@@ -127,7 +127,7 @@ REASONS: dict[str, tuple[str, str]] = {
         "behaves differently (SPEC)",
         "--kv-unified: a request that finds no room in the shared cache waits for pages and "
         "finishes (preempted and resumed; its answer does not change), where llama-server "
-        "fails it with a 500: SPEC.md, an answer never depends on load"),
+        "fails it with a 500: kinetic's answer never depends on load"),
     "test_completion::test_completion_unified[[]*-n_predict_vals2-*": (
         "behaves differently (SPEC)",
         "as test_completion_unified[...vals1...]: kinetic finishes every request"),

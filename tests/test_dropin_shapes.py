@@ -1,5 +1,5 @@
 """Where kinetic answers as llama-server does, byte for byte in shape, so that clients and
-web apps written for llama-server work unchanged; and where SPEC.md keeps it apart.
+web apps written for llama-server work unchanged; and where kinetic keeps it apart.
 
 - CORS: a preflight (OPTIONS) is answered 200 with llama-server's headers and no API key;
   the request that follows still meets the Origin rule (403 from another site's page), and a
@@ -277,7 +277,7 @@ FORM = {"Content-Type": "application/x-www-form-urlencoded"}   # what curl -d se
 
 def test_form_encoded_bodies(app):
     """llama-server's routes read the body as JSON whatever its type; the OpenAI routes keep
-    SPEC.md's 415 (docs/compat.md says why)."""
+    docs/server.md's 415 (docs/compat.md says why)."""
     for path, body in (("/completion", {"prompt": "hi", "n_predict": 1}),
                        ("/completions", {"prompt": "hi", "n_predict": 1}),
                        ("/tokenize", {"content": "hi"})):

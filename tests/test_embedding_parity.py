@@ -121,7 +121,7 @@ def test_vectors_scores_and_tokens_match_llama_server(name, tmp_path):
                         assert ours[i] > ours[j], (i, j)
             assert body["usage"] == want["usage"]
             # (llama-server 11434.0.0 leaves "document" out whatever return_documents says;
-            # kinetic returns it when asked, as SPEC.md shows)
+            # kinetic returns it when asked, as docs/server.md shows)
             top = post(app, "/v1/rerank", ref["rerank_top_n_request"])
             assert [r["index"] for r in top["results"]] == [r["index"] for r in body["results"]][:3]
             assert all("document" in r for r in top["results"])

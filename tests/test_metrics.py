@@ -1,5 +1,5 @@
 """/metrics on a real `kinetic serve` process (SmolLM2, 2 slots): Prometheus text with exactly
-SPEC.md's llamacpp: names, counters that add up to what the answers reported, whatever the
+docs/server.md's llamacpp: names, counters that add up to what the answers reported, whatever the
 dialect and with requests running at once, and the requests_processing / requests_deferred
 gauges while requests are in flight.
 """

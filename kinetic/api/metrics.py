@@ -163,7 +163,7 @@ class Activity:
 
 # --- Prometheus text ------------------------------------------------------------------------
 
-# (name, type, help): SPEC.md's list, under llama-server's names and types.
+# (name, type, help): docs/server.md's list, under llama-server's names and types.
 METRICS = [
     ("requests_total", "counter", "Generation requests started"),
     ("prompt_tokens_total", "counter", "Prompt tokens run, not counting those reused from "

@@ -1,6 +1,6 @@
 """Request bodies (parsed JSON) checked and turned into typed requests, at the edge.
 
-Every field of SPEC.md's chat completions table is read here, under its OpenAI name and,
+Every field of docs/server.md's request fields is read here, under its OpenAI name and,
 where llama-server has another, under that one too. A field with the wrong type or out of
 range is a 400 naming it (`APIError.param`: a top-level field by its name, a value inside
 one by its path, `messages[0].content[1].text`, as body.py names a bad string). Fields that

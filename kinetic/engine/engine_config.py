@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 
 MAX_AUTO_PARALLEL = 4
-MAX_PARALLEL = 64        # the server's 64 connections (SPEC.md); a step holds every stream
+MAX_PARALLEL = 64        # the server's 64 connections (docs/server.md); a step holds every stream
 MIN_STEP_TOKENS = 16     # the automatic step size: 16 rows, more past 8 streams (auto_step_tokens)
 MOE_STEP_TOKENS = 128    # a mixture of experts': a prompt step's rows share each expert
 

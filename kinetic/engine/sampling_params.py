@@ -52,7 +52,8 @@ _INT_FIELDS = ("top_k", "repeat_last_n", "dry_allowed_length", "dry_penalty_last
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Sampling fields of one request (SPEC.md's table; llama-server names and defaults).
+    """Sampling fields of one request (docs/server.md's request fields; llama-server names and
+    defaults).
 
     logit_bias maps token id -> bias added to the logit; a bias of -100 or below, or -inf,
     bans the token (OpenAI's meaning of -100); it names at most MAX_LOGIT_BIAS distinct

@@ -27,7 +27,7 @@ from kinetic.api.params import (MAX_STOP_CHARS, MAX_TOKENS_LIMIT, Shape, Tokeniz
 from kinetic.engine.request import MAX_LOGPROBS, MAX_STOP_STRINGS, TokenLogprob
 from kinetic.engine.sampling_params import SamplingParams
 
-MAX_PROMPTS = MAX_INPUTS        # prompts a request, as texts an embedding request (SPEC.md)
+MAX_PROMPTS = MAX_INPUTS        # prompts a request, as texts an embedding request (docs/server.md)
 MAX_RESPONSE_FIELDS = 64
 
 # one prompt: text, token ids, or ids and texts mixed in one sequence

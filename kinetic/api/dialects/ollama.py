@@ -156,7 +156,7 @@ def _flag(body: dict, name: str, default: bool) -> bool:
 
 
 def _refuse(body: dict, names: tuple[str, ...]) -> None:
-    """SPEC.md: suffix, template and context are refused, with an error saying why."""
+    """docs/server.md: suffix, template and context are refused, with an error saying why."""
     why = {"suffix": "kinetic does not fill in the middle",
            "template": "the model's own chat template is always used (raw: true sends the "
                        "prompt as it is)",

@@ -10,7 +10,7 @@ folded into one answer and read by the same reader, so the two always agree (the
 stream writer are kinetic/api/answer.py's; `_Job` gives the OpenAI objects).
 
 The paths also answer without /v1, except /completions and /embeddings, which are
-llama-server's there (SPEC.md, kinetic/api/dialects/llama_server.py).
+llama-server's there (docs/server.md, kinetic/api/dialects/llama_server.py).
 """
 
 from __future__ import annotations
