@@ -301,9 +301,14 @@ def clear() -> None:
             fn._executables.clear()
 
 
-def _aval(x) -> tuple:
-    return (getattr(x, "shape", None), str(getattr(x, "dtype", type(x).__name__)),
-            bool(getattr(x, "weak_type", False)))
+def _aval(x):
+    """A leaf's shape, dtype and weak type: a jax.Array's own aval (cheap; a per-leaf str
+    of the dtype cost 3 us, a third of a millisecond per step call), else from numpy."""
+    aval = getattr(x, "aval", None)
+    if aval is not None:
+        return aval
+    return jax.typeof(x) if hasattr(x, "dtype") or isinstance(x, (int, float, bool)) \
+        else (type(x).__name__, repr(x))
 
 
 def _load(path: Path, tree):
