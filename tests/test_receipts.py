@@ -497,3 +497,26 @@ def test_a_receipt_records_its_cache_type_and_replays_with_it(setup):
                                    seed=5)
     assert f16["engine"]["kv_dtype"] == "float16" and kinetic.verify_receipt(
         f16, model=setup["checker"]).ok
+
+
+@pytest.mark.real_model
+def test_a_whole_answer_must_show_the_receipts_text(setup):
+    """Given a whole saved answer, verifying also checks the text a reader saw: the chat
+    message's content, a completion's text, /completion's content. An answer whose tokens
+    re-derive but whose visible text was changed differs."""
+    answers = [post(setup, CHAT, {"messages": ASK, "temperature": 0, "max_tokens": 12,
+                                  "receipt": True}),
+               post(setup, COMPLETIONS, {"prompt": DAYS, "temperature": 0, "max_tokens": 8,
+                                         "receipt": True}),
+               post(setup, "/completion", {"prompt": DAYS, "n_predict": 8, "temperature": 0,
+                                           "receipt": True})]
+    edits = [lambda a: a["choices"][0]["message"].update(content="Paris is lovely."),
+             lambda a: a["choices"][0].update(text=a["choices"][0]["text"] + " (edited)"),
+             lambda a: a.update(content="Not what the model said")]
+    for answer, edit in zip(answers, edits):
+        good = kinetic.verify_receipt(answer, model=setup["checker"])
+        assert good.status == "verified", good.message
+        edit(answer)
+        bad = kinetic.verify_receipt(answer, model=setup["checker"])
+        assert bad.status == "differs" and bad.exit_code == 1, bad.message
+        assert "is not the receipt's text" in bad.message

@@ -91,7 +91,7 @@ def verify_receipt(receipt: dict | str | bytes | os.PathLike, model=None, *,
     in kinetic's model cache (kinetic.fetch.cache_dir). progress(done, total) follows the
     positions re-sampled."""
     try:
-        rec = _parse(receipt)
+        rec, shown = _parse(receipt)
         try:
             key = (parse_public_key(public_key) if isinstance(public_key, str)
                    else public_key)
@@ -106,6 +106,8 @@ def verify_receipt(receipt: dict | str | bytes | os.PathLike, model=None, *,
         except ReceiptError as e:
             return _unusable(str(e))
         found = _verify(rec, model, signed_by, progress)
+        if found.status == "verified":
+            found = _check_shown(found, shown, rec["output"]["text"])
         if signed_by is None or found.status == "unusable":
             return found
         if key is not None:
@@ -118,7 +120,8 @@ def verify_receipt(receipt: dict | str | bytes | os.PathLike, model=None, *,
         return _unusable(str(e))
 
 
-def _parse(receipt) -> dict[str, Any]:
+def _parse(receipt) -> tuple[dict[str, Any], list[tuple[str, str, str]]]:
+    """(the receipt, the visible texts of the whole answer it came in: _shown)."""
     if isinstance(receipt, os.PathLike):
         try:
             receipt = Path(receipt).read_bytes()
@@ -131,8 +134,10 @@ def _parse(receipt) -> dict[str, Any]:
             raise ReceiptError(f"not JSON: {e}") from None
     if not isinstance(receipt, dict):
         raise ReceiptError("a receipt is a JSON object")
+    shown = []
     if "version" not in receipt and isinstance(receipt.get("receipt"), dict):
-        receipt = receipt["receipt"]   # a whole answer, saved as the server sent it
+        shown = _shown(receipt)   # a whole answer, saved as the server sent it
+        receipt = receipt["receipt"]
     version = receipt.get("version")
     if version != RECEIPT_VERSION:
         raise ReceiptError(f"unknown receipt version {version!r} (this kinetic reads version "
@@ -140,7 +145,43 @@ def _parse(receipt) -> dict[str, Any]:
     for part in ("model", "engine", "request", "output"):
         if not isinstance(receipt.get(part), dict):
             raise ReceiptError(f"the receipt has no {part} object")
-    return receipt
+    return receipt, shown
+
+
+def _shown(answer: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(where, text, how) of each text a whole answer shows its reader. how: "equal" (
+    /completion's `content` is the receipt's text itself), "end" (a /v1/completions choice's
+    `text` ends with it: an `echo` would put the prompt first), "part" (a chat message's `content`
+    and `reasoning_content` are pieces of it, taken apart by the chat template's format)."""
+    out = []
+    if isinstance(answer.get("content"), str):
+        out.append(("content", answer["content"], "equal"))
+    choices = answer.get("choices")
+    for i, choice in enumerate(choices if isinstance(choices, list) else []):
+        if not isinstance(choice, dict):
+            continue
+        if isinstance(choice.get("text"), str):
+            out.append((f"choices[{i}].text", choice["text"], "end"))
+        message = choice.get("message")
+        for key in ("content", "reasoning_content"):
+            if isinstance(message, dict) and isinstance(message.get(key), str):
+                out.append((f"choices[{i}].message.{key}", message[key], "part"))
+    return out
+
+
+def _check_shown(found: Verification, shown: list[tuple[str, str, str]],
+                 text: str) -> Verification:
+    """found, or "differs" where the answer shows a text the verified receipt does not
+    hold: its tokens re-derive, but a reader was shown something else."""
+    for where, value, how in shown:
+        ok = (value == text if how == "equal" else text.endswith(value) if how == "end"
+              else value.strip() in text)
+        if not ok:
+            return dataclasses.replace(found, status="differs", message=(
+                f"the answer's {where} is not the receipt's text (its {found.n_tokens} tokens "
+                f"re-derive, but the answer shows {value[:80]!r}, the receipt's text is "
+                f"{text[:80]!r})"))
+    return found
 
 
 def _find_model(name: str) -> str:
