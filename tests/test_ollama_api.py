@@ -296,13 +296,58 @@ def test_tool_results_are_read_back(client):
     ("/api/embed", {"model": "m", "input": "hi"}, "does not support embeddings"),
     ("/api/embeddings", {"model": "m", "prompt": "hi"}, "does not support embeddings"),
     ("/api/chat", b"{", "not valid JSON"),
-    ("/api/generate", {"model": "m", "prompt": " ".join(["word"] * (N_CTX + 20))},
-     "context size"),
+    ("/api/generate", {"model": "m", "prompt": " ".join(["word"] * (N_CTX + 20)),
+                       "truncate": False}, "context size"),
+    ("/api/generate", {"model": "m", "prompt": "hi", "options": {"num_ctx": 0}},
+     "options.num_ctx"),
+    ("/api/generate", {"model": "m", "prompt": "hi", "options": {"num_ctx": 1.5}},
+     "options.num_ctx"),
+    ("/api/generate", {"model": "m", "prompt": "hi", "options": {"num_keep": -1}},
+     "options.num_keep"),
+    ("/api/generate", {"model": "m", "prompt": "hi", "truncate": "no"}, "truncate"),
 ])
 def test_refusals_are_400_in_ollamas_shape(app, path, body, words):
     status, _, answer = post(app, path, body)
     message = assert_ollama_error(status, answer, f"{path} {body!r:.200}")
     assert status == 400 and words in message, message
+
+
+def test_num_ctx_is_this_requests_context(app, client):
+    """options.num_ctx bounds one request's context within the server's: a prompt past it is
+    cut to its first num_keep tokens and its newest ones (Ollama's truncation, by default),
+    leaving room for num_predict, and the answer stops at that context."""
+    words = " ".join(f"w{i}" for i in range(60))
+    whole = client.generate("m", words, raw=True, options=GREEDY)
+    assert whole.prompt_eval_count > 40
+    cut = client.generate("m", words, raw=True, options=dict(GREEDY, num_ctx=32))
+    assert cut.prompt_eval_count == 32 - 6 and cut.eval_count == 6
+    assert N_CTX > 64   # the server's own context holds the whole prompt
+    short = client.generate("m", words, raw=True, options=dict(GREEDY, num_ctx=32, num_keep=0))
+    assert short.prompt_eval_count == 26
+    # num_predict past half the context: the cut leaves half for the answer, which stops at
+    # the context ("length")
+    long = client.generate("m", words, raw=True, options={"temperature": 0, "num_predict": 100,
+                                                           "num_ctx": 24})
+    assert long.prompt_eval_count == 12 and long.eval_count == 12
+    assert long.done_reason == "length"
+    status, _, answer = post(app, "/api/generate", {"model": "m", "prompt": words, "raw": True,
+                                                    "options": dict(GREEDY, num_ctx=32),
+                                                    "truncate": False, "stream": False})
+    assert status == 400 and "context" in assert_ollama_error(status, answer, "truncate")
+
+
+def test_the_cut_keeps_the_first_and_the_newest_tokens():
+    from kinetic.api.dialects.ollama import fit_context
+    prompt = list(range(100))
+    got, limit = fit_context({"options": {"num_ctx": 20}}, prompt, 5, 1000, "prompt")
+    assert got == [0, 1, 2, 3] + list(range(89, 100)) and limit == 5
+    got, limit = fit_context({"options": {"num_ctx": 20, "num_keep": 0}}, prompt, None, 1000,
+                             "prompt")
+    assert got == list(range(90, 100)) and limit == 10
+    got, limit = fit_context({}, list(range(10)), None, 1000, "prompt")   # fits: as it is
+    assert got == list(range(10)) and limit == 990
+    got, limit = fit_context({"options": {"num_ctx": 5000}}, prompt, 7, 1000, "prompt")
+    assert got == prompt and limit == 7   # the server's context bounds num_ctx
 
 
 def test_client_raises_response_error(client):

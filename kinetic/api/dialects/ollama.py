@@ -69,9 +69,10 @@ OPTIONS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
            "mirostat_tau": "mirostat_tau", "mirostat_eta": "mirostat_eta"}
 # options Ollama knows that change nothing here (docs/server.md says why), and any option
 # kinetic does not know, are accepted and ignored, as Ollama ignores unknown options
-IGNORED_OPTIONS = ("num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread", "num_keep",
+IGNORED_OPTIONS = ("num_batch", "num_gpu", "main_gpu", "num_thread",
                    "numa", "low_vram", "use_mmap", "use_mlock", "vocab_only", "f16_kv",
                    "logits_all", "embedding_only", "penalize_newline", "tfs_z")
+DEFAULT_NUM_KEEP = 4   # Ollama's: the first tokens of a prompt a truncation keeps
 # the OpenAI dialect's name of a field -> the Ollama body's, for errors
 FIELD_NAMES = {**{v: f"options.{k}" for k, v in OPTIONS.items()},
                "json_schema": "format", "response_format": "format",
@@ -344,6 +345,43 @@ async def generate():
     return await answer.respond(body, plan.prompt, plan.grammar)
 
 
+def fit_context(body: dict, prompt: list[int], limit: int | None, n_ctx: int, param: str,
+                images: bool = False) -> tuple[list[int], int | None]:
+    """(the prompt, the answer's token limit) within this request's context, as Ollama
+    runs them: `options.num_ctx` (within the server's context: kinetic does not reload the
+    model for a larger one), and a prompt that does not fit cut to its first
+    `options.num_keep` tokens (4) and its newest ones, unless `"truncate": false` (then a
+    400). The cut leaves room for the answer that Ollama's context shift would make: its
+    num_predict, at most half the context (half when none is given). The answer stops at
+    the context (done_reason "length")."""
+    opts = body.get("options") if isinstance(body.get("options"), dict) else {}
+    ctx = n_ctx
+    if opts.get("num_ctx") is not None:
+        num_ctx = opts["num_ctx"]
+        if isinstance(num_ctx, bool) or not isinstance(num_ctx, int) or num_ctx < 1:
+            raise bad_request("num_ctx must be a positive integer", "options.num_ctx")
+        ctx = min(num_ctx, n_ctx)
+    keep = opts.get("num_keep")
+    if keep is None:
+        keep = DEFAULT_NUM_KEEP
+    elif isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+        raise bad_request("num_keep must be an integer of at least 0", "options.num_keep")
+    truncate = body.get("truncate", True)
+    if not isinstance(truncate, bool):
+        raise bad_request("truncate must be true or false", "truncate")
+    if len(prompt) >= ctx:
+        if not truncate or images:   # an image's rows cannot be cut apart
+            check_prompt_fits(len(prompt), ctx, param)
+        room = min(max(1, ctx // 2 if limit is None else min(limit, ctx // 2)), ctx - 1)
+        if room < 1:   # a context of one token holds no prompt and no answer
+            check_prompt_fits(len(prompt), ctx, param)
+        keep = min(keep, ctx - room)
+        newest = ctx - room - keep
+        prompt = prompt[:keep] + (prompt[-newest:] if newest else [])
+    left = ctx - len(prompt)
+    return prompt, left if limit is None else min(limit, left)
+
+
 def _logprobs(body: dict) -> int | None:
     """logprobs / top_logprobs as the parser's one value (None: none asked for)."""
     want = body.get("logprobs")
@@ -389,11 +427,13 @@ class Answer:
                       special_text: bool = False, images: tuple = ()) -> Response:
         """Run `prompt` (400 if it leaves no room in the context) and answer, streamed unless
         the body says "stream": false."""
-        check_prompt_fits(len(prompt), self.state.require_model().n_ctx,
-                          "messages" if self.key == "message" else "prompt")
         opts = self.opts
+        limit = token_limit(self.state, opts.max_tokens)
+        prompt, limit = fit_context(body, prompt, limit, self.state.require_model().n_ctx,
+                                    "messages" if self.key == "message" else "prompt",
+                                    bool(images))
         try:
-            gen = GenerationRequest(prompt, opts.params, token_limit(self.state, opts.max_tokens),
+            gen = GenerationRequest(prompt, opts.params, limit,
                                     opts.stop, opts.logprobs, grammar=grammar,
                                     special_text=special_text, images=images)
         except ValueError as e:
