@@ -193,7 +193,8 @@ CHAT_ROWS = [
      "response_format"),
     ({"response_format": {"type": "json_object", "schema": 5}}, "response_format.schema"),
     ({"response_format": {"type": "json_object", "schema": [1]}}, "response_format.schema"),
-    ({"n": 2}, "n"),
+    ({"n": 17}, "n"),
+    ({"n": 0}, "n"),
     ({"n": "1"}, "n"),
 ]
 
@@ -364,7 +365,8 @@ OPENAI_COMPLETION_ROWS = [
     ({"logprobs": -1}, "logprobs"),
     ({"logprobs": "5"}, "logprobs"),
     ({"logprobs": HUGE}, "logprobs"),
-    ({"n": 2}, "n"),
+    ({"n": 17}, "n"),
+    ({"n": 0}, "n"),
 ]
 
 LLAMA_COMPLETION_ROWS = [

@@ -520,3 +520,17 @@ def test_a_whole_answer_must_show_the_receipts_text(setup):
         bad = kinetic.verify_receipt(answer, model=setup["checker"])
         assert bad.status == "differs" and bad.exit_code == 1, bad.message
         assert "is not the receipt's text" in bad.message
+
+
+@pytest.mark.real_model
+def test_each_of_n_choices_has_its_own_receipt(setup):
+    """With n > 1 each choice carries the receipt of its own sequence (its seed the
+    request's plus its index), and each verifies."""
+    answer = post(setup, CHAT, {"messages": ASK, "temperature": 0.8, "seed": 5, "n": 2,
+                                "max_tokens": 10, "receipt": True})
+    assert "receipt" not in answer and len(answer["choices"]) == 2
+    for i, choice in enumerate(answer["choices"]):
+        r = choice["receipt"]
+        assert r["request"]["seed"] == 5 + i
+        assert r["output"]["text"] == choice["message"]["content"]
+        check(setup, r)

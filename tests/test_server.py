@@ -168,6 +168,41 @@ def test_concurrent_requests_get_their_own_answers(client):
 
 # --- completions --------------------------------------------------------------------------
 
+def test_n_choices_are_each_what_their_seed_gives_alone(client, tokenizer):
+    """n = 3: three choices of one prompt (more than the server's 2 slots: the third waits),
+    choice i what n = 1 gives with the seed + i; the prompt counted once in the usage, the
+    completions summed; streamed, each index's pieces make its whole choice."""
+    ask = dict(model="m", messages=QUESTION, max_tokens=8, temperature=0.9, seed=42)
+    whole = client.chat.completions.create(n=3, **ask)
+    assert [c.index for c in whole.choices] == [0, 1, 2]
+    alone = [client.chat.completions.create(**dict(ask, seed=42 + i)).choices[0]
+             for i in range(3)]
+    assert [(c.message.content, c.finish_reason) for c in whole.choices] == \
+        [(c.message.content, c.finish_reason) for c in alone]
+    assert len({c.message.content for c in alone}) > 1   # the seeds do differ
+    u = whole.usage
+    assert u.prompt_tokens == chat_prompt_tokens(tokenizer, QUESTION)
+    assert u.completion_tokens == sum(
+        client.chat.completions.create(**dict(ask, seed=42 + i)).usage.completion_tokens
+        for i in range(3))
+    chunks = list(client.chat.completions.create(
+        n=3, stream=True, stream_options={"include_usage": True}, **ask))
+    texts = ["", "", ""]
+    for chunk in chunks[:-1]:
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+    assert texts == [c.message.content for c in whole.choices]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == u.completion_tokens
+    assert sum(1 for ch in chunks for c in ch.choices if c.finish_reason) == 3
+
+
+def test_n_completions_greedy_are_the_same(client):
+    out = client.completions.create(model="m", prompt="Once upon a time", max_tokens=6,
+                                    temperature=0, n=2)
+    assert [c.index for c in out.choices] == [0, 1]
+    assert out.choices[0].text == out.choices[1].text and out.choices[0].text
+
+
 def test_completions_legacy_logprobs(client, tokenizer):
     prompt = "The capital of France is"
     kw = dict(model="m", prompt=prompt, max_tokens=6, temperature=0, logprobs=2)
@@ -276,7 +311,7 @@ BAD_REQUESTS = [
     (CHAT, dict(MSG, logit_bias={"": 1}), "logit_bias", ""),   # a text key, but empty
     (CHAT, dict(MSG, logit_bias={"5": 101}), "logit_bias", ""),
     (CHAT, dict(MSG, chat_template_kwargs=[1]), "chat_template_kwargs", ""),
-    (CHAT, dict(MSG, n=2), "n", "not supported yet"),
+    (CHAT, dict(MSG, n=17), "n", ""),
     (CHAT, dict(MSG, grammar='root ::= "yes" )'), "grammar", "line 1"),
     (CHAT, dict(MSG, grammar='root ::= "yes"\nx ::= [a-'), "grammar", "line 2"),
     (CHAT, dict(MSG, grammar='root ::= other'), "grammar", "other"),

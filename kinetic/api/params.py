@@ -68,6 +68,7 @@ class Options:
     shape: "Shape | None" = None
     receipt: bool = False            # add a receipt of the answer (kinetic/api/receipt.py)
     timings_per_token: bool = False  # llama-server's timings in every streamed chunk
+    n: int = 1                       # choices: answers sampled from the one prompt
 
 
 @dataclass(frozen=True)
@@ -268,10 +269,7 @@ def logit_bias(body: dict, tokenize: Tokenize | None = None
 
 # --- whole requests ---------------------------------------------------------------------
 
-def _refuse_unsupported(body: dict) -> None:
-    n = integer(body, "n", 1)
-    if n is not None and n != 1:
-        raise not_supported("n other than 1", "n")
+MAX_CHOICES = 16   # `n`: answers of one request, each a sequence of its own
 
 
 # --- structured output and tools ----------------------------------------------------------
@@ -420,7 +418,6 @@ def tools(body: dict) -> tuple[list[dict] | None, str | None, bool]:
 
 def options(body: dict, defaults: SamplingParams, logprobs: int | None,
             tokenize: Tokenize | None = None) -> Options:
-    _refuse_unsupported(body)
     max_tokens = integer(body, "max_completion_tokens", 1, MAX_TOKENS_LIMIT)
     if max_tokens is None:
         max_tokens = integer(body, "max_tokens", 1, MAX_TOKENS_LIMIT)
@@ -445,6 +442,7 @@ def options(body: dict, defaults: SamplingParams, logprobs: int | None,
         shape=shape(body),
         receipt=bool(boolean(body, "receipt")),
         timings_per_token=bool(boolean(body, "timings_per_token")),
+        n=integer(body, "n", 1, MAX_CHOICES) or 1,
     )
 
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import dataclasses
+import json
 import secrets
 import time
 from contextlib import aclosing
@@ -156,14 +158,13 @@ async def chat_completions():
                         vision=model.projector is not None)
     plan = await offload(plan_chat, model, req)
     check_prompt_fits(len(plan.prompt), model.n_ctx, "messages")
-    job = _Job("chatcmpl", state, model.tokenizer, req.options)
     gen = _generation_request(state, plan.prompt, req.options, "messages", plan.grammar,
                               special_text=plan.calls is not None, images=plan.images)
-    if req.options.receipt:
-        job.receipt = await receipt_maker(state, gen)
+    jobs = await _choices("chatcmpl", state, model.tokenizer, req.options, gen)
     if req.options.stream:
-        return sse_response(job.chat_events(gen, plan.reader()))
-    return json_response(await job.chat_answer(gen, plan.reader()))
+        return sse_response(_merged([job.chat_events(g, plan.reader()) for job, g in jobs]))
+    return json_response(_whole(await _all(
+        job.chat_answer(g, plan.reader()) for job, g in jobs)))
 
 
 # --- completions --------------------------------------------------------------------------
@@ -179,13 +180,130 @@ async def completions():
     grammar = None
     if req.options.shape is not None:
         grammar = await asyncio.to_thread(shape_grammar, model, req.options.shape)
-    job = _Job("cmpl", state, model.tokenizer, req.options)
     gen = _generation_request(state, prompt, req.options, "prompt", grammar)
-    if req.options.receipt:
-        job.receipt = await receipt_maker(state, gen)
+    jobs = await _choices("cmpl", state, model.tokenizer, req.options, gen)
     if req.options.stream:
-        return sse_response(job.completion_events(gen))
-    return json_response(await job.completion_answer(gen))
+        return sse_response(_merged([job.completion_events(g) for job, g in jobs]))
+    return json_response(_whole(await _all(job.completion_answer(g) for job, g in jobs)))
+
+
+# --- n choices ----------------------------------------------------------------------------
+#
+# `n` answers of one prompt are n sequences of the engine, one _Job each under one id: the
+# first runs its prompt, the others start once it has (its first delta), so that they find
+# the prompt's whole pages in the prefix cache and share them. Choice i's seed is the
+# request's plus i (a request without one gets a fresh seed per choice), so each choice is
+# what a request with n = 1 and that seed gives.
+
+async def _choices(prefix: str, state: ServerState, tok: Tokenizer, opts: Options,
+                   gen: GenerationRequest) -> list[tuple["_Job", GenerationRequest]]:
+    """The jobs of `opts.n` choices and their requests, receipt makers made if asked for."""
+    first = _Job(prefix, state, tok, opts)
+    jobs = []
+    gate = asyncio.Event() if opts.n > 1 else None
+    for i in range(opts.n):
+        job = first if i == 0 else _Job(prefix, state, tok, opts, job_id=first.id)
+        g = gen if opts.n == 1 else dataclasses.replace(
+            _seeded(gen, i), group=first.id)   # one client's sequences, for fairness
+        job.started, job.after = (gate, None) if i == 0 else (None, gate)
+        if opts.receipt:
+            job.receipt = await receipt_maker(state, g)
+        jobs.append((job, g))
+    return jobs
+
+
+def _seeded(gen: GenerationRequest, i: int) -> GenerationRequest:
+    seed = gen.params.seed
+    if i == 0 or seed is None or seed < 0:
+        return gen
+    return dataclasses.replace(gen, params=dataclasses.replace(gen.params, seed=seed + i))
+
+
+async def _all(answers) -> list[dict[str, Any]]:
+    """The choices' whole answers, run together; one failing cancels the others, and its
+    error is the request's."""
+    answers = list(answers)
+    if len(answers) == 1:
+        return [await answers[0]]
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(a) for a in answers]
+    except BaseExceptionGroup as failed:
+        raise failed.exceptions[0] from None
+    return [t.result() for t in tasks]
+
+
+def _whole(answers: list[dict[str, Any]]) -> dict[str, Any]:
+    """One answer of the choices' answers: their choices indexed in order (each with its
+    receipt, when n > 1), the prompt counted once in the usage."""
+    if len(answers) == 1:
+        return answers[0]
+    out = dict(answers[0])
+    out.pop("receipt", None)
+    out["choices"] = []
+    for i, a in enumerate(answers):
+        choice = dict(a["choices"][0], index=i)
+        if "receipt" in a:
+            choice["receipt"] = a["receipt"]
+        out["choices"].append(choice)
+    out["usage"] = _usage_sum([a["usage"] for a in answers])
+    return out
+
+
+def _usage_sum(usages: list[dict[str, Any]]) -> dict[str, Any]:
+    """OpenAI's usage of n choices: the prompt once (as the first choice ran it), the
+    completion tokens of all."""
+    out = dict(usages[0])
+    out["completion_tokens"] = sum(u["completion_tokens"] for u in usages)
+    out["total_tokens"] = out["prompt_tokens"] + out["completion_tokens"]
+    return out
+
+
+async def _merged(streams: list[AsyncIterator[str]]) -> AsyncIterator[str]:
+    """The choices' streams as one: each chunk's choices indexed by its stream, in the order
+    they come; the usage chunks (include_usage) summed into one at the end, then one [DONE].
+    An error event ends the whole stream (the other choices are cancelled)."""
+    if len(streams) == 1:
+        async with aclosing(streams[0]) as events:
+            async for event in events:
+                yield event
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, events: AsyncIterator[str]) -> None:
+        try:
+            async with aclosing(events) as it:
+                async for event in it:
+                    await queue.put((i, event))
+        finally:
+            queue.put_nowait((i, None))
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    usages, usage_chunk, live = [], None, len(tasks)
+    try:
+        while live:
+            i, event = await queue.get()
+            if event is None:
+                live -= 1
+                continue
+            if event == DONE:
+                continue
+            obj = json.loads(event[len("data: "):])
+            if "error" in obj:
+                yield event
+                return
+            for choice in obj.get("choices") or []:
+                choice["index"] = i
+            if obj.get("choices") == [] and obj.get("usage"):
+                usages.append(obj["usage"])
+                usage_chunk = obj
+                continue
+            yield sse_event(obj)
+        if usage_chunk is not None:
+            yield sse_event(dict(usage_chunk, usage=_usage_sum(usages)))
+        yield DONE
+    finally:
+        for t in tasks:
+            t.cancel()
 
 
 # --- answers ------------------------------------------------------------------------------
@@ -221,8 +339,13 @@ class _Job:
     """One request's answer, whole or streamed: its id, header fields and how its deltas
     become OpenAI objects."""
 
-    def __init__(self, prefix: str, state: ServerState, tok: Tokenizer, opts: Options):
-        self.id = f"{prefix}-{secrets.token_hex(12)}"
+    def __init__(self, prefix: str, state: ServerState, tok: Tokenizer, opts: Options,
+                 job_id: str | None = None):
+        self.id = job_id or f"{prefix}-{secrets.token_hex(12)}"
+        # n choices (_choices): the first sets `started` at its first delta (its prompt has
+        # run), the others wait for it (`after`) before they start
+        self.started: asyncio.Event | None = None
+        self.after: asyncio.Event | None = None
         self.created, self.model_id = int(time.time()), state.model_id
         self.state = state
         self.tok, self.opts = tok, opts
@@ -235,7 +358,23 @@ class _Job:
 
     async def _fold(self, gen: GenerationRequest) -> Folded:
         self.task = Task(gen)
-        return await fold(generation(self.state, gen, self.id, task=self.task), self.receipt)
+        return await fold(self._deltas(gen, False), self.receipt)
+
+    async def _deltas(self, gen: GenerationRequest, streamed: bool) -> AsyncIterator[Delta]:
+        """generation's deltas, after `after` is set; `started` set at the first (or when
+        this one ends without any)."""
+        try:
+            if self.after is not None:
+                await self.after.wait()
+            async with aclosing(generation(self.state, gen, self.id, stream=streamed,
+                                           task=self.task)) as deltas:
+                async for d in deltas:
+                    if self.started is not None:
+                        self.started.set()
+                    yield d
+        finally:
+            if self.started is not None:
+                self.started.set()
 
     def _with_receipt(self, answer: dict[str, Any]) -> dict[str, Any]:
         """The whole answer with llama-server's timings, and its receipt if asked for."""
@@ -302,7 +441,7 @@ class _Job:
         if first is not None:
             yield sse_event(self._chunk_object(kind, first))
         self.task = Task(gen, stream=True)   # the generation's timings start here
-        deltas = generation(self.state, gen, self.id, stream=True, task=self.task)
+        deltas = self._deltas(gen, True)
         async with aclosing(stream(deltas, lambda d: self._chunks(kind, d, choices(d)),
                                    sse_event, APIError.body, receipt=self.receipt,
                                    end=DONE)) as events:
