@@ -400,7 +400,9 @@ def test_the_store_refuses_past_its_running_sessions(monkeypatch):
 
 @pytest.mark.parametrize("path,kind", [("/", "text/html"), ("/index.html", "text/html"),
                                        ("/bundle.js", "text/javascript"),
-                                       ("/bundle.css", "text/css")])
+                                       ("/markdown.js", "text/javascript"),
+                                       ("/bundle.css", "text/css"),
+                                       ("/favicon.ico", "image/x-icon")])
 def test_the_web_page_is_served_without_a_key(tiny_path, path, kind):
     import asyncio
     config = ServerConfig(api_keys=("secret",))
@@ -412,6 +414,9 @@ def test_the_web_page_is_served_without_a_key(tiny_path, path, kind):
         assert status == 200 and mimetype == kind
         if kind == "text/html":
             assert data.lower().startswith(b"<!doctype html>") and b"bundle.js" in data
+            assert b"markdown.js" in data and b"favicon.ico" in data
+        if kind == "image/x-icon":   # an ICO holding one 16 x 16 PNG
+            assert data[:6] == b"\x00\x00\x01\x00\x01\x00" and data[22:26] == b"\x89PNG"
         assert client.get("/v1/models")[0] == 401   # the API still needs the key
 
 

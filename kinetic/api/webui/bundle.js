@@ -1,5 +1,6 @@
 // kinetic's web page: a chat over /v1/chat/completions, streamed. Served by the server
-// itself (kinetic/api/webui.py); it sends requests to the page's own origin only.
+// itself (kinetic/api/webui.py); it sends requests to the page's own origin only. Answers
+// are shown as Markdown by markdown.js, which never reads them as HTML.
 "use strict";
 (function () {
   const $ = (id) => document.getElementById(id);
@@ -7,8 +8,12 @@
   let messages = [];
   let running = null;   // the AbortController of the answer being streamed
 
+  const md = window.kineticMarkdown;
   key.value = localStorage.getItem("kinetic-api-key") || "";
-  key.addEventListener("change", () => localStorage.setItem("kinetic-api-key", key.value));
+  key.addEventListener("change", () => {
+    localStorage.setItem("kinetic-api-key", key.value);
+    showModel();   // a key error in the header is cleared (or shown) at once
+  });
 
   function headers() {
     const h = { "Content-Type": "application/json" };
@@ -26,14 +31,32 @@
   }
 
   async function showModel() {
+    const shown = $("model");
     try {
       const r = await fetch("v1/models", { headers: headers() });
       const body = await r.json();
-      $("model").textContent = r.ok ? body.data[0].id + " (context " + body.data[0].context_length + ")"
-                                    : (body.error && body.error.message) || r.statusText;
+      shown.textContent = r.ok ? body.data[0].id + " (context " + body.data[0].context_length + ")"
+                               : (body.error && body.error.message) || r.statusText;
+      shown.className = r.ok ? "" : "bad";
     } catch (e) {
-      $("model").textContent = "the server cannot be reached: " + e;
+      shown.textContent = "the server cannot be reached: " + e;
+      shown.className = "bad";
     }
+  }
+
+  function render(div, text) {
+    div.replaceChildren(md.toDom(md.parse(text), document));
+  }
+
+  // "12 tokens, 34.5 tokens/s" under an answer: the usage chunk's count and llama-server's
+  // timings (the generation's own rate), else the rate seen here since the first token
+  function stats(div, tokens, timings, firstAt) {
+    if (!tokens) return;
+    let rate = timings && timings.predicted_per_second;
+    if (!rate && firstAt) rate = tokens / Math.max((performance.now() - firstAt) / 1000, 1e-3);
+    div.textContent = tokens + (tokens === 1 ? " token" : " tokens") +
+      (rate ? ", " + rate.toFixed(1) + " tokens/s" : "");
+    div.hidden = false;
   }
 
   // the events of a server-sent stream: each "data: ..." line's text
@@ -60,16 +83,19 @@
     messages.push({ role: "user", content: content });
     bubble("user", content);
     const think = bubble("assistant reasoning", "");
-    const answer = bubble("assistant", "");
+    const answer = bubble("assistant md", "");
+    const figures = bubble("figures", "");
     think.hidden = true;
+    figures.hidden = true;
     running = new AbortController();
     $("send").disabled = true;
     $("stop").disabled = false;
-    let reply = "";
+    let reply = "", tokens = 0, timings = null, firstAt = 0, failed = false;
     try {
       const r = await fetch("v1/chat/completions", {
         method: "POST", headers: headers(), signal: running.signal,
         body: JSON.stringify({ messages: messages, stream: true,
+                               stream_options: { include_usage: true },
                                temperature: Number($("temp").value),
                                max_tokens: Number($("max").value) }),
       });
@@ -81,18 +107,23 @@
         if (data === "[DONE]") break;
         const chunk = JSON.parse(data);
         if (chunk.error) throw new Error(chunk.error.message);
+        if (chunk.usage) tokens = chunk.usage.completion_tokens;
+        if (chunk.timings) timings = chunk.timings;
         const delta = (chunk.choices[0] || {}).delta || {};
+        if (!firstAt && (delta.content || delta.reasoning_content)) firstAt = performance.now();
         if (delta.reasoning_content) {
           think.hidden = false;
           think.textContent += delta.reasoning_content;
         }
         if (delta.content) {
           reply += delta.content;
-          answer.textContent = reply;
+          render(answer, reply);
         }
         log.scrollTop = log.scrollHeight;
       }
+      stats(figures, tokens, timings, firstAt);
     } catch (e) {
+      failed = true;
       if (e.name !== "AbortError") {
         answer.className = "msg error";
         answer.textContent = reply + (reply ? "\n" : "") + "Error: " + e.message;
@@ -102,6 +133,7 @@
       running = null;
       $("send").disabled = false;
       $("stop").disabled = true;
+      if (!failed && $("model").className === "bad") showModel();   // the key works now
     }
   }
 
