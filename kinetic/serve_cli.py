@@ -37,7 +37,6 @@ def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
 def serve_options(args: argparse.Namespace):
     """The `serve` flags as (ServerConfig, ModelOptions); SystemExit with a message for
     flags kinetic refuses."""
-    from kinetic.api.core import ServerConfig
     from kinetic.api.server import ModelOptions
     from kinetic.engine.engine_config import EngineConfig, auto_step_tokens
     if args.sign_key:
@@ -67,15 +66,7 @@ def serve_options(args: argparse.Namespace):
         raise SystemExit("kinetic serve: give the model once (MODEL or -m FILE)")
     if not (args.model or args.model_flag):
         raise SystemExit("kinetic serve: which model? give a GGUF file (MODEL or -m FILE)")
-    port = args.port if args.port is not None else (11434 if args.ollama else 8080)
-    config = ServerConfig(  # a ValueError for a bad value: main prints it as one line
-        host=args.host, port=port, api_keys=_api_keys(args),
-        max_connections=args.max_connections, request_timeout=args.timeout,
-        stall_timeout=args.stall_timeout, sign_key=args.sign_key, ollama=args.ollama,
-        aliases=_names(args.alias), tags=_names(args.tags), n_predict=args.n_predict,
-        slots_endpoint=not args.no_slots, slot_save_path=args.slot_save_path,
-        allowed_hosts=tuple(n.lower().rstrip(".") for n in _names(args.allowed_hosts)),
-        verbose=args.verbose, webui=not args.no_webui)
+    config = server_config(args)
     if args.slot_save_path is not None and not os.path.isdir(args.slot_save_path):
         raise SystemExit(f"kinetic serve: --slot-save-path {args.slot_save_path}: not a "
                          f"directory")
@@ -113,6 +104,91 @@ def serve_options(args: argparse.Namespace):
     return config, ModelOptions(model, engine, args.dtype, draft, _sampling(args),
                                 _chat_template(args), args.pooling, args.mmproj,
                                 args.kernel or "auto")
+
+
+def server_config(args: argparse.Namespace):
+    """The HTTP side of the `serve` flags (a server's or a router's)."""
+    from kinetic.api.core import ServerConfig
+    port = args.port if args.port is not None else (11434 if args.ollama else 8080)
+    return ServerConfig(  # a ValueError for a bad value: main prints it as one line
+        host=args.host, port=port, api_keys=_api_keys(args),
+        max_connections=args.max_connections, request_timeout=args.timeout,
+        stall_timeout=args.stall_timeout, sign_key=args.sign_key, ollama=args.ollama,
+        aliases=_names(args.alias), tags=_names(args.tags), n_predict=args.n_predict,
+        slots_endpoint=not args.no_slots, slot_save_path=args.slot_save_path,
+        allowed_hosts=tuple(n.lower().rstrip(".") for n in _names(args.allowed_hosts)),
+        verbose=args.verbose, webui=not args.no_webui)
+
+
+# the flags a router keeps for itself; every other flag given goes to each model's worker
+ROUTER_DESTS = {"model", "model_flag", "host", "port", "api_key", "api_key_file",
+                "allowed_hosts", "timeout", "max_connections", "ollama", "verbose", "alias",
+                "tags", "no_webui", "models_dir", "models_max", "models_preset",
+                "models_autoload", "func", "command"}
+
+
+def worker_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[str]:
+    """The `kinetic serve` flags of each worker of a router: those given to the router that
+    are not its own (ROUTER_DESTS), as they were given."""
+    out = []
+    for action in parser._actions:
+        dest = action.dest
+        if dest in ROUTER_DESTS or not action.option_strings or not hasattr(args, dest):
+            continue
+        value = getattr(args, dest)
+        if value == action.default or value is None:
+            continue
+        flag = max(action.option_strings, key=len)
+        if action.nargs == 0:
+            out.append(flag)
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+def read_presets(path: str | None) -> dict[str, list[str]]:
+    """--models-preset FILE: an INI file of sections named by model ([*]: every model), each
+    `flag = value` line a `kinetic serve` flag of that model's worker (`ctx-size = 8192`,
+    `swa-full = true`); SystemExit in one line for a file that cannot be read."""
+    import configparser
+    if path is None:
+        return {}
+    ini = configparser.ConfigParser(default_section="__none__")
+    ini.optionxform = str
+    try:
+        with open(path, encoding="utf-8") as f:
+            ini.read_file(f)
+    except (OSError, configparser.Error) as e:
+        raise SystemExit(f"kinetic serve: --models-preset {path}: {e}") from None
+    out = {}
+    for section in ini.sections():
+        flags = []
+        for key, value in ini.items(section):
+            flag = ("-" if len(key) <= 3 and not key.startswith("-") else "--") + key.lstrip("-")
+            if value.strip().lower() in ("true", "on", "yes", ""):
+                flags.append(flag)
+            elif value.strip().lower() not in ("false", "off", "no"):
+                flags += [flag, value.strip()]
+        out[section] = flags
+    return out
+
+
+def cmd_router(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """`kinetic serve` with no model, or with --models-dir: router mode (kinetic/router/)."""
+    from kinetic.router.app import run_router
+    from kinetic.router.catalog import models_dir_error
+    if args.model or args.model_flag:
+        raise SystemExit("kinetic serve: --models-dir serves the models of a folder: give no "
+                         "model with it")
+    why = models_dir_error(args.models_dir)
+    if why:
+        raise SystemExit(f"kinetic serve: {why}")
+    if args.models_max < 0:
+        raise SystemExit("kinetic serve: --models-max must be 0 (from free memory) or more")
+    return run_router(server_config(args), {
+        "models_dir": args.models_dir, "models_max": args.models_max,
+        "presets": read_presets(args.models_preset), "autoload": args.models_autoload,
+        "flags": worker_flags(args, parser)})
 
 
 def add_weight_flags(command: argparse.ArgumentParser) -> None:
@@ -203,8 +279,10 @@ def _chat_template(args: argparse.Namespace) -> str | None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from kinetic.api.server import run
     apply_compile_cache_flag(args)
+    if args.models_dir is not None or not (args.model or args.model_flag):
+        return cmd_router(args, args.serve_parser)
+    from kinetic.api.server import run
     return run(*serve_options(args))
 
 
@@ -320,7 +398,26 @@ def add_serve(sub) -> None:
                        "model on JAX's default device (ignored on a CPU)")
     add_weight_flags(serve)
     _add_llama_server_flags(serve)
-    serve.set_defaults(func=cmd_serve)
+    _add_router_flags(serve)
+    serve.set_defaults(func=cmd_serve, serve_parser=serve)
+
+
+def _add_router_flags(serve: argparse.ArgumentParser) -> None:
+    g = serve.add_argument_group("router mode (no MODEL: every pulled model, and with "
+                                 "--models-dir every GGUF of a folder, each loaded in a "
+                                 "process of its own when a request names it)")
+    g.add_argument("--models-dir", metavar="DIR", default=None,
+                   help="serve every GGUF file under DIR too (by its file name), beside the "
+                   "pulled models")
+    g.add_argument("--models-max", type=int, default=0, metavar="N",
+                   help="models loaded at once; past it the least recently used idle one is "
+                   "unloaded (default 0: as many as half the free memory holds)")
+    g.add_argument("--models-preset", metavar="FILE", default=None,
+                   help="an INI file: a section per model name ([*] for all), each line a "
+                   "`kinetic serve` flag of its worker (ctx-size = 8192)")
+    g.add_argument("--models-autoload", action=argparse.BooleanOptionalAction, default=True,
+                   help="load a model when a request names it (default); with "
+                   "--no-models-autoload only POST /models/load does")
 
 
 # llama-server's sampling flags -> the SamplingParams field whose server default each sets

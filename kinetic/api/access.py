@@ -37,7 +37,7 @@ from werkzeug.exceptions import HTTPException
 from kinetic.api.core import json_response, log, server_state
 from kinetic.api.errors import APIError
 
-PUBLIC_ENDPOINTS = {"llama_server.health", "webui.page"}   # no API key needed
+PUBLIC_ENDPOINTS = {"llama_server.health", "webui.page", "router.health"}   # no API key
 JSON_ONLY_BLUEPRINTS = {"openai", "prefill"}   # their POST bodies must be application/json
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
 CORS_METHODS = "GET, POST, DELETE, OPTIONS"   # every method a route takes, as llama-server says

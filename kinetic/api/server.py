@@ -123,13 +123,18 @@ def run(config: ServerConfig, opts: ModelOptions) -> int:
     offload.SWITCH_INTERVAL, so that the event loop waits little for the lock while workers
     parse requests."""
     sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL))
+    setup_logging()
+    return asyncio.run(_main(config, opts))
+
+
+def setup_logging() -> None:
+    """The server's log lines on stderr, as `kinetic: message`."""
     if not log.handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("kinetic: %(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
         log.propagate = False
-    return asyncio.run(_main(config, opts))
 
 
 async def _main(config: ServerConfig, opts: ModelOptions) -> int:

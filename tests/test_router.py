@@ -1,0 +1,191 @@
+"""Router mode (kinetic/router/): `kinetic serve --models-dir DIR --models-max 1` as a real
+process over tiny models, each loaded in a worker process when a request names it.
+
+Checked: the list and its statuses, routing by the body's `model` (and Ollama's `:latest`),
+answers that are what the same model served alone gives, the least recently used model
+unloaded past --models-max (its process gone), a model that fails to load failing only its
+own requests, /models/load and /unload, Ollama's tags / ps / pull (a fake hub) / delete
+through the official client, and errors in each API's shape."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import ollama
+import pytest
+
+from tests.serve_process import free_port
+from tests.test_pull import FakeHub
+from tests.tiny_models import write_tiny_model
+
+ROOT = Path(__file__).resolve().parent.parent
+FLAGS = ["-c", "256", "-np", "1", "--draft-max", "0"]
+
+
+class Router:
+    def __init__(self, models_dir: Path, cache: Path, hub_url: str, *flags: str):
+        self.port = free_port()
+        self.log = models_dir.parent / "router.log"
+        env = {**os.environ, "KINETIC_CACHE": str(cache), "HF_ENDPOINT": hub_url}
+        for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE"):
+            env.pop(var, None)
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "kinetic.cli", "serve", "--models-dir", str(models_dir),
+                 "--port", str(self.port), *flags], stdout=out, stderr=subprocess.STDOUT,
+                cwd=ROOT, env=env)
+        self.url = f"http://127.0.0.1:{self.port}"
+        end = time.monotonic() + 120
+        while time.monotonic() < end:
+            try:
+                if self.request("GET", "/health")[0] == 200:
+                    return
+            except OSError:
+                time.sleep(0.2)
+        raise AssertionError(self.log.read_text())
+
+    def request(self, method: str, path: str, body=None) -> tuple[int, object]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
+        try:
+            data = None if body is None else json.dumps(body).encode()
+            conn.request(method, path, body=data,
+                         headers={"Content-Type": "application/json"} if data else {})
+            resp = conn.getresponse()
+            raw = resp.read()
+        finally:
+            conn.close()
+        try:
+            return resp.status, json.loads(raw)
+        except ValueError:
+            return resp.status, raw
+
+    def statuses(self) -> dict[str, str]:
+        return {m["id"]: m["status"]["value"] for m in self.request("GET", "/models")[1]["data"]}
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+@pytest.fixture(scope="module")
+def hub():
+    h = FakeHub()
+    h.thread.start()
+    yield h
+    h.server.shutdown()
+    h.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def router(tmp_path_factory, hub):
+    base = tmp_path_factory.mktemp("router")
+    models = base / "models"
+    models.mkdir()
+    write_tiny_model(models / "alpha.gguf", "llama", qtype="Q4_0")
+    write_tiny_model(models / "beta.gguf", "qwen2", qtype="Q8_0", seed=1)
+    (models / "broken.gguf").write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 64)
+    (models / "mmproj-alpha.gguf").write_bytes(b"GGUF")   # a projector: not a model
+    r = Router(models, base / "cache", hub.url, "--models-max", "1", *FLAGS)
+    yield r
+    r.close()
+
+
+CHAT = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 6, "temperature": 0}
+
+
+def test_the_list_names_every_model_of_the_folder(router):
+    assert router.statuses() == {"alpha": "unloaded", "beta": "unloaded",
+                                 "broken": "unloaded"}
+    status, body = router.request("POST", "/v1/chat/completions", CHAT)   # no model
+    assert status == 400 and body["error"]["param"] == "model"
+    assert "alpha" in body["error"]["message"]
+    status, body = router.request("POST", "/v1/chat/completions", dict(CHAT, model="gamma"))
+    assert status == 404 and body["error"]["code"] == "model_not_found"
+
+
+def test_a_request_loads_its_model_and_gets_what_the_model_alone_gives(router):
+    import kinetic
+    status, body = router.request("POST", "/v1/chat/completions", dict(CHAT, model="alpha"))
+    assert status == 200, body
+    assert body["model"] == "alpha"
+    assert router.statuses()["alpha"] == "loaded"
+    path = Path(router.request("GET", "/v1/models/alpha")[1]["path"])
+    alone = kinetic.load(str(path), n_ctx=256, parallel=1, speculative=False)
+    try:
+        want = "".join(alone.generate(CHAT["messages"], max_tokens=6, temperature=0))
+    finally:
+        alone.close()
+    assert body["choices"][0]["message"]["content"] == want
+
+
+def test_past_models_max_the_least_recently_used_is_unloaded(router):
+    router.request("POST", "/v1/chat/completions", dict(CHAT, model="alpha"))
+    status, body = router.request("POST", "/v1/completions",
+                                  {"model": "beta", "prompt": "hi", "max_tokens": 3})
+    assert status == 200, body
+    assert router.statuses() == {"alpha": "unloaded", "beta": "loaded", "broken": "unloaded"}
+    # streamed through the router as it comes
+    status, raw = router.request("POST", "/v1/completions", {"model": "beta", "prompt": "hi",
+                                                             "max_tokens": 3, "stream": True})
+    assert status == 200 and raw.decode().strip().endswith("data: [DONE]")
+
+
+def test_a_model_that_fails_to_load_fails_alone(router):
+    status, body = router.request("POST", "/v1/chat/completions", dict(CHAT, model="broken"))
+    assert status == 503 and "failed to load" in body["error"]["message"], body
+    assert router.statuses()["broken"] == "failed"
+    status, body = router.request("POST", "/v1/chat/completions", dict(CHAT, model="beta"))
+    assert status == 200, body
+
+
+def test_load_and_unload_routes(router):
+    status, body = router.request("POST", "/models/load", {"model": "alpha"})
+    assert status == 200 and body["status"] == "loaded"
+    assert router.statuses()["alpha"] == "loaded"
+    status, body = router.request("POST", "/models/unload", {"model": "alpha"})
+    assert status == 200 and router.statuses()["alpha"] == "unloaded"
+    status, body = router.request("POST", "/models/unload", {"model": "alpha"})
+    assert status == 400 and "not loaded" in body["error"]["message"]
+
+
+def test_ollamas_client_lists_pulls_runs_and_deletes(router, hub):
+    data = (Path(router.request("GET", "/v1/models/alpha")[1]["path"])).read_bytes()
+    hub.add("test/tiny-GGUF", {"tiny-Q4_0.gguf": data})
+    client = ollama.Client(host=router.url)
+    names = {m.model for m in client.list().models}
+    assert names == {"alpha", "beta", "broken"}
+    progress = list(client.pull("hf:test/tiny-GGUF:Q4_0", stream=True))
+    assert progress[-1].status == "success"
+    names = {m.model for m in client.list().models}
+    assert "hf:test/tiny-GGUF:Q4_0" in names
+    answer = client.chat("hf:test/tiny-GGUF:Q4_0", messages=CHAT["messages"],
+                         options={"num_predict": 3, "temperature": 0}, keep_alive=-1)
+    assert answer.done and answer.eval_count == 3
+    assert {m.model for m in client.ps().models} == {"hf:test/tiny-GGUF:Q4_0"}
+    client.delete("hf:test/tiny-GGUF:Q4_0")
+    assert "hf:test/tiny-GGUF:Q4_0" not in {m.model for m in client.list().models}
+    assert client.ps().models == []
+    with pytest.raises(ollama.ResponseError) as e:
+        client.chat("gamma", messages=CHAT["messages"])
+    assert e.value.status_code == 404 and "gamma" in e.value.error
+    with pytest.raises(ollama.ResponseError) as e:
+        client.delete("alpha")   # a file of the folder, not a pulled model
+    assert e.value.status_code == 400
+
+
+def test_keep_alive_zero_unloads_after_the_answer(router):
+    client = ollama.Client(host=router.url)
+    client.generate("beta", "hi", options={"num_predict": 2}, keep_alive=0)
+    end = time.monotonic() + 30
+    while router.statuses()["beta"] != "unloaded" and time.monotonic() < end:
+        time.sleep(0.2)
+    assert router.statuses()["beta"] == "unloaded"
