@@ -247,14 +247,42 @@ class jit:
         if exe is not None:
             _state["loaded"] += 1
             return exe
-        exe = self._compile(args, kwargs)
+        exe, fresh = self._compile_fresh(args, kwargs)
         _state["compiled"] += 1
-        _store(path, exe)
+        if fresh:
+            _store(path, exe)
         return exe
 
     def _compile(self, args, kwargs):
         lowered = self._jit.lower(*args, **kwargs)
         return lowered.compile(self._options) if self._options else lowered.compile()
+
+    def _compile_fresh(self, args, kwargs):
+        """(the executable, whether it may be written to disk): not when JAX's own
+        persistent cache gave it (_jax_cache_hits), since an executable JAX loaded from its
+        cache serializes without all of its compiled functions (loading that blob fails
+        with "Function ... not found")."""
+        _watch_jax_cache()
+        _jax_hits.n = 0
+        exe = self._compile(args, kwargs)
+        return exe, _jax_hits.n == 0
+
+
+_jax_hits = threading.local()   # this thread's hits of JAX's own persistent cache
+_watching = []
+
+
+def _watch_jax_cache() -> None:
+    """Count, per thread, the executables JAX's own persistent cache gives (once)."""
+    with _lock:
+        if _watching:
+            return
+        _watching.append(True)
+
+    def listen(event: str, **kwargs) -> None:
+        if event == "/jax/compilation_cache/cache_hits":
+            _jax_hits.n = getattr(_jax_hits, "n", 0) + 1
+    jax.monitoring.register_event_listener(listen)
 
 
 def _parts(fun) -> list:

@@ -190,3 +190,33 @@ def test_a_second_process_loads_what_the_first_compiled(tmp_path):
     first, second = eval(counts1), eval(counts2)   # noqa: S307 - our own dict's repr
     assert first["compiled"] > 0 and first["loaded"] == 0
     assert second == {"loaded": first["compiled"], "compiled": 0}
+
+
+def test_an_executable_jax_loaded_from_its_own_cache_is_never_written(tmp_path):
+    """JAX's persistent cache (JAX_COMPILATION_CACHE_DIR) can answer our compile with an
+    executable it loaded, which serializes without all its functions (a later load failed:
+    "Function broadcast_select_fusion not found"). Such an executable is used but not
+    written, so a third process compiles or loads a whole one."""
+    script = textwrap.dedent("""
+        import jax.numpy as jnp
+        from kinetic import compile_cache
+        from kinetic.engine import sampler
+        for B in (1, 4):
+            sampler.logprobs(jnp.zeros((B, 5000)), jnp.zeros(B, jnp.int32), 20)[0] \\
+                .block_until_ready()
+        print(compile_cache.counts())
+    """)
+
+    def run(ours: str) -> dict:
+        env = {**os.environ, "KINETIC_COMPILE_CACHE_DIR": str(tmp_path / ours),
+               "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "xla"),
+               "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+        env.pop("KINETIC_COMPILE_CACHE", None)
+        r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                           text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return eval(r.stdout.strip().splitlines()[-1])   # noqa: S307 - our own dict's repr
+    assert run("first") == {"loaded": 0, "compiled": 2}
+    assert run("second") == {"loaded": 0, "compiled": 2}   # JAX's cache answered
+    assert entries(tmp_path / "second") == []
+    assert run("second")["loaded"] == 0   # and nothing broken was left to load
