@@ -117,7 +117,8 @@ def test_help_documents_every_flag(capsys):
                  "--ubatch-size", "--api-key", "--api-key-file", "--model-draft", "--sign-key",
                  "--mmproj", "--ollama", "--metrics", "--slots", "--gpu-layers", "--timeout",
                  "--max-connections", "--stall-timeout", "--draft-max", "--cache-ram",
-                 "--cache-type-k", "--cache-type-v", "--swa-full"):
+                 "--cache-type-k", "--cache-type-v", "--swa-full", "--no-compile-cache",
+                 "--models-dir", "--models-max", "--models-preset", "--models-autoload"):
         assert flag in text
 
 
@@ -165,3 +166,22 @@ def test_a_bad_command_line_is_one_line(argv, capsys):
     err = capsys.readouterr().err
     assert exit.value.code == 2 and err.count("\n") == 1 and "usage" not in err
     assert err.startswith("kinetic") and "--help lists the flags" in err
+
+
+def test_a_router_passes_its_engine_flags_to_each_worker(tmp_path):
+    """The flags that are not the router's own go to every worker as they were given; the
+    preset file adds a model's own."""
+    from kinetic.serve_cli import read_presets, worker_flags
+    args = build_parser().parse_args(["serve", "--models-dir", str(tmp_path), "-c", "4096",
+                                      "-np", "2", "--swa-full", "--api-key", "k", "--port",
+                                      "9000", "-ctk", "q8_0", "--no-compile-cache"])
+    flags = worker_flags(args, args.serve_parser)
+    assert flags == ["--ctx-size", "4096", "--parallel", "2", "--cache-type-k", "q8_0",
+                     "--swa-full", "--no-compile-cache"]
+    preset = tmp_path / "preset.ini"
+    preset.write_text("[*]\nctx-size = 1024\n\n[smollm2]\nswa-full = true\nnp = 3\n"
+                      "kv-unified = false\n")
+    assert read_presets(str(preset)) == {"*": ["--ctx-size", "1024"],
+                                         "smollm2": ["--swa-full", "-np", "3"]}
+    with pytest.raises(SystemExit, match="models-preset"):
+        read_presets(str(tmp_path / "missing.ini"))
