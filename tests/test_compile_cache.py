@@ -131,7 +131,9 @@ def test_the_flag_turns_it_off(monkeypatch):
 
 
 def run_engine(path, **config):
-    model = open_model(path, EngineConfig(parallel=2, n_ctx=128, **config), kernel="ffi",
+    # a context no other test uses: JAX's own persistent cache (the session's) has none of
+    # these shapes, so the cold run compiles (and writes) every one
+    model = open_model(path, EngineConfig(parallel=2, n_ctx=136, **config), kernel="ffi",
                        compile=True)
     try:
         out = [(d.token_ids, d.logprobs) for d in model.stream([1, 5, 9, 30, 2], max_tokens=6,
@@ -146,7 +148,7 @@ def test_a_warm_engine_loads_every_shape_and_gives_the_same_bits(cache_dir, tmp_
     """An engine started again (nothing in memory) loads all its step, decode-loop and
     sampler executables and answers with the same tokens, log-probabilities and logits;
     another cache type is another program, compiled anew."""
-    path = write_tiny_model(tmp_path / "m.gguf", "llama", qtype="Q4_0", d_model=64, d_ffn=128)
+    path = write_tiny_model(tmp_path / "m.gguf", "llama", qtype="Q4_0", d_model=96, d_ffn=160)
     start = compile_cache.counts()
     cold = run_engine(path)
     mid = compile_cache.counts()
