@@ -377,15 +377,16 @@ def _releasing(progress):
     compiler's code pages and the heap's free memory. Each compile's peak sits on what the
     ones before it left: SmolLM2 at -np 8, VmHWM after Engine.compile 594 MiB with all three
     handed back only at the end, 541 dropping the code pages after each, 472 with the
-    staging caches too (docs/performance.md, Memory III). Nothing is handed back after a
-    shape whose executables were all loaded from the disk cache (kinetic/compile_cache.py):
-    loading runs no compiler."""
+    staging caches too (docs/performance.md, Memory III). An executable loaded from the disk
+    cache (kinetic/compile_cache.py) runs no compiler, but linking it touches jaxlib's code
+    too: the same is handed back after a shape that loaded one, nothing after a shape that
+    needed neither."""
     seen = [None]
 
     def step(done: int, total: int) -> None:
-        compiled = compile_cache.counts()["compiled"]
-        if compiled != seen[0]:
-            seen[0] = compiled
+        counts = compile_cache.counts()
+        if counts != seen[0]:
+            seen[0] = counts
             drop_staging_caches()
             drop_code_pages()
             release_memory()
