@@ -259,7 +259,7 @@ class jit:
 
     def _compile_fresh(self, args, kwargs):
         """(the executable, whether it may be written to disk): not when JAX's own
-        persistent cache gave it (_jax_cache_hits), since an executable JAX loaded from its
+        persistent cache gave it (_jax_hits), since an executable JAX loaded from its
         cache serializes without all of its compiled functions (loading that blob fails
         with "Function ... not found")."""
         _watch_jax_cache()

@@ -70,6 +70,7 @@ class Worker:
     last_used: float = field(default_factory=time.monotonic)
     expires: float | None = None    # monotonic time it unloads once idle (keep_alive)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
+    key_file: Path | None = None    # removed once the worker has read it (or has ended)
 
     @property
     def url(self) -> str:
@@ -118,13 +119,19 @@ class Workers:
         port, key = free_port(), secrets.token_urlsafe(24)
         out = tempfile.NamedTemporaryFile(prefix=f"kinetic-worker-{model.path.stem}-",
                                           suffix=".log", delete=False)
+        # the key in a file only this user can read (mkstemp's 0600), not on the command
+        # line, which every local user can see; removed once the worker has read it
+        fd, key_file = tempfile.mkstemp(prefix="kinetic-worker-key-")
+        with os.fdopen(fd, "w") as f:
+            f.write(key + "\n")
         args = [sys.executable, "-m", "kinetic.cli", "serve", str(model.path), "--host",
-                "127.0.0.1", "--port", str(port), "--api-key", key, "--alias", model.name,
+                "127.0.0.1", "--port", str(port), "--api-key-file", key_file,
+                "--alias", model.name,
                 *self.flags, *self.presets.get("*", []), *self.presets.get(model.name, [])]
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL)
         out.close()
-        w = Worker(model, port, key, proc, Path(out.name))
+        w = Worker(model, port, key, proc, Path(out.name), key_file=Path(key_file))
         self.by_name[model.name] = w
         log.info("loading %s (%s, worker pid %d)", model.name, model.path, proc.pid)
         asyncio.get_running_loop().create_task(self._watch_load(w))
@@ -147,6 +154,7 @@ class Workers:
                 w.proc.kill()
                 break
             await asyncio.sleep(0.1)
+        _remove(w.key_file)   # read at the worker's start, before it listened
         w.ready.set()
 
     async def _make_room(self) -> None:
@@ -178,10 +186,8 @@ class Workers:
                 w.proc.kill()
                 await asyncio.to_thread(w.proc.wait)
         w.ready.set()
-        try:
-            os.unlink(w.log_path)
-        except OSError:
-            pass
+        _remove(w.log_path)
+        _remove(w.key_file)
 
     async def expire(self) -> None:
         """Unload the idle workers whose keep_alive has run out (called every second)."""
@@ -195,6 +201,14 @@ class Workers:
     async def close(self) -> None:
         for w in list(self.by_name.values()):
             await self._end(w)
+
+
+def _remove(path: Path | None) -> None:
+    if path is not None:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def _healthy(w: Worker) -> bool:
