@@ -29,6 +29,7 @@ are written whole (a temporary name, then renamed), so two processes may share t
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import inspect
@@ -261,15 +262,27 @@ class jit:
         """(the executable, whether it may be written to disk): not when JAX's own
         persistent cache gave it (_jax_hits), since an executable JAX loaded from its
         cache serializes without all of its compiled functions (loading that blob fails
-        with "Function ... not found")."""
+        with "Function ... not found"). So that JAX's cache never holds these functions
+        (and never answers for them), it writes none while they compile."""
         _watch_jax_cache()
         _jax_hits.n = 0
-        exe = self._compile(args, kwargs)
+        with _not_in_jax_cache():
+            exe = self._compile(args, kwargs)
         return exe, _jax_hits.n == 0
 
 
 _jax_hits = threading.local()   # this thread's hits of JAX's own persistent cache
 _watching = []
+
+
+def _not_in_jax_cache():
+    """A context in which JAX's own persistent cache writes nothing of what compiles (its
+    minimum compile time, a thread-local setting, set past any compile)."""
+    try:
+        from jax._src import config as jax_config
+        return jax_config.persistent_cache_min_compile_time_secs(float("inf"))
+    except (ImportError, AttributeError, TypeError):
+        return contextlib.nullcontext()
 
 
 def _watch_jax_cache() -> None:
