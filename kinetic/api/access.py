@@ -31,7 +31,7 @@ import time
 import ipaddress
 from urllib.parse import urlsplit
 
-from quart import Response, g, request
+from quart import Quart, Response, g, request
 from werkzeug.exceptions import HTTPException
 
 from kinetic.api.core import json_response, log, server_state
@@ -44,6 +44,25 @@ CORS_METHODS = "GET, POST, DELETE, OPTIONS"   # every method a route takes, as l
 
 
 # --- checks shared by every route ---------------------------------------------------------
+
+def guarded_app(name: str, state, blueprints) -> Quart:
+    """A Quart app over `state` (a server's or a router's: what `guard` and the error
+    handlers read as server_state()) with these checks, these error handlers and
+    `blueprints`."""
+    app = Quart(name)
+    app.extensions["kinetic"] = state
+    app.config.update(MAX_CONTENT_LENGTH=state.config.max_body_bytes,
+                      BODY_TIMEOUT=state.config.request_timeout)
+    app.before_request(guard)
+    app.after_request(cors_headers)
+    app.after_request(log_request)
+    app.errorhandler(APIError)(api_error)
+    app.errorhandler(HTTPException)(http_error)
+    app.errorhandler(Exception)(internal_error)
+    for blueprint in blueprints:
+        app.register_blueprint(blueprint)
+    return app
+
 
 async def guard() -> Response | None:
     state = server_state()

@@ -142,14 +142,10 @@ async def _main(config: ServerConfig, opts: ModelOptions) -> int:
     loop = asyncio.get_running_loop()
     state = ServerState(config, opts.model_id)
     app = create_app(state)
-    hconfig = HypercornConfig()
-    host = f"[{config.host}]" if ":" in config.host else config.host
-    hconfig.keep_alive_timeout = config.request_timeout
-    hconfig.read_timeout = None  # it would also cut clients quietly waiting for an answer
-    sockets = _listen(hconfig, host, config)
-    if sockets is None:
+    listening = listen(config)
+    if listening is None:
         return 1
-    port = sockets.insecure_sockets[0].getsockname()[1]
+    hconfig, host, sockets, port = listening
     also = (f" and Ollama's API at http://{host}:{OLLAMA_PORT}/api"
             if len(sockets.insecure_sockets) > 1 else "")
     stop = asyncio.Event()
@@ -224,6 +220,20 @@ async def _main(config: ServerConfig, opts: ModelOptions) -> int:
             exit_now("stopped, but the engine thread is stuck in a step; exiting without it", 1)
         print("kinetic: stopped", file=sys.stderr, flush=True)
     return status[0]
+
+
+def listen(config: ServerConfig) -> tuple[HypercornConfig, str, Sockets, int] | None:
+    """(Hypercorn's config, the host as a URL writes it, the bound sockets, the port) for
+    `config` (a server's or a router's), or None, the reason printed, where the address
+    cannot be bound."""
+    hconfig = HypercornConfig()
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    hconfig.keep_alive_timeout = config.request_timeout
+    hconfig.read_timeout = None  # it would also cut clients quietly waiting for an answer
+    sockets = _listen(hconfig, host, config)
+    if sockets is None:
+        return None
+    return hconfig, host, sockets, sockets.insecure_sockets[0].getsockname()[1]
 
 
 def _listen(hconfig: HypercornConfig, host: str, config: ServerConfig) -> Sockets | None:

@@ -25,10 +25,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 from quart import Blueprint, Quart, Response, request
-from werkzeug.exceptions import HTTPException
 
 from kinetic.api import access
-from kinetic.api.core import ServerConfig, json_response
+from kinetic.api.core import ServerConfig, json_response, server_state as state
 from kinetic.api.errors import APIError, bad_request
 from kinetic.router import catalog
 from kinetic.router.proxy import forward
@@ -59,36 +58,26 @@ class RouterState:
         return catalog.models(self.models_dir)
 
     def find(self, name: Any, param: str = "model") -> catalog.Model:
+        """The model `name` means: a loaded one's without reading the disk (the path of
+        every request to it), else from the catalog as it is now."""
+        if isinstance(name, str) and name:
+            loaded = catalog.find(name, [w.model for w in self.workers.by_name.values()])
+            if loaded is not None:
+                return loaded
+        available = self.models()
+        names = ", ".join(m.name for m in available) or "none"
         if not isinstance(name, str) or not name:
-            names = ", ".join(m.name for m in self.models()) or "none"
             raise bad_request(f"{param} is required: this server routes each request to the "
                               f"model it names (models: {names})", param)
-        found = catalog.find(name, self.models())
+        found = catalog.find(name, available)
         if found is None:
-            names = ", ".join(m.name for m in self.models()) or "none"
             raise APIError(404, f"model {name!r} not found (models: {names}; `kinetic pull` "
                            f"adds one)", param=param, code="model_not_found")
         return found
 
 
-def state() -> RouterState:
-    from quart import current_app
-    return current_app.extensions["kinetic"]
-
-
 def create_router_app(rs: RouterState) -> Quart:
-    app = Quart("kinetic-router")
-    app.extensions["kinetic"] = rs
-    app.config.update(MAX_CONTENT_LENGTH=rs.config.max_body_bytes,
-                      BODY_TIMEOUT=rs.config.request_timeout)
-    app.before_request(access.guard)
-    app.after_request(access.cors_headers)
-    app.after_request(access.log_request)
-    app.errorhandler(APIError)(access.api_error)
-    app.errorhandler(HTTPException)(access.http_error)
-    app.errorhandler(Exception)(access.internal_error)
-    app.register_blueprint(blueprint)
-    return app
+    return access.guarded_app("kinetic-router", rs, (blueprint,))
 
 
 # --- the router's own routes --------------------------------------------------------------
@@ -305,7 +294,6 @@ def run_router(config: ServerConfig, rs_args: dict) -> int:
 
 async def _main(config: ServerConfig, rs_args: dict) -> int:
     import signal
-    from hypercorn.config import Config as HypercornConfig
 
     from kinetic.api import server
     models_max = rs_args["models_max"]
@@ -315,14 +303,10 @@ async def _main(config: ServerConfig, rs_args: dict) -> int:
     workers = Workers(rs_args["flags"], rs_args["presets"], models_max)
     rs = RouterState(config, rs_args["models_dir"], workers, rs_args["autoload"])
     app = create_router_app(rs)
-    hconfig = HypercornConfig()
-    host = f"[{config.host}]" if ":" in config.host else config.host
-    hconfig.keep_alive_timeout = config.request_timeout
-    hconfig.read_timeout = None
-    sockets = server._listen(hconfig, host, config)
-    if sockets is None:
+    listening = server.listen(config)
+    if listening is None:
         return 1
-    port = sockets.insecure_sockets[0].getsockname()[1]
+    hconfig, host, sockets, port = listening
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -42,19 +42,9 @@ def free_port() -> int:
 def default_models_max(sizes: list[int]) -> int:
     """--models-max 0: as many of the largest model as half the free memory holds (each
     counted at its file size plus RUNTIME_BYTES), at least 1."""
+    from kinetic.engine.engine_config import available_memory   # imports no JAX
     biggest = max(sizes, default=0) + RUNTIME_BYTES
-    return max(1, int(_available_memory() * 0.5 // biggest))
-
-
-def _available_memory() -> int:
-    """MemAvailable (the router imports no JAX: it holds no model)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 8 << 30
+    return max(1, int(available_memory() * 0.5 // biggest))
 
 
 @dataclass
