@@ -61,7 +61,7 @@ _ENV_IGNORED = ("KINETIC_COMPILE_CACHE", "KINETIC_COMPILE_CACHE_DIR",
 
 _lock = threading.Lock()
 _instances: weakref.WeakSet = weakref.WeakSet()   # every jit, for clear()
-_state = {"enabled": None, "build": None, "loaded": 0, "compiled": 0}
+_state = {"enabled": None, "build": None, "loaded": 0, "compiled": 0, "ahead": 0}
 
 
 def enabled() -> bool:
@@ -93,6 +93,11 @@ def max_bytes() -> int:
 def counts() -> dict[str, int]:
     """Executables loaded from disk and compiled by `jit` in this process so far."""
     return {"loaded": _state["loaded"], "compiled": _state["compiled"]}
+
+
+def loaded_ahead() -> int:
+    """Of counts()["loaded"], how many `preloading` had loaded before they were asked for."""
+    return _state["ahead"]
 
 
 def build_dir() -> Path:
@@ -210,6 +215,14 @@ class jit:
         """The executable a call with these arguments runs (loaded or compiled now); it is
         called with the arguments that are not static. None for tracers."""
         return self._executable(args, kwargs, self._dynamic(args, kwargs))
+
+    def prepare(self, *args, **kwargs) -> bool:
+        """Have the executable a call with these arguments runs ready (loaded or compiled
+        now) without running it. False where calls go through jax.jit (the cache off),
+        which compiles only when called: the caller runs it then."""
+        if not enabled() and not self._options:
+            return False
+        return self.executable(*args, **kwargs) is not None
 
     def _cache_size(self) -> int:
         """Executables held in memory (jax.jit's own count while the cache is off)."""
@@ -352,22 +365,83 @@ def _aval(x):
         else (type(x).__name__, repr(x))
 
 
+# --- loading a set ahead ------------------------------------------------------------------
+
+_preload = {"futures": {}, "used": None}   # path -> Future of _read(path); paths used
+
+
+@contextlib.contextmanager
+def preloading(key: str):
+    """A context in which the executables that the last compile under the same `key` used
+    (its list in build_dir()/preload) are loaded ahead in one thread per CPU, while the
+    caller goes on (the loads release the interpreter's lock: a warm start's loads take half
+    the time on 2 cores), and `jit` takes them from there. key: what the set depends on (a
+    model's Config and engine settings). On exit the list is written with the executables
+    used inside, and anything loaded but not used is dropped. Nothing happens with the
+    cache off, or inside another preloading()."""
+    if not enabled() or _preload["used"] is not None:
+        yield
+        return
+    from concurrent.futures import ThreadPoolExecutor
+    base = build_dir()
+    listing = base / "preload" / hashlib.sha256(key.encode()).hexdigest()[:32]
+    try:
+        names = listing.read_text().split()
+    except OSError:
+        names = []
+    pool = ThreadPoolExecutor(max_workers=max(1, min(len(names), os.cpu_count() or 1)),
+                              thread_name_prefix="kinetic-preload")
+    with _lock:
+        _preload["used"] = []
+        _preload["futures"] = {base / name: pool.submit(_read, base / name)
+                               for name in names if "/" not in name}
+    try:
+        yield
+    finally:
+        with _lock:
+            used, futures = _preload["used"], _preload["futures"]
+            _preload["used"], _preload["futures"] = None, {}
+        for future in futures.values():
+            future.cancel()
+        pool.shutdown(wait=True)
+        if used and sorted(used) != sorted(names):
+            _write(listing, "\n".join(used).encode())
+
+
+def loading_ahead() -> bool:
+    """Whether executables are being loaded ahead (inside preloading(), whose key had a
+    list): a warm start, whose compile is mostly waiting on them."""
+    with _lock:
+        return bool(_preload["futures"]) or bool(_preload["used"])
+
+
+def _read(path: Path):
+    """(payload, in_tree, out_tree, the loaded executable) stored at path; raises
+    FileNotFoundError where there is none, OSError where it cannot be read, and anything
+    else where it is torn or foreign."""
+    blob = path.read_bytes()
+    _register_handlers()
+    from jax.experimental import serialize_executable
+    payload, in_tree, out_tree = pickle.loads(blob)
+    return in_tree, serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
+
+
 def _load(path: Path, tree):
     """The executable stored at path, or None (missing, or unreadable: then removed)."""
-    from jax.experimental import serialize_executable
+    with _lock:
+        future = _preload["futures"].pop(path, None)
+        if _preload["used"] is not None:
+            _preload["used"].append(path.name)
     try:
-        blob = path.read_bytes()
+        in_tree, exe = future.result() if future is not None else _read(path)
+        _state["ahead"] += future is not None
+        if in_tree != tree:
+            raise ValueError("its arguments' structure differs")
     except FileNotFoundError:
         return None
     except OSError as e:
         log.warning("compile cache: cannot read %s (%s); compiling", path, e)
         return None
-    try:
-        _register_handlers()
-        payload, in_tree, out_tree = pickle.loads(blob)
-        if in_tree != tree:
-            raise ValueError("its arguments' structure differs")
-        exe = serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
     except Exception as e:   # a torn or foreign file: compile again, and replace it
         log.warning("compile cache: dropping %s (%s)", path.name, e)
         path.unlink(missing_ok=True)
@@ -393,6 +467,15 @@ def _store(path: Path, exe) -> None:
     from jax.experimental import serialize_executable
     try:
         blob = pickle.dumps(serialize_executable.serialize(exe))
+    except Exception as e:
+        log.warning("compile cache: cannot serialize %s (%s)", path.name, e)
+        return
+    _write(path, blob)
+
+
+def _write(path: Path, blob: bytes) -> None:
+    """blob at path whole (a temporary file renamed over it); failing is only logged."""
+    try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
         with os.fdopen(fd, "wb") as f:

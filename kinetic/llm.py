@@ -15,6 +15,7 @@ log-probabilities here are the ones the server gives for the same request.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -281,6 +282,20 @@ def open_model(path: str | os.PathLike[str], config: EngineConfig, *, dtype: str
     _compile_cache.configure()
     loaded = load_model(os.fspath(path), dtype=dtype, act_quant=llama_rounding,
                         progress=stage("loading"), kernel=kernel, defer_repack=True)
+    # what the executables depend on: those the last compile of the same set used load in
+    # threads meanwhile (compile_cache.preloading)
+    key = repr((loaded.config, config, dtype, kernel, llama_rounding, pooling,
+                None if draft is None else os.fspath(draft),
+                None if mmproj is None else os.fspath(mmproj)))
+    with _compile_cache.preloading(key) if compile else contextlib.nullcontext():
+        return _assemble(loaded, os.fspath(path), config, dtype=dtype, draft=draft,
+                         llama_rounding=llama_rounding, kernel=kernel, stage=stage,
+                         compile=compile, pooling=pooling, mmproj=mmproj)
+
+
+def _assemble(loaded, path: str, config: EngineConfig, *, dtype, draft, llama_rounding,
+              kernel, stage, compile, pooling, mmproj) -> "Model | EmbeddingModel":
+    """open_model's part after the file is read."""
     tokenizer = Tokenizer.from_metadata(loaded.file.metadata)
     # the arrays only the vocabulary reads go before the steps compile, whose peak they would
     # add to (Llama 3's merges: 25 MB of str); /api/show reads them from the file again

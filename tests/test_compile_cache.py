@@ -77,6 +77,47 @@ def test_a_function_kinetic_does_not_name_stays_in_memory(cache_dir):
     assert [n.split("-")[0] for n in entries(cache_dir)] == ["pick_rows"]
 
 
+def test_prepare_has_the_executable_ready_without_running_it(cache_dir, monkeypatch):
+    """Runner.compile's warm-up: prepare loads or compiles, and the call after finds it; with
+    the cache off calls go through jax.jit, which compiles only on a call: False then."""
+    f = compile_cache.jit(_double, name="double", static_argnums=(1,), persist=True)
+    x = jnp.arange(3, dtype=jnp.float32)
+    compiled = compile_cache.counts()["compiled"]
+    assert f.prepare(x, 7) is True
+    assert compile_cache.counts()["compiled"] == compiled + 1 and len(entries(cache_dir)) == 1
+    assert np.asarray(f(x, 7)).tolist() == [0, 7, 14]
+    assert compile_cache.counts()["compiled"] == compiled + 1
+    monkeypatch.setitem(compile_cache._state, "enabled", False)
+    assert f.prepare(x, 8) is False
+
+
+def test_preloading_loads_last_times_set_ahead(cache_dir):
+    """Under one key, the executables the last run used are loaded in threads before they
+    are asked for, and give the same answers; one no longer on disk is compiled again;
+    another key has no list."""
+    f = compile_cache.jit(_double, name="double", static_argnums=(1,), persist=True)
+    x = jnp.arange(3, dtype=jnp.float32)
+    with compile_cache.preloading("model A"):
+        assert not compile_cache.loading_ahead()   # nothing listed yet: a cold start
+        cold = [np.asarray(f(x, n)).tolist() for n in (2, 3)]
+    assert len(list((cache_dir).rglob("preload/*"))) == 1
+    compile_cache.clear()
+    ahead = compile_cache.loaded_ahead()
+    with compile_cache.preloading("model A"):
+        assert compile_cache.loading_ahead()
+        assert [np.asarray(f(x, n)).tolist() for n in (2, 3)] == cold == [[0, 2, 4], [0, 3, 6]]
+    assert compile_cache.loaded_ahead() == ahead + 2
+    compile_cache.clear()
+    for path in cache_dir.rglob("*.exe"):
+        path.unlink()
+    compiled = compile_cache.counts()["compiled"]
+    with compile_cache.preloading("model A"):
+        assert np.asarray(f(x, 2)).tolist() == [0, 2, 4]
+    assert compile_cache.counts()["compiled"] == compiled + 1
+    with compile_cache.preloading("model B"):
+        assert not compile_cache.loading_ahead()
+
+
 def test_a_torn_entry_is_compiled_again(cache_dir):
     f = compile_cache.jit(_double, name="double", static_argnums=(1,), persist=True)
     x = jnp.arange(3, dtype=jnp.float32)
@@ -177,7 +218,7 @@ def test_a_second_process_loads_what_the_first_compiled(tmp_path):
         model = open_model({str(path)!r}, EngineConfig(parallel=1, n_ctx=64), kernel="ffi",
                            compile=True)
         print([d.token_ids for d in model.stream([1, 2, 3], max_tokens=5)])
-        print(compile_cache.counts())
+        print({{**compile_cache.counts(), "ahead": compile_cache.loaded_ahead()}})
         model.close()
     """)
     env = {**os.environ, "KINETIC_COMPILE_CACHE_DIR": str(tmp_path / "compiled"),
@@ -191,7 +232,8 @@ def test_a_second_process_loads_what_the_first_compiled(tmp_path):
     assert tokens1 == tokens2
     first, second = eval(counts1), eval(counts2)   # noqa: S307 - our own dict's repr
     assert first["compiled"] > 0 and first["loaded"] == 0
-    assert second == {"loaded": first["compiled"], "compiled": 0}
+    # every one loaded, and ahead (compile_cache.preloading: what the first start used)
+    assert second == {"loaded": first["compiled"], "compiled": 0, "ahead": first["compiled"]}
 
 
 def test_jaxs_own_cache_never_answers_for_these_functions(tmp_path):

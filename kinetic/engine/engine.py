@@ -277,7 +277,22 @@ class Engine:
         before, between and after (kinetic.memory.drop_code_pages: faulted back in where they
         run)."""
         with compiling():
+            trie = None
+            if compile_cache.loading_ahead():
+                # a warm start: the executables load in threads, and the weights'
+                # rearrangement and the grammar trie (Python, a third of a second for 49,152
+                # tokens) are done meanwhile rather than after (on a cold start their peaks
+                # would add to the compiler's)
+                trie = threading.Thread(target=self._ready_meanwhile, daemon=True,
+                                        name="kinetic-meanwhile")
+                trie.start()
             self._compile(progress)
+            if trie is not None:
+                trie.join()
+
+    def _ready_meanwhile(self) -> None:
+        self.runner.model.finish_repack()
+        self.grammar_vocab()
 
     def _compile(self, progress) -> None:
         drop_code_pages()   # what importing JAX touched (kinetic.memory)
@@ -378,15 +393,15 @@ def _releasing(progress):
     ones before it left: SmolLM2 at -np 8, VmHWM after Engine.compile 594 MiB with all three
     handed back only at the end, 541 dropping the code pages after each, 472 with the
     staging caches too (docs/performance.md, Memory III). An executable loaded from the disk
-    cache (kinetic/compile_cache.py) runs no compiler, but linking it touches jaxlib's code
-    too: the same is handed back after a shape that loaded one, nothing after a shape that
-    needed neither."""
+    cache (kinetic/compile_cache.py) runs no compiler: what linking it touches is handed
+    back once, at Engine._compile's end (after each, it cost a warm start 20-30 ms a shape
+    for pages faulted straight back in), and nothing after a shape that needed neither."""
     seen = [None]
 
     def step(done: int, total: int) -> None:
-        counts = compile_cache.counts()
-        if counts != seen[0]:
-            seen[0] = counts
+        compiled = compile_cache.counts()["compiled"]
+        if compiled != seen[0]:
+            seen[0] = compiled
             drop_staging_caches()
             drop_code_pages()
             release_memory()

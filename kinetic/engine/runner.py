@@ -212,11 +212,13 @@ class Runner:
         if self.state is not None:
             parts.append(("state", self.state.plan(slots, positions, drafts, bucket)))
         packed, layout = _pack(parts)
+        args = (self._buffer, self._skeleton, self.cache, jax.device_put(packed), layout,
+                self._image_embeds(images, bucket))
+        if self._warming and self._step.prepare(*args):
+            return None
         if not self._warming:
             self.model.finish_repack()
-        logits, self.cache = self._step(self._buffer, self._skeleton, self.cache,
-                                        jax.device_put(packed), layout,
-                                        self._image_embeds(images, bucket))
+        logits, self.cache = self._step(*args)
         self._called()
         return logits
 
@@ -257,13 +259,13 @@ class Runner:
             parts.append(("state", self.state.plan_decode(slots, positions, bucket)))
         # n travels as data: one compiled loop per bucket
         packed, layout = _pack(parts + [("n", np.asarray([n]))])
+        args = (self._buffer, self._skeleton, self.cache, jax.device_put(packed),
+                self.sampler.greedy_bias(bias, bucket, shape or self.sample_shape()), layout)
+        if self._warming and self._decode.prepare(*args):
+            return None
         if not self._warming:
             self.model.finish_repack()
-        out, self.cache = self._decode(self._buffer, self._skeleton, self.cache,
-                                       jax.device_put(packed),
-                                       self.sampler.greedy_bias(bias, bucket,
-                                                                shape or self.sample_shape()),
-                                       layout)
+        out, self.cache = self._decode(*args)
         self._called()
         return np.asarray(out)
 
@@ -421,7 +423,10 @@ class Runner:
         """Compile the step for every row bucket, key bucket and logit shape now (the first
         call of each would otherwise pay for it, stalling every stream), and the decode-step
         loops with `shape`'s bias pairs (None: sample_shape()'s). progress(done, total) is
-        called after each. The steps write only into the reserved page."""
+        called after each. With the compile cache on, each executable is loaded or compiled
+        without running (a warm start pays no step's arithmetic: kinetic/compile_cache.py);
+        with it off, jax.jit compiles on a call, so each runs once on zero weights, writing
+        only into the reserved page."""
         S = self.config.num_slots
         # (rows, key bucket, logit rows): every shape _logit_shape can give
         shapes = [(r, b, want) for r in self.row_buckets for b in self.buckets
@@ -453,8 +458,9 @@ class Runner:
         S, P, ps = self.config.num_slots, self.config.pages_per_slot, self.config.page_size
         for i, (rows, b, want) in enumerate(shapes):
             pos = np.full(rows, b * ps - 1)
-            self.step_device(np.zeros(rows), pos, np.zeros(rows), np.arange(rows) % ps,
-                             np.zeros((S, P), np.int32), want).block_until_ready()
+            jax.block_until_ready(self.step_device(
+                np.zeros(rows), pos, np.zeros(rows), np.arange(rows) % ps,
+                np.zeros((S, P), np.int32), want))
             if progress:
                 progress(i + 1, total)
         for i, (rows, n) in enumerate(loops):

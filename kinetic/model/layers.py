@@ -23,7 +23,6 @@ import numpy as np
 
 from kinetic.kernels import attention as native_attention
 from kinetic.kernels import ffi as native
-from kinetic.kernels import pallas_attention, pallas_matmul
 from kinetic.kernels.reference import FORMATS, Q8_0
 from kinetic.model.config import Config
 
@@ -163,6 +162,7 @@ def linear(x: jax.Array, p: Proj, b: jax.Array | None = None,
     0)."""
     if p.fmt in (DENSE, PLANES):
         if p.fmt == PLANES:
+            from kinetic.kernels import pallas_matmul   # (JAX's Pallas: imported on use)
             y = pallas_matmul.matmul(x, p.data)
         else:
             x = quantize_activations(x, p.act_quant)
@@ -393,6 +393,7 @@ def paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, step: 
     if kernel == "pallas":
         if k_cache.dtype == jnp.uint8 or v_cache.dtype == jnp.uint8:
             raise ValueError("the pallas kernel reads float caches (f32, f16, bf16), not q8_0")
+        from kinetic.kernels import pallas_attention
         return pallas_attention.paged_attention(q, k_cache, v_cache, step.page_table, step.slots,
                                                 step.positions, scale, window, softcap, ends)
     T, H, Q = q.shape
@@ -497,6 +498,7 @@ def embed(tokens: jax.Array, table: jax.Array | Proj, scale: float = 1.0) -> jax
     """The rows of the token embedding: gathered from its GGUF blocks and dequantized (only
     the step's rows) when packed, or taken from a float32 [V, D] table."""
     if isinstance(table, Proj) and table.fmt == PLANES:
+        from kinetic.kernels import pallas_matmul
         x = pallas_matmul.rows(table.data, tokens)
     elif isinstance(table, Proj):
         x = native.dequant_rows(tokens, table.data, table.fmt, table.offset, table.n, table.k)

@@ -7,6 +7,7 @@ message naming it.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from types import ModuleType
 
@@ -35,13 +36,17 @@ class LoadedModel:
     arch: ModuleType
     # 16-column rearrangements load_model(defer_repack=True) left for finish_repack
     pending_repack: list = field(default_factory=list)
+    _repack_lock: threading.Lock = field(default_factory=threading.Lock, repr=False,
+                                         compare=False)
 
     def finish_repack(self) -> None:
         """Do the weight rearrangements left for later (weights.run_repacks); a step reads
-        the weights only after this (Runner calls it, once its warm-up steps are done)."""
-        if self.pending_repack:
-            run_repacks(self.file, self.pending_repack)
-            self.pending_repack.clear()
+        the weights only after this (Runner calls it, once its warm-up steps are done; on a
+        warm start Engine.compile does it in a thread meanwhile: a second caller waits)."""
+        with self._repack_lock:
+            if self.pending_repack:
+                run_repacks(self.file, self.pending_repack)
+                self.pending_repack.clear()
 
 
 def read_config(f: GGUFFile) -> tuple[Config, ModuleType]:

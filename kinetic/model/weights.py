@@ -31,7 +31,6 @@ from gguf import GGMLQuantizationType
 
 from kinetic import kernels
 from kinetic.kernels import ffi as native
-from kinetic.kernels import pallas_matmul
 from kinetic.memory import huge_pages
 from kinetic.model import quants
 from kinetic.model.config import Config, ModelConfigError
@@ -243,6 +242,7 @@ class _Planer:
     kernel. A type the kernel lacks fails here, naming the tensor."""
 
     def proj(self, raw: RawTensor, repack: bool = True) -> Proj:
+        from kinetic.kernels import pallas_matmul   # (JAX's Pallas: imported on use)
         N, K = raw.shape
         try:
             planes = pallas_matmul.repack(raw.data, raw.qtype, (N, K))

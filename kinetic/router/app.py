@@ -26,7 +26,7 @@ from typing import Any
 
 from quart import Blueprint, Quart, Response, request
 
-from kinetic.api import access
+from kinetic.api import access, webui
 from kinetic.api.core import ServerConfig, json_response, server_state as state
 from kinetic.api.errors import APIError, bad_request
 from kinetic.router import catalog
@@ -77,7 +77,7 @@ class RouterState:
 
 
 def create_router_app(rs: RouterState) -> Quart:
-    return access.guarded_app("kinetic-router", rs, (blueprint,))
+    return access.guarded_app("kinetic-router", rs, (blueprint, webui.blueprint))
 
 
 # --- the router's own routes --------------------------------------------------------------

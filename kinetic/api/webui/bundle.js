@@ -30,16 +30,50 @@
     return div;
   }
 
+  // The model: one server's, named in the header; a router's (`kinetic serve` with no
+  // model: each entry has a status), picked in a list and named in each request.
+  const picker = $("models");
+  picker.addEventListener("change", () => {
+    localStorage.setItem("kinetic-model", picker.value);
+    showModel();
+  });
+
+  function statusOf(m) {
+    const s = m.status || {};
+    return s.error ? "failed: " + s.error : s.value;
+  }
+
   async function showModel() {
     const shown = $("model");
     try {
       const r = await fetch("v1/models", { headers: headers() });
       const body = await r.json();
-      shown.textContent = r.ok ? body.data[0].id + " (context " + body.data[0].context_length + ")"
-                               : (body.error && body.error.message) || r.statusText;
-      shown.className = r.ok ? "" : "bad";
+      if (!r.ok) throw new Error((body.error && body.error.message) || r.statusText);
+      const list = body.data || [];
+      if (list.length && list[0].status) {   // a router
+        const want = picker.value || localStorage.getItem("kinetic-model");
+        picker.replaceChildren(...list.map((m) => {
+          const option = document.createElement("option");
+          option.value = m.id;
+          option.textContent = m.id + " (" + statusOf(m) + ")";
+          return option;
+        }));
+        const loaded = list.find((m) => m.status.value === "loaded");
+        picker.value = list.some((m) => m.id === want) ? want : (loaded || list[0]).id;
+        picker.hidden = false;
+        const chosen = list.find((m) => m.id === picker.value);
+        shown.textContent = chosen.status.value === "loaded" ? ""
+          : "loaded when a message asks for it";
+      } else if (list.length) {
+        picker.hidden = true;
+        shown.textContent = list[0].id + " (context " + list[0].context_length + ")";
+      } else {
+        throw new Error("the server lists no model");
+      }
+      shown.className = "";
     } catch (e) {
-      shown.textContent = "the server cannot be reached: " + e;
+      shown.textContent = e instanceof TypeError ? "the server cannot be reached: " + e
+                                                 : e.message;
       shown.className = "bad";
     }
   }
@@ -97,7 +131,8 @@
         body: JSON.stringify({ messages: messages, stream: true,
                                stream_options: { include_usage: true },
                                temperature: Number($("temp").value),
-                               max_tokens: Number($("max").value) }),
+                               max_tokens: Number($("max").value),
+                               ...(picker.hidden ? {} : { model: picker.value }) }),
       });
       if (!r.ok) {
         const body = await r.json().catch(() => ({}));
@@ -133,7 +168,8 @@
       running = null;
       $("send").disabled = false;
       $("stop").disabled = true;
-      if (!failed && $("model").className === "bad") showModel();   // the key works now
+      // the key works now, or a router's model has loaded
+      if (!failed && ($("model").className === "bad" || !picker.hidden)) showModel();
     }
   }
 
