@@ -7,6 +7,7 @@ A model name is one of:
                                 (kinetic.fetch), cached as cache_dir()/FILE.gguf
     hf:OWNER/REPO[:QUANT]       a file of a Hugging Face repository (kinetic.hub), cached
     hf:OWNER/REPO/FILE.gguf     as cache_dir()/hf/OWNER/REPO/FILE.gguf
+    any other NAME[:TAG]        a copy of one (Ollama's /api/copy), cache_dir()/copies/
 
 `pull` is the only function here that downloads. `resolve` never does: a name that is not
 in the cache is a ModelNotFound whose message is the `kinetic pull` to run.
@@ -15,6 +16,7 @@ in the cache is a ModelNotFound whose message is the `kinetic pull` to run.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,8 +63,46 @@ def resolve(name: str) -> str:
                    if (cache_dir() / MODELS[name].filename).exists() else " is not pulled")
             raise ModelNotFound(f"{name}{why}; run: kinetic pull {name}")
         return str(path)
+    path = _copy_path(name)
+    if path is not None:
+        return str(path)
     raise ModelNotFound(f"{name}: no such file, and not a model name (`kinetic list` shows "
                         f"them; hf:OWNER/REPO[:QUANT] names a Hugging Face repository)")
+
+
+# a copy's name (Ollama's /api/copy destination): letters, digits, `.`, `_`, `-`, and one
+# `:TAG`; `:latest` is the name without it
+COPY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(:[A-Za-z0-9._-]{1,32})?")
+
+
+def copies_dir() -> Path:
+    """Where copies live: cache_dir()/copies/NAME.gguf, each a hard link to its source
+    (no second copy of the weights on disk; a symbolic link where the two are on different
+    file systems)."""
+    return cache_dir() / "copies"
+
+
+def _copy_path(name: str) -> Path | None:
+    path = copies_dir() / f"{name.removesuffix(':latest')}.gguf"
+    return path if path.is_file() else None
+
+
+def copy(source: Path, name: str) -> Path:
+    """Make `name` a model of its own whose file is `source` (Ollama's /api/copy). A
+    ValueError when the name is malformed or already names a model."""
+    name = name.removesuffix(":latest") if isinstance(name, str) else name
+    if not isinstance(name, str) or not COPY_NAME.fullmatch(name):
+        raise ValueError(f"destination {name!r}: a model name is letters, digits, '.', '_' "
+                         f"and '-' (up to 96), with an optional ':TAG'")
+    if name in MODELS or _copy_path(name) is not None:
+        raise ValueError(f"destination {name!r} already names a model")
+    dest = copies_dir() / f"{name}.gguf"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, dest)
+    except OSError:
+        os.symlink(os.path.abspath(source), dest)
+    return dest
 
 
 @dataclass(frozen=True)
@@ -76,8 +116,9 @@ class Entry:
 
 
 def entries() -> list[Entry]:
-    """The registry's models, cached or not, then every file pulled from Hugging Face.
-    Reads the cache only (a registry file whose marker is missing is hashed once)."""
+    """The registry's models, cached or not, then every file pulled from Hugging Face, then
+    every copy. Reads the cache only (a registry file whose marker is missing is hashed
+    once)."""
     out = []
     for key, spec in MODELS.items():
         path = model_path(key)
@@ -86,6 +127,10 @@ def entries() -> list[Entry]:
         verified = marker_path(path).exists()
         out.append(Entry(name, path, path.stat().st_size,
                          "" if verified else f"unverified: kinetic pull {name} checks it"))
+    if copies_dir().is_dir():
+        for path in sorted(copies_dir().glob("*.gguf")):
+            if path.is_file():   # (a link whose file is gone is not a model)
+                out.append(Entry(path.stem, path, path.stat().st_size, "a copy"))
     return out
 
 
@@ -103,6 +148,10 @@ def remove(name: str) -> list[Path]:
         gone = [p for p in (path, marker_path(path)) if p.exists()]
         for p in gone:
             p.unlink()
+    elif (link := copies_dir() / f"{name.removesuffix(':latest')}.gguf").is_file() \
+            or link.is_symlink():
+        link.unlink()   # the link only: its source stays
+        gone = [link]
     else:
         raise ModelNotFound(f"{name}: not a model name (`kinetic list` shows them)")
     if not gone:

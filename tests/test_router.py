@@ -4,8 +4,9 @@ process over tiny models, each loaded in a worker process when a request names i
 Checked: the list and its statuses, routing by the body's `model` (and Ollama's `:latest`),
 answers that are what the same model served alone gives, the least recently used model
 unloaded past --models-max (its process gone), a model that fails to load failing only its
-own requests, /models/load and /unload, Ollama's tags / ps / pull (a fake hub) / delete
-through the official client, and errors in each API's shape."""
+own requests, /models/load and /unload, Ollama's tags / ps / pull (a fake hub) / copy / delete
+through the official client, the web page's model picker in a browser, and errors in each
+API's shape."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from pathlib import Path
 import ollama
 import pytest
 
+from tests import browser
+from tests.browser import needs_browser
 from tests.serve_process import free_port
 from tests.test_pull import FakeHub
 from tests.tiny_models import write_tiny_model
@@ -157,7 +160,7 @@ def test_load_and_unload_routes(router):
     assert status == 400 and "not loaded" in body["error"]["message"]
 
 
-def test_ollamas_client_lists_pulls_runs_and_deletes(router, hub):
+def test_ollamas_client_lists_pulls_runs_copies_and_deletes(router, hub):
     data = (Path(router.request("GET", "/v1/models/alpha")[1]["path"])).read_bytes()
     hub.add("test/tiny-GGUF", {"tiny-Q4_0.gguf": data})
     client = ollama.Client(host=router.url)
@@ -171,6 +174,20 @@ def test_ollamas_client_lists_pulls_runs_and_deletes(router, hub):
                          options={"num_predict": 3, "temperature": 0}, keep_alive=-1)
     assert answer.done and answer.eval_count == 3
     assert {m.model for m in client.ps().models} == {"hf:test/tiny-GGUF:Q4_0"}
+    # a copy is a model of its own (the same file, linked), served and deleted alone
+    client.copy("hf:test/tiny-GGUF:Q4_0", "tiny-copy:latest")
+    assert {"hf:test/tiny-GGUF:Q4_0", "tiny-copy"} <= {m.model for m in client.list().models}
+    copied = client.chat("tiny-copy", messages=CHAT["messages"],
+                         options={"num_predict": 3, "temperature": 0})
+    assert copied.message.content == answer.message.content
+    for source, dest, code in (("hf:test/tiny-GGUF:Q4_0", "tiny-copy", 400),
+                               ("alpha", "bad/name", 400), ("gamma", "x", 404)):
+        with pytest.raises(ollama.ResponseError) as e:
+            client.copy(source, dest)
+        assert e.value.status_code == code
+    client.delete("tiny-copy")
+    names = {m.model for m in client.list().models}
+    assert "tiny-copy" not in names and "hf:test/tiny-GGUF:Q4_0" in names
     client.delete("hf:test/tiny-GGUF:Q4_0")
     assert "hf:test/tiny-GGUF:Q4_0" not in {m.model for m in client.list().models}
     assert client.ps().models == []
@@ -189,3 +206,29 @@ def test_keep_alive_zero_unloads_after_the_answer(router):
     while router.statuses()["beta"] != "unloaded" and time.monotonic() < end:
         time.sleep(0.2)
     assert router.statuses()["beta"] == "unloaded"
+
+
+@needs_browser
+def test_the_web_page_picks_a_model(router):
+    """The router serves the web page; in headless Chromium it lists every model with its
+    status, and a message goes to the model picked (which loads for it)."""
+    with browser.page() as tab:
+        tab.goto(router.url + "/")
+        tab.wait_for_selector("#models:not([hidden])")
+        options = tab.eval_on_selector_all("#models option", "os => os.map(o => o.value)")
+        assert sorted(options) == ["alpha", "beta", "broken"]
+        tab.select_option("#models", "beta")
+        tab.wait_for_function("document.getElementById('model').textContent"
+                              ".includes('loaded when a message asks')")
+        tab.fill("#max", "4")
+        tab.fill("#text", "hello")
+        tab.click("#send")
+        tab.wait_for_selector(".figures:not([hidden])")
+        assert tab.locator(".msg.error").count() == 0
+        assert router.statuses()["beta"] == "loaded"
+        tab.wait_for_function("[...document.querySelectorAll('#models option')].some("
+                              "o => o.value === 'beta' && o.textContent.includes('loaded)'))")
+        # the choice is kept for the next visit
+        tab.reload()
+        tab.wait_for_selector("#models:not([hidden])")
+        assert tab.input_value("#models") == "beta"

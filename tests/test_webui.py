@@ -7,11 +7,17 @@ figures it shows. Skipped, saying so, where node is not installed (the Debian pa
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from importlib.resources import files
 
 import pytest
+
+from tests import browser
+from tests.browser import needs_browser
+from tests.serve_process import ServeProcess
+from tests.tiny_models import write_tiny_model
 
 WEBUI = files("kinetic.api").joinpath("webui")
 NODE = shutil.which("node")
@@ -76,3 +82,54 @@ def test_the_page_renders_markdown_and_shows_its_figures():
     assert "include_usage: true" in script and "predicted_per_second" in script
     assert "innerHTML" not in script and "innerHTML" not in WEBUI.joinpath(
         "markdown.js").read_text()
+
+
+# --- the page itself, in a browser ----------------------------------------------------------
+
+@needs_browser
+def test_the_page_in_a_browser(tmp_path):
+    """A real server and headless Chromium: a wrong API key's error in the header is cleared
+    once the right key answers, a message streams an answer with its token figures under it,
+    the favicon is served, and markdown.js builds DOM nodes (never parsed HTML) in the
+    browser itself."""
+    model = write_tiny_model(tmp_path / "tiny.gguf", "llama", qtype="Q4_0")
+    serve = ServeProcess(str(model), "--api-key", "sekret", "-c", "256", "-np", "1",
+                         "--draft-max", "0")
+    try:
+        serve.wait_ready()
+        with browser.page() as tab:
+            tab.goto(serve.url + "/")
+            tab.wait_for_function("document.getElementById('model').className === 'bad'")
+            assert "key" in tab.text_content("#model").lower()
+            tab.fill("#key", "nope")
+            tab.dispatch_event("#key", "change")
+            tab.wait_for_function("document.getElementById('model').textContent"
+                                  ".toLowerCase().includes('key')")
+            assert tab.get_attribute("#model", "class") == "bad"
+            tab.fill("#key", "sekret")
+            tab.dispatch_event("#key", "change")
+            tab.wait_for_function("document.getElementById('model').className === ''")
+            assert "tiny" in tab.text_content("#model")
+            assert tab.is_hidden("#models")   # one model: no picker
+            tab.fill("#max", "8")
+            tab.fill("#text", "hello")
+            tab.click("#send")
+            tab.wait_for_selector(".figures:not([hidden])")
+            assert re.fullmatch(r"\d+ tokens?(, [\d.]+ tokens/s)?",
+                                tab.text_content(".figures"))
+            assert tab.locator(".msg.error").count() == 0
+            icon = tab.request.get(serve.url + "/favicon.ico")
+            assert icon.status == 200 and icon.headers["content-type"] == "image/x-icon"
+            tags = tab.evaluate("""() => {
+                const md = window.kineticMarkdown, box = document.createElement('div');
+                box.replaceChildren(md.toDom(md.parse(
+                    '**bold** <img src=x onerror="window.hit=1">\\n\\n```\\n<b>x</b>\\n```'),
+                    document));
+                return [[...box.querySelectorAll('*')].map(e => e.tagName), box.textContent,
+                        window.hit === undefined];
+            }""")
+            names, shown, no_hit = tags
+            assert "STRONG" in names and "PRE" in names and "IMG" not in names
+            assert "B" not in names and "<b>x</b>" in shown and "<img" in shown and no_hit
+    finally:
+        serve.close()

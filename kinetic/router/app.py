@@ -9,7 +9,10 @@ Its own routes, in llama-server's router shape and Ollama's:
     GET  /api/tags                   every model (Ollama's list), /api/ps the loaded ones
                                      with their expiry
     POST /api/pull                   `kinetic pull NAME`, with Ollama's progress lines
-    DELETE /api/delete               `kinetic rm NAME` (a pulled model; unloaded first)
+    POST /api/copy                   {"source", "destination"}: a model of its own with
+                                     source's file (kinetic/store.py, copy)
+    DELETE /api/delete               `kinetic rm NAME` (a pulled model or a copy; unloaded
+                                     first)
     GET  /api/version
 The checks every request passes (Host, Origin, API key, body size) are the server's own
 (kinetic/api/access.py), and errors are in the OpenAI shape, Ollama's on /api/ paths."""
@@ -228,6 +231,23 @@ async def delete():
         await asyncio.to_thread(store.remove, m.name)
     except store.ModelNotFound as e:
         raise APIError(404, str(e)) from None
+    return Response(status=200)
+
+
+@blueprint.post("/api/copy")
+async def copy():
+    """Ollama's copy: `destination` becomes a model of its own with `source`'s file (a link
+    in kinetic's cache: kinetic/store.py)."""
+    from kinetic import store
+    rs = state()
+    body = await _body()
+    m = rs.find(body.get("source"), "source")
+    try:
+        await asyncio.to_thread(store.copy, m.path, body.get("destination"))
+    except ValueError as e:
+        raise bad_request(str(e), "destination") from None
+    except OSError as e:
+        raise APIError(500, f"cannot copy {m.name}: {e.strerror or e}") from None
     return Response(status=200)
 
 

@@ -43,11 +43,14 @@
     return s.error ? "failed: " + s.error : s.value;
   }
 
+  let asked = 0;   // showModel's calls: only the latest one's answer is shown
+
   async function showModel() {
-    const shown = $("model");
+    const shown = $("model"), mine = ++asked;
     try {
       const r = await fetch("v1/models", { headers: headers() });
       const body = await r.json();
+      if (mine !== asked) return;
       if (!r.ok) throw new Error((body.error && body.error.message) || r.statusText);
       const list = body.data || [];
       if (list.length && list[0].status) {   // a router
@@ -72,6 +75,7 @@
       }
       shown.className = "";
     } catch (e) {
+      if (mine !== asked) return;
       shown.textContent = e instanceof TypeError ? "the server cannot be reached: " + e
                                                  : e.message;
       shown.className = "bad";
