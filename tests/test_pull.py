@@ -493,6 +493,32 @@ def test_list_shows_the_registry_and_the_pulls_and_rm_removes_them(fake_hub, cac
     assert "kinetic rm: llama99: not a model name" in capsys.readouterr().err
 
 
+def test_a_copy_is_a_model_of_its_own(cache, capsys, tmp_path):
+    """store.copy (a router's /api/copy): a link to the source's file under a name of its
+    own, which list shows and serve's resolve finds, and rm takes away alone; a malformed
+    or taken name is refused. A file elsewhere (a --models-dir file) can be copied too."""
+    source = tmp_path / "models" / "mine.gguf"
+    source.parent.mkdir()
+    source.write_bytes(b"GGUF weights")
+    made = store.copy(source, "mine-copy:latest")
+    assert made == cache / "copies" / "mine-copy.gguf"
+    assert made.read_bytes() == source.read_bytes()
+    assert os.path.samefile(made, source)   # no second copy of the weights
+    assert store.resolve("mine-copy") == store.resolve("mine-copy:latest") == str(made)
+    store.copy(made, "mine-copy:v2")
+    assert main(["list"]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert rows["mine-copy"].endswith("a copy") and "mine-copy:v2" in rows
+    for bad in ("mine-copy", "smollm2", "a/b", "../x", "", ":tag", None, "x" * 200):
+        with pytest.raises(ValueError):
+            store.copy(source, bad)
+    assert main(["rm", "mine-copy"]) == 0
+    assert source.read_bytes() == b"GGUF weights" and (cache / "copies/mine-copy:v2.gguf").exists()
+    with pytest.raises(store.ModelNotFound):
+        store.resolve("mine-copy")
+    assert main(["rm", "mine-copy"]) == 1
+
+
 # --- no other command touches the network -------------------------------------------------
 
 @pytest.fixture
