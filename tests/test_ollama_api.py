@@ -458,7 +458,7 @@ def _free_port() -> int:
 
 def test_ollama_listens_on_its_port_too(monkeypatch):
     from hypercorn.config import Config
-    from kinetic.api import server
+    from kinetic.api import listener as server
     monkeypatch.setattr(server, "OLLAMA_PORT", _free_port())
     sockets = server._listen(Config(), "127.0.0.1", ServerConfig(port=0, ollama=True))
     try:
@@ -476,7 +476,7 @@ def test_ollama_listens_on_its_port_too(monkeypatch):
 
 def test_a_taken_ollama_port_is_one_line(monkeypatch):
     from hypercorn.config import Config
-    from kinetic.api import server
+    from kinetic.api import listener as server
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

@@ -22,7 +22,7 @@ import types
 
 import pytest
 
-from kinetic.api import server as server_module
+from kinetic.api import listener as server_module
 from kinetic.api.app import create_app
 from kinetic.api.core import ServerConfig, ServerState
 from kinetic.engine.request import GenerationRequest

@@ -54,7 +54,7 @@ class RouterState:
     def require_model(self) -> None:   # access.guard's last check: a router always serves
         return None
 
-    def end_generations(self, message: str) -> None:   # server._serve's stop hook: the
+    def end_generations(self, message: str) -> None:   # listener._serve's stop hook: the
         return None                                    # workers end their own
 
     def models(self) -> list[catalog.Model]:
@@ -305,17 +305,17 @@ def _keep_alive(body: bytes) -> float | None:
 # --- serving ----------------------------------------------------------------------------------
 
 def run_router(config: ServerConfig, rs_args: dict) -> int:
-    """Serve the router until SIGINT or SIGTERM (kinetic/api/server.py's listener and stop);
-    its workers are stopped with it."""
-    from kinetic.api import server
-    server.setup_logging()
+    """Serve the router until SIGINT or SIGTERM (kinetic/api/listener.py's listener and
+    stop); its workers are stopped with it."""
+    from kinetic.api import listener
+    listener.setup_logging()
     return asyncio.run(_main(config, rs_args))
 
 
 async def _main(config: ServerConfig, rs_args: dict) -> int:
     import signal
 
-    from kinetic.api import server
+    from kinetic.api import listener
     models_max = rs_args["models_max"]
     if models_max <= 0:
         from kinetic.router.workers import default_models_max
@@ -323,7 +323,7 @@ async def _main(config: ServerConfig, rs_args: dict) -> int:
     workers = Workers(rs_args["flags"], rs_args["presets"], models_max)
     rs = RouterState(config, rs_args["models_dir"], workers, rs_args["autoload"])
     app = create_router_app(rs)
-    listening = server.listen(config)
+    listening = listener.listen(config)
     if listening is None:
         return 1
     hconfig, host, sockets, port = listening
@@ -341,7 +341,7 @@ async def _main(config: ServerConfig, rs_args: dict) -> int:
     print(f"kinetic: routing at http://{host}:{port}/v1 to the model each request names "
           f"(up to {models_max} loaded at once): {names}", file=sys.stderr, flush=True)
     try:
-        await server._serve(app, hconfig, sockets, config.max_connections, stop,
+        await listener._serve(app, hconfig, sockets, config.max_connections, stop,
                             rs.end_generations)
     finally:
         expiry.cancel()
