@@ -553,19 +553,23 @@ def _write_state(cache, slot, arrays, layers):
     return out
 
 
-@partial(jax.jit, static_argnums=(2,))
-def _read_pages(cache, idx, paged):
+def _read_pages_of(cache, idx, paged):
     """Pages idx of the paged layers (`paged`): k and v of each, in order."""
     return [c[idx] for i in paged for c in cache[i]]
 
 
-@partial(jax.jit, donate_argnums=(0,), static_argnums=(3,))
-def _write_pages(cache, idx, arrays, paged):
+def _write_pages_of(cache, idx, arrays, paged):
     """The cache with pages idx of its paged layers (`paged`) set to `arrays`."""
     flat = iter(arrays)
     return [(layer[0].at[idx].set(next(flat).astype(layer[0].dtype)),
              layer[1].at[idx].set(next(flat).astype(layer[1].dtype))) if i in paged else layer
             for i, layer in enumerate(cache)]
+
+
+# the page copies compile with the steps (Runner.compile) and are kept on disk like them
+_read_pages = compile_cache.jit(_read_pages_of, name="read_pages", static_argnums=(2,))
+_write_pages = compile_cache.jit(_write_pages_of, name="write_pages", donate_argnums=(0,),
+                                 static_argnums=(3,))
 
 
 def _forward(forward, cfg, buffer, skeleton, cache, packed, layout, embeds=None):

@@ -59,6 +59,17 @@ def greedy_tokens(logits: jax.Array, bias: sampler.Sparse, mask: jax.Array | Non
 
 _greedy = compile_cache.jit(greedy_tokens, name="greedy_tokens", static_argnames=("exact",))
 
+
+def _ready(fn, *args, **kwargs) -> None:
+    """fn's executable for these arguments ready: loaded or compiled without running
+    (compile_cache.jit.prepare), or, with the cache off, compiled by one call."""
+    if not fn.prepare(*args, **kwargs):
+        jax.block_until_ready(fn(*args, **kwargs))
+
+
+def _zeros(shape: tuple[int, ...], dtype) -> jax.Array:
+    return jax.device_put(np.zeros(shape, dtype))
+
 # XLA's options for the chain's executables on CPU: its older fusion emitters. With the newer
 # (MLIR) ones compiling the chain took 290 MiB at its peak, which was a served SmolLM2's
 # whole peak memory (start-up, 602 MiB; 500 with these); with these 68 MiB, the executable
@@ -141,21 +152,22 @@ class DeviceSampler:
         picks from each size of logits a step returns (logit_rows) into the buckets its rows
         can take (each compiled executable holds about 2 MB)."""
         for B in shape.buckets:
-            logits = jnp.zeros((B, self.vocab_size), jnp.float32)
-            tokens = jnp.zeros((B,), jnp.int32)
+            # (host zeros put on the device: jnp.zeros would compile a program per shape)
+            logits = _zeros((B, self.vocab_size), np.float32)
+            tokens = _zeros((B,), np.int32)
             if B == shape.chain_bucket:
-                tokens, _ = self._chain(sampler.sample_rows, shape)(*self._warm_chain(shape, B))
+                self._chain(sampler.sample_rows, shape)   # compiled (or loaded) at once
             # logprobs run at the bucket of the rows that ask, picked from the step's logits
-            sampler.logprobs(logits, tokens, MAX_LOGPROBS)[0].block_until_ready()
-            _greedy(logits, self._bias(None, B, shape.bias_width), self._full_mask(B),
-                    exact=self.exact).block_until_ready()
+            _ready(sampler.logprobs, logits, tokens, MAX_LOGPROBS)
+            _ready(_greedy, logits, self._bias(None, B, shape.bias_width), self._full_mask(B),
+                   exact=self.exact)
             # the logits a step can return ([R, V]); a step of R rows samples at most R, so
             # it picks into the sampler buckets up to bucket(R) only
             for rows in sorted({1, *logit_rows}):
                 if B > shape.bucket(rows):
                     continue
-                sampler.pick_rows(jnp.zeros((rows, self.vocab_size), jnp.float32),
-                                  jnp.zeros(B, jnp.int32)).block_until_ready()
+                _ready(sampler.pick_rows, _zeros((rows, self.vocab_size), np.float32),
+                       _zeros((B,), np.int32))
             del logits, tokens
             release_memory()
 
@@ -187,7 +199,7 @@ class DeviceSampler:
         compiled variant."""
         params = row_fields([SamplingParams(temperature=0.8)] * B, [0] * B, [1] * B,
                             [None] * B, n_ctx=shape.n_ctx)
-        return (jnp.zeros((B, self.vocab_size), jnp.float32), sampler.RowParams(**params),
+        return (_zeros((B, self.vocab_size), np.float32), sampler.RowParams(**params),
                 self._no_history(B, shape.history_width), self._bias(None, B, shape.bias_width),
                 self._full_mask(B), self._dry(None, B, shape.dry_width), self._count(B))
 
@@ -247,7 +259,7 @@ class DeviceSampler:
         """DRY pairs and dense spill (sample_batch._dry) on the device; None: none at all."""
         zero = self._keep(("dry", T, width), lambda: sampler.Sparse(
             *map(jax.device_put, pack_pairs([], T, width)),
-            jnp.zeros((T, self.vocab_size), jnp.float32), jax.device_put(np.False_)))
+            _zeros((T, self.vocab_size), np.float32), jax.device_put(np.False_)))
         if dry is None:
             return zero
         ids, values, spill = dry
@@ -260,11 +272,12 @@ class DeviceSampler:
     def _no_history(self, T: int, width: int) -> jax.Array:
         """[T, width] of -1: the history of rows without penalties."""
         return self._keep(("history", T, width),
-                          lambda: jnp.asarray(history_rows([[]] * T, width)))
+                          lambda: jax.device_put(history_rows([[]] * T, width)))
 
     def _full_mask(self, T: int) -> jax.Array:
         """The token mask of rows without a grammar: every token allowed."""
-        return self._keep(("mask", T, 0), lambda: jnp.asarray(full_mask(T, self.vocab_size)))
+        return self._keep(("mask", T, 0),
+                          lambda: jax.device_put(full_mask(T, self.vocab_size)))
 
     def _count(self, n: int) -> jax.Array:
         """n (the rows a chain call has) as an int32 on the device, kept per n."""

@@ -19,13 +19,11 @@ memory-mapped GGUF file, zero-copy); fmt, offset, n and k are static.
 
 from __future__ import annotations
 
-from functools import partial
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kinetic import kernels
+from kinetic import compile_cache, kernels
 from kinetic.kernels import target
 
 _registered = False
@@ -151,9 +149,12 @@ def lazy_zeros(shape: tuple[int, ...], dtype) -> jax.Array:
     return _lazy_zeros(tuple(int(d) for d in shape), jnp.dtype(dtype))
 
 
-@partial(jax.jit, static_argnums=(0, 1))
-def _lazy_zeros(shape, dtype):
+def _make_lazy_zeros(shape, dtype):
     return jax.ffi.ffi_call("kinetic_lazy_zeros", jax.ShapeDtypeStruct(shape, dtype))()
+
+
+# kept on disk like the step (kinetic/compile_cache.py): a warm start loads it untraced
+_lazy_zeros = compile_cache.jit(_make_lazy_zeros, name="lazy_zeros", static_argnums=(0, 1))
 
 
 def release_rows(array: jax.Array, runs: list[tuple[int, int]]) -> int:
