@@ -25,8 +25,8 @@ import sys
 
 from kinetic import __version__
 from kinetic.progress import progress_printer
-from kinetic.serve_cli import add_serve, add_weight_flags, apply_compile_cache_flag, \
-    resolve_model
+from kinetic.serve_cli import add_serve, add_split_flags, add_weight_flags, \
+    apply_compile_cache_flag, resolve_model, split_from
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -40,7 +40,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     apply_compile_cache_flag(args)
     model = kinetic.llm.load(path, n_ctx=args.ctx_size, dtype=args.dtype, draft=draft,
                              progress=progress_printer("loading"), mmproj=args.mmproj,
-                             kernel=args.kernel or "auto")
+                             kernel=args.kernel or "auto", split=split_from(args, "run"))
     if getattr(model, "kind", "text") != "text":
         what, route = (("an embedding", "/v1/embeddings") if model.kind == "embedding"
                        else ("a ranking", "/v1/rerank"))
@@ -214,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-c", "--ctx-size", type=int, default=4096,
                      help="context length in tokens (default 4096, capped by the model's)")
     add_weight_flags(run)
+    add_split_flags(run)
     run.add_argument("-md", "--model-draft", default=None,
                      help="a smaller model of the same vocabulary that drafts tokens for "
                      "speculative decoding (never changes the output)")

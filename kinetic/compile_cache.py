@@ -240,7 +240,9 @@ class jit:
         leaves, tree = jax.tree_util.tree_flatten(dyn)
         if any(isinstance(x, jax.core.Tracer) for x in leaves):
             return None
-        signature = (static, tree, tuple(_aval(x) for x in leaves))
+        # the devices each argument lies on too (a split model's arrays: engine/split.py)
+        signature = (static, tree, tuple(_aval(x) for x in leaves),
+                     tuple(getattr(x, "sharding", None) for x in leaves))
         exe = self._executables.get(signature)
         if exe is None:
             with self._lock:
@@ -251,9 +253,9 @@ class jit:
         return exe
 
     def _load_or_compile(self, signature, args, kwargs, tree):
-        if not enabled() or not self._disk:
+        static, _, avals, placed = signature
+        if not enabled() or not self._disk or _elsewhere(placed):
             return self._compile(args, kwargs)
-        static, _, avals = signature
         key = hashlib.sha256(repr((self._name, self._context, static, tree, avals,
                                    sorted(self._options.items()))).encode()).hexdigest()
         path = build_dir() / f"{self._name}-{key[:32]}.exe"
@@ -355,6 +357,14 @@ def clear() -> None:
             fn._executables.clear()
 
 
+def _elsewhere(shardings) -> bool:
+    """Whether an argument lies on a device other than the first alone (a split model's
+    arrays, engine/split.py): such executables stay in memory (the key on disk has no place
+    for the devices)."""
+    first = {jax.devices()[0]}
+    return any(s is not None and getattr(s, "device_set", first) != first for s in shardings)
+
+
 def _aval(x):
     """A leaf's shape, dtype and weak type: a jax.Array's own aval (cheap; a per-leaf str
     of the dtype cost 3 us, a third of a millisecond per step call), else from numpy."""
@@ -423,7 +433,11 @@ def _read(path: Path):
     _register_handlers()
     from jax.experimental import serialize_executable
     payload, in_tree, out_tree = pickle.loads(blob)
-    return in_tree, serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
+    # on the first device alone, as every executable kept here ran (_elsewhere): left to
+    # itself, the loader assigns one to every device of the backend (2 GPUs, or forced
+    # CPU devices: "expected 2 shards")
+    return in_tree, serialize_executable.deserialize_and_load(
+        payload, in_tree, out_tree, execution_devices=jax.devices()[:1])
 
 
 def _load(path: Path, tree):

@@ -25,7 +25,7 @@ import numpy as np
 from kinetic import compile_cache as _compile_cache
 from kinetic.engine.engine import Engine
 from kinetic.memory import drop_staging_caches
-from kinetic.engine.engine_config import CACHE_TYPES, EngineConfig
+from kinetic.engine.engine_config import CACHE_TYPES, EngineConfig, Split
 from kinetic.engine.request import Delta, GenerationRequest, ImageRows
 from kinetic.engine.sampling_params import SamplingParams
 from kinetic.grammar import Grammar, compile_gbnf, compile_json_schema
@@ -222,7 +222,8 @@ def load(path: str | os.PathLike[str], *, n_ctx: int = 4096, dtype: str = "bfloa
          progress: Callable[[int, int], None] | None = None,
          mmproj: str | os.PathLike[str] | None = None,
          cache_type: str = "f16", swa_full: bool = False,
-         compile_cache: bool | None = None) -> "Model | EmbeddingModel":
+         compile_cache: bool | None = None,
+         split: Split | None = None) -> "Model | EmbeddingModel":
     """Load a GGUF model for use from Python: a Model for a text model, an
     kinetic.embedding.EmbeddingModel for an embedding or ranking model (one whose file has a
     pooling type; n_ctx, kernel and progress apply to it, the rest is for generation).
@@ -246,8 +247,10 @@ def load(path: str | os.PathLike[str], *, n_ctx: int = 4096, dtype: str = "bfloa
     swa_full: keep the sliding-window layers' rows past their window (llama-server's
     --swa-full; by default the C++ kernel hands their memory back: kinetic/engine/
     sliding_window.py); compile_cache: keep compiled executables on disk and load them on a
-    later start (kinetic/compile_cache.py; None: on unless KINETIC_COMPILE_CACHE=0).
-    Raises a ValueError subclass naming the problem for a file that cannot be used.
+    later start (kinetic/compile_cache.py; None: on unless KINETIC_COMPILE_CACHE=0);
+    split: the model split over several devices, Split("row", N) (kinetic/engine/split.py:
+    the same bits at any N). Raises a ValueError subclass naming the problem for a file that
+    cannot be used.
     """
     if compile_cache is not None:
         _compile_cache.set_enabled(compile_cache)
@@ -255,7 +258,8 @@ def load(path: str | os.PathLike[str], *, n_ctx: int = 4096, dtype: str = "bfloa
         raise ValueError(f"cache_type {cache_type!r}: one of {', '.join(CACHE_TYPES)}")
     config = EngineConfig(parallel=parallel, n_ctx=n_ctx, step_tokens=step_tokens,
                           page_size=page_size, speculative=speculative,
-                          kv_dtype=CACHE_TYPES[cache_type], swa_full=swa_full)
+                          kv_dtype=CACHE_TYPES[cache_type], swa_full=swa_full,
+                          split=split or Split())
     return open_model(path, config, dtype=dtype, draft=draft, llama_rounding=llama_rounding,
                       kernel=kernel, stage=lambda label: progress if label == "loading" else None,
                       mmproj=mmproj)

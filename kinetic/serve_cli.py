@@ -96,7 +96,7 @@ def serve_options(args: argparse.Namespace):
         given["num_pages"] = -(-args.ctx_size // EngineConfig.page_size) + 1
     engine = EngineConfig(parallel=args.parallel, n_ctx=_slot_context(args),
                           step_tokens=args.ubatch_size or 0, chunk_tokens=args.batch_size,
-                          **given)
+                          split=split_from(args, "serve"), **given)
     model = resolve_model(args.model or args.model_flag)
     draft = resolve_model(args.model_draft) if args.model_draft else None
     if args.mmproj and not os.path.isfile(args.mmproj):
@@ -207,6 +207,50 @@ def add_weight_flags(command: argparse.ArgumentParser) -> None:
                          help="compile every shape again instead of loading what an earlier "
                          "start compiled (kept in KINETIC_COMPILE_CACHE_DIR, else "
                          "~/.cache/kinetic/compiled; KINETIC_COMPILE_CACHE=0 does the same)")
+
+
+def add_split_flags(command: argparse.ArgumentParser) -> None:
+    """llama.cpp's flags for a model split over several devices, and vLLM's count (kinetic
+    run and serve; kinetic/engine/split.py)."""
+    command.add_argument("-sm", "--split-mode", choices=["none", "layer", "row"],
+                         default=None,
+                         help="split the model over several devices: row (every "
+                         "projection's rows divided among them, the pieces gathered: the "
+                         "same bits as one device) or none (the default with one device); "
+                         "layer is not supported yet")
+    command.add_argument("-ts", "--tensor-split", metavar="N0,N1,...", default=None,
+                         help="each device's share of the split, as llama.cpp's flag "
+                         "(0 leaves a device out); only equal shares yet")
+    command.add_argument("-mg", "--main-gpu", type=int, default=0, metavar="I",
+                         help="the device the sampler runs on under a split (default 0)")
+    command.add_argument("-tp", "--tensor-parallel-size", type=int, default=None, metavar="N",
+                         help="vLLM's name for --split-mode row over N devices")
+
+
+def split_from(args: argparse.Namespace, command: str):
+    """The engine's Split of the split flags; SystemExit in one line for a wrong one."""
+    from kinetic.engine.engine_config import Split
+    mode = args.split_mode
+    if args.tensor_parallel_size is not None:
+        if args.tensor_parallel_size < 1:
+            raise SystemExit(f"kinetic {command}: --tensor-parallel-size must be at least 1")
+        if mode not in (None, "row"):
+            raise SystemExit(f"kinetic {command}: --tensor-parallel-size is --split-mode "
+                             f"row; it cannot go with --split-mode {mode}")
+        mode = "row"
+    shares: tuple[float, ...] = ()
+    if args.tensor_split is not None:
+        try:
+            shares = tuple(float(t) for t in args.tensor_split.replace("/", ",").split(","))
+        except ValueError:
+            raise SystemExit(f"kinetic {command}: --tensor-split {args.tensor_split}: give "
+                             f"numbers separated by commas (3,1 or 1,1,1,1)") from None
+        mode = mode or "row"
+    try:
+        return Split(mode or "none", devices=args.tensor_parallel_size or 0,
+                     tensor_split=shares, main_device=args.main_gpu)
+    except ValueError as e:
+        raise SystemExit(f"kinetic {command}: {e}") from None
 
 
 def _names(value: str | None) -> tuple[str, ...]:
@@ -397,6 +441,7 @@ def add_serve(sub) -> None:
                        help="accepted for llama-server compatibility: kinetic places the whole "
                        "model on JAX's default device (ignored on a CPU)")
     add_weight_flags(serve)
+    add_split_flags(serve)
     _add_llama_server_flags(serve)
     _add_router_flags(serve)
     serve.set_defaults(func=cmd_serve, serve_parser=serve)

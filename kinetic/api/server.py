@@ -148,6 +148,9 @@ async def _main(config: ServerConfig, opts: ModelOptions) -> int:
                "pallas": f"the pallas kernel on {on} (weights quantized on the device"
                          f"{'; interpreted: slow, for tests' if on != 'gpu' else ''})",
                }.get(kernel, f"XLA on {on} (dequantized weights)")
+        split = model.engine.runner.split if task == "text" else {"mode": "none"}
+        if split["mode"] != "none":
+            how += f", split by {split['mode']} over {split['devices']} devices"
         print(f"kinetic: weights multiplied by {how}", file=sys.stderr, flush=True)
         if task == "text":
             line = memory_summary(model.loaded.config, model.engine.config,

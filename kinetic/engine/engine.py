@@ -77,7 +77,7 @@ class Engine:
             # a recurrent model keeps each draft row's inputs until it is verified; the
             # placeholders of decode steps are verified as drafts when pages run short
             max_draft=max(config.max_draft if config.speculative else 0,
-                          config.decode_steps - 1), image_rows=images)
+                          config.decode_steps - 1), image_rows=images, split=config.split)
         self.runner = Runner(model, runner_config)
         self.drafter = DraftModel(draft, model, runner_config) if draft is not None else None
         self.host_pages = HostPageStore(config.host_cache_mb << 20)

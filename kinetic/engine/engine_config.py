@@ -4,12 +4,54 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MAX_AUTO_PARALLEL = 4
 MAX_PARALLEL = 64        # the server's 64 connections (docs/server.md); a step holds every stream
 MIN_STEP_TOKENS = 16     # the automatic step size: 16 rows, more past 8 streams (auto_step_tokens)
 MOE_STEP_TOKENS = 128    # a mixture of experts': a prompt step's rows share each expert
+
+
+SPLIT_MODES = ("none", "layer", "row")
+
+
+@dataclass(frozen=True)
+class Split:
+    """How the model is split: mode (none, layer, row), devices (0: every visible device),
+    tensor_split (each device's proportion; () or all equal: even), main_device (where
+    the sampler runs)."""
+
+    mode: str = "none"
+    devices: int = 0
+    tensor_split: tuple[float, ...] = ()
+    main_device: int = 0
+
+    def __post_init__(self) -> None:
+        if self.mode not in SPLIT_MODES:
+            raise ValueError(f"split mode {self.mode!r}: one of {', '.join(SPLIT_MODES)}")
+        if self.devices < 0:
+            raise ValueError(f"devices must be 0 (all) or more, not {self.devices}")
+        if any(not math.isfinite(t) or t < 0 for t in self.tensor_split) or (
+                self.tensor_split and sum(self.tensor_split) <= 0):
+            raise ValueError(f"--tensor-split {','.join(map(str, self.tensor_split))}: "
+                             f"proportions are numbers >= 0, not all 0")
+
+    @property
+    def active(self) -> bool:
+        return self.mode != "none"
+
+    def describe(self) -> str:
+        """The split as the start line and /props say it."""
+        if not self.active:
+            return "none"
+        n = self.count()
+        return f"{self.mode} over {n or 'every'} device{'' if n == 1 else 's'}"
+
+    def count(self) -> int:
+        """The devices the split uses (0: every visible one, known once JAX runs)."""
+        if self.tensor_split:
+            return sum(1 for t in self.tensor_split if t > 0)
+        return self.devices
 
 
 @dataclass(frozen=True)
@@ -32,6 +74,7 @@ class EngineConfig:
                                # between them (1: one step per call; see docs/performance.md)
     swa_full: bool = False     # keep sliding-window layers' rows past their window (llama-
                                # server's --swa-full); False: handed back (sliding_window.py)
+    split: Split = field(default_factory=Split)   # the devices the model is split over
 
     def __post_init__(self) -> None:
         if self.kv_dtype not in KV_VALUE_BYTES:

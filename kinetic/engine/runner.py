@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import jax
@@ -31,6 +31,8 @@ from kinetic.kernels import ffi as native
 from kinetic.engine.recurrent_state import RecurrentState, StateSnapshot
 from kinetic.engine.sample_batch import SampleBatch, SampleShape
 from kinetic.engine.sample_device import DeviceSampler, Drawn, greedy_tokens
+from kinetic.engine import split as splits
+from kinetic.engine.engine_config import Split
 from kinetic.model import delta_net
 from kinetic.memory import drop_file_pages, file_pages
 from kinetic.model.layers import Proj, StepInput, kv_storage
@@ -56,6 +58,7 @@ class RunnerConfig:
     max_draft: int = 0        # most draft rows of one sequence in a step (recurrent models:
                               # the places its drafts' inputs are kept until verified)
     image_rows: bool = False  # steps may take rows as embeddings (a vision model's images)
+    split: Split = field(default_factory=Split)   # the devices the weights are split over
 
     def __post_init__(self) -> None:
         if self.step_tokens < 1:
@@ -78,6 +81,16 @@ class Runner:
         self._step = _compiled_step(model.arch.forward, cfg)
         self._decode = _compiled_decode(model.arch.forward, cfg)
         self._buffer, self._skeleton = split_buffer(model.weights)   # see split_buffer
+        # --split-mode row: the buffer split over a mesh of devices (engine/split.py), the
+        # sampler's inputs on the main device
+        self.mesh, self._main = None, None
+        if config.split.active:
+            splits.check(config.split, cfg)
+            self.mesh = splits.mesh(config.split)
+            self._main = jax.devices()[config.split.main_device]
+            model.finish_repack()   # the shares are copied from the rearranged bytes
+            self._buffer, self._skeleton = splits.shard_weights(self._buffer, self._skeleton,
+                                                                self.mesh)
         self._warming = False   # compile's warm-up steps run (on zero weights)
         # the C++ kernels and the pallas kernel give a row the same bits in any step
         self.exact_rows = cfg.kernel in ("ffi", "pallas")
@@ -95,11 +108,18 @@ class Runner:
         # the sliding-window layers whose passed rows can be handed back to the system: the
         # C++ kernels' cache is host memory from lazy_zeros (release_window_rows)
         sliding = cfg.sliding_layers if cfg.sliding_window > 0 else ()
-        self._windowed = tuple(i for i in self._paged if cfg.kernel == "ffi"
+        self._windowed = tuple(i for i in self._paged if cfg.kernel == "ffi" and not self.mesh
                                and i < len(sliding) and sliding[i])
         self.sampler = DeviceSampler(cfg.vocab_size, cfg.kernel == "ffi")
         self._calls = 0   # device calls of steps, for drop_embedding_pages
         self._embedding_pages: list | None = None   # its file pages, once the weights are final
+
+    @property
+    def split(self) -> dict:
+        """How the weights are split (/props, the start line): mode and device count."""
+        if self.mesh is None:
+            return {"mode": "none", "devices": 1}
+        return {"mode": self.config.split.mode, "devices": int(self.mesh.devices.size)}
 
     @property
     def cache(self) -> list:
@@ -131,6 +151,8 @@ class Runner:
                 tuple(jnp.zeros(shape, jnp.float32) for shape in recurrent)
                 if cfg.recurrent_layers and cfg.recurrent_layers[i] else
                 (zeros(shape_k, dt), zeros(shape_v, dt)) for i in range(cfg.n_layer)]
+            if self.mesh is not None:   # the whole cache on every device of a split
+                self._cache = splits.replicate(self._cache, self.mesh)
         return self._cache
 
     @cache.setter
@@ -220,7 +242,7 @@ class Runner:
             self.model.finish_repack()
         logits, self.cache = self._step(*args)
         self._called()
-        return logits
+        return logits if self.mesh is None else jax.device_put(logits, self._main)
 
     def decode_steps_at(self, n: int) -> int:
         """Decode steps one call runs for n sequences (0 or 1: no such call): the config's
@@ -294,7 +316,7 @@ class Runner:
     def _embedding_file_pages(self) -> list[tuple[int, int]]:
         w, weights = self.model.weights.get("token_embd"), self.model.weights
         if (not isinstance(w, Proj) or w.fmt < 0 or w.fmt & REPACK16 or weights.get("output") is w
-                or self.model.config.kernel != "ffi"):
+                or self.model.config.kernel != "ffi" or self.mesh is not None):
             return []
         f = self.model.file
         base = f.writable_bytes().ctypes.data
@@ -443,7 +465,7 @@ class Runner:
         # rearrangement, left to the first real step or Engine.compile's end) are not
         # resident while the compiler's own peak is.
         weights, self._warming = self._buffer, True
-        if weights is not None:
+        if weights is not None and self.mesh is None:
             self._buffer = native.lazy_zeros(weights.shape, weights.dtype)
         try:
             self._warm_up(shapes, loops, total, progress, shape)

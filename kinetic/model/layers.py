@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +25,7 @@ import numpy as np
 from kinetic.kernels import attention as native_attention
 from kinetic.kernels import ffi as native
 from kinetic.kernels.reference import FORMATS, Q8_0
+from kinetic.model import row_split
 from kinetic.model.config import Config
 
 
@@ -98,7 +100,7 @@ PLANES = -2  # Proj.fmt of a weight as the pallas kernel's planes (kernels/palla
 
 
 @partial(jax.tree_util.register_dataclass, data_fields=["data"],
-         meta_fields=["fmt", "offset", "n", "k", "act_quant"])
+         meta_fields=["fmt", "offset", "n", "k", "act_quant", "mesh"])
 @dataclass(frozen=True)
 class Proj:
     """A projection W [N, K] (y = x . W^T, n outputs from k inputs), in one of two forms:
@@ -113,7 +115,10 @@ class Proj:
       XLA (GPU, non-x86, KINETIC_KERNEL=xla); `act_quant` emulates llama.cpp's activation
       rounding there: "q8_0", "q8_K", "f16" or "" (see weights.py).
     - planes (fmt = PLANES): `data` is a pallas_matmul.Planes, W still quantized, multiplied
-      by the pallas kernel (kernel "pallas")."""
+      by the pallas kernel (kernel "pallas").
+
+    mesh (packed only): W's rows split over the devices of this mesh (`--split-mode row`:
+    model/row_split.py); `offset` is then into each device's own buffer, `n` still W's."""
 
     data: jax.Array
     fmt: int = DENSE
@@ -121,6 +126,7 @@ class Proj:
     n: int = 0
     k: int = 0
     act_quant: str = ""
+    mesh: Any = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -169,6 +175,8 @@ def linear(x: jax.Array, p: Proj, b: jax.Array | None = None,
             y = jnp.dot(x.astype(p.data.dtype), p.data, preferred_element_type=jnp.float32)
         if live is not None:
             y = jnp.where(live[:, None] != 0, y, 0.0)
+    elif p.mesh is not None:
+        (y,) = row_split.linear_many(x, p.data, [(p.fmt, p.offset, p.n)], p.k, p.mesh, live)
     else:
         y = native.qmatmul(x, p.data, p.fmt, p.offset, p.n, p.k, live)
     return y if b is None else y + b
@@ -182,8 +190,10 @@ def linear_many(x: jax.Array, projs: list[Proj], biases=None) -> list[jax.Array]
     packed = all(p.fmt >= 0 for p in projs) and len({id(p.data) for p in projs}) == 1
     if not packed:
         return [linear(x, p, b) for p, b in zip(projs, biases)]
-    ys = native.qmatmul_many(x, projs[0].data, [(p.fmt, p.offset, p.n) for p in projs],
-                             projs[0].k)
+    parts = [(p.fmt, p.offset, p.n) for p in projs]
+    mesh = projs[0].mesh
+    ys = (native.qmatmul_many(x, projs[0].data, parts, projs[0].k) if mesh is None
+          else row_split.linear_many(x, projs[0].data, parts, projs[0].k, mesh))
     return [y if b is None else y + b for y, b in zip(ys, biases)]
 
 
@@ -500,6 +510,9 @@ def embed(tokens: jax.Array, table: jax.Array | Proj, scale: float = 1.0) -> jax
     if isinstance(table, Proj) and table.fmt == PLANES:
         from kinetic.kernels import pallas_matmul
         x = pallas_matmul.rows(table.data, tokens)
+    elif isinstance(table, Proj) and table.mesh is not None:
+        x = row_split.rows(tokens, table.data, table.fmt, table.offset, table.n, table.k,
+                           table.mesh)
     elif isinstance(table, Proj):
         x = native.dequant_rows(tokens, table.data, table.fmt, table.offset, table.n, table.k)
     else:

@@ -425,6 +425,7 @@ async def props():
         "bos_token": token_text(tok.bos_id), "eos_token": token_text(tok.eos_id),
         "build_info": f"kinetic-{__version__}",
         "kernel": kernels.describe(model.loaded.config.kernel),
+        "split": engine.runner.split,
         "cache_type_k": cache_type_name(engine.config.kv_dtype),
         "cache_type_v": cache_type_name(engine.config.kv_dtype),
         "capabilities": serves(state),
