@@ -95,6 +95,12 @@ def counts() -> dict[str, int]:
     return {"loaded": _state["loaded"], "compiled": _state["compiled"]}
 
 
+def aside(name: str) -> Path | None:
+    """A folder under root() for what else a start can keep rather than make again (the
+    grammar trie: "vocab"), within the same bound (trim); None with the cache off."""
+    return root() / name if enabled() else None
+
+
 def loaded_ahead() -> int:
     """Of counts()["loaded"], how many `preloading` had loaded before they were asked for."""
     return _state["ahead"]

@@ -81,3 +81,23 @@ def test_real_vocab_structural_position(qwen):
     assert b":" in pieces and b'":' not in pieces and b" :" in pieces
     assert all(p.lstrip(b" \t\n\r").startswith(b":") or not p.strip(b" \t\n\r")
                for p in pieces), sorted(pieces)[:20]
+
+
+def test_a_kept_trie_loads_with_the_same_masks(qwen, tmp_path):
+    """TokenVocab.from_tokenizer(cache=...): the second start loads the trie's arrays the
+    first wrote (keyed by the tokens' bytes), and a grammar's masks over it are the built
+    trie's; a torn file is built and written again."""
+    tok, built = qwen
+    first = TokenVocab.from_tokenizer(tok, cache=tmp_path)
+    [path] = list(tmp_path.glob("trie-*.npz"))
+    loaded = TokenVocab.from_tokenizer(tok, cache=tmp_path)
+    assert loaded.size == built.size and len(loaded.levels) == len(built.levels)
+    grammar = compile_json_schema(SCHEMA)
+    for vocab in (first, loaded):
+        a, b = Matcher(grammar, built), Matcher(grammar, vocab)
+        for piece in (b"", b'{"name": "E', b'than", "age": 2'):
+            assert a.accept_bytes(piece) and b.accept_bytes(piece)
+            assert (_allowed(a, built) == _allowed(b, vocab)).all()
+    path.write_bytes(path.read_bytes()[:1000])
+    again = TokenVocab.from_tokenizer(tok, cache=tmp_path)
+    assert len(again.levels) == len(built.levels) and path.stat().st_size > 1000

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from kinetic import compile_cache
 from kinetic.grammar import (Grammar, GrammarTooCostly, MaskBudgetExceeded, Matcher, TokenVocab,
                              mask_budget)
 from kinetic.memory import release_memory
@@ -46,7 +47,8 @@ class GrammarWork:
         (about a second for a 150k vocabulary: the server builds it while it starts)."""
         with self._vocab_lock:
             if self._vocab is None:
-                self._vocab = TokenVocab.from_tokenizer(self.tokenizer, special=True)
+                self._vocab = TokenVocab.from_tokenizer(self.tokenizer, special=True,
+                                                        cache=compile_cache.aside("vocab"))
                 # building it makes and drops a dict of every token prefix per length; the C
                 # library would keep that memory (Gemma 3's 262,144 tokens: about 100 MiB)
                 release_memory()
