@@ -253,7 +253,7 @@ class LlamaServer:
                                      stderr=subprocess.STDOUT)
         self.url = f"http://127.0.0.1:{self.port}"
 
-    def wait_ready(self, timeout: float = 600) -> None:
+    def wait_ready(self, timeout: float = 600, poll: float = 0.5) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -264,7 +264,7 @@ class LlamaServer:
                         return
             except (urllib.error.URLError, OSError):
                 pass
-            time.sleep(0.5)
+            time.sleep(poll)
         raise RuntimeError("llama-server did not become ready")
 
     def info(self) -> dict:

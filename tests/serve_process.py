@@ -52,8 +52,9 @@ class ServeProcess:
                     raise
             time.sleep(0.2)
 
-    def wait_ready(self, deadline: float = 900.0) -> None:
-        """Poll /v1/health until it answers 200 (loading and compiling take a while)."""
+    def wait_ready(self, deadline: float = 900.0, poll: float = 0.5) -> None:
+        """Poll /v1/health every `poll` seconds until it answers 200 (loading and compiling
+        take a while)."""
         end = time.monotonic() + deadline
         while True:
             self.check_alive()
@@ -65,7 +66,7 @@ class ServeProcess:
                 pass
             if time.monotonic() > end:
                 raise AssertionError(f"server not ready after {deadline} s:\n{self.output()}")
-            time.sleep(0.5)
+            time.sleep(poll)
 
     def check_alive(self) -> None:
         if self.proc.poll() is not None:
