@@ -120,7 +120,12 @@ def configure() -> None:
     the cache is on. Call before the first compile."""
     if not enabled() or os.environ.get("JAX_COMPILATION_CACHE_DIR"):
         return
-    jax.config.update("jax_compilation_cache_dir", str(build_dir() / "xla"))
+    xla = build_dir() / "xla"
+    try:
+        xla.mkdir(parents=True, exist_ok=True)   # JAX writes into it, but does not make it
+    except OSError:
+        return
+    jax.config.update("jax_compilation_cache_dir", str(xla))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
@@ -246,9 +251,11 @@ class jit:
         leaves, tree = jax.tree_util.tree_flatten(dyn)
         if any(isinstance(x, jax.core.Tracer) for x in leaves):
             return None
-        # the devices each argument lies on too (a split model's arrays: engine/split.py)
-        signature = (static, tree, tuple(_aval(x) for x in leaves),
-                     tuple(getattr(x, "sharding", None) for x in leaves))
+        # and the devices the call runs on (a split model's arrays: engine/split.py): JAX
+        # runs every committed argument of one call on the same devices, so the first
+        # array's placement names them (a tuple of every leaf's cost 26 us a step call)
+        placed = next((x.sharding for x in leaves if hasattr(x, "sharding")), None)
+        signature = (static, tree, tuple(_aval(x) for x in leaves), placed)
         exe = self._executables.get(signature)
         if exe is None:
             with self._lock:
@@ -363,12 +370,11 @@ def clear() -> None:
             fn._executables.clear()
 
 
-def _elsewhere(shardings) -> bool:
-    """Whether an argument lies on a device other than the first alone (a split model's
-    arrays, engine/split.py): such executables stay in memory (the key on disk has no place
-    for the devices)."""
-    first = {jax.devices()[0]}
-    return any(s is not None and getattr(s, "device_set", first) != first for s in shardings)
+def _elsewhere(placed) -> bool:
+    """Whether a call runs on devices other than the first alone (a split model's arrays,
+    engine/split.py): such executables stay in memory (the key on disk has no place for the
+    devices)."""
+    return placed is not None and placed.device_set != {jax.devices()[0]}
 
 
 def _aval(x):
@@ -432,7 +438,7 @@ def loading_ahead() -> bool:
 
 
 def _read(path: Path):
-    """(payload, in_tree, out_tree, the loaded executable) stored at path; raises
+    """(its arguments' structure, the loaded executable) stored at path; raises
     FileNotFoundError where there is none, OSError where it cannot be read, and anything
     else where it is torn or foreign."""
     blob = path.read_bytes()
@@ -530,8 +536,10 @@ def trim(limit: int | None = None) -> int:
             removed += size
         except OSError:
             continue
+    # the directories of this process's build stay (JAX writes into xla/ but never makes it)
+    keep = {base / _state["build"], base / _state["build"] / "xla"} if _state["build"] else set()
     for path in sorted(base.rglob("*"), key=lambda p: -len(p.parts)):
-        if path.is_dir():
+        if path.is_dir() and path not in keep:
             try:
                 path.rmdir()   # only if empty
             except OSError:

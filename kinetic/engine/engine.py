@@ -277,18 +277,18 @@ class Engine:
         before, between and after (kinetic.memory.drop_code_pages: faulted back in where they
         run)."""
         with compiling():
-            trie = None
+            meanwhile = None
             if compile_cache.loading_ahead():
                 # a warm start: the executables load in threads, and the weights'
-                # rearrangement and the grammar trie (Python, a third of a second for 49,152
-                # tokens) are done meanwhile rather than after (on a cold start their peaks
-                # would add to the compiler's)
-                trie = threading.Thread(target=self._ready_meanwhile, daemon=True,
-                                        name="kinetic-meanwhile")
-                trie.start()
+                # rearrangement (C++) and the grammar trie (read from the cache's vocab/)
+                # are done meanwhile rather than after (on a cold start their peaks would
+                # add to the compiler's)
+                meanwhile = threading.Thread(target=self._ready_meanwhile, daemon=True,
+                                             name="kinetic-meanwhile")
+                meanwhile.start()
             self._compile(progress)
-            if trie is not None:
-                trie.join()
+            if meanwhile is not None:
+                meanwhile.join()
 
     def _ready_meanwhile(self) -> None:
         self.runner.model.finish_repack()
