@@ -30,6 +30,8 @@ from kinetic.router.catalog import Model
 
 UNLOAD_SECONDS = 10.0
 LOAD_TIMEOUT = 1800.0
+HEALTH_POLL = 0.03     # a loading worker's /v1/health is asked this often (s): the wait
+                       # a switch adds past the worker's own start
 RUNTIME_BYTES = 600 << 20   # a worker's memory beside its weights (JAX, compiled code, cache)
 
 
@@ -143,7 +145,7 @@ class Workers:
                 w.state, w.error = "failed", f"not ready within {LOAD_TIMEOUT:.0f} s"
                 w.proc.kill()
                 break
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(HEALTH_POLL)
         _remove(w.key_file)   # read at the worker's start, before it listened
         w.ready.set()
 
