@@ -20,7 +20,6 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from kinetic import compile_cache
 from kinetic.grammar import (Grammar, GrammarTooCostly, MaskBudgetExceeded, Matcher, TokenVocab,
                              mask_budget)
 from kinetic.memory import release_memory
@@ -47,6 +46,7 @@ class GrammarWork:
         (about a second for a 150k vocabulary: the server builds it while it starts)."""
         with self._vocab_lock:
             if self._vocab is None:
+                from kinetic import compile_cache   # (JAX's: this module imports none)
                 self._vocab = TokenVocab.from_tokenizer(self.tokenizer, special=True,
                                                         cache=compile_cache.aside("vocab"))
                 # building it makes and drops a dict of every token prefix per length; the C
