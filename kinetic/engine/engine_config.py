@@ -17,9 +17,10 @@ SPLIT_MODES = ("none", "layer", "row")
 
 @dataclass(frozen=True)
 class Split:
-    """How the model is split: mode (none, layer, row), devices (0: every visible device),
-    tensor_split (each device's proportion; () or all equal: even), main_device (where
-    the sampler runs)."""
+    """How the model is split (kinetic/engine/split.py): mode (none, layer, row), devices
+    (0: every visible device), tensor_split (each device's proportion, 0 leaving it out;
+    only equal ones yet), main_device (where the sampler runs). What the runner made of it
+    is Runner.split."""
 
     mode: str = "none"
     devices: int = 0
@@ -39,19 +40,6 @@ class Split:
     @property
     def active(self) -> bool:
         return self.mode != "none"
-
-    def describe(self) -> str:
-        """The split as the start line and /props say it."""
-        if not self.active:
-            return "none"
-        n = self.count()
-        return f"{self.mode} over {n or 'every'} device{'' if n == 1 else 's'}"
-
-    def count(self) -> int:
-        """The devices the split uses (0: every visible one, known once JAX runs)."""
-        if self.tensor_split:
-            return sum(1 for t in self.tensor_split if t > 0)
-        return self.devices
 
 
 @dataclass(frozen=True)
