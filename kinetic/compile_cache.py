@@ -37,13 +37,13 @@ import logging
 import os
 import pickle
 import sys
-import tempfile
 import threading
 import weakref
 from pathlib import Path
 
 import jax
 
+from kinetic.files import write_whole
 from kinetic.kernels import target
 
 log = logging.getLogger("kinetic.compile_cache")
@@ -434,7 +434,7 @@ def loading_ahead() -> bool:
     """Whether executables are being loaded ahead (inside preloading(), whose key had a
     list): a warm start, whose compile is mostly waiting on them."""
     with _lock:
-        return bool(_preload["futures"]) or bool(_preload["used"])
+        return bool(_preload["futures"])
 
 
 def _read(path: Path):
@@ -500,13 +500,9 @@ def _store(path: Path, exe) -> None:
 
 
 def _write(path: Path, blob: bytes) -> None:
-    """blob at path whole (a temporary file renamed over it); failing is only logged."""
+    """blob at path whole (kinetic/files.py); failing is only logged."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-        with os.fdopen(fd, "wb") as f:
-            f.write(blob)
-        os.replace(tmp, path)
+        write_whole(path, blob)
     except Exception as e:
         log.warning("compile cache: cannot write %s (%s)", path, e)
 

@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from kinetic.files import write_whole
+
 Progress = Callable[[str], None]
 
 _CHUNK = 8 << 20  # 8 MiB: large enough that hashing runs near memory bandwidth
@@ -190,15 +192,10 @@ def write_marker(path: Path, digest: str, marker: Path | None = None) -> None:
     `marker` (default: beside it, marker_path)."""
     st = path.stat()
     data = json.dumps({"sha256": digest, "size": st.st_size, "mtime_ns": st.st_mtime_ns})
-    marker = marker or marker_path(path)
-    tmp = marker.with_name(f".{marker.name}.{os.getpid()}")
     try:
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(data + "\n")
-        os.replace(tmp, marker)
+        write_whole(marker or marker_path(path), (data + "\n").encode())
     except OSError:
-        # A read-only cache still works; it just hashes again next time.
-        tmp.unlink(missing_ok=True)
+        pass   # a read-only cache still works; it just hashes again next time
 
 
 def _marker_vouches(path: Path, spec: ModelSpec) -> bool:

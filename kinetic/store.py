@@ -63,9 +63,8 @@ def resolve(name: str) -> str:
                    if (cache_dir() / MODELS[name].filename).exists() else " is not pulled")
             raise ModelNotFound(f"{name}{why}; run: kinetic pull {name}")
         return str(path)
-    path = _copy_path(name)
-    if path is not None:
-        return str(path)
+    if _copy_link(name).is_file():
+        return str(_copy_link(name))
     raise ModelNotFound(f"{name}: no such file, and not a model name (`kinetic list` shows "
                         f"them; hf:OWNER/REPO[:QUANT] names a Hugging Face repository)")
 
@@ -82,9 +81,9 @@ def copies_dir() -> Path:
     return cache_dir() / "copies"
 
 
-def _copy_path(name: str) -> Path | None:
-    path = copies_dir() / f"{name.removesuffix(':latest')}.gguf"
-    return path if path.is_file() else None
+def _copy_link(name: str) -> Path:
+    """Where the copy `name` (`:latest` or not) lives, whether it exists or not."""
+    return copies_dir() / f"{name.removesuffix(':latest')}.gguf"
 
 
 def copy(source: Path, name: str) -> Path:
@@ -94,9 +93,9 @@ def copy(source: Path, name: str) -> Path:
     if not isinstance(name, str) or not COPY_NAME.fullmatch(name):
         raise ValueError(f"destination {name!r}: a model name is letters, digits, '.', '_' "
                          f"and '-' (up to 96), with an optional ':TAG'")
-    if name in MODELS or _copy_path(name) is not None:
+    dest = _copy_link(name)
+    if name in MODELS or dest.is_file():
         raise ValueError(f"destination {name!r} already names a model")
-    dest = copies_dir() / f"{name}.gguf"
     dest.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.link(source, dest)
@@ -148,8 +147,7 @@ def remove(name: str) -> list[Path]:
         gone = [p for p in (path, marker_path(path)) if p.exists()]
         for p in gone:
             p.unlink()
-    elif (link := copies_dir() / f"{name.removesuffix(':latest')}.gguf").is_file() \
-            or link.is_symlink():
+    elif (link := _copy_link(name)).is_file() or link.is_symlink():
         link.unlink()   # the link only: its source stays
         gone = [link]
     else:

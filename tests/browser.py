@@ -31,7 +31,8 @@ def _missing() -> str | None:
     return None
 
 
-needs_browser = pytest.mark.skipif(_missing() is not None, reason=_missing() or "")
+MISSING = _missing()
+needs_browser = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 
 
 @contextlib.contextmanager

@@ -25,13 +25,13 @@ ROOT = Path(__file__).resolve().parent.parent
 FOUR = "--xla_force_host_platform_device_count=4"
 
 
-def run_devices(script: str, tmp_path: Path) -> dict:
-    """The JSON the script prints last, run with four CPU devices."""
+def run_devices(script: str, tmp_path: Path, *argv: str) -> dict:
+    """The JSON the script prints last, run with four CPU devices (argv: its sys.argv[1:])."""
     env = {**os.environ, "XLA_FLAGS": FOUR,
            "KINETIC_COMPILE_CACHE_DIR": str(tmp_path / "compiled")}
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=env, cwd=ROOT,
-                       capture_output=True, text=True, timeout=900)
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(script), *argv], env=env,
+                       cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -62,10 +62,7 @@ COMPARE = """
 
 def compare(path, splits: dict, tmp_path: Path, stream: bool = False) -> dict:
     """Per split name: its logits (hex), its runner's split, and its stream if asked."""
-    script = textwrap.dedent(COMPARE).replace(
-        'path, splits, stream = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] == "1"',
-        f"path, splits, stream = {str(path)!r}, {splits!r}, {stream!r}")
-    return run_devices(script, tmp_path)
+    return run_devices(COMPARE, tmp_path, str(path), json.dumps(splits), "1" if stream else "0")
 
 
 def test_row_split_gives_one_devices_bits_at_1_2_and_4(tmp_path):

@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import tempfile
 import threading
 import time
 import zipfile
@@ -32,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kinetic.files import write_whole
 from kinetic.grammar.ir import END, NONTERM, TERM, Grammar
 
 DEAD = 0   # the empty state set
@@ -158,11 +158,7 @@ class TokenVocab:
         buf = io.BytesIO()
         np.savez(buf, **self._arrays())
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-            with os.fdopen(fd, "wb") as f:
-                f.write(buf.getvalue())
-            os.replace(tmp, path)
+            write_whole(path, buf.getvalue())
         except OSError:
             pass
 
