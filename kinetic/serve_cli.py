@@ -214,13 +214,14 @@ def add_split_flags(command: argparse.ArgumentParser) -> None:
     run and serve; kinetic/engine/split.py)."""
     command.add_argument("-sm", "--split-mode", choices=["none", "layer", "row"],
                          default=None,
-                         help="split the model over several devices: row (every "
-                         "projection's rows divided among them, the pieces gathered: the "
-                         "same bits as one device) or none (the default with one device); "
-                         "layer is not supported yet")
+                         help="split the model over several devices: layer (consecutive "
+                         "layers on consecutive devices), row (every projection's rows "
+                         "divided among them, the pieces gathered), or none (the default); "
+                         "either split gives the same bits as one device")
     command.add_argument("-ts", "--tensor-split", metavar="N0,N1,...", default=None,
                          help="each device's share of the split, as llama.cpp's flag "
-                         "(0 leaves a device out); only equal shares yet")
+                         "(0 leaves a device out; alone it means --split-mode layer, as "
+                         "in llama.cpp); a row split takes equal shares only")
     command.add_argument("-mg", "--main-gpu", type=int, default=0, metavar="I",
                          help="the device the sampler runs on under a split (default 0)")
     command.add_argument("-tp", "--tensor-parallel-size", type=int, default=None, metavar="N",
@@ -245,7 +246,7 @@ def split_from(args: argparse.Namespace, command: str):
         except ValueError:
             raise SystemExit(f"kinetic {command}: --tensor-split {args.tensor_split}: give "
                              f"numbers separated by commas (3,1 or 1,1,1,1)") from None
-        mode = mode or "row"
+        mode = mode or "layer"
     try:
         return Split(mode or "none", devices=args.tensor_parallel_size or 0,
                      tensor_split=shares, main_device=args.main_gpu)

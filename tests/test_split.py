@@ -1,5 +1,5 @@
-"""A model split over devices (kinetic/engine/split.py, model/row_split.py): `--split-mode
-row` over 1, 2 and 4 devices gives the one device's bits. The devices are CPU devices that
+"""A model split over devices (kinetic/engine/split.py, model/device_split.py): `--split-mode
+row` and `--split-mode layer` over 1, 2 and 4 devices give the one device's bits. The devices are CPU devices that
 XLA makes on request (XLA_FLAGS=--xla_force_host_platform_device_count=4), which must be set
 before JAX starts: each check runs in a process of its own."""
 
@@ -16,6 +16,7 @@ import pytest
 
 from kinetic.cli import build_parser
 from kinetic.engine.engine_config import Split
+from kinetic.engine.split import owners
 from kinetic.serve_cli import split_from
 from tests.conftest import real_model_file
 from tests.serve_process import ServeProcess
@@ -48,7 +49,9 @@ COMPARE = """
                            kernel="ffi", compile=False)
         try:
             logits = np.asarray(model.logits([1, 5, 9, 30, 2, 7, 11]))
-            got = {"logits": logits.tobytes().hex(), "split": model.engine.runner.split}
+            runner = model.engine.runner
+            got = {"logits": logits.tobytes().hex(), "split": runner.split,
+                   "held": [s.data.nbytes for s in runner._buffer.addressable_shards]}
             if stream:
                 got["stream"] = [(d.token_ids, [[e.token, e.logprob, e.top] for e in d.logprobs])
                                  for d in model.stream([1, 5, 9, 30, 2], max_tokens=6,
@@ -65,16 +68,17 @@ def compare(path, splits: dict, tmp_path: Path, stream: bool = False) -> dict:
     return run_devices(COMPARE, tmp_path, str(path), json.dumps(splits), "1" if stream else "0")
 
 
-def test_row_split_gives_one_devices_bits_at_1_2_and_4(tmp_path):
+@pytest.mark.parametrize("mode", ["row", "layer"])
+def test_a_split_gives_one_devices_bits_at_1_2_and_4(mode, tmp_path):
     """Logits, tokens and log-probabilities of a sampled stream through the engine."""
     path = write_tiny_model(tmp_path / "llama.gguf", "llama", qtype="Q8_0", d_model=128,
                             d_ffn=256, n_kv_head=4)
-    splits = {"none": ["none", 0], "row1": ["row", 1], "row2": ["row", 2], "row4": ["row", 4]}
+    splits = {"none": ["none", 0], "1": [mode, 1], "2": [mode, 2], "4": [mode, 4]}
     out = compare(path, splits, tmp_path, stream=True)
     assert [out[n]["split"] for n in splits] == [
-        {"mode": "none", "devices": 1}, {"mode": "row", "devices": 1},
-        {"mode": "row", "devices": 2}, {"mode": "row", "devices": 4}]
-    for name in ("row1", "row2", "row4"):
+        {"mode": "none", "devices": 1}, {"mode": mode, "devices": 1},
+        {"mode": mode, "devices": 2}, {"mode": mode, "devices": 4}]
+    for name in ("1", "2", "4"):
         assert out[name]["logits"] == out["none"]["logits"], name
         assert out[name]["stream"] == out["none"]["stream"], name
 
@@ -84,14 +88,28 @@ def test_row_split_gives_one_devices_bits_at_1_2_and_4(tmp_path):
 def test_every_dense_family_splits_to_the_same_logits(arch, qtype, tmp_path):
     path = write_tiny_model(tmp_path / f"{arch}.gguf", arch, qtype=qtype, d_model=128,
                             d_ffn=256, n_kv_head=4)
-    out = compare(path, {"none": ["none", 0], "row4": ["row", 4]}, tmp_path)
-    assert out["row4"]["logits"] == out["none"]["logits"]
+    out = compare(path, {"none": ["none", 0], "row4": ["row", 4], "layer4": ["layer", 4]},
+                  tmp_path)
+    assert out["row4"]["logits"] == out["layer4"]["logits"] == out["none"]["logits"]
 
 
 def test_smollm2_splits_to_the_same_logits(tmp_path):
-    out = compare(real_model_file("smollm2"),
-                   {"none": ["none", 0], "row2": ["row", 2], "row4": ["row", 4]}, tmp_path)
-    assert out["row2"]["logits"] == out["row4"]["logits"] == out["none"]["logits"]
+    """By row and by layer, each device holding its part of the weights, not all of them."""
+    splits = {"none": ["none", 0], "row2": ["row", 2], "row4": ["row", 4],
+              "layer2": ["layer", 2], "layer4": ["layer", 4]}
+    out = compare(real_model_file("smollm2"), splits, tmp_path)
+    assert len({out[name]["logits"] for name in splits}) == 1
+    whole = out["none"]["held"][0]
+    for name in ("row2", "row4", "layer2", "layer4"):
+        held = out[name]["held"]
+        assert len(held) == int(name[-1]) and max(held) < 0.7 * whole, (name, held, whole)
+
+
+def test_a_layer_split_follows_the_tensor_split():
+    assert owners(30, Split("layer", 4), 4) == [0] * 8 + [1] * 7 + [2] * 7 + [3] * 8
+    assert owners(4, Split("layer", tensor_split=(3, 1)), 2) == [0, 0, 0, 1]
+    assert owners(6, Split("layer", tensor_split=(1, 0, 2)), 2) == [0, 0, 1, 1, 1, 1]
+    assert owners(3, Split("layer", 1), 1) == [0, 0, 0]
 
 
 def test_a_split_that_cannot_be_made_is_one_clear_error(tmp_path):
@@ -103,7 +121,7 @@ def test_a_split_that_cannot_be_made_is_one_clear_error(tmp_path):
         from kinetic.llm import open_model
         errors = []
         for split in (Split("row", 8), Split("row", tensor_split=(3, 1)), Split("row", 4),
-                      Split("layer", 2)):
+                      Split("layer", tensor_split=(1, 1, 1, 1, 1))):
             try:
                 open_model({str(path)!r}, EngineConfig(parallel=1, n_ctx=64, split=split),
                            kernel="ffi").close()
@@ -113,18 +131,20 @@ def test_a_split_that_cannot_be_made_is_one_clear_error(tmp_path):
         print(json.dumps(errors))
     """, tmp_path)
     assert "8 devices: 4 are visible" in out[0]
-    assert "uneven proportions are not supported yet" in out[1]
+    assert "uneven proportions are not supported by --split-mode row yet" in out[1]
     # the tiny model's 2 key heads of 16: 32 rows, not whole 16-row groups on 4 devices
     assert "weight blk.0.attn_k has 32 rows" in out[2] and "fewer devices" in out[2]
-    assert "--split-mode layer is not supported yet" in out[3]
+    assert "--tensor-split names 5 devices; 4 are visible" in out[3]
 
 
 def test_the_flags():
     parse = build_parser().parse_args
     assert split_from(parse(["serve", "m.gguf", "-sm", "row"]), "serve") == Split("row")
     assert split_from(parse(["run", "m", "x", "-tp", "2"]), "run") == Split("row", 2)
-    assert split_from(parse(["serve", "m.gguf", "-ts", "1,1", "-mg", "1"]), "serve") == \
-        Split("row", tensor_split=(1.0, 1.0), main_device=1)
+    assert split_from(parse(["serve", "m.gguf", "-ts", "3,1", "-mg", "1"]), "serve") == \
+        Split("layer", tensor_split=(3.0, 1.0), main_device=1)
+    assert split_from(parse(["serve", "m.gguf", "-sm", "row", "-ts", "1,1"]), "serve") == \
+        Split("row", tensor_split=(1.0, 1.0))
     assert split_from(parse(["serve", "m.gguf"]), "serve") == Split()
     for argv, message in ((["-ts", "a,b"], "give numbers separated by commas"),
                           (["-ts", "0,0"], "not all 0"),
@@ -136,26 +156,26 @@ def test_the_flags():
 
 
 def test_a_served_split_model_says_so_and_answers_the_same(tmp_path, monkeypatch):
-    """`kinetic serve -tp 2` on two CPU devices: /props and the start line say how the
-    model is split, and a greedy completion is the unsplit server's."""
+    """`kinetic serve -tp 2` and `-ts 1,1` (a layer split) on two CPU devices: /props and the
+    start line say how the model is split, and a greedy completion is the unsplit
+    server's."""
     path = write_tiny_model(tmp_path / "m.gguf", "llama", qtype="Q8_0", d_model=128,
                             d_ffn=256, n_kv_head=4)
     monkeypatch.setenv("XLA_FLAGS", FOUR)
     body = {"prompt": "hello there", "n_predict": 8, "temperature": 0, "n_probs": 2}
     answers = []
-    for flags in ((), ("-tp", "2")):
+    for flags, mode in (((), "none"), (("-tp", "2"), "row"), (("-ts", "1,1"), "layer")):
         serve = ServeProcess(str(path), "-c", "256", "-np", "1", "--draft-max", "0", *flags)
         try:
             serve.wait_ready()
             status, _, props = serve.request("GET", "/props")
             assert status == 200
-            assert props["split"] == ({"mode": "row", "devices": 2} if flags
-                                      else {"mode": "none", "devices": 1})
+            assert props["split"] == {"mode": mode, "devices": 2 if flags else 1}
             status, _, answer = serve.request("POST", "/completion", body)
             assert status == 200, answer
             answers.append((answer["content"], answer["completion_probabilities"]))
             if flags:
-                assert "split by row over 2 devices" in serve.output()
+                assert f"split by {mode} over 2 devices" in serve.output()
         finally:
             serve.close()
-    assert answers[0] == answers[1]
+    assert answers[0] == answers[1] == answers[2]

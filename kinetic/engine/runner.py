@@ -81,8 +81,8 @@ class Runner:
         self._step = _compiled_step(model.arch.forward, cfg)
         self._decode = _compiled_decode(model.arch.forward, cfg)
         self._buffer, self._skeleton = split_buffer(model.weights)   # see split_buffer
-        # --split-mode row: the buffer split over a mesh of devices (engine/split.py), the
-        # sampler's inputs on the main device
+        # --split-mode row or layer: the buffer split over a mesh of devices
+        # (engine/split.py), the sampler's inputs on the main device
         self.mesh, self._main = None, None
         if config.split.active:
             splits.check(config.split, cfg)
@@ -90,7 +90,7 @@ class Runner:
             self._main = jax.devices()[config.split.main_device]
             model.finish_repack()   # the shares are copied from the rearranged bytes
             self._buffer, self._skeleton = splits.shard_weights(self._buffer, self._skeleton,
-                                                                self.mesh)
+                                                                self.mesh, config.split)
         self._warming = False   # compile's warm-up steps run (on zero weights)
         # the C++ kernels and the pallas kernel give a row the same bits in any step
         self.exact_rows = cfg.kernel in ("ffi", "pallas")

@@ -1,16 +1,21 @@
 """A model split over several devices (llama.cpp's `--split-mode`, `--tensor-split`,
-`--main-gpu`; vLLM's `--tensor-parallel-size`): the devices of one `jax.sharding.Mesh`.
+`--main-gpu`; vLLM's `--tensor-parallel-size`): the devices of one `jax.sharding.Mesh`, each
+holding its part of the weights in a buffer of its own (shard_weights;
+model/device_split.py computes with them).
 
 `row`: every packed projection's rows (output columns) are divided evenly over the devices,
-each device holding its share of every projection in a buffer of its own at the same
-offsets (shard_weights); a step multiplies each share with the same C++ kernel and
-all-gathers the pieces (model/row_split.py), so a row's logits are the same bits at any
-number of devices. Everything else in the step (norms, rotary, attention, the KV cache) is
-computed whole on every device for now: the weights are split, the cache is not.
+each device holding its share of every projection at the same offsets; a step multiplies
+each share with the same C++ kernel and all-gathers the pieces.
 
-`layer` (consecutive layers on consecutive devices) is not built yet, nor are uneven
---tensor-split proportions, mixtures of experts, recurrent layers or kernels other than
-the C++ one under a split: each is one clear error at start.
+`layer`: consecutive layers on consecutive devices, in proportion to --tensor-split (evenly
+without it); the token embedding on the first device, the output projection on the last.
+Each projection is multiplied by the device holding it, and its result broadcast.
+
+Either way a row's logits are the same bits at any number of devices: no device adds
+another's partial sums. Everything else in the step (norms, rotary, attention, the KV
+cache) is computed whole on every device for now: the weights are split, the cache is not.
+Uneven --tensor-split proportions under a row split, mixtures of experts, recurrent layers
+and kernels other than the C++ one under a split are each one clear error at start.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from kinetic import kernels
 from kinetic.engine.engine_config import Split
 from kinetic.model.config import Config, ModelConfigError
 from kinetic.model.layers import Proj
-from kinetic.model.row_split import AXIS
+from kinetic.model.device_split import AXIS
 
 ALIGN = 64   # each share's offset in a device's buffer
 
@@ -38,10 +43,11 @@ def mesh(split: Split) -> Mesh:
                          f"{len(visible)} are visible")
     if split.tensor_split:
         used = [i for i, t in enumerate(split.tensor_split) if t > 0]
-        if len({split.tensor_split[i] for i in used}) > 1:
+        if split.mode == "row" and len({split.tensor_split[i] for i in used}) > 1:
             raise ValueError(f"--tensor-split {','.join(map(str, split.tensor_split))}: "
-                             f"uneven proportions are not supported yet (give equal ones, "
-                             f"or 0 to leave a device out)")
+                             f"uneven proportions are not supported by --split-mode row yet "
+                             f"(give equal ones, 0 to leave a device out, or --split-mode "
+                             f"layer)")
         devices = [visible[i] for i in used]
     else:
         n = split.devices or len(visible)
@@ -59,53 +65,75 @@ def check(split: Split, cfg: Config) -> None:
     """A model this split cannot run: one clear error."""
     if not split.active:
         return
-    if split.mode == "layer":
-        raise ModelConfigError("--split-mode layer is not supported yet; --split-mode row "
-                               "splits every projection over the devices")
     if cfg.kernel != "ffi":
-        raise ModelConfigError(f"--split-mode row runs kinetic's C++ kernel (--kernel ffi), "
-                               f"not {cfg.kernel!r}")
+        raise ModelConfigError(f"--split-mode {split.mode} runs kinetic's C++ kernel "
+                               f"(--kernel ffi), not {cfg.kernel!r}")
     if cfg.n_expert or cfg.recurrent:
-        raise ModelConfigError("--split-mode row does not split mixtures of experts or "
-                               "recurrent layers yet")
+        raise ModelConfigError(f"--split-mode {split.mode} does not split mixtures of experts "
+                               f"or recurrent layers yet")
 
 
-def shard_weights(buffer: jax.Array, skeleton: dict, mesh: Mesh) -> tuple[jax.Array, dict]:
-    """(the buffer split over the mesh: per device its rows of every packed projection, the
-    skeleton with those Projs pointing into it; model/row_split.py). Every other weight is
-    replicated on every device. A projection whose rows cannot be divided evenly (into whole
-    16-row groups where the weight is in the 16-column layout) is a ModelConfigError."""
+def owners(n_layer: int, split: Split, devices: int) -> list[int]:
+    """Under a layer split, each layer's device (its index in the mesh): consecutive layers
+    on consecutive devices, as many on each as its --tensor-split proportion gives (evenly
+    without one), rounded at the cumulative boundaries."""
+    shares = [t for t in split.tensor_split if t > 0] or [1.0] * devices
+    bounds = np.cumsum(shares) / sum(shares) * n_layer
+    return [int(np.searchsorted(np.round(bounds), i, side="right")) for i in range(n_layer)]
+
+
+def shard_weights(buffer: jax.Array, skeleton: dict, mesh: Mesh,
+                  split: Split) -> tuple[jax.Array, dict]:
+    """(the buffer split over the mesh, the skeleton with its Projs pointing into it;
+    model/device_split.py): by row, per device its rows of every packed projection at the
+    same offsets; by layer, per device the projections of its layers (owners). Every other
+    weight is replicated on every device. Under a row split, a projection whose rows cannot
+    be divided evenly (into whole 16-row groups where the weight is in the 16-column layout)
+    is a ModelConfigError."""
     D = mesh.devices.size
     host = np.asarray(buffer)
-    placed: dict[tuple, int] = {}   # (fmt, offset, n, k) -> offset in each device's buffer
-    pieces: list[tuple[int, int, int]] = []   # (whole offset, bytes per device share, at)
-    size = 0
+    by_row = split.mode == "row"
+    layer_owner = owners(len(skeleton.get("blk", ())), split, D)
+    placed: dict[tuple, tuple[int, int]] = {}   # (fmt, offset, n, k) -> (owner, offset)
+    # per device: (offset in the whole buffer, bytes, offset in the device's buffer)
+    pieces: list[list[tuple[int, int, int]]] = [[] for _ in range(D)]
+    sizes = [0] * D
 
     def local(path, p: Proj) -> Proj:
-        nonlocal size
         key = (p.fmt, p.offset, p.n, p.k)
-        if key not in placed:
+        name = ".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+        row = kernels.row_bytes(p.fmt & ~kernels.REPACK16, p.k)
+        if key not in placed and by_row:
             group = 16 * D if p.fmt & kernels.REPACK16 else D
             if p.n % group:
-                name = ".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
                 raise ModelConfigError(
                     f"--split-mode row over {D} devices: weight {name} has {p.n} rows, which "
                     f"do not split evenly (a multiple of {group} would); use fewer devices")
-            share = (p.n // D) * kernels.row_bytes(p.fmt & ~kernels.REPACK16, p.k)
-            placed[key] = size
-            pieces.append((p.offset, share, size))
-            size += -(-share // ALIGN) * ALIGN
-        return dataclasses.replace(p, offset=placed[key], mesh=mesh)
+            share = (p.n // D) * row
+            for d in range(D):
+                pieces[d].append((p.offset + d * share, share, sizes[0]))
+            placed[key] = (-1, sizes[0])
+            sizes[:] = [sizes[0] + -(-share // ALIGN) * ALIGN] * D
+        elif key not in placed:
+            # a layer's weights on its device; the embedding on the first, the rest last
+            d = (layer_owner[path[1].idx] if path[0].key == "blk" else
+                 0 if path[0].key == "token_embd" else D - 1)
+            pieces[d].append((p.offset, p.n * row, sizes[d]))
+            placed[key] = (d, sizes[d])
+            sizes[d] += -(-(p.n * row) // ALIGN) * ALIGN
+        owner, offset = placed[key]
+        return dataclasses.replace(p, offset=offset, mesh=mesh, owner=owner)
 
     is_proj = lambda x: isinstance(x, Proj)   # noqa: E731
     skeleton = jax.tree_util.tree_map_with_path(
         lambda path, p: local(path, p) if is_proj(p) and p.fmt >= 0 else p, skeleton,
         is_leaf=is_proj)
+    size = max(ALIGN, *sizes)   # every device's buffer one size: one global array
     shards = []
     for d, device in enumerate(mesh.devices.flat):
-        mine = np.zeros(max(size, ALIGN), np.uint8)
-        for whole, share, at in pieces:
-            mine[at:at + share] = host[whole + d * share:whole + (d + 1) * share]
+        mine = np.zeros(size, np.uint8)
+        for whole, n, at in pieces[d]:
+            mine[at:at + n] = host[whole:whole + n]
         shards.append(jax.device_put(mine, device))
     sharded = jax.make_array_from_single_device_arrays(
         (D * len(shards[0]),), NamedSharding(mesh, P(AXIS)), shards)

@@ -25,7 +25,7 @@ import numpy as np
 from kinetic.kernels import attention as native_attention
 from kinetic.kernels import ffi as native
 from kinetic.kernels.reference import FORMATS, Q8_0
-from kinetic.model import row_split
+from kinetic.model import device_split
 from kinetic.model.config import Config
 
 
@@ -100,7 +100,7 @@ PLANES = -2  # Proj.fmt of a weight as the pallas kernel's planes (kernels/palla
 
 
 @partial(jax.tree_util.register_dataclass, data_fields=["data"],
-         meta_fields=["fmt", "offset", "n", "k", "act_quant", "mesh"])
+         meta_fields=["fmt", "offset", "n", "k", "act_quant", "mesh", "owner"])
 @dataclass(frozen=True)
 class Proj:
     """A projection W [N, K] (y = x . W^T, n outputs from k inputs), in one of two forms:
@@ -117,8 +117,9 @@ class Proj:
     - planes (fmt = PLANES): `data` is a pallas_matmul.Planes, W still quantized, multiplied
       by the pallas kernel (kernel "pallas").
 
-    mesh (packed only): W's rows split over the devices of this mesh (`--split-mode row`:
-    model/row_split.py); `offset` is then into each device's own buffer, `n` still W's."""
+    mesh (packed only): W split over the devices of this mesh (model/device_split.py): by
+    rows (`--split-mode row`), or whole on the device `owner` (`--split-mode layer`);
+    `offset` is then into each device's own buffer, `n` still W's."""
 
     data: jax.Array
     fmt: int = DENSE
@@ -127,6 +128,7 @@ class Proj:
     k: int = 0
     act_quant: str = ""
     mesh: Any = None
+    owner: int = -1
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -176,7 +178,8 @@ def linear(x: jax.Array, p: Proj, b: jax.Array | None = None,
         if live is not None:
             y = jnp.where(live[:, None] != 0, y, 0.0)
     elif p.mesh is not None:
-        (y,) = row_split.linear_many(x, p.data, [(p.fmt, p.offset, p.n)], p.k, p.mesh, live)
+        (y,) = device_split.linear_many(x, p.data, [(p.fmt, p.offset, p.n)], p.k, p.mesh,
+                                        live, p.owner)
     else:
         y = native.qmatmul(x, p.data, p.fmt, p.offset, p.n, p.k, live)
     return y if b is None else y + b
@@ -188,12 +191,13 @@ def linear_many(x: jax.Array, projs: list[Proj], biases=None) -> list[jax.Array]
     which costs less than a call each; the results are the same bits."""
     biases = biases or [None] * len(projs)
     packed = all(p.fmt >= 0 for p in projs) and len({id(p.data) for p in projs}) == 1
-    if not packed:
+    if not packed or len({p.owner for p in projs}) > 1:
         return [linear(x, p, b) for p, b in zip(projs, biases)]
     parts = [(p.fmt, p.offset, p.n) for p in projs]
     mesh = projs[0].mesh
     ys = (native.qmatmul_many(x, projs[0].data, parts, projs[0].k) if mesh is None
-          else row_split.linear_many(x, projs[0].data, parts, projs[0].k, mesh))
+          else device_split.linear_many(x, projs[0].data, parts, projs[0].k, mesh,
+                                        owner=projs[0].owner))
     return [y if b is None else y + b for y, b in zip(ys, biases)]
 
 
@@ -511,8 +515,8 @@ def embed(tokens: jax.Array, table: jax.Array | Proj, scale: float = 1.0) -> jax
         from kinetic.kernels import pallas_matmul
         x = pallas_matmul.rows(table.data, tokens)
     elif isinstance(table, Proj) and table.mesh is not None:
-        x = row_split.rows(tokens, table.data, table.fmt, table.offset, table.n, table.k,
-                           table.mesh)
+        x = device_split.rows(tokens, table.data, table.fmt, table.offset, table.n, table.k,
+                              table.mesh, table.owner)
     elif isinstance(table, Proj):
         x = native.dequant_rows(tokens, table.data, table.fmt, table.offset, table.n, table.k)
     else:

@@ -1,0 +1,93 @@
+"""The weights split over devices (kinetic/engine/split.py): the step's pieces that read a
+split weight. Each device holds its part of the weights in a buffer of its own (a global
+buffer sharded along the mesh's one axis), and no device ever adds another's partial sums,
+so every output element is the one device's bits at any number of devices.
+
+- `--split-mode row`: every packed projection's rows (output columns) divided among the
+  devices, at the same offsets on each; each multiplies its share with the same C++ kernel
+  as one device would and the pieces are all-gathered (linear_many, rows).
+- `--split-mode layer`: each projection whole on one device, its `owner` (consecutive
+  layers on consecutive devices); the owner multiplies it and its result is broadcast to
+  the others (owned, owned_rows), the others skipping the work.
+
+A Proj split either way keeps its whole `n` and has `mesh` set (and `owner` >= 0 under a
+layer split); its `offset` is into its device's own buffer. Everything else in a step
+(norms, rotary, attention) runs whole on every device: the same program, the same bits.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from kinetic.kernels import ffi as native
+
+AXIS = "model"   # the mesh's one axis
+
+
+def linear_many(x: jax.Array, data: jax.Array, weights: list[tuple[int, int, int]], k: int,
+                mesh, live: jax.Array | None = None, owner: int = -1) -> list[jax.Array]:
+    """ffi.qmatmul_many over split weights (fmt, offset, n: the whole n), [..., n] each: by
+    row (owner -1), each device its n / D columns of each, gathered; by layer, the owner's
+    whole product, broadcast."""
+    D = mesh.shape[AXIS]
+    if owner >= 0:
+        def run(x, buffer, *live):
+            mine = lambda: native.qmatmul_many(x, buffer, weights, k, *live)   # noqa: E731
+            none = lambda: [jnp.zeros((*x.shape[:-1], n), jnp.float32)   # noqa: E731
+                            for _, _, n in weights]
+            return [broadcast(y, owner)
+                    for y in jax.lax.cond(jax.lax.axis_index(AXIS) == owner, mine, none)]
+    else:
+        local = [(fmt, offset, n // D) for fmt, offset, n in weights]
+
+        def run(x, buffer, *live):
+            ys = native.qmatmul_many(x, buffer, local, k, *live)
+            return [jax.lax.all_gather(y, AXIS, axis=y.ndim - 1, tiled=True) for y in ys]
+
+    args = (x, data) if live is None else (x, data, live)
+    specs = (P(), P(AXIS), P())[:len(args)]
+    return jax.shard_map(run, mesh=mesh, in_specs=specs, out_specs=[P()] * len(weights),
+                         check_vma=False)(*args)
+
+
+def broadcast(y: jax.Array, owner: int) -> jax.Array:
+    """The owner device's y on every device (inside shard_map), bit for bit: a sum of the
+    owner's bits as integers and every other device's zeros (a float sum would turn the
+    owner's -0.0 into +0.0)."""
+    bits = jax.lax.bitcast_convert_type(y, jnp.int32)
+    mine = jax.lax.axis_index(AXIS) == owner
+    return jax.lax.bitcast_convert_type(jax.lax.psum(jnp.where(mine, bits, 0), AXIS), y.dtype)
+
+
+def rows(tokens: jax.Array, data: jax.Array, fmt: int, offset: int, n: int, k: int,
+         mesh, owner: int = -1) -> jax.Array:
+    """ffi.dequant_rows of a split table. By layer (owner >= 0): the owner dequantizes the
+    tokens' rows, broadcast. By row (n / D rows on each device): each device dequantizes the
+    tokens it holds (the others read its row 0, then dropped), the pieces are gathered, and
+    each token takes its own device's row: a selection, no arithmetic."""
+    if owner >= 0:
+        def run(tokens, buffer):
+            got = jax.lax.cond(
+                jax.lax.axis_index(AXIS) == owner,
+                lambda: native.dequant_rows(tokens, buffer, fmt, offset, n, k),
+                lambda: jnp.zeros((tokens.shape[0], k), jnp.float32))
+            return broadcast(got, owner)
+
+        return jax.shard_map(run, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=P(),
+                             check_vma=False)(tokens, data)
+    D = mesh.shape[AXIS]
+    per = n // D
+
+    def run(tokens, buffer):
+        first = jax.lax.axis_index(AXIS) * per
+        mine = tokens - first
+        held = (mine >= 0) & (mine < per)
+        got = native.dequant_rows(jnp.where(held, mine, 0), buffer, fmt, offset, per, k)
+        return jax.lax.all_gather(got, AXIS, axis=0, tiled=False)   # [D, T, k]
+
+    every = jax.shard_map(run, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=P(),
+                          check_vma=False)(tokens, data)
+    owner_of = (tokens // per).astype(jnp.int32)
+    return jnp.take_along_axis(every, owner_of[None, :, None], axis=0)[0]
