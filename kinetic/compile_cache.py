@@ -138,7 +138,7 @@ def _build_hash() -> str:
             h.update(path.read_bytes())
     import jaxlib
     h.update(f"{jax.__version__} {jaxlib.__version__} {sys.version}".encode())
-    device = jax.devices()[0]
+    device = jax.local_devices()[0]
     h.update(f"{device.platform} {device.device_kind} {jax.default_backend()}".encode())
     h.update(_cpu().encode())
     h.update(str(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
@@ -374,7 +374,7 @@ def _elsewhere(placed) -> bool:
     """Whether a call runs on devices other than the first alone (a split model's arrays,
     engine/split.py): such executables stay in memory (the key on disk has no place for the
     devices)."""
-    return placed is not None and placed.device_set != {jax.devices()[0]}
+    return placed is not None and placed.device_set != {jax.local_devices()[0]}
 
 
 def _aval(x):
@@ -449,7 +449,7 @@ def _read(path: Path):
     # itself, the loader assigns one to every device of the backend (2 GPUs, or forced
     # CPU devices: "expected 2 shards")
     return in_tree, serialize_executable.deserialize_and_load(
-        payload, in_tree, out_tree, execution_devices=jax.devices()[:1])
+        payload, in_tree, out_tree, execution_devices=jax.local_devices()[:1])
 
 
 def _load(path: Path, tree):

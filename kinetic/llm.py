@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import numpy as np
 
 from kinetic import compile_cache as _compile_cache
+from kinetic.engine import hosts
 from kinetic.engine.engine import Engine
 from kinetic.memory import drop_staging_caches
 from kinetic.engine.engine_config import CACHE_TYPES, EngineConfig, Split
@@ -311,6 +312,9 @@ def _assemble(loaded, path: str, config: EngineConfig, *, dtype, draft, llama_ro
                              f"model; another pooling is for embedding models (none, mean, "
                              f"cls, last)")
         loaded.config = dataclasses.replace(loaded.config, pooling=pooling)
+    if loaded.config.task != "text" and hosts.joined():
+        raise ValueError(f"{os.fspath(path)} is an {loaded.config.task} model; only text "
+                         f"models are served across processes yet")
     if loaded.config.task != "text":
         from kinetic.embedding import load_embedding_model
         if draft is not None:

@@ -326,9 +326,67 @@ def _chat_template(args: argparse.Namespace) -> str | None:
 def cmd_serve(args: argparse.Namespace) -> int:
     apply_compile_cache_flag(args)
     if args.models_dir is not None or not (args.model or args.model_flag):
+        if args.coordinator:
+            raise SystemExit("kinetic serve: --coordinator serves one model (give MODEL), "
+                             "not a router's")
         return cmd_router(args, args.serve_parser)
+    if args.coordinator:
+        follower = join_processes(args)
+        if follower:
+            return follow(args)
     from kinetic.api.server import run
     return run(*serve_options(args))
+
+
+def join_processes(args: argparse.Namespace) -> bool:
+    """--coordinator, --num-processes, --process-id: checked, and this process joined to the
+    others (engine/hosts.py). Without a split, the model is split by layer (llama.cpp's
+    default across devices). Returns whether this process follows (not process 0)."""
+    if args.num_processes is None or args.process_id is None:
+        raise SystemExit("kinetic serve: --coordinator needs --num-processes P and "
+                         "--process-id I (0 for the one that serves HTTP)")
+    if args.num_processes < 2 or not 0 <= args.process_id < args.num_processes:
+        raise SystemExit(f"kinetic serve: --num-processes {args.num_processes} "
+                         f"--process-id {args.process_id}: at least 2 processes, and an id "
+                         f"from 0 to P - 1")
+    host, _, port = args.coordinator.rpartition(":")
+    if not host or not port.isdigit():
+        raise SystemExit(f"kinetic serve: --coordinator {args.coordinator}: give HOST:PORT")
+    for flag, given in (("--model-draft", args.model_draft), ("--mmproj", args.mmproj)):
+        if given:
+            raise SystemExit(f"kinetic serve: {flag} is not served across processes yet")
+    if args.split_mode in (None, "none") and args.tensor_parallel_size is None:
+        if args.split_mode == "none":
+            raise SystemExit("kinetic serve: --coordinator splits the model over the "
+                             "processes' devices; -sm none leaves nothing to them")
+        args.split_mode = "layer"
+    from kinetic.engine import hosts
+    hosts.initialize(args.coordinator, args.num_processes, args.process_id)
+    return args.process_id > 0
+
+
+def follow(args: argparse.Namespace) -> int:
+    """A process other than 0: the model read, then the leader's calls (hosts.follow)."""
+    import sys
+    from kinetic import compile_cache
+    from kinetic.engine import hosts
+    from kinetic.model.loader import load_model
+    path = resolve_model(args.model or args.model_flag)
+    compile_cache.configure()
+    print(f"kinetic: process {args.process_id} loading {path}", file=sys.stderr, flush=True)
+    loaded = load_model(path, dtype=args.dtype, kernel=args.kernel or "auto",
+                        defer_repack=True)
+    if loaded.config.task != "text":
+        raise SystemExit(f"kinetic serve: {path} is an {loaded.config.task} model; only text "
+                         f"models are served across processes yet")
+    try:
+        return hosts.follow(loaded)
+    except BaseException as e:   # noqa: BLE001 - a follower that fails leaves at once:
+        # Python's own exit would wait for every process (jax.distributed's shutdown) while
+        # the leader waits for this one in a broadcast
+        print(f"kinetic: process {args.process_id}: {type(e).__name__}: {e}",
+              file=sys.stderr, flush=True)
+        os._exit(1)
 
 
 def apply_compile_cache_flag(args: argparse.Namespace) -> None:
@@ -443,6 +501,17 @@ def add_serve(sub) -> None:
                        "model on JAX's default device (ignored on a CPU)")
     add_weight_flags(serve)
     add_split_flags(serve)
+    serve.add_argument("--coordinator", metavar="HOST:PORT", default=None,
+                       help="serve one model from several processes, one per host, joined "
+                       "by jax.distributed at this address (process 0 listens there): the "
+                       "model split over all their devices (-sm layer unless told), process "
+                       "0 serving HTTP. Every process runs the same command with its own "
+                       "--process-id")
+    serve.add_argument("--num-processes", type=int, default=None, metavar="P",
+                       help="how many processes serve the model (with --coordinator)")
+    serve.add_argument("--process-id", type=int, default=None, metavar="I",
+                       help="this process's number, 0 to P - 1 (with --coordinator); 0 "
+                       "serves HTTP, the others follow it")
     _add_llama_server_flags(serve)
     _add_router_flags(serve)
     serve.set_defaults(func=cmd_serve, serve_parser=serve)

@@ -333,7 +333,11 @@ class Engine:
         self._stop = True
         self._wake.set()
         self._thread.join(timeout=timeout)
-        return not self._thread.is_alive()
+        if self._thread.is_alive():
+            return False
+        if self._dead is None:
+            self.runner.close()
+        return True
 
     # --- the engine thread ----------------------------------------------------------------
 
@@ -358,7 +362,7 @@ class Engine:
                 work.cancel(seq_id)
             work.answer_prefills()
         except Exception as e:  # never lose a request silently: fail them all, loudly
-            self._dead = f"engine error: {type(e).__name__}: {e}"
+            self._dead = self.runner.failed(e)
             try:
                 self._drain_inbox()
             except Exception:  # the jobs already known still get their error below

@@ -31,7 +31,7 @@ from kinetic.kernels import ffi as native
 from kinetic.engine.recurrent_state import RecurrentState, StateSnapshot
 from kinetic.engine.sample_batch import SampleBatch, SampleShape
 from kinetic.engine.sample_device import DeviceSampler, Drawn, greedy_tokens
-from kinetic.engine import split as splits
+from kinetic.engine import hosts, split as splits
 from kinetic.engine.engine_config import Split
 from kinetic.model import delta_net
 from kinetic.memory import drop_file_pages, file_pages
@@ -71,6 +71,25 @@ class RunnerConfig:
         return self.pages_per_slot * self.page_size
 
 
+def mirrored(method):
+    """A Runner method that runs programs over the mesh. With several processes the leader
+    sends each call (its host arguments; a progress callback stays here) to the followers
+    before it runs, and they make it too (engine/hosts.py): the calls it makes itself are
+    theirs as well, so only the outermost is sent."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        if self._leader is None or self._mirroring:
+            return method(self, *args, **kwargs)
+        self._leader.send(method.__name__, args,
+                          {k: v for k, v in kwargs.items() if k != "progress"})
+        self._mirroring = True
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._mirroring = False
+    return call
+
+
 class Runner:
     """Owns the weights, the KV cache and the compiled step of one model."""
 
@@ -84,13 +103,22 @@ class Runner:
         # --split-mode row or layer: the buffer split over a mesh of devices
         # (engine/split.py), the sampler's inputs on the main device
         self.mesh, self._main = None, None
+        # several processes (engine/hosts.py): the leader sends each mirrored call first
+        self._leader: hosts.Leader | None = None
+        self._mirroring = False   # inside a mirrored call (the ones it makes are not sent)
         if config.split.active:
             splits.check(config.split, cfg)
             self.mesh = splits.mesh(config.split)
             self._main = jax.devices()[config.split.main_device]
+            if self._main.process_index != jax.process_index():   # a follower (hosts.py)
+                self._main = jax.local_devices()[0]
             model.finish_repack()   # the shares are copied from the rearranged bytes
             self._buffer, self._skeleton = splits.shard_weights(self._buffer, self._skeleton,
                                                                 self.mesh, config.split)
+            if hosts.joined() and hosts.is_leader():
+                hosts.wait_for_all("loaded")
+                self._leader = hosts.Leader()
+                self._leader.send("__init__", (config, cfg), {})
         self._warming = False   # compile's warm-up steps run (on zero weights)
         # the C++ kernels and the pallas kernel give a row the same bits in any step
         self.exact_rows = cfg.kernel in ("ffi", "pallas")
@@ -113,6 +141,29 @@ class Runner:
         self.sampler = DeviceSampler(cfg.vocab_size, cfg.kernel == "ffi")
         self._calls = 0   # device calls of steps, for drop_embedding_pages
         self._embedding_pages: list | None = None   # its file pages, once the weights are final
+
+    def close(self) -> None:
+        """The runner's last call: the followers stop (engine/hosts.py)."""
+        if self._leader is not None:
+            self._leader.send("close", (), {})
+            self._leader = None
+
+    def failed(self, error: Exception) -> str:
+        """What the requests are told when the engine's thread dies of `error`. With several
+        processes (most likely a step's collective failing as one of them stopped) the
+        leader exits after their error events leave (hosts.Leader.lost)."""
+        if self._leader is None:
+            return f"engine error: {type(error).__name__}: {error}"
+        reason = (f"a process serving this model stopped or cannot be reached "
+                  f"({type(error).__name__}: {error})")
+        self._leader.lost(reason)
+        return reason
+
+    def _put(self, host: np.ndarray) -> jax.Array:
+        """A step's input on the device; under a split on every device of the mesh (a
+        computation over devices of several processes takes only arrays placed over them
+        all: engine/hosts.py)."""
+        return jax.device_put(host) if self.mesh is None else splits.replicate(host, self.mesh)
 
     @property
     def split(self) -> dict:
@@ -186,6 +237,7 @@ class Runner:
         """Rows of the compiled step that holds n rows."""
         return next(b for b in self.row_buckets if b >= n)
 
+    @mirrored
     def step_device(self, tokens: np.ndarray, positions: np.ndarray, slots: np.ndarray,
                     write_index: np.ndarray, page_table: np.ndarray,
                     logit_rows: list[int] | None = None,
@@ -234,7 +286,7 @@ class Runner:
         if self.state is not None:
             parts.append(("state", self.state.plan(slots, positions, drafts, bucket)))
         packed, layout = _pack(parts)
-        args = (self._buffer, self._skeleton, self.cache, jax.device_put(packed), layout,
+        args = (self._buffer, self._skeleton, self.cache, self._put(packed), layout,
                 self._image_embeds(images, bucket))
         if self._warming and self._step.prepare(*args):
             return None
@@ -242,7 +294,7 @@ class Runner:
             self.model.finish_repack()
         logits, self.cache = self._step(*args)
         self._called()
-        return logits if self.mesh is None else jax.device_put(logits, self._main)
+        return logits if self.mesh is None else splits.on(logits, self._main)
 
     def decode_steps_at(self, n: int) -> int:
         """Decode steps one call runs for n sequences (0 or 1: no such call): the config's
@@ -254,6 +306,7 @@ class Runner:
             return 0
         return self.config.decode_steps
 
+    @mirrored
     def decode_steps(self, tokens: np.ndarray, positions: np.ndarray, slots: np.ndarray,
                      write_index: np.ndarray, page_table: np.ndarray, bias: tuple,
                      shape: SampleShape | None = None) -> np.ndarray:
@@ -281,15 +334,16 @@ class Runner:
             parts.append(("state", self.state.plan_decode(slots, positions, bucket)))
         # n travels as data: one compiled loop per bucket
         packed, layout = _pack(parts + [("n", np.asarray([n]))])
-        args = (self._buffer, self._skeleton, self.cache, jax.device_put(packed),
-                self.sampler.greedy_bias(bias, bucket, shape or self.sample_shape()), layout)
+        bias = self.sampler.greedy_bias(bias, bucket, shape or self.sample_shape())
+        args = (self._buffer, self._skeleton, self.cache, self._put(packed),
+                bias if self.mesh is None else splits.replicate(bias, self.mesh), layout)
         if self._warming and self._decode.prepare(*args):
             return None
         if not self._warming:
             self.model.finish_repack()
         out, self.cache = self._decode(*args)
         self._called()
-        return np.asarray(out)
+        return np.asarray(out if self.mesh is None else splits.on(out, self._main))
 
     def _called(self) -> None:
         self._calls += 1
@@ -362,11 +416,11 @@ class Runner:
         D = self.model.config.d_model
         if images is None:
             if bucket not in self._no_images:
-                self._no_images[bucket] = jnp.zeros((bucket, D), jnp.float32)
+                self._no_images[bucket] = self._put(np.zeros((bucket, D), np.float32))
             return self._no_images[bucket]
         rows = np.zeros((bucket, D), np.float32)
         rows[:len(images[1])] = images[1]
-        return jax.device_put(rows)
+        return self._put(rows)
 
     def save_state(self, slot: int) -> StateSnapshot:
         """A copy of the slot's committed recurrent state (recurrent models only)."""
@@ -389,6 +443,7 @@ class Runner:
         need = (int(positions.max()) // self.config.page_size + 1) if len(positions) else 1
         return next(b for b in self.buckets if b >= need)
 
+    @mirrored
     def read_pages(self, pages: list[int]) -> list[list[np.ndarray]]:
         """Host copies of whole cache pages: per page, a list of arrays [page_size, ...],
         k and v of every layer in order."""
@@ -397,11 +452,12 @@ class Runner:
             chunk = pages[start:start + PAGE_COPY_BATCH]
             pad = PAGE_COPY_BATCH - len(chunk)  # fixed batch: one compiled shape
             idx = np.asarray(list(chunk) + [RESERVED_PAGE] * pad, np.int32)
-            stacked = [np.asarray(a) for a in
-                       _read_pages(self.cache, jax.device_put(idx), self._paged)]
+            stacked = [np.asarray(a if self.mesh is None else splits.on(a, self._main))
+                       for a in _read_pages(self.cache, self._put(idx), self._paged)]
             out += [[a[i] for a in stacked] for i in range(len(chunk))]
         return out
 
+    @mirrored
     def write_pages(self, pages: list[int], data: list[list[np.ndarray]]) -> None:
         """Fill whole cache pages from host copies (read_pages' format), in place."""
         for start in range(0, len(pages), PAGE_COPY_BATCH):
@@ -410,7 +466,8 @@ class Runner:
             idx = np.asarray(list(chunk) + [RESERVED_PAGE] * pad, np.int32)
             arrays = [np.stack([r[j] for r in rows] + [np.zeros_like(rows[0][j])] * pad)
                       for j in range(len(rows[0]))]
-            self.cache = _write_pages(self.cache, jax.device_put(idx), arrays, self._paged)
+            self.cache = _write_pages(self.cache, self._put(idx),
+                                      [self._put(a) for a in arrays], self._paged)
 
     def _logit_shape(self, bucket: int, want: list[int] | None) -> str | list[int]:
         """The logits a step at `bucket` rows computes for a caller who wants the rows `want`
@@ -441,6 +498,7 @@ class Runner:
         sizes = [first * 4 ** k for k in range(16) if first * 4 ** k < P]
         return sizes + [P]
 
+    @mirrored
     def compile(self, progress=None, shape: SampleShape | None = None) -> None:
         """Compile the step for every row bucket, key bucket and logit shape now (the first
         call of each would otherwise pay for it, stalling every stream), and the decode-step

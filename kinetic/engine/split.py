@@ -58,6 +58,10 @@ def mesh(split: Split) -> Mesh:
     if not 0 <= split.main_device < len(visible):
         raise ValueError(f"--main-gpu {split.main_device}: devices 0 to {len(visible) - 1} "
                          f"are visible")
+    if visible[split.main_device].process_index != 0:
+        raise ValueError(f"--main-gpu {split.main_device}: a device of process "
+                         f"{visible[split.main_device].process_index}; the sampler runs on "
+                         f"one of the leader's ({len(jax.local_devices())} first)")
     return Mesh(np.array(devices), (AXIS,))
 
 
@@ -129,19 +133,38 @@ def shard_weights(buffer: jax.Array, skeleton: dict, mesh: Mesh,
         lambda path, p: local(path, p) if is_proj(p) and p.fmt >= 0 else p, skeleton,
         is_leaf=is_proj)
     size = max(ALIGN, *sizes)   # every device's buffer one size: one global array
-    shards = []
+    shards = []   # this process's devices' (engine/hosts.py: each process holds its own)
     for d, device in enumerate(mesh.devices.flat):
+        if device.process_index != jax.process_index():
+            continue
         mine = np.zeros(size, np.uint8)
         for whole, n, at in pieces[d]:
             mine[at:at + n] = host[whole:whole + n]
         shards.append(jax.device_put(mine, device))
     sharded = jax.make_array_from_single_device_arrays(
-        (D * len(shards[0]),), NamedSharding(mesh, P(AXIS)), shards)
+        (D * size,), NamedSharding(mesh, P(AXIS)), shards)
     return sharded, replicate(skeleton, mesh)
 
 
 def replicate(tree, mesh: Mesh):
-    """Every array of `tree` on every device of the mesh."""
+    """Every array of `tree` (device or host arrays) on every device of the mesh. An array
+    on one device goes through the host: with several processes, each puts its own copy on
+    the devices it has (jax.device_put of a one-device array onto devices of another
+    process is not a copy JAX makes)."""
     whole = NamedSharding(mesh, P())
-    return jax.tree.map(lambda a: jax.device_put(a, whole) if isinstance(a, jax.Array) else a,
+
+    def put(a):
+        if jax.process_count() == 1:
+            return jax.device_put(a, whole)
+        # (device_put of a host array would first check that every process has the same
+        # one: a collective per array; every process has, by construction)
+        a = np.asarray(a)
+        return jax.make_array_from_callback(a.shape, whole, lambda index: a[index])
+
+    return jax.tree.map(lambda a: put(a) if isinstance(a, (jax.Array, np.ndarray)) else a,
                         tree)
+
+
+def on(array: jax.Array, device) -> jax.Array:
+    """A replicated array's copy on `device` (one of this process's): no transfer."""
+    return next(s.data for s in array.addressable_shards if s.device == device)

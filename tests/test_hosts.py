@@ -1,0 +1,124 @@
+"""One model served by two processes (kinetic/engine/hosts.py): `kinetic serve --coordinator
+--num-processes 2 --process-id I`, each process with two CPU devices of its own
+(XLA_FLAGS=--xla_force_host_platform_device_count=2), joined by jax.distributed over
+localhost. Process 0 serves HTTP; process 1 follows its steps."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.serve_process import ROOT, ServeProcess, free_port, raw_request, read_until
+from tests.tiny_models import write_tiny_model
+
+TWO = "--xla_force_host_platform_device_count=2"
+BODY = {"prompt": "hello there", "n_predict": 8, "temperature": 0, "n_probs": 2}
+FLAGS = ("-c", "256", "-np", "1", "--draft-max", "0")
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("hosts") / "m.gguf"
+    write_tiny_model(path, "llama", qtype="Q8_0", d_model=128, d_ffn=256, n_kv_head=4,
+                     context_length=32768)
+    return str(path)
+
+
+class Follower:
+    """`kinetic serve MODEL ... --process-id 1`, its output in a temporary file."""
+
+    def __init__(self, model: str, *args: str):
+        self._log = tempfile.NamedTemporaryFile(prefix="kinetic-follower-", suffix=".log")
+        self.proc = subprocess.Popen([sys.executable, "-m", "kinetic.cli", "serve", model,
+                                      *args], stdout=self._log, stderr=subprocess.STDOUT,
+                                     cwd=ROOT)
+
+    def output(self) -> str:
+        return Path(self._log.name).read_text(errors="replace")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+
+
+def two_processes(model: str, *flags: str) -> tuple[ServeProcess, Follower]:
+    join = ("--coordinator", f"127.0.0.1:{free_port()}", "--num-processes", "2")
+    leader = ServeProcess(model, *FLAGS, *flags, *join, "--process-id", "0")
+    follower = Follower(model, *FLAGS, *flags, *join, "--process-id", "1")
+    return leader, follower
+
+
+def answer(serve: ServeProcess):
+    status, _, got = serve.request("POST", "/completion", BODY)
+    assert status == 200, got
+    return got["content"], got["completion_probabilities"]
+
+
+def test_two_processes_answer_as_one_and_stop_together(model_path, monkeypatch):
+    """A row split over the four devices of two processes gives the one-process answer;
+    /props says how the model is split; stopping the leader stops the follower."""
+    monkeypatch.setenv("XLA_FLAGS", TWO)
+    alone = ServeProcess(model_path, *FLAGS)
+    try:
+        alone.wait_ready()
+        expected = answer(alone)
+    finally:
+        alone.close()
+    leader, follower = two_processes(model_path, "-sm", "row")
+    try:
+        leader.wait_ready()
+        status, _, props = leader.request("GET", "/props")
+        assert status == 200 and props["split"] == {"mode": "row", "devices": 4}
+        assert answer(leader) == expected
+        assert "split by row over 4 devices" in leader.output()
+        assert leader.signal(signal.SIGTERM) == 0
+        assert follower.proc.wait(timeout=60) == 0, follower.output()[-2000:]
+        assert "process 1 stopped with the leader" in follower.output()
+    finally:
+        leader.close()
+        follower.close()
+
+
+def test_a_follower_that_dies_mid_stream_ends_the_leader_cleanly(model_path, monkeypatch):
+    """SIGKILL on the follower while a long answer streams (a layer split, the default
+    across processes): the stream ends with an error event naming the cause, and the
+    leader exits on its own within seconds; nothing hangs, nothing is left running."""
+    monkeypatch.setenv("XLA_FLAGS", TWO)
+    leader, follower = two_processes(model_path, "-c", "32768")   # a long answer
+    try:
+        leader.wait_ready()
+        status, _, props = leader.request("GET", "/props")
+        assert props["split"] == {"mode": "layer", "devices": 4}
+        body = json.dumps({"prompt": "hello", "max_tokens": 100000, "temperature": 0,
+                           "stream": True, "ignore_eos": True}).encode()
+        sock = leader.connect(timeout=60)
+        sock.sendall(raw_request("POST", "/v1/completions", {
+            "Content-Type": "application/json", "Content-Length": str(len(body))}, body))
+        first = read_until(sock, b'"text"')   # tokens are streaming
+        assert b" 200 " in first.split(b"\r\n", 1)[0]
+        follower.proc.kill()
+        killed = time.monotonic()
+        rest = read_until(sock, b'"error"')
+        rest += read_until(sock, b"}}\n")
+        # (the events arrive in HTTP/1.1 chunks: a chunk's size line before each)
+        events = re.findall(rb'data: (\{"error".*?\}\})\n', first + rest)
+        assert events, (first[-300:], rest[-500:])
+        error = json.loads(events[0])["error"]
+        assert "a process serving this model stopped or cannot be reached" in error["message"]
+        assert error["type"] == "server_error"
+        assert leader.proc.wait(timeout=60) == 1
+        assert time.monotonic() - killed < 30
+        assert "cannot go on" in leader.output()
+    finally:
+        leader.close()
+        follower.close()
