@@ -40,6 +40,7 @@ def run_devices(script: str, tmp_path: Path, *argv: str) -> dict:
 COMPARE = """
     import json, sys
     import numpy as np
+    import kinetic
     from kinetic.engine.engine_config import EngineConfig, Split
     from kinetic.llm import open_model
     path, splits, stream = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] == "1"
@@ -56,6 +57,11 @@ COMPARE = """
                 got["stream"] = [(d.token_ids, [[e.token, e.logprob, e.top] for e in d.logprobs])
                                  for d in model.stream([1, 5, 9, 30, 2], max_tokens=6,
                                                        temperature=0.9, seed=3, logprobs=2)]
+                # a split answer's receipt, re-run on one device
+                receipt = model.receipt("hello there", max_tokens=6, temperature=0.9, seed=3)
+                checked = kinetic.verify_receipt(receipt, model=path)
+                got["receipt"] = [receipt["engine"]["split"], checked.status,
+                                  list(checked.notes)]
             out[name] = got
         finally:
             model.close()
@@ -81,6 +87,9 @@ def test_a_split_gives_one_devices_bits_at_1_2_and_4(mode, tmp_path):
     for name in ("1", "2", "4"):
         assert out[name]["logits"] == out["none"]["logits"], name
         assert out[name]["stream"] == out["none"]["stream"], name
+        split, status, notes = out[name]["receipt"]
+        assert split == out[name]["split"] and status == "verified", (name, status, notes)
+        assert any(f"split by {mode} over {name} devices" in n for n in notes), notes
 
 
 @pytest.mark.parametrize("arch,qtype", [("qwen2", "Q4_0"), ("gemma3", "Q8_0"),

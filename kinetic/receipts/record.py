@@ -92,6 +92,8 @@ def engine_record(engine) -> dict[str, Any]:
         "page_size": engine.config.page_size, "kv_dtype": engine.config.kv_dtype,
         "max_candidates": engine.sample_shape.max_candidates,
         "history_width": engine.sample_shape.history_width,
+        # for the record: a split gives the same bits (engine/split.py)
+        "split": engine.runner.split,
     }
     if kernel == "ffi":
         out["kernel_isa"] = kernels.isa()   # every path gives the same bits: for the record

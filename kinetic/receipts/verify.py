@@ -284,6 +284,11 @@ def _engine_for(rec: dict[str, Any], path: str, model, need_ctx: int):
     if rec.get("version") != __version__:
         notes.append(f"the receipt was made by kinetic {rec.get('version')}; this is "
                      f"{__version__}")
+    split = rec.get("split") or {}
+    if split.get("mode", "none") != "none":
+        notes.append(f"the answer was made split by {split['mode']} over "
+                     f"{split.get('devices')} devices; it is re-run on one, which gives a "
+                     f"split's bits")
     here = (jax.default_backend(), jax.devices()[0].device_kind)
     if rec.get("backend") == "gpu" and (rec.get("backend"), rec.get("device")) != here:
         # a GPU's float order is its compiled kernels' (Triton's, per chip): only the same
