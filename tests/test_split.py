@@ -52,7 +52,8 @@ COMPARE = """
             logits = np.asarray(model.logits([1, 5, 9, 30, 2, 7, 11]))
             runner = model.engine.runner
             got = {"logits": logits.tobytes().hex(), "split": runner.split,
-                   "held": [s.data.nbytes for s in runner._buffer.addressable_shards]}
+                   "held": [s.data.nbytes for s in runner._buffer.addressable_shards],
+                   "heads": [s.data.shape[2] for s in runner.cache[0][0].addressable_shards]}
             if stream:
                 got["stream"] = [(d.token_ids, [[e.token, e.logprob, e.top] for e in d.logprobs])
                                  for d in model.stream([1, 5, 9, 30, 2], max_tokens=6,
@@ -85,6 +86,8 @@ def test_a_split_gives_one_devices_bits_at_1_2_and_4(mode, tmp_path):
         {"mode": "none", "devices": 1}, {"mode": mode, "devices": 1},
         {"mode": mode, "devices": 2}, {"mode": mode, "devices": 4}]
     for name in ("1", "2", "4"):
+        # the cache's 4 KV heads: each device holds its share's pages
+        assert out[name]["heads"] == [4 // int(name)] * int(name), out[name]["heads"]
         assert out[name]["logits"] == out["none"]["logits"], name
         assert out[name]["stream"] == out["none"]["stream"], name
         split, status, notes = out[name]["receipt"]
@@ -100,6 +103,16 @@ def test_every_dense_family_splits_to_the_same_logits(arch, qtype, tmp_path):
     out = compare(path, {"none": ["none", 0], "row4": ["row", 4], "layer4": ["layer", 4]},
                   tmp_path)
     assert out["row4"]["logits"] == out["layer4"]["logits"] == out["none"]["logits"]
+
+
+def test_kv_heads_that_do_not_divide_leave_the_whole_cache_on_every_device(tmp_path):
+    """2 KV heads over 4 devices (a layer split, which has no rows to divide)."""
+    path = write_tiny_model(tmp_path / "m.gguf", "llama", qtype="Q8_0", d_model=128,
+                            d_ffn=256, n_kv_head=2)
+    out = compare(path, {"none": ["none", 0], "layer4": ["layer", 4]}, tmp_path, stream=True)
+    assert out["layer4"]["heads"] == [2] * 4
+    assert out["layer4"]["logits"] == out["none"]["logits"]
+    assert out["layer4"]["stream"] == out["none"]["stream"]
 
 
 def test_smollm2_splits_to_the_same_logits(tmp_path):

@@ -103,6 +103,7 @@ class Runner:
         # --split-mode row or layer: the buffer split over a mesh of devices
         # (engine/split.py), the sampler's inputs on the main device
         self.mesh, self._main = None, None
+        self._heads = None   # the mesh when the cache is split by heads (split.heads_split)
         # several processes (engine/hosts.py): the leader sends each mirrored call first
         self._leader: hosts.Leader | None = None
         self._mirroring = False   # inside a mirrored call (the ones it makes are not sent)
@@ -115,6 +116,7 @@ class Runner:
             model.finish_repack()   # the shares are copied from the rearranged bytes
             self._buffer, self._skeleton = splits.shard_weights(self._buffer, self._skeleton,
                                                                 self.mesh, config.split)
+            self._heads = self.mesh if splits.heads_split(cfg, self.mesh) else None
             if hosts.joined() and hosts.is_leader():
                 hosts.wait_for_all("loaded")
                 self._leader = hosts.Leader()
@@ -202,8 +204,9 @@ class Runner:
                 tuple(jnp.zeros(shape, jnp.float32) for shape in recurrent)
                 if cfg.recurrent_layers and cfg.recurrent_layers[i] else
                 (zeros(shape_k, dt), zeros(shape_v, dt)) for i in range(cfg.n_layer)]
-            if self.mesh is not None:   # the whole cache on every device of a split
-                self._cache = splits.replicate(self._cache, self.mesh)
+            if self.mesh is not None:   # each device its heads' share, or the whole cache
+                self._cache = splits.place_cache(self._cache, self.mesh,
+                                                 self._heads is not None)
         return self._cache
 
     @cache.setter
@@ -287,7 +290,7 @@ class Runner:
             parts.append(("state", self.state.plan(slots, positions, drafts, bucket)))
         packed, layout = _pack(parts)
         args = (self._buffer, self._skeleton, self.cache, self._put(packed), layout,
-                self._image_embeds(images, bucket))
+                self._heads, self._image_embeds(images, bucket))
         if self._warming and self._step.prepare(*args):
             return None
         if not self._warming:
@@ -336,7 +339,8 @@ class Runner:
         packed, layout = _pack(parts + [("n", np.asarray([n]))])
         bias = self.sampler.greedy_bias(bias, bucket, shape or self.sample_shape())
         args = (self._buffer, self._skeleton, self.cache, self._put(packed),
-                bias if self.mesh is None else splits.replicate(bias, self.mesh), layout)
+                bias if self.mesh is None else splits.replicate(bias, self.mesh), layout,
+                self._heads)
         if self._warming and self._decode.prepare(*args):
             return None
         if not self._warming:
@@ -452,7 +456,8 @@ class Runner:
             chunk = pages[start:start + PAGE_COPY_BATCH]
             pad = PAGE_COPY_BATCH - len(chunk)  # fixed batch: one compiled shape
             idx = np.asarray(list(chunk) + [RESERVED_PAGE] * pad, np.int32)
-            stacked = [np.asarray(a if self.mesh is None else splits.on(a, self._main))
+            stacked = [np.asarray(a if self.mesh is None else
+                                  splits.on(splits.gathered(self.mesh)(a), self._main))
                        for a in _read_pages(self.cache, self._put(idx), self._paged)]
             out += [[a[i] for a in stacked] for i in range(len(chunk))]
         return out
@@ -558,7 +563,7 @@ def _compiled_step(forward, cfg):
     compiled shapes instead of compiling again."""
     return compile_cache.jit(partial(_forward, forward, cfg), name="step",
                              context=(forward, cfg), donate_argnums=(2,),
-                             static_argnums=(4,))
+                             static_argnums=(4, 5))
 
 
 @functools.cache
@@ -566,7 +571,7 @@ def _compiled_decode(forward, cfg):
     """decode_steps' jitted loop, shared like _compiled_step."""
     return compile_cache.jit(partial(_decode_loop, forward, cfg), name="decode",
                              context=(forward, cfg), donate_argnums=(2,),
-                             static_argnums=(5,))
+                             static_argnums=(5, 6))
 
 
 def _pack(parts: list[tuple[str, np.ndarray]]) -> tuple[np.ndarray, tuple]:
@@ -592,7 +597,7 @@ def _padded(values: np.ndarray, pad: int) -> np.ndarray:
     return np.concatenate([values, np.zeros(pad)])
 
 
-def _decode_loop(forward, cfg, buffer, skeleton, cache, packed, bias, layout):
+def _decode_loop(forward, cfg, buffer, skeleton, cache, packed, bias, layout, heads):
     """Runner.decode_steps' N steps as one loop over _pack's parts: tokens and slots [B],
     positions and write_index [N, B], the page table, the recurrent state's plan, and n,
     the rows that are not padding."""
@@ -606,7 +611,7 @@ def _decode_loop(forward, cfg, buffer, skeleton, cache, packed, bias, layout):
     def body(i, carry):
         cache, tok, out = carry
         step = StepInput(tok, x["positions"][i], slots, x["write_index"][i], table, None,
-                         None if recurs is None else recurs(i), logit_mask=live)
+                         None if recurs is None else recurs(i), logit_mask=live, heads=heads)
         logits, cache = forward(weights, cfg, cache, step)
         # the loop's rows allow every token: with the C++ kernels one C++ pass over each row
         drawn = greedy_tokens(logits, bias, None, exact=cfg.kernel == "ffi")
@@ -652,7 +657,7 @@ _write_pages = compile_cache.jit(_write_pages_of, name="write_pages", donate_arg
                                  static_argnums=(3,))
 
 
-def _forward(forward, cfg, buffer, skeleton, cache, packed, layout, embeds=None):
+def _forward(forward, cfg, buffer, skeleton, cache, packed, layout, heads, embeds=None):
     """The model's forward (over the weights split_buffer took apart) and the StepInput
     that `packed` holds, _pack's parts as Runner.step_device names them: the rows' tokens,
     positions, slots and write_index (each B long), the page table [S, P'], the logit rows
@@ -663,4 +668,5 @@ def _forward(forward, cfg, buffer, skeleton, cache, packed, layout, embeds=None)
     recur = RecurrentState.unpack(x["state"], B) if cfg.recurrent else None
     return forward(join_buffer(buffer, skeleton), cfg, cache, StepInput(
         x["tokens"], x["positions"], x["slots"], x["write_index"], x["page_table"],
-        x.get("rows"), recur, embeds, x.get("image_mask"), x.get("ends"), x.get("logit_mask")))
+        x.get("rows"), recur, embeds, x.get("image_mask"), x.get("ends"), x.get("logit_mask"),
+        heads))

@@ -12,8 +12,9 @@ without it); the token embedding on the first device, the output projection on t
 Each projection is multiplied by the device holding it, and its result broadcast.
 
 Either way a row's logits are the same bits at any number of devices: no device adds
-another's partial sums. Everything else in the step (norms, rotary, attention, the KV
-cache) is computed whole on every device for now: the weights are split, the cache is not.
+another's partial sums. The KV cache is split by heads where they divide evenly over the
+devices (heads_split: each device its heads' pages, attending with their queries), else
+whole on every device; norms and rotary run whole on every device.
 Uneven --tensor-split proportions under a row split, mixtures of experts, recurrent layers
 and kernels other than the C++ one under a split are each one clear error at start.
 """
@@ -21,6 +22,7 @@ and kernels other than the C++ one under a split are each one clear error at sta
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import numpy as np
@@ -30,6 +32,7 @@ from kinetic import kernels
 from kinetic.engine.engine_config import Split
 from kinetic.model.config import Config, ModelConfigError
 from kinetic.model.layers import Proj
+from kinetic.model import device_split
 from kinetic.model.device_split import AXIS
 
 ALIGN = 64   # each share's offset in a device's buffer
@@ -75,6 +78,38 @@ def check(split: Split, cfg: Config) -> None:
     if cfg.n_expert or cfg.recurrent:
         raise ModelConfigError(f"--split-mode {split.mode} does not split mixtures of experts "
                                f"or recurrent layers yet")
+
+
+def heads_split(cfg: Config, mesh: Mesh | None) -> bool:
+    """Whether the KV cache is split over the mesh by heads (each device its n_kv_head / D
+    heads' pages: model/device_split.by_heads): where the heads divide evenly. Otherwise
+    every device holds the whole cache."""
+    return mesh is not None and cfg.n_kv_head % mesh.devices.size == 0 and not cfg.conv_layers
+
+
+def place_cache(cache: list, mesh: Mesh, by_heads: bool) -> list:
+    """The KV cache (per layer a (k, v) pair of page arrays [pages, page_size, heads,
+    width]) on the mesh: each device its heads' share, or the whole on every device."""
+    if not by_heads:
+        return replicate(cache, mesh)
+    shard = NamedSharding(mesh, device_split.CACHE_HEADS)
+
+    def put(a):
+        a = np.asarray(a)
+        return jax.make_array_from_callback(a.shape, shard, lambda index: a[index])
+
+    return jax.tree.map(put, cache)
+
+
+def gathered(mesh: Mesh):
+    """A program that gives any array of the mesh whole on every device (an all-gather of
+    a cache's heads)."""
+    return _gather(mesh)
+
+
+@functools.cache
+def _gather(mesh: Mesh):
+    return jax.jit(lambda x: x, out_shardings=NamedSharding(mesh, P()))
 
 
 def owners(n_layer: int, split: Split, devices: int) -> list[int]:

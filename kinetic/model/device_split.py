@@ -10,6 +10,9 @@ so every output element is the one device's bits at any number of devices.
   layers on consecutive devices); the owner multiplies it and its result is broadcast to
   the others (owned, owned_rows), the others skipping the work.
 
+The KV cache may be split too: by its heads (by_heads), each device holding its KV heads'
+pages and attending with their queries, under either split.
+
 A Proj split either way keeps its whole `n` and has `mesh` set (and `owner` >= 0 under a
 layer split); its `offset` is into its device's own buffer. Everything else in a step
 (norms, rotary, attention) runs whole on every device: the same program, the same bits.
@@ -91,3 +94,18 @@ def rows(tokens: jax.Array, data: jax.Array, fmt: int, offset: int, n: int, k: i
                           check_vma=False)(tokens, data)
     owner_of = (tokens // per).astype(jnp.int32)
     return jnp.take_along_axis(every, owner_of[None, :, None], axis=0)[0]
+
+
+HEADS = P(None, AXIS, None)            # q, k, v [T, heads, width]
+CACHE_HEADS = P(None, None, AXIS, None)   # a cache's pages [pages, page_size, heads, width]
+
+
+def by_heads(attend, mesh):
+    """attend(q, k, v, (k_cache, v_cache), step, ends) -> (out, (k_cache, v_cache)) run on
+    each device over its share of the heads: its KV heads' pages and their queries (a query
+    head's KV head is in the same share when the KV heads divide evenly, as split.heads_split
+    requires), the step's other inputs whole on every device. A head's attention is its own
+    rows' arithmetic, whatever the other heads: the same bits as one device."""
+    return jax.shard_map(attend, mesh=mesh,
+                         in_specs=(HEADS, HEADS, HEADS, (CACHE_HEADS, CACHE_HEADS), P(), P()),
+                         out_specs=(HEADS, (CACHE_HEADS, CACHE_HEADS)), check_vma=False)

@@ -12,8 +12,9 @@ padded key axis where masked keys add exact zeros. See tests/test_invariance.py.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -48,6 +49,8 @@ class StepInput:
       rows, where embed_mask is 1) instead of their token's (None: every row is a token).
     attend_end: [T] the last key position each row sees (an image whose rows see each other
       both ways: its last row's; None: the row's own position, causal).
+    heads (static): the mesh whose devices each hold their share of the KV heads' cache
+      (model/device_split.py, by_heads; None: every device the whole cache).
     """
 
     tokens: jax.Array
@@ -61,6 +64,7 @@ class StepInput:
     embed_mask: jax.Array | None = None
     attend_end: jax.Array | None = None
     logit_mask: jax.Array | None = None
+    heads: Any = field(default=None, metadata=dict(static=True))
 
 
 def output_logits(x: jax.Array, step: StepInput, norm: jax.Array, output: Proj | None,
@@ -352,10 +356,18 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array,
         q, k = hadamard(q, nk), hadamard(k, nk)
     if nv:
         v = hadamard(v, nv)
-    k_cache, v_cache = write_kv_pair(kv, k, v, step.write_index)
-    a = paged_attention(q, k_cache, v_cache, step, scale, window=window, softcap=softcap,
-                        kernel=kernel, ends=ends)
-    return (hadamard(a, nv) if nv else a), (k_cache, v_cache)
+
+    def attend(q, k, v, kv, step, ends):
+        kv = write_kv_pair(kv, k, v, step.write_index)
+        return paged_attention(q, *kv, step, scale, window=window, softcap=softcap,
+                               kernel=kernel, ends=ends), kv
+
+    if step.heads is None:
+        a, kv = attend(q, k, v, kv, step, ends)
+    else:   # each device its KV heads' pages and their queries
+        a, kv = device_split.by_heads(attend, step.heads)(
+            q, k, v, kv, dataclasses.replace(step, heads=None), ends)
+    return (hadamard(a, nv) if nv else a), kv
 
 
 def write_kv_pair(kv: tuple[jax.Array, jax.Array], k: jax.Array, v: jax.Array,
