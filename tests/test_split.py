@@ -96,13 +96,22 @@ def test_a_split_gives_one_devices_bits_at_1_2_and_4(mode, tmp_path):
 
 
 @pytest.mark.parametrize("arch,qtype", [("qwen2", "Q4_0"), ("gemma3", "Q8_0"),
-                                        ("qwen3", "Q8_0"), ("mistral3", "Q8_0")])
-def test_every_dense_family_splits_to_the_same_logits(arch, qtype, tmp_path):
+                                        ("qwen3", "Q8_0"), ("mistral3", "Q8_0"),
+                                        ("qwen35", "Q8_0"), ("lfm2", "Q8_0"),
+                                        ("qwen3moe", "Q8_0"), ("lfm2moe", "Q8_0"),
+                                        ("qwen35moe", "Q8_0")])
+def test_every_family_splits_to_the_same_logits(arch, qtype, tmp_path):
+    """Dense, recurrent (Qwen3.5's delta rule, LFM2's convolutions) and mixture-of-experts
+    families; a mixture splits by layer only (its experts run on their layer's device)."""
     path = write_tiny_model(tmp_path / f"{arch}.gguf", arch, qtype=qtype, d_model=128,
                             d_ffn=256, n_kv_head=4)
-    out = compare(path, {"none": ["none", 0], "row4": ["row", 4], "layer4": ["layer", 4]},
-                  tmp_path)
-    assert out["row4"]["logits"] == out["layer4"]["logits"] == out["none"]["logits"]
+    splits = {"none": ["none", 0], "layer4": ["layer", 4]}
+    if "moe" not in arch:
+        splits["row4"] = ["row", 4]
+    out = compare(path, splits, tmp_path, stream=arch in ("qwen35", "qwen3moe"))
+    assert len({out[name]["logits"] for name in splits}) == 1
+    if "stream" in out["none"]:
+        assert out["layer4"]["stream"] == out["none"]["stream"]
 
 
 def test_kv_heads_that_do_not_divide_leave_the_whole_cache_on_every_device(tmp_path):
@@ -137,15 +146,20 @@ def test_a_layer_split_follows_the_tensor_split():
 def test_a_split_that_cannot_be_made_is_one_clear_error(tmp_path):
     path = write_tiny_model(tmp_path / "m.gguf", "llama", qtype="Q8_0", d_model=128,
                             d_ffn=256, n_kv_head=2)
+    moe = write_tiny_model(tmp_path / "moe.gguf", "qwen3moe", qtype="Q8_0", d_model=128,
+                           d_ffn=256, n_kv_head=4)
     out = run_devices(f"""
         import json
         from kinetic.engine.engine_config import EngineConfig, Split
         from kinetic.llm import open_model
         errors = []
-        for split in (Split("row", 8), Split("row", tensor_split=(3, 1)), Split("row", 4),
-                      Split("layer", tensor_split=(1, 1, 1, 1, 1))):
+        for model, split in (({str(path)!r}, Split("row", 8)),
+                             ({str(path)!r}, Split("row", tensor_split=(3, 1))),
+                             ({str(path)!r}, Split("row", 4)),
+                             ({str(path)!r}, Split("layer", tensor_split=(1, 1, 1, 1, 1))),
+                             ({str(moe)!r}, Split("row", 2))):
             try:
-                open_model({str(path)!r}, EngineConfig(parallel=1, n_ctx=64, split=split),
+                open_model(model, EngineConfig(parallel=1, n_ctx=64, split=split),
                            kernel="ffi").close()
                 errors.append(None)
             except ValueError as e:
@@ -157,6 +171,7 @@ def test_a_split_that_cannot_be_made_is_one_clear_error(tmp_path):
     # the tiny model's 2 key heads of 16: 32 rows, not whole 16-row groups on 4 devices
     assert "weight blk.0.attn_k has 32 rows" in out[2] and "fewer devices" in out[2]
     assert "--tensor-split names 5 devices; 4 are visible" in out[3]
+    assert "--split-mode row does not split mixtures of experts yet" in out[4]
 
 
 def test_the_flags():

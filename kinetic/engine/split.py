@@ -15,8 +15,8 @@ Either way a row's logits are the same bits at any number of devices: no device 
 another's partial sums. The KV cache is split by heads where they divide evenly over the
 devices (heads_split: each device its heads' pages, attending with their queries), else
 whole on every device; norms and rotary run whole on every device.
-Uneven --tensor-split proportions under a row split, mixtures of experts, recurrent layers
-and kernels other than the C++ one under a split are each one clear error at start.
+Uneven --tensor-split proportions or mixtures of experts under a row split, and kernels
+other than the C++ one under a split, are each one clear error at start.
 """
 
 from __future__ import annotations
@@ -75,16 +75,20 @@ def check(split: Split, cfg: Config) -> None:
     if cfg.kernel != "ffi":
         raise ModelConfigError(f"--split-mode {split.mode} runs kinetic's C++ kernel "
                                f"(--kernel ffi), not {cfg.kernel!r}")
-    if cfg.n_expert or cfg.recurrent:
-        raise ModelConfigError(f"--split-mode {split.mode} does not split mixtures of experts "
-                               f"or recurrent layers yet")
+    if cfg.recurrent and jax.process_count() > 1:
+        raise ModelConfigError("recurrent layers are not served across processes yet (their "
+                               "states' copies are not sent to the other processes)")
+    if cfg.n_expert and split.mode == "row":
+        raise ModelConfigError("--split-mode row does not split mixtures of experts yet "
+                               "(--split-mode layer does)")
 
 
 def heads_split(cfg: Config, mesh: Mesh | None) -> bool:
     """Whether the KV cache is split over the mesh by heads (each device its n_kv_head / D
     heads' pages: model/device_split.by_heads): where the heads divide evenly. Otherwise
     every device holds the whole cache."""
-    return mesh is not None and cfg.n_kv_head % mesh.devices.size == 0 and not cfg.conv_layers
+    return (mesh is not None and cfg.n_kv_head % mesh.devices.size == 0
+            and not cfg.conv_layers and not cfg.recurrent)
 
 
 def place_cache(cache: list, mesh: Mesh, by_heads: bool) -> list:
@@ -137,6 +141,7 @@ def shard_weights(buffer: jax.Array, skeleton: dict, mesh: Mesh,
     # per device: (offset in the whole buffer, bytes, offset in the device's buffer)
     pieces: list[list[tuple[int, int, int]]] = [[] for _ in range(D)]
     sizes = [0] * D
+    ends = [(-1, 0)] * D   # per device: where its last weight ends, in the file and in it
 
     def local(path, p: Proj) -> Proj:
         key = (p.fmt, p.offset, p.n, p.k)
@@ -157,9 +162,15 @@ def shard_weights(buffer: jax.Array, skeleton: dict, mesh: Mesh,
             # a layer's weights on its device; the embedding on the first, the rest last
             d = (layer_owner[path[1].idx] if path[0].key == "blk" else
                  0 if path[0].key == "token_embd" else D - 1)
-            pieces[d].append((p.offset, p.n * row, sizes[d]))
-            placed[key] = (d, sizes[d])
-            sizes[d] += -(-(p.n * row) // ALIGN) * ALIGN
+            # right after the weight before it where the file has it so (a mixture's
+            # experts: model/experts.py reads them at a fixed stride)
+            whole, at = ends[d]
+            if p.offset != whole:
+                at = -(-sizes[d] // ALIGN) * ALIGN
+            pieces[d].append((p.offset, p.n * row, at))
+            placed[key] = (d, at)
+            sizes[d] = at + p.n * row
+            ends[d] = (p.offset + p.n * row, sizes[d])
         owner, offset = placed[key]
         return dataclasses.replace(p, offset=offset, mesh=mesh, owner=owner)
 

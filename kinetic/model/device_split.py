@@ -8,7 +8,8 @@ so every output element is the one device's bits at any number of devices.
   as one device would and the pieces are all-gathered (linear_many, rows).
 - `--split-mode layer`: each projection whole on one device, its `owner` (consecutive
   layers on consecutive devices); the owner multiplies it and its result is broadcast to
-  the others (owned, owned_rows), the others skipping the work.
+  the others (owned), the others skipping the work. A mixture's experts are one layer's:
+  their pairs run on its owner too (model/experts.py).
 
 The KV cache may be split too: by its heads (by_heads), each device holding its KV heads'
 pages and attending with their queries, under either split.
@@ -34,34 +35,43 @@ def linear_many(x: jax.Array, data: jax.Array, weights: list[tuple[int, int, int
     """ffi.qmatmul_many over split weights (fmt, offset, n: the whole n), [..., n] each: by
     row (owner -1), each device its n / D columns of each, gathered; by layer, the owner's
     whole product, broadcast."""
-    D = mesh.shape[AXIS]
+    extra = () if live is None else (live,)
     if owner >= 0:
-        def run(x, buffer, *live):
-            mine = lambda: native.qmatmul_many(x, buffer, weights, k, *live)   # noqa: E731
-            none = lambda: [jnp.zeros((*x.shape[:-1], n), jnp.float32)   # noqa: E731
-                            for _, _, n in weights]
-            return [broadcast(y, owner)
-                    for y in jax.lax.cond(jax.lax.axis_index(AXIS) == owner, mine, none)]
-    else:
-        local = [(fmt, offset, n // D) for fmt, offset, n in weights]
+        return owned(lambda buffer, x, *live: native.qmatmul_many(x, buffer, weights, k, *live),
+                     mesh, owner, data, x, *extra)
+    D = mesh.shape[AXIS]
+    local = [(fmt, offset, n // D) for fmt, offset, n in weights]
 
-        def run(x, buffer, *live):
-            ys = native.qmatmul_many(x, buffer, local, k, *live)
-            return [jax.lax.all_gather(y, AXIS, axis=y.ndim - 1, tiled=True) for y in ys]
+    def run(buffer, x, *live):
+        ys = native.qmatmul_many(x, buffer, local, k, *live)
+        return [jax.lax.all_gather(y, AXIS, axis=y.ndim - 1, tiled=True) for y in ys]
 
-    args = (x, data) if live is None else (x, data, live)
-    specs = (P(), P(AXIS), P())[:len(args)]
-    return jax.shard_map(run, mesh=mesh, in_specs=specs, out_specs=[P()] * len(weights),
-                         check_vma=False)(*args)
+    return jax.shard_map(run, mesh=mesh, in_specs=(P(AXIS), P()) + (P(),) * len(extra),
+                         out_specs=[P()] * len(weights), check_vma=False)(data, x, *extra)
+
+
+def owned(run, mesh, owner: int, data: jax.Array, *args):
+    """run(this device's buffer, *args) (arrays out, float32 or int32) computed by the owner
+    device alone under a layer split, the others skipping it (lax.cond), and broadcast."""
+    def body(buffer, *args):
+        shapes = jax.eval_shape(run, buffer, *args)
+        out = jax.lax.cond(
+            jax.lax.axis_index(AXIS) == owner, lambda: run(buffer, *args),
+            lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes))
+        return jax.tree.map(lambda y: broadcast(y, owner), out)
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(AXIS),) + (P(),) * len(args),
+                         out_specs=P(), check_vma=False)(data, *args)
 
 
 def broadcast(y: jax.Array, owner: int) -> jax.Array:
     """The owner device's y on every device (inside shard_map), bit for bit: a sum of the
     owner's bits as integers and every other device's zeros (a float sum would turn the
     owner's -0.0 into +0.0)."""
-    bits = jax.lax.bitcast_convert_type(y, jnp.int32)
+    bits = y if y.dtype == jnp.int32 else jax.lax.bitcast_convert_type(y, jnp.int32)
     mine = jax.lax.axis_index(AXIS) == owner
-    return jax.lax.bitcast_convert_type(jax.lax.psum(jnp.where(mine, bits, 0), AXIS), y.dtype)
+    summed = jax.lax.psum(jnp.where(mine, bits, 0), AXIS)
+    return summed if y.dtype == jnp.int32 else jax.lax.bitcast_convert_type(summed, y.dtype)
 
 
 def rows(tokens: jax.Array, data: jax.Array, fmt: int, offset: int, n: int, k: int,
@@ -71,15 +81,8 @@ def rows(tokens: jax.Array, data: jax.Array, fmt: int, offset: int, n: int, k: i
     tokens it holds (the others read its row 0, then dropped), the pieces are gathered, and
     each token takes its own device's row: a selection, no arithmetic."""
     if owner >= 0:
-        def run(tokens, buffer):
-            got = jax.lax.cond(
-                jax.lax.axis_index(AXIS) == owner,
-                lambda: native.dequant_rows(tokens, buffer, fmt, offset, n, k),
-                lambda: jnp.zeros((tokens.shape[0], k), jnp.float32))
-            return broadcast(got, owner)
-
-        return jax.shard_map(run, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=P(),
-                             check_vma=False)(tokens, data)
+        return owned(lambda buffer, tokens: native.dequant_rows(tokens, buffer, fmt, offset, n, k),
+                     mesh, owner, data, tokens)
     D = mesh.shape[AXIS]
     per = n // D
 

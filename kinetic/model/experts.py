@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from kinetic.kernels import ffi as native
+from kinetic.model import device_split
 from kinetic.model.config import Config
 from kinetic.model.layers import Proj, linear, silu_times, swiglu
 
@@ -70,8 +71,14 @@ def moe_ffn(x: jax.Array, w: dict, cfg: Config) -> jax.Array:
     chosen, weights = route(linear(x, w["ffn_gate_inp"]), cfg, w.get("exp_probs_b.bias"))
     experts = (w["ffn_gate_exps"], w["ffn_up_exps"], w["ffn_down_exps"])
     stacked = [_stacked(projs) for projs in experts]
-    if all(stacked) and all(p[0].data is experts[0][0].data for p in experts):
-        ys = _pairs_swiglu(x, chosen, stacked, experts[0][0].data, cfg.n_expert)
+    first = experts[0][0]
+    if all(stacked) and all(p[0].data is first.data for p in experts):
+        if first.mesh is not None:   # a layer split: on the layer's device (device_split)
+            ys = device_split.owned(
+                lambda data, x, chosen: _pairs_swiglu(x, chosen, stacked, data, cfg.n_expert),
+                first.mesh, first.owner, first.data, x, chosen)
+        else:
+            ys = _pairs_swiglu(x, chosen, stacked, first.data, cfg.n_expert)
         slots = [ys[:, k] for k in range(cfg.n_expert_used)]
     else:
         slots = [jnp.zeros((T, D), jnp.float32) for _ in range(cfg.n_expert_used)]
