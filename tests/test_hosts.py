@@ -64,16 +64,21 @@ def answer(serve: ServeProcess):
     return got["content"], got["completion_probabilities"]
 
 
-def test_two_processes_answer_as_one_and_stop_together(model_path, monkeypatch):
-    """A row split over the four devices of two processes gives the one-process answer;
-    /props says how the model is split; stopping the leader stops the follower."""
-    monkeypatch.setenv("XLA_FLAGS", TWO)
+@pytest.fixture(scope="module")
+def expected(model_path) -> tuple:
+    """The answer of one process on one device."""
     alone = ServeProcess(model_path, *FLAGS)
     try:
         alone.wait_ready()
-        expected = answer(alone)
+        return answer(alone)
     finally:
         alone.close()
+
+
+def test_two_processes_answer_as_one_and_stop_together(model_path, expected, monkeypatch):
+    """A row split over the four devices of two processes gives the one-process answer;
+    /props says how the model is split; stopping the leader stops the follower."""
+    monkeypatch.setenv("XLA_FLAGS", TWO)
     leader, follower = two_processes(model_path, "-sm", "row")
     try:
         leader.wait_ready()
@@ -89,16 +94,19 @@ def test_two_processes_answer_as_one_and_stop_together(model_path, monkeypatch):
         follower.close()
 
 
-def test_a_follower_that_dies_mid_stream_ends_the_leader_cleanly(model_path, monkeypatch):
-    """SIGKILL on the follower while a long answer streams (a layer split, the default
-    across processes): the stream ends with an error event naming the cause, and the
-    leader exits on its own within seconds; nothing hangs, nothing is left running."""
+def test_a_follower_that_dies_mid_stream_ends_the_leader_cleanly(model_path, expected,
+                                                                monkeypatch):
+    """A layer split (the default across processes) answers as one process; then SIGKILL
+    on the follower while a long answer streams: the stream ends with an error event
+    naming the cause, and the leader exits on its own within seconds; nothing hangs,
+    nothing is left running."""
     monkeypatch.setenv("XLA_FLAGS", TWO)
     leader, follower = two_processes(model_path, "-c", "32768")   # a long answer
     try:
         leader.wait_ready()
         status, _, props = leader.request("GET", "/props")
         assert props["split"] == {"mode": "layer", "devices": 4}
+        assert answer(leader) == expected
         body = json.dumps({"prompt": "hello", "max_tokens": 100000, "temperature": 0,
                            "stream": True, "ignore_eos": True}).encode()
         sock = leader.connect(timeout=60)
