@@ -64,6 +64,8 @@ def serve_options(args: argparse.Namespace):
                          "leave the flag out")
     if args.model and args.model_flag:
         raise SystemExit("kinetic serve: give the model once (MODEL or -m FILE)")
+    if args.cpu_moe or args.n_cpu_moe is not None:
+        _experts_in_host_memory(args)
     if not (args.model or args.model_flag):
         raise SystemExit("kinetic serve: which model? give a GGUF file (MODEL or -m FILE)")
     config = server_config(args)
@@ -104,6 +106,19 @@ def serve_options(args: argparse.Namespace):
     return config, ModelOptions(model, engine, args.dtype, draft, _sampling(args),
                                 _chat_template(args), args.pooling, args.mmproj,
                                 args.kernel or "auto")
+
+
+def _experts_in_host_memory(args: argparse.Namespace) -> None:
+    """--cpu-moe / --n-cpu-moe N: on JAX's cpu backend every weight is in host memory
+    already (nothing to do); elsewhere experts kept in host memory while the rest runs on
+    the device are not built yet: one line."""
+    if args.n_cpu_moe is not None and args.n_cpu_moe < 0:
+        raise SystemExit(f"kinetic serve: --n-cpu-moe must be 0 or more, got {args.n_cpu_moe}")
+    import jax
+    if jax.default_backend() != "cpu":
+        raise SystemExit(f"kinetic serve: --cpu-moe / --n-cpu-moe: keeping experts in host "
+                         f"memory while the rest runs on the {jax.default_backend()} is not "
+                         f"built yet; leave the flag out")
 
 
 def server_config(args: argparse.Namespace):
@@ -499,6 +514,13 @@ def add_serve(sub) -> None:
     serve.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", type=int, metavar="N",
                        help="accepted for llama-server compatibility: kinetic places the whole "
                        "model on JAX's default device (ignored on a CPU)")
+    serve.add_argument("-cmoe", "--cpu-moe", action="store_true",
+                       help="keep every mixture-of-experts layer's experts in host memory, "
+                       "as llama-server's flag: on a CPU (JAX's cpu backend) they are there "
+                       "already, so it changes nothing; on a GPU it is refused (not built "
+                       "yet)")
+    serve.add_argument("-ncmoe", "--n-cpu-moe", type=int, default=None, metavar="N",
+                       help="the same for the first N layers' experts (llama-server's flag)")
     add_weight_flags(serve)
     add_split_flags(serve)
     serve.add_argument("--coordinator", metavar="HOST:PORT", default=None,
@@ -563,10 +585,6 @@ IGNORED_FLAGS = [
     (("--no-repack",), False, "kinetic has no weight repacking"),
     (("--draft-min", "--spec-draft-n-min"), True, "drafts are checked whatever their length"),
     (("--reasoning-format",), True, "reasoning always comes back as reasoning_content"),
-    (("-cmoe", "--cpu-moe"), False, "expert offload: kinetic places the whole model on one "
-     "device, and on a CPU the experts are already in host memory"),
-    (("-ncmoe", "--n-cpu-moe"), True, "expert offload: kinetic places the whole model on one "
-     "device, and on a CPU the experts are already in host memory"),
 ]
 
 

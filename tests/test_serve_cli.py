@@ -185,3 +185,36 @@ def test_a_router_passes_its_engine_flags_to_each_worker(tmp_path):
                                          "smollm2": ["--swa-full", "-np", "3"]}
     with pytest.raises(SystemExit, match="models-preset"):
         read_presets(str(tmp_path / "missing.ini"))
+
+
+def test_expert_offload_flags_change_nothing_on_a_cpu_and_are_refused_elsewhere(monkeypatch):
+    """--cpu-moe / --n-cpu-moe: every weight is in host memory on JAX's cpu backend."""
+    import jax
+    assert options("--cpu-moe")[1].path == "m.gguf"
+    assert options("--n-cpu-moe", "4")[1].path == "m.gguf"
+    with pytest.raises(SystemExit, match="--n-cpu-moe must be 0 or more"):
+        options("--n-cpu-moe", "-1")
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    with pytest.raises(SystemExit, match="while the rest runs on the gpu is not built yet"):
+        options("--cpu-moe")
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--coordinator", "127.0.0.1:1234"], "needs --num-processes P and --process-id I"),
+    (["--coordinator", "127.0.0.1:1234", "--num-processes", "1", "--process-id", "0"],
+     "at least 2 processes"),
+    (["--coordinator", "127.0.0.1:1234", "--num-processes", "2", "--process-id", "2"],
+     "an id from 0 to P - 1"),
+    (["--coordinator", "nowhere", "--num-processes", "2", "--process-id", "0"],
+     "give HOST:PORT"),
+    (["--coordinator", "h:1", "--num-processes", "2", "--process-id", "0", "-sm", "none"],
+     "-sm none leaves nothing to them"),
+    (["--coordinator", "h:1", "--num-processes", "2", "--process-id", "1", "-md", "d.gguf"],
+     "--model-draft is not served across processes yet"),
+])
+def test_the_process_flags_are_checked_before_anything_starts(argv, message):
+    """(kinetic/engine/hosts.py: nothing joins, no JAX backend starts, for a wrong set.)"""
+    from kinetic.serve_cli import join_processes
+    with pytest.raises(SystemExit, match=message) as e:
+        join_processes(build_parser().parse_args(["serve", "m.gguf", *argv]))
+    assert str(e.value).startswith("kinetic serve: ")
