@@ -44,34 +44,47 @@ def linear_many(x: jax.Array, data: jax.Array, weights: list[tuple[int, int, int
 
     def run(buffer, x, *live):
         ys = native.qmatmul_many(x, buffer, local, k, *live)
-        return [jax.lax.all_gather(y, AXIS, axis=y.ndim - 1, tiled=True) for y in ys]
+        every = gathered(ys)   # [D, ..., the shares side by side]
+        out, at = [], 0
+        for _, _, n in local:   # each weight's shares in device order: its n columns
+            piece = jnp.moveaxis(every[..., at:at + n], 0, -2)
+            out.append(piece.reshape(*piece.shape[:-2], D * n))
+            at += n
+        return out
 
     return jax.shard_map(run, mesh=mesh, in_specs=(P(AXIS), P()) + (P(),) * len(extra),
                          out_specs=[P()] * len(weights), check_vma=False)(data, x, *extra)
 
 
+def gathered(ys: list[jax.Array]) -> jax.Array:
+    """Every device's arrays ys ([..., n_i] each, the same shapes on every device) side by
+    side on every device, [D, ..., sum of n_i], in one all-gather (inside shard_map): a
+    message per call rather than per array (between processes each costs about a
+    millisecond, docs/architecture.md)."""
+    return jax.lax.all_gather(jnp.concatenate(ys, axis=-1), AXIS, axis=0, tiled=False)
+
+
 def owned(run, mesh, owner: int, data: jax.Array, *args):
-    """run(this device's buffer, *args) (arrays out, float32 or int32) computed by the owner
-    device alone under a layer split, the others skipping it (lax.cond), and broadcast."""
+    """run(this device's buffer, *args) (arrays out, of 4-byte types) computed by the owner
+    device alone under a layer split, the others skipping it (lax.cond), and broadcast: its
+    bits gathered to every device in one all-gather and the owner's taken, a selection."""
     def body(buffer, *args):
         shapes = jax.eval_shape(run, buffer, *args)
         out = jax.lax.cond(
             jax.lax.axis_index(AXIS) == owner, lambda: run(buffer, *args),
             lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes))
-        return jax.tree.map(lambda y: broadcast(y, owner), out)
+        leaves, tree = jax.tree.flatten(out)
+        bits = [(y if y.dtype == jnp.int32 else jax.lax.bitcast_convert_type(y, jnp.int32))
+                .reshape(-1) for y in leaves]
+        mine, at, back = gathered(bits)[owner], 0, []
+        for y in leaves:
+            b = mine[at:at + y.size].reshape(y.shape)
+            back.append(b if y.dtype == jnp.int32 else jax.lax.bitcast_convert_type(b, y.dtype))
+            at += y.size
+        return jax.tree.unflatten(tree, back)
 
     return jax.shard_map(body, mesh=mesh, in_specs=(P(AXIS),) + (P(),) * len(args),
                          out_specs=P(), check_vma=False)(data, *args)
-
-
-def broadcast(y: jax.Array, owner: int) -> jax.Array:
-    """The owner device's y on every device (inside shard_map), bit for bit: a sum of the
-    owner's bits as integers and every other device's zeros (a float sum would turn the
-    owner's -0.0 into +0.0)."""
-    bits = y if y.dtype == jnp.int32 else jax.lax.bitcast_convert_type(y, jnp.int32)
-    mine = jax.lax.axis_index(AXIS) == owner
-    summed = jax.lax.psum(jnp.where(mine, bits, 0), AXIS)
-    return summed if y.dtype == jnp.int32 else jax.lax.bitcast_convert_type(summed, y.dtype)
 
 
 def rows(tokens: jax.Array, data: jax.Array, fmt: int, offset: int, n: int, k: int,
