@@ -43,16 +43,18 @@ COMPARE = """
     import kinetic
     from kinetic.engine.engine_config import EngineConfig, Split
     from kinetic.llm import open_model
-    path, splits, stream = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] == "1"
+    path, splits, stream, kernel = (sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] == "1",
+                                    sys.argv[4])
     out = {}
     for name, (mode, n) in splits.items():
         model = open_model(path, EngineConfig(parallel=2, n_ctx=128, split=Split(mode, n)),
-                           kernel="ffi", compile=False)
+                           kernel=kernel, compile=False)
         try:
             logits = np.asarray(model.logits([1, 5, 9, 30, 2, 7, 11]))
             runner = model.engine.runner
             got = {"logits": logits.tobytes().hex(), "split": runner.split,
-                   "held": [s.data.nbytes for s in runner._buffer.addressable_shards],
+                   "held": [s.data.nbytes for s in runner._buffer.addressable_shards]
+                           if runner._buffer is not None else None,
                    "heads": [s.data.shape[2] for s in runner.cache[0][0].addressable_shards]}
             if stream:
                 got["stream"] = [(d.token_ids, [[e.token, e.logprob, e.top] for e in d.logprobs])
@@ -70,9 +72,11 @@ COMPARE = """
 """
 
 
-def compare(path, splits: dict, tmp_path: Path, stream: bool = False) -> dict:
+def compare(path, splits: dict, tmp_path: Path, stream: bool = False,
+            kernel: str = "ffi") -> dict:
     """Per split name: its logits (hex), its runner's split, and its stream if asked."""
-    return run_devices(COMPARE, tmp_path, str(path), json.dumps(splits), "1" if stream else "0")
+    return run_devices(COMPARE, tmp_path, str(path), json.dumps(splits), "1" if stream else "0",
+                       kernel)
 
 
 @pytest.mark.parametrize("mode", ["row", "layer"])
@@ -112,6 +116,21 @@ def test_every_family_splits_to_the_same_logits(arch, qtype, tmp_path):
     assert len({out[name]["logits"] for name in splits}) == 1
     if "stream" in out["none"]:
         assert out["layer4"]["stream"] == out["none"]["stream"]
+
+
+@pytest.mark.parametrize("arch,qtype", [("llama", "Q4_0"), ("gemma3", "Q8_0")])
+def test_the_pallas_kernel_splits_by_row_to_the_same_bits(arch, qtype, tmp_path):
+    """The GPU's kernel (interpreted here): each device multiplies whole tiles of the
+    unsplit weight's tile over N (the 4 KV heads' 128 rows, one tile, go to one device of
+    2 or 4, the others computing zero rows), and the cache is split by heads."""
+    path = write_tiny_model(tmp_path / f"{arch}.gguf", arch, qtype=qtype, d_model=128,
+                            d_ffn=256, n_kv_head=4)
+    out = compare(path, {"none": ["none", 0], "2": ["row", 2], "4": ["row", 4]}, tmp_path,
+                  stream=arch == "llama", kernel="pallas")
+    assert len({out[name]["logits"] for name in out}) == 1
+    assert out["4"]["heads"] == [1] * 4
+    if arch == "llama":
+        assert out["2"]["stream"] == out["4"]["stream"] == out["none"]["stream"]
 
 
 def test_kv_heads_that_do_not_divide_leave_the_whole_cache_on_every_device(tmp_path):

@@ -114,8 +114,11 @@ class Runner:
             if self._main.process_index != jax.process_index():   # a follower (hosts.py)
                 self._main = jax.local_devices()[0]
             model.finish_repack()   # the shares are copied from the rearranged bytes
-            self._buffer, self._skeleton = splits.shard_weights(self._buffer, self._skeleton,
-                                                                self.mesh, config.split)
+            if self._buffer is None:   # the pallas kernel's planes (no file buffer)
+                self._skeleton = splits.shard_planes(self._skeleton, self.mesh)
+            else:
+                self._buffer, self._skeleton = splits.shard_weights(
+                    self._buffer, self._skeleton, self.mesh, config.split)
             self._heads = self.mesh if splits.heads_split(cfg, self.mesh) else None
             if hosts.joined() and hosts.is_leader():
                 hosts.wait_for_all("loaded")

@@ -31,7 +31,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from kinetic import kernels
 from kinetic.engine.engine_config import Split
 from kinetic.model.config import Config, ModelConfigError
-from kinetic.model.layers import Proj
+from kinetic.model.layers import PLANES, Proj
 from kinetic.model import device_split
 from kinetic.model.device_split import AXIS
 
@@ -72,9 +72,10 @@ def check(split: Split, cfg: Config) -> None:
     """A model this split cannot run: one clear error."""
     if not split.active:
         return
-    if cfg.kernel != "ffi":
-        raise ModelConfigError(f"--split-mode {split.mode} runs kinetic's C++ kernel "
-                               f"(--kernel ffi), not {cfg.kernel!r}")
+    kernels_here = ("ffi", "pallas") if split.mode == "row" else ("ffi",)
+    if cfg.kernel not in kernels_here:
+        raise ModelConfigError(f"--split-mode {split.mode} runs on --kernel "
+                               f"{' or '.join(kernels_here)}, not {cfg.kernel!r}")
     if cfg.recurrent and jax.process_count() > 1:
         raise ModelConfigError("recurrent layers are not served across processes yet (their "
                                "states' copies are not sent to the other processes)")
@@ -98,11 +99,7 @@ def place_cache(cache: list, mesh: Mesh, by_heads: bool) -> list:
         return replicate(cache, mesh)
     shard = NamedSharding(mesh, device_split.CACHE_HEADS)
 
-    def put(a):
-        a = np.asarray(a)
-        return jax.make_array_from_callback(a.shape, shard, lambda index: a[index])
-
-    return jax.tree.map(put, cache)
+    return jax.tree.map(lambda a: _put(a, shard), cache)
 
 
 def gathered(mesh: Mesh):
@@ -192,23 +189,63 @@ def shard_weights(buffer: jax.Array, skeleton: dict, mesh: Mesh,
     return sharded, replicate(skeleton, mesh)
 
 
+def shard_planes(skeleton: dict, mesh: Mesh) -> dict:
+    """The weights of the pallas kernel (Projs of pallas_matmul.Planes) split by row over
+    the mesh: each plane's rows rearranged into device_split.planes_layout's order (whole
+    tiles of the unsplit weight's, a share a device) and sharded; every other array
+    replicated."""
+    D = mesh.devices.size
+    rows = NamedSharding(mesh, P(AXIS))
+
+    done: dict[int, Proj] = {}   # a weight the tree holds twice (a tied output) split once
+
+    def share(p: Proj) -> Proj:
+        if id(p) in done:
+            return done[id(p)]
+        w = p.data
+        _, held, where = device_split.planes_layout(*w.shape, D)
+
+        def rearranged(a):
+            a = np.asarray(a)
+            out = np.zeros((D * held, *a.shape[1:]), a.dtype)
+            out[where] = a
+            return _put(out, rows)
+
+        done[id(p)] = dataclasses.replace(p, data=jax.tree.map(rearranged, w), mesh=mesh)
+        return done[id(p)]
+
+    is_proj = lambda x: isinstance(x, Proj)   # noqa: E731
+    planes = jax.tree.map(lambda p: share(p) if is_proj(p) and p.fmt == PLANES else p,
+                          skeleton, is_leaf=is_proj)
+    return replicate(planes, mesh)
+
+
+def _put(a, sharding: NamedSharding) -> jax.Array:
+    """a (a device or host array) placed as `sharding` says; with several processes each
+    puts the pieces of its own devices."""
+    if jax.process_count() == 1:
+        return jax.device_put(a, sharding)
+    a = np.asarray(a)
+    return jax.make_array_from_callback(a.shape, sharding, lambda index: a[index])
+
+
 def replicate(tree, mesh: Mesh):
     """Every array of `tree` (device or host arrays) on every device of the mesh. An array
     on one device goes through the host: with several processes, each puts its own copy on
     the devices it has (jax.device_put of a one-device array onto devices of another
     process is not a copy JAX makes)."""
     whole = NamedSharding(mesh, P())
+    # (with several processes, device_put of a host array would first check that every
+    # process has the same one: a collective per array; every process has, by construction)
+    return jax.tree.map(
+        lambda a: a if _placed(a, mesh) else _put(a, whole)
+        if isinstance(a, (jax.Array, np.ndarray)) else a, tree)
 
-    def put(a):
-        if jax.process_count() == 1:
-            return jax.device_put(a, whole)
-        # (device_put of a host array would first check that every process has the same
-        # one: a collective per array; every process has, by construction)
-        a = np.asarray(a)
-        return jax.make_array_from_callback(a.shape, whole, lambda index: a[index])
 
-    return jax.tree.map(lambda a: put(a) if isinstance(a, (jax.Array, np.ndarray)) else a,
-                        tree)
+def _placed(a, mesh: Mesh) -> bool:
+    """Whether `a` is already an array over the mesh (a split weight's planes)."""
+    return isinstance(a, jax.Array) and isinstance(a.sharding, NamedSharding) and \
+        a.sharding.mesh == mesh
 
 
 def on(array: jax.Array, device) -> jax.Array:

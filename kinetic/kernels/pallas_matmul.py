@@ -194,20 +194,25 @@ def tiles(N: int, K: int) -> tuple[int, int]:
     return _divisor(N, (128, 64, 32, 16)), _divisor(K, (256, 128, 64, 32))
 
 
-def matmul(x: jax.Array, w: Planes, interpret: bool | None = None) -> jax.Array:
-    """x [..., K] (any float type, computed in float32) @ w^T -> float32 [..., N]."""
+def matmul(x: jax.Array, w: Planes, interpret: bool | None = None,
+           block_n: int | None = None) -> jax.Array:
+    """x [..., K] (any float type, computed in float32) @ w^T -> float32 [..., N]. block_n:
+    the tile over N instead of tiles' (a share of a split weight keeps the whole weight's:
+    engine/split.py)."""
     interpret = pallas_backend.interpreted(interpret)
     lead = x.shape[:-1]
     N = w.shape[0]
-    y = _matmul(x.reshape(-1, x.shape[-1]), w.q, w.planes, w.spec, interpret)[:, :N]
+    y = _matmul(x.reshape(-1, x.shape[-1]), w.q, w.planes, w.spec, interpret,
+                block_n)[:, :N]
     return y.reshape(*lead, N)
 
 
-@functools.partial(jax.jit, static_argnums=(3, 4))
-def _matmul(x, q, planes: tuple, spec: tuple, interpret: bool):
+@functools.partial(jax.jit, static_argnums=(3, 4, 5))
+def _matmul(x, q, planes: tuple, spec: tuple, interpret: bool, block_n: int | None = None):
     M, K = x.shape
     N = q.shape[0]
     BN, BK = tiles(N, K)
+    BN = block_n or BN
     Mp = -(-M // BLOCK_M) * BLOCK_M
     xp = jnp.zeros((Mp, K), jnp.float32).at[:M].set(x.astype(jnp.float32))
     qk = BK // 2 if spec[0] == "packed" else BK   # q's columns per BK elements

@@ -173,7 +173,9 @@ def linear(x: jax.Array, p: Proj, b: jax.Array | None = None,
     others are unspecified (the C++ kernel neither computes nor writes them; XLA's dot gives
     0)."""
     if p.fmt in (DENSE, PLANES):
-        if p.fmt == PLANES:
+        if p.fmt == PLANES and p.mesh is not None:
+            y = device_split.planes_linear(x, p.data, p.mesh)
+        elif p.fmt == PLANES:
             from kinetic.kernels import pallas_matmul   # (JAX's Pallas: imported on use)
             y = pallas_matmul.matmul(x, p.data)
         else:
@@ -523,7 +525,9 @@ def input_rows(step: StepInput, table: jax.Array | Proj, scale: float = 1.0) -> 
 def embed(tokens: jax.Array, table: jax.Array | Proj, scale: float = 1.0) -> jax.Array:
     """The rows of the token embedding: gathered from its GGUF blocks and dequantized (only
     the step's rows) when packed, or taken from a float32 [V, D] table."""
-    if isinstance(table, Proj) and table.fmt == PLANES:
+    if isinstance(table, Proj) and table.fmt == PLANES and table.mesh is not None:
+        x = device_split.planes_rows(tokens, table.data, table.mesh)
+    elif isinstance(table, Proj) and table.fmt == PLANES:
         from kinetic.kernels import pallas_matmul
         x = pallas_matmul.rows(table.data, tokens)
     elif isinstance(table, Proj) and table.mesh is not None:
