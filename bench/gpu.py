@@ -4,6 +4,7 @@ scripts/device_check.sh runs it on the device machine).
 
     python bench/gpu.py [--shape smollm2-135m|qwen25-0.5b|qwen25-1.5b]... [--qtype Q4_0]...
                         [--streams 1,2,7,16,64,256] [--reps 10] [--out DIR] [--tiny]
+                        [--split-check]
 
 The models are written here, in a temporary folder, by tests/tiny_models.py with random
 block bytes (`random_weights`: no quantizing, seconds even at 1.5B) and a real tokenizer
@@ -24,7 +25,11 @@ For each model and each row count B of --streams, on kernel "pallas":
   bandwidth measured first (a jitted x + 1 over 4 GiB of float32, bytes read + written
   per second), as a time; "of bound" = that time / the 1-row step's;
 - xla: the same model on kernel "xla" (weights dequantized to bfloat16, XLA's dot) at
-  16 rows, tok/s.
+  16 rows, tok/s;
+- with --split-check (issue 42): the same model through the split's code path over one
+  device (`--split-mode row -tp 1`: shard_map, the gathers, the rearranged planes): whether
+  a B-row step's logits are the unsplit step's bytes, and its decode tok/s beside the
+  unsplit's, at each B.
 Times are wall clock to block_until_ready after a warm-up call (compilation excluded),
 median of --reps. The table is printed last; with --out, gpu.json and gpu.md go there, the
 JSON rewritten after each model so a run cut short keeps what it measured. --tiny: two
@@ -82,11 +87,13 @@ def weight_bytes(model) -> int:
 class Bench:
     """One model on one kernel: a runner with a slot per stream and each slot's pages."""
 
-    def __init__(self, model, streams: int, step: int):
+    def __init__(self, model, streams: int, step: int, split=None):
+        from kinetic.engine.engine_config import Split
         from kinetic.engine.runner import Runner, RunnerConfig
         P = -(-(max(PROMPT_LEN, DECODE_AT) + 16) // PAGE)
         self.cfg = RunnerConfig(step_tokens=step, num_slots=streams, page_size=PAGE,
-                                num_pages=streams * P + 1, pages_per_slot=P)
+                                num_pages=streams * P + 1, pages_per_slot=P,
+                                split=split or Split())
         self.runner = Runner(model, self.cfg)
         self.table = (1 + np.arange(streams * P, dtype=np.int32)).reshape(streams, P)
 
@@ -150,6 +157,8 @@ def measure(name: str, spec: dict, qtype: str, args, bandwidth: float, folder: s
     row["prompt_tok_s"] = PROMPT_LEN / timed(whole_prompt, max(3, args.reps // 3))
     row["of_bound"] = row["bound_ms"] / row["one_row_ms"] if "one_row_ms" in row else None
     del bench
+    if args.split_check:
+        row["split1"] = split_check(model, top, args, rng, vocab)
     dense = Bench(load_model(path, kernel="xla", dtype="bfloat16"), 16, 16)
     toks = rng.integers(0, vocab, 16)
     row["xla_bf16_16_tok_s"] = 16 / timed(
@@ -157,6 +166,27 @@ def measure(name: str, spec: dict, qtype: str, args, bandwidth: float, folder: s
         args.reps)
     row["device"] = jax.devices()[0].device_kind
     return row
+
+
+def split_check(model, top: int, args, rng, vocab: int) -> dict:
+    """The model through the split's code path over one device (`-sm row -tp 1`) beside
+    an unsplit runner, both with empty caches: per row count, the same logits' bytes and
+    both decode speeds."""
+    from kinetic.engine.engine_config import Split
+    step = max(top, args.prompt_step)
+    bench, split = Bench(model, top, step), Bench(model, top, step, Split("row", 1))
+    out = {}
+    for B in args.streams:
+        toks = rng.integers(0, vocab, B)
+        at = np.full(B, DECODE_AT + 1)
+        same = (np.asarray(split.step(toks, at, np.arange(B))).tobytes()
+                == np.asarray(bench.step(toks, at, np.arange(B))).tobytes())
+        times = [timed(lambda b=b: b.step(toks, np.full(B, DECODE_AT), np.arange(B))
+                       .block_until_ready(), args.reps) for b in (bench, split)]
+        out[str(B)] = {"same_bytes": same, "unsplit_tok_s": B / times[0],
+                       "split1_tok_s": B / times[1]}
+    del bench, split
+    return out
 
 
 def table(rows: list[dict], streams: list[int]) -> str:
@@ -184,6 +214,7 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--out")
     p.add_argument("--tiny", action="store_true")
+    p.add_argument("--split-check", action="store_true")
     args = p.parse_args(argv)
     args.streams = sorted({int(s) for s in args.streams.split(",")})
     import jax

@@ -7,7 +7,9 @@
 # 2. runs the pallas tests on the GPU, compiled through Triton (not interpreted);
 # 3. runs bench/gpu.py: bitwise row invariance and decode / prompt speed on random-weight
 #    models of SmolLM2-135M's, Qwen2.5-0.5B's and Qwen2.5-1.5B's shapes, beside the
-#    bandwidth bound and XLA's dense bf16 path.
+#    bandwidth bound and XLA's dense bf16 path;
+# 4. (issue 42) bench/gpu.py --split-check: Qwen2.5-1.5B's shape through the split's code
+#    path over one device, its bytes and speed beside the unsplit path's.
 # Logs, gpu.json and gpu.md go to $OUT (the device tool brings them back); their figures go
 # into docs/performance.md, "GPU".
 set -uo pipefail
@@ -30,3 +32,6 @@ timeout 200 python3 -m pytest -q -n 0 -p no:cacheprovider -m "not real_model" \
 timeout 330 python3 bench/gpu.py --out "$OUT" \
     --shape qwen25-1.5b --shape qwen25-0.5b --shape smollm2-135m --qtype Q4_0 --qtype Q4_K \
     2>&1 | tee "$OUT/bench.log" | tail -20
+# issue 42: the split's code path over one device beside the unsplit path
+timeout 120 python3 bench/gpu.py --out "$OUT/split" --shape qwen25-1.5b --qtype Q4_0 \
+    --streams 1,16 --split-check 2>&1 | tee "$OUT/split.log" | tail -5
