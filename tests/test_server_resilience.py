@@ -24,7 +24,8 @@ import pytest
 
 from kinetic.api import listener as server_module
 from kinetic.api.app import create_app
-from kinetic.api.core import ServerConfig, ServerState
+from kinetic.api.core import ServerConfig, ServerState, generation
+from kinetic.api.errors import APIError
 from kinetic.engine.request import GenerationRequest
 from tests import mock_model as mm
 from tests.serve_process import (ServeProcess, raw_request, read_to_end, read_until,
@@ -251,6 +252,15 @@ def test_health_fails_once_the_engine_thread_has_died(monkeypatch):
         assert status == 503 and body["error"]["type"] == "unavailable_error"
         assert "device lost" in body["error"]["message"]
         assert [type(d.exc_value) for d in died] == [RuntimeError]
+
+        async def new_request():   # a request after the death: 503, saying why
+            with pytest.raises(APIError) as e:
+                await generation(ready_state(engine), GenerationRequest(RUNNING),
+                                 "test").__anext__()
+            return e.value
+        refused = asyncio.run(new_request())
+        assert refused.status == 503 and "the engine has stopped" in refused.message
+        assert "device lost" in refused.message
     finally:
         engine.close()
 

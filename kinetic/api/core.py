@@ -279,6 +279,8 @@ async def generation(state: ServerState, request_: GenerationRequest, label: str
     went away or by cancellation, cancels the request in the engine at once, freeing its
     slot. Nothing runs until it is iterated."""
     engine = state.require_model().engine
+    if engine.failure is not None:   # (also a process of a split model that stopped: hosts.py)
+        raise unavailable(f"the engine has stopped ({engine.failure}); restart the server")
     if task is None:
         task = Task(request_, stream)
     loop = asyncio.get_running_loop()
