@@ -236,7 +236,7 @@ def add_split_flags(command: argparse.ArgumentParser) -> None:
     command.add_argument("-ts", "--tensor-split", metavar="N0,N1,...", default=None,
                          help="each device's share of the split, as llama.cpp's flag "
                          "(0 leaves a device out; alone it means --split-mode layer, as "
-                         "in llama.cpp); a row split takes equal shares only")
+                         "in llama.cpp); either split follows it in proportion")
     command.add_argument("-mg", "--main-gpu", type=int, default=0, metavar="I",
                          help="the device the sampler runs on under a split (default 0)")
     command.add_argument("-tp", "--tensor-parallel-size", type=int, default=None, metavar="N",

@@ -16,7 +16,7 @@ import pytest
 
 from kinetic.cli import build_parser
 from kinetic.engine.engine_config import Split
-from kinetic.engine.split import owners
+from kinetic.engine.split import owners, row_counts
 from kinetic.serve_cli import split_from
 from tests.conftest import real_model_file
 from tests.serve_process import ServeProcess
@@ -45,9 +45,11 @@ COMPARE = """
     from kinetic.llm import open_model
     path, splits, stream, kernel = (sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] == "1",
                                     sys.argv[4])
+    shares = tuple(float(t) for t in sys.argv[5].split(",")) if len(sys.argv) > 5 else ()
     out = {}
     for name, (mode, n) in splits.items():
-        model = open_model(path, EngineConfig(parallel=2, n_ctx=128, split=Split(mode, n)),
+        split = Split(mode, n, tensor_split=shares if mode != "none" else ())
+        model = open_model(path, EngineConfig(parallel=2, n_ctx=128, split=split),
                            kernel=kernel, compile=False)
         try:
             logits = np.asarray(model.logits([1, 5, 9, 30, 2, 7, 11]))
@@ -133,14 +135,20 @@ def test_the_pallas_kernel_splits_by_row_to_the_same_bits(arch, qtype, tmp_path)
         assert out["2"]["stream"] == out["4"]["stream"] == out["none"]["stream"]
 
 
-def test_kv_heads_that_do_not_divide_leave_the_whole_cache_on_every_device(tmp_path):
-    """2 KV heads over 4 devices (a layer split, which has no rows to divide)."""
+def test_uneven_shares_and_heads_that_do_not_divide(tmp_path):
+    """2 KV heads over 4 devices: every device holds the whole cache, and by row the keys'
+    32 rows (two 16-row groups) go to two devices, the other two holding zero rows; and
+    --tensor-split 3,1 by row: each weight's rows in proportion. The same bits."""
     path = write_tiny_model(tmp_path / "m.gguf", "llama", qtype="Q8_0", d_model=128,
                             d_ffn=256, n_kv_head=2)
-    out = compare(path, {"none": ["none", 0], "layer4": ["layer", 4]}, tmp_path, stream=True)
-    assert out["layer4"]["heads"] == [2] * 4
-    assert out["layer4"]["logits"] == out["none"]["logits"]
-    assert out["layer4"]["stream"] == out["none"]["stream"]
+    splits = {"none": ["none", 0], "layer4": ["layer", 4], "row4": ["row", 4]}
+    out = compare(path, splits, tmp_path, stream=True)
+    uneven = run_devices(COMPARE, tmp_path, str(path), json.dumps({"ts": ["row", 0]}), "1",
+                         "ffi", "3,1")
+    assert out["layer4"]["heads"] == out["row4"]["heads"] == [2] * 4
+    for got in (out["layer4"], out["row4"], uneven["ts"]):
+        assert got["logits"] == out["none"]["logits"]
+        assert got["stream"] == out["none"]["stream"]
 
 
 def test_smollm2_splits_to_the_same_logits(tmp_path):
@@ -162,6 +170,13 @@ def test_a_layer_split_follows_the_tensor_split():
     assert owners(3, Split("layer", 1), 1) == [0, 0, 0]
 
 
+def test_a_row_split_follows_the_tensor_split_in_whole_groups():
+    assert row_counts(576, 1, Split("row", 4), 4) == (144,) * 4
+    assert row_counts(32, 16, Split("row", 4), 4) == (0, 16, 16, 0)
+    assert row_counts(64, 16, Split("row", tensor_split=(3, 1)), 2) == (48, 16)
+    assert row_counts(10, 1, Split("row", tensor_split=(1, 0, 1)), 2) == (5, 5)
+
+
 def test_a_split_that_cannot_be_made_is_one_clear_error(tmp_path):
     path = write_tiny_model(tmp_path / "m.gguf", "llama", qtype="Q8_0", d_model=128,
                             d_ffn=256, n_kv_head=2)
@@ -173,8 +188,6 @@ def test_a_split_that_cannot_be_made_is_one_clear_error(tmp_path):
         from kinetic.llm import open_model
         errors = []
         for model, split in (({str(path)!r}, Split("row", 8)),
-                             ({str(path)!r}, Split("row", tensor_split=(3, 1))),
-                             ({str(path)!r}, Split("row", 4)),
                              ({str(path)!r}, Split("layer", tensor_split=(1, 1, 1, 1, 1))),
                              ({str(moe)!r}, Split("row", 2))):
             try:
@@ -186,11 +199,8 @@ def test_a_split_that_cannot_be_made_is_one_clear_error(tmp_path):
         print(json.dumps(errors))
     """, tmp_path)
     assert "8 devices: 4 are visible" in out[0]
-    assert "uneven proportions are not supported by --split-mode row yet" in out[1]
-    # the tiny model's 2 key heads of 16: 32 rows, not whole 16-row groups on 4 devices
-    assert "weight blk.0.attn_k has 32 rows" in out[2] and "fewer devices" in out[2]
-    assert "--tensor-split names 5 devices; 4 are visible" in out[3]
-    assert "--split-mode row does not split mixtures of experts yet" in out[4]
+    assert "--tensor-split names 5 devices; 4 are visible" in out[1]
+    assert "--split-mode row does not split mixtures of experts yet" in out[2]
 
 
 def test_the_flags():

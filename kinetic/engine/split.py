@@ -3,9 +3,11 @@
 holding its part of the weights in a buffer of its own (shard_weights;
 model/device_split.py computes with them).
 
-`row`: every packed projection's rows (output columns) are divided evenly over the devices,
-each device holding its share of every projection at the same offsets; a step multiplies
-each share with the same C++ kernel and all-gathers the pieces.
+`row`: every packed projection's rows (output columns) are divided over the devices in
+proportion to --tensor-split (evenly without it; row_counts), each device holding its share
+of every projection at the same offsets, padded with zero rows to the largest share; a step
+multiplies each share with the same C++ kernel, all-gathers the pieces and takes the
+weight's rows from them.
 
 `layer`: consecutive layers on consecutive devices, in proportion to --tensor-split (evenly
 without it); the token embedding on the first device, the output projection on the last.
@@ -15,8 +17,8 @@ Either way a row's logits are the same bits at any number of devices: no device 
 another's partial sums. The KV cache is split by heads where they divide evenly over the
 devices (heads_split: each device its heads' pages, attending with their queries), else
 whole on every device; norms and rotary run whole on every device.
-Uneven --tensor-split proportions or mixtures of experts under a row split, and kernels
-other than the C++ one under a split, are each one clear error at start.
+Mixtures of experts under a row split, and kernels other than the C++ one under a split
+(but the pallas kernel by row), are each one clear error at start.
 """
 
 from __future__ import annotations
@@ -46,11 +48,6 @@ def mesh(split: Split) -> Mesh:
                          f"{len(visible)} are visible")
     if split.tensor_split:
         used = [i for i, t in enumerate(split.tensor_split) if t > 0]
-        if split.mode == "row" and len({split.tensor_split[i] for i in used}) > 1:
-            raise ValueError(f"--tensor-split {','.join(map(str, split.tensor_split))}: "
-                             f"uneven proportions are not supported by --split-mode row yet "
-                             f"(give equal ones, 0 to leave a device out, or --split-mode "
-                             f"layer)")
         devices = [visible[i] for i in used]
     else:
         n = split.devices or len(visible)
@@ -113,6 +110,15 @@ def _gather(mesh: Mesh):
     return jax.jit(lambda x: x, out_shardings=NamedSharding(mesh, P()))
 
 
+def row_counts(n: int, group: int, split: Split, devices: int) -> tuple[int, ...]:
+    """Under a row split, each device's rows of a weight of n rows: whole groups of `group`
+    rows (16 in the 16-column layout) in proportion to --tensor-split (evenly without one),
+    rounded at the cumulative boundaries; a device may hold none (then zero rows only)."""
+    shares = [t for t in split.tensor_split if t > 0] or [1.0] * devices
+    bounds = np.round(np.cumsum(shares) / sum(shares) * (n // group)).astype(int)
+    return tuple(int(c) * group for c in np.diff([0, *bounds]))
+
+
 def owners(n_layer: int, split: Split, devices: int) -> list[int]:
     """Under a layer split, each layer's device (its index in the mesh): consecutive layers
     on consecutive devices, as many on each as its --tensor-split proportion gives (evenly
@@ -127,9 +133,9 @@ def shard_weights(buffer: jax.Array, skeleton: dict, mesh: Mesh,
     """(the buffer split over the mesh, the skeleton with its Projs pointing into it;
     model/device_split.py): by row, per device its rows of every packed projection at the
     same offsets; by layer, per device the projections of its layers (owners). Every other
-    weight is replicated on every device. Under a row split, a projection whose rows cannot
-    be divided evenly (into whole 16-row groups where the weight is in the 16-column layout)
-    is a ModelConfigError."""
+    weight is replicated on every device. Under a row split each device's rows of a
+    projection are row_counts' (whole 16-row groups where the weight is in the 16-column
+    layout), the shares padded with zero rows to the largest."""
     D = mesh.devices.size
     host = np.asarray(buffer)
     by_row = split.mode == "row"
@@ -139,22 +145,19 @@ def shard_weights(buffer: jax.Array, skeleton: dict, mesh: Mesh,
     pieces: list[list[tuple[int, int, int]]] = [[] for _ in range(D)]
     sizes = [0] * D
     ends = [(-1, 0)] * D   # per device: where its last weight ends, in the file and in it
+    counts: dict[tuple, tuple[int, ...]] = {}   # by row: each device's rows of a weight
 
     def local(path, p: Proj) -> Proj:
         key = (p.fmt, p.offset, p.n, p.k)
-        name = ".".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
         row = kernels.row_bytes(p.fmt & ~kernels.REPACK16, p.k)
         if key not in placed and by_row:
-            group = 16 * D if p.fmt & kernels.REPACK16 else D
-            if p.n % group:
-                raise ModelConfigError(
-                    f"--split-mode row over {D} devices: weight {name} has {p.n} rows, which "
-                    f"do not split evenly (a multiple of {group} would); use fewer devices")
-            share = (p.n // D) * row
-            for d in range(D):
-                pieces[d].append((p.offset + d * share, share, sizes[0]))
+            counts[key] = row_counts(p.n, 16 if p.fmt & kernels.REPACK16 else 1, split, D)
+            first = 0
+            for d, c in enumerate(counts[key]):   # (the rest of each share: zero rows)
+                pieces[d].append((p.offset + first * row, c * row, sizes[0]))
+                first += c
             placed[key] = (-1, sizes[0])
-            sizes[:] = [sizes[0] + -(-share // ALIGN) * ALIGN] * D
+            sizes[:] = [sizes[0] + -(-(max(counts[key]) * row) // ALIGN) * ALIGN] * D
         elif key not in placed:
             # a layer's weights on its device; the embedding on the first, the rest last
             d = (layer_owner[path[1].idx] if path[0].key == "blk" else
@@ -169,7 +172,8 @@ def shard_weights(buffer: jax.Array, skeleton: dict, mesh: Mesh,
             sizes[d] = at + p.n * row
             ends[d] = (p.offset + p.n * row, sizes[d])
         owner, offset = placed[key]
-        return dataclasses.replace(p, offset=offset, mesh=mesh, owner=owner)
+        return dataclasses.replace(p, offset=offset, mesh=mesh, owner=owner,
+                                   rows=counts.get(key, ()))
 
     is_proj = lambda x: isinstance(x, Proj)   # noqa: E731
     skeleton = jax.tree_util.tree_map_with_path(

@@ -34,25 +34,31 @@ AXIS = "model"   # the mesh's one axis
 
 
 def linear_many(x: jax.Array, data: jax.Array, weights: list[tuple[int, int, int]], k: int,
-                mesh, live: jax.Array | None = None, owner: int = -1) -> list[jax.Array]:
+                mesh, live: jax.Array | None = None, owner: int = -1,
+                rows: list[tuple[int, ...]] | None = None) -> list[jax.Array]:
     """ffi.qmatmul_many over split weights (fmt, offset, n: the whole n), [..., n] each: by
-    row (owner -1), each device its n / D columns of each, gathered; by layer, the owner's
-    whole product, broadcast."""
+    row (owner -1; rows: each weight's count of rows on each device), each device its rows
+    of each (padded with zero rows to the most any device holds), gathered and the
+    weight's rows taken; by layer, the owner's whole product, broadcast."""
     extra = () if live is None else (live,)
     if owner >= 0:
         return owned(lambda buffer, x, *live: native.qmatmul_many(x, buffer, weights, k, *live),
                      mesh, owner, data, x, *extra)
     D = mesh.shape[AXIS]
-    local = [(fmt, offset, n // D) for fmt, offset, n in weights]
+    held = [max(r) for r in rows]
+    local = [(fmt, offset, h) for (fmt, offset, _), h in zip(weights, held)]
 
     def run(buffer, x, *live):
         ys = native.qmatmul_many(x, buffer, local, k, *live)
         every = gathered(ys)   # [D, ..., the shares side by side]
         out, at = [], 0
-        for _, _, n in local:   # each weight's shares in device order: its n columns
-            piece = jnp.moveaxis(every[..., at:at + n], 0, -2)
-            out.append(piece.reshape(*piece.shape[:-2], D * n))
-            at += n
+        for h, r in zip(held, rows):   # each weight's shares in device order
+            piece = jnp.moveaxis(every[..., at:at + h], 0, -2)
+            piece = piece.reshape(*piece.shape[:-2], D * h)
+            if len(set(r)) > 1:   # uneven shares: the weight's rows, not the padding's
+                piece = jnp.take(piece, jnp.asarray(held_rows(r)), axis=-1)
+            out.append(piece)
+            at += h
         return out
 
     return jax.shard_map(run, mesh=mesh, in_specs=(P(AXIS), P()) + (P(),) * len(extra),
@@ -112,6 +118,13 @@ def gathered(ys: list[jax.Array]) -> jax.Array:
     return jax.lax.all_gather(jnp.concatenate(ys, axis=-1), AXIS, axis=0, tiled=False)
 
 
+def held_rows(counts: tuple[int, ...]) -> np.ndarray:
+    """Where each of a weight's rows is among the gathered shares of a row split whose
+    devices hold `counts` rows each, padded to the most."""
+    held = max(counts)
+    return np.concatenate([d * held + np.arange(c) for d, c in enumerate(counts)])
+
+
 def owned(run, mesh, owner: int, data: jax.Array, *args):
     """run(this device's buffer, *args) (arrays out, of 4-byte types) computed by the owner
     device alone under a layer split, the others skipping it (lax.cond), and broadcast: its
@@ -136,27 +149,31 @@ def owned(run, mesh, owner: int, data: jax.Array, *args):
 
 
 def rows(tokens: jax.Array, data: jax.Array, fmt: int, offset: int, n: int, k: int,
-         mesh, owner: int = -1) -> jax.Array:
+         mesh, owner: int = -1, counts: tuple[int, ...] = ()) -> jax.Array:
     """ffi.dequant_rows of a split table. By layer (owner >= 0): the owner dequantizes the
-    tokens' rows, broadcast. By row (n / D rows on each device): each device dequantizes the
-    tokens it holds (the others read its row 0, then dropped), the pieces are gathered, and
-    each token takes its own device's row: a selection, no arithmetic."""
+    tokens' rows, broadcast. By row (`counts` rows on each device, consecutive): each
+    device dequantizes the tokens it holds (the others read its row 0, then dropped), the
+    pieces are gathered, and each token takes its own device's row: a selection, no
+    arithmetic."""
     if owner >= 0:
         return owned(lambda buffer, tokens: native.dequant_rows(tokens, buffer, fmt, offset, n, k),
                      mesh, owner, data, tokens)
-    D = mesh.shape[AXIS]
-    per = n // D
+    ends = np.cumsum(counts)
+    starts = jnp.asarray(ends - np.asarray(counts), jnp.int32)
+    sizes = jnp.asarray(counts, jnp.int32)
 
     def run(tokens, buffer):
-        first = jax.lax.axis_index(AXIS) * per
-        mine = tokens - first
-        held = (mine >= 0) & (mine < per)
-        got = native.dequant_rows(jnp.where(held, mine, 0), buffer, fmt, offset, per, k)
+        d = jax.lax.axis_index(AXIS)
+        mine = tokens - starts[d]
+        held = (mine >= 0) & (mine < sizes[d])
+        got = native.dequant_rows(jnp.where(held, mine, 0), buffer, fmt, offset,
+                                  max(counts), k)
         return jax.lax.all_gather(got, AXIS, axis=0, tiled=False)   # [D, T, k]
 
     every = jax.shard_map(run, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=P(),
                           check_vma=False)(tokens, data)
-    owner_of = (tokens // per).astype(jnp.int32)
+    owner_of = jnp.searchsorted(jnp.asarray(ends, jnp.int32), tokens.astype(jnp.int32),
+                                side="right").astype(jnp.int32)
     return jnp.take_along_axis(every, owner_of[None, :, None], axis=0)[0]
 
 

@@ -104,7 +104,7 @@ PLANES = -2  # Proj.fmt of a weight as the pallas kernel's planes (kernels/palla
 
 
 @partial(jax.tree_util.register_dataclass, data_fields=["data"],
-         meta_fields=["fmt", "offset", "n", "k", "act_quant", "mesh", "owner"])
+         meta_fields=["fmt", "offset", "n", "k", "act_quant", "mesh", "owner", "rows"])
 @dataclass(frozen=True)
 class Proj:
     """A projection W [N, K] (y = x . W^T, n outputs from k inputs), in one of two forms:
@@ -122,8 +122,9 @@ class Proj:
       by the pallas kernel (kernel "pallas").
 
     mesh (packed only): W split over the devices of this mesh (model/device_split.py): by
-    rows (`--split-mode row`), or whole on the device `owner` (`--split-mode layer`);
-    `offset` is then into each device's own buffer, `n` still W's."""
+    rows (`--split-mode row`: `rows`, each device's count of them), or whole on the device
+    `owner` (`--split-mode layer`); `offset` is then into each device's own buffer, `n`
+    still W's."""
 
     data: jax.Array
     fmt: int = DENSE
@@ -133,6 +134,7 @@ class Proj:
     act_quant: str = ""
     mesh: Any = None
     owner: int = -1
+    rows: tuple = ()
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -185,7 +187,7 @@ def linear(x: jax.Array, p: Proj, b: jax.Array | None = None,
             y = jnp.where(live[:, None] != 0, y, 0.0)
     elif p.mesh is not None:
         (y,) = device_split.linear_many(x, p.data, [(p.fmt, p.offset, p.n)], p.k, p.mesh,
-                                        live, p.owner)
+                                        live, p.owner, [p.rows])
     else:
         y = native.qmatmul(x, p.data, p.fmt, p.offset, p.n, p.k, live)
     return y if b is None else y + b
@@ -203,7 +205,7 @@ def linear_many(x: jax.Array, projs: list[Proj], biases=None) -> list[jax.Array]
     mesh = projs[0].mesh
     ys = (native.qmatmul_many(x, projs[0].data, parts, projs[0].k) if mesh is None
           else device_split.linear_many(x, projs[0].data, parts, projs[0].k, mesh,
-                                        owner=projs[0].owner))
+                                        owner=projs[0].owner, rows=[p.rows for p in projs]))
     return [y if b is None else y + b for y, b in zip(ys, biases)]
 
 
@@ -532,7 +534,7 @@ def embed(tokens: jax.Array, table: jax.Array | Proj, scale: float = 1.0) -> jax
         x = pallas_matmul.rows(table.data, tokens)
     elif isinstance(table, Proj) and table.mesh is not None:
         x = device_split.rows(tokens, table.data, table.fmt, table.offset, table.n, table.k,
-                              table.mesh, table.owner)
+                              table.mesh, table.owner, table.rows)
     elif isinstance(table, Proj):
         x = native.dequant_rows(tokens, table.data, table.fmt, table.offset, table.n, table.k)
     else:
