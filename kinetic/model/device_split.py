@@ -4,8 +4,9 @@ buffer sharded along the mesh's one axis), and no device ever adds another's par
 so every output element is the one device's bits at any number of devices.
 
 - `--split-mode row`: every packed projection's rows (output columns) divided among the
-  devices, at the same offsets on each; each multiplies its share with the same C++ kernel
-  as one device would and the pieces are all-gathered (linear_many, rows).
+  devices (split.row_counts), at the same offsets on each; each multiplies its share with
+  the same C++ kernel as one device would and the pieces are all-gathered (linear_many,
+  rows); the pallas kernel's planes likewise, in whole tiles (planes_layout).
 - `--split-mode layer`: each projection whole on one device, its `owner` (consecutive
   layers on consecutive devices); the owner multiplies it and its result is broadcast to
   the others (owned), the others skipping the work. A mixture's experts are one layer's:
@@ -15,8 +16,9 @@ The KV cache may be split too: by its heads (by_heads), each device holding its 
 pages and attending with their queries, under either split.
 
 A Proj split either way keeps its whole `n` and has `mesh` set (and `owner` >= 0 under a
-layer split); its `offset` is into its device's own buffer. Everything else in a step
-(norms, rotary, attention) runs whole on every device: the same program, the same bits.
+layer split, `rows` under a row split); its `offset` is into its device's own buffer.
+Everything else in a step (norms, rotary; attention where the cache is not split by heads)
+runs whole on every device: the same program, the same bits.
 """
 
 from __future__ import annotations
@@ -113,8 +115,8 @@ def planes_rows(tokens: jax.Array, w, mesh) -> jax.Array:
 def gathered(ys: list[jax.Array]) -> jax.Array:
     """Every device's arrays ys ([..., n_i] each, the same shapes on every device) side by
     side on every device, [D, ..., sum of n_i], in one all-gather (inside shard_map): a
-    message per call rather than per array (between processes each costs about a
-    millisecond, docs/architecture.md)."""
+    message per call rather than per array (between processes a message costs more than
+    its bytes: docs/performance.md, "A split's cost on this machine")."""
     return jax.lax.all_gather(jnp.concatenate(ys, axis=-1), AXIS, axis=0, tiled=False)
 
 
