@@ -57,7 +57,8 @@ COMPARE = """
             got = {"logits": logits.tobytes().hex(), "split": runner.split,
                    "held": [s.data.nbytes for s in runner._buffer.addressable_shards]
                            if runner._buffer is not None else None,
-                   "heads": [s.data.shape[2] for s in runner.cache[0][0].addressable_shards]}
+                   "heads": [s.data.shape[2] for s in runner.cache[0][0].addressable_shards],
+                   "output": list(getattr(runner._skeleton.get("output"), "rows", ()))}
             if stream:
                 got["stream"] = [(d.token_ids, [[e.token, e.logprob, e.top] for e in d.logprobs])
                                  for d in model.stream([1, 5, 9, 30, 2], max_tokens=6,
@@ -124,7 +125,8 @@ def test_every_family_splits_to_the_same_logits(arch, qtype, tmp_path):
 def test_the_pallas_kernel_splits_by_row_to_the_same_bits(arch, qtype, tmp_path):
     """The GPU's kernel (interpreted here): each device multiplies whole tiles of the
     unsplit weight's tile over N (the 4 KV heads' 128 rows, one tile, go to one device of
-    2 or 4, the others computing zero rows), and the cache is split by heads."""
+    2 or 4, the others computing zero rows), and the cache is split by heads; with
+    --tensor-split 3,1 (llama) each weight's tiles in that proportion."""
     path = write_tiny_model(tmp_path / f"{arch}.gguf", arch, qtype=qtype, d_model=128,
                             d_ffn=256, n_kv_head=4)
     out = compare(path, {"none": ["none", 0], "2": ["row", 2], "4": ["row", 4]}, tmp_path,
@@ -133,6 +135,13 @@ def test_the_pallas_kernel_splits_by_row_to_the_same_bits(arch, qtype, tmp_path)
     assert out["4"]["heads"] == [1] * 4
     if arch == "llama":
         assert out["2"]["stream"] == out["4"]["stream"] == out["none"]["stream"]
+        uneven = run_devices(COMPARE, tmp_path, str(path), json.dumps({"ts": ["row", 0]}),
+                             "1", "pallas", "3,1")["ts"]
+        assert uneven["logits"] == out["none"]["logits"]
+        assert uneven["stream"] == out["none"]["stream"]
+        # the output projection's rows, in whole 128-row tiles
+        (a, b), (c, d) = out["2"]["output"], uneven["output"]
+        assert abs(a - b) <= 128 and abs(c - 3 * d) <= 4 * 128 and a % 128 == c % 128 == 0
 
 
 def test_uneven_shares_and_heads_that_do_not_divide(tmp_path):

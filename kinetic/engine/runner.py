@@ -115,7 +115,7 @@ class Runner:
                 self._main = jax.local_devices()[0]
             model.finish_repack()   # the shares are copied from the rearranged bytes
             if self._buffer is None:   # the pallas kernel's planes (no file buffer)
-                self._skeleton = splits.shard_planes(self._skeleton, self.mesh)
+                self._skeleton = splits.shard_planes(self._skeleton, self.mesh, config.split)
             else:
                 self._buffer, self._skeleton = splits.shard_weights(
                     self._buffer, self._skeleton, self.mesh, config.split)

@@ -99,14 +99,10 @@ def place_cache(cache: list, mesh: Mesh, by_heads: bool) -> list:
     return jax.tree.map(lambda a: _put(a, shard), cache)
 
 
+@functools.cache
 def gathered(mesh: Mesh):
     """A program that gives any array of the mesh whole on every device (an all-gather of
     a cache's heads)."""
-    return _gather(mesh)
-
-
-@functools.cache
-def _gather(mesh: Mesh):
     return jax.jit(lambda x: x, out_shardings=NamedSharding(mesh, P()))
 
 
@@ -121,11 +117,9 @@ def row_counts(n: int, group: int, split: Split, devices: int) -> tuple[int, ...
 
 def owners(n_layer: int, split: Split, devices: int) -> list[int]:
     """Under a layer split, each layer's device (its index in the mesh): consecutive layers
-    on consecutive devices, as many on each as its --tensor-split proportion gives (evenly
-    without one), rounded at the cumulative boundaries."""
-    shares = [t for t in split.tensor_split if t > 0] or [1.0] * devices
-    bounds = np.cumsum(shares) / sum(shares) * n_layer
-    return [int(np.searchsorted(np.round(bounds), i, side="right")) for i in range(n_layer)]
+    on consecutive devices, as many on each as row_counts gives n_layer rows of one."""
+    counts = row_counts(n_layer, 1, split, devices)
+    return [d for d, c in enumerate(counts) for _ in range(c)]
 
 
 def shard_weights(buffer: jax.Array, skeleton: dict, mesh: Mesh,
@@ -193,11 +187,11 @@ def shard_weights(buffer: jax.Array, skeleton: dict, mesh: Mesh,
     return sharded, replicate(skeleton, mesh)
 
 
-def shard_planes(skeleton: dict, mesh: Mesh) -> dict:
+def shard_planes(skeleton: dict, mesh: Mesh, split: Split) -> dict:
     """The weights of the pallas kernel (Projs of pallas_matmul.Planes) split by row over
-    the mesh: each plane's rows rearranged into device_split.planes_layout's order (whole
-    tiles of the unsplit weight's, a share a device) and sharded; every other array
-    replicated."""
+    the mesh: each device whole tiles of the unsplit weight's tile over N, as many as
+    row_counts gives it (in --tensor-split's proportion), padded with zero rows to the
+    largest share (device_split.planes_tile), and sharded; every other array replicated."""
     D = mesh.devices.size
     rows = NamedSharding(mesh, P(AXIS))
 
@@ -207,15 +201,18 @@ def shard_planes(skeleton: dict, mesh: Mesh) -> dict:
         if id(p) in done:
             return done[id(p)]
         w = p.data
-        _, held, where = device_split.planes_layout(*w.shape, D)
+        padded, BN = device_split.planes_tile(*w.shape)
+        counts = row_counts(padded, BN, split, D)
+        where = device_split.held_rows(counts)
 
         def rearranged(a):
             a = np.asarray(a)
-            out = np.zeros((D * held, *a.shape[1:]), a.dtype)
-            out[where] = a
+            out = np.zeros((D * max(counts), *a.shape[1:]), a.dtype)
+            out[where[:len(a)]] = a
             return _put(out, rows)
 
-        done[id(p)] = dataclasses.replace(p, data=jax.tree.map(rearranged, w), mesh=mesh)
+        done[id(p)] = dataclasses.replace(p, data=jax.tree.map(rearranged, w), mesh=mesh,
+                                          rows=counts)
         return done[id(p)]
 
     is_proj = lambda x: isinstance(x, Proj)   # noqa: E731

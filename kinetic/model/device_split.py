@@ -6,7 +6,7 @@ so every output element is the one device's bits at any number of devices.
 - `--split-mode row`: every packed projection's rows (output columns) divided among the
   devices (split.row_counts), at the same offsets on each; each multiplies its share with
   the same C++ kernel as one device would and the pieces are all-gathered (linear_many,
-  rows); the pallas kernel's planes likewise, in whole tiles (planes_layout).
+  rows); the pallas kernel's planes likewise, in whole tiles (planes_tile).
 - `--split-mode layer`: each projection whole on one device, its `owner` (consecutive
   layers on consecutive devices); the owner multiplies it and its result is broadcast to
   the others (owned), the others skipping the work. A mixture's experts are one layer's:
@@ -67,32 +67,25 @@ def linear_many(x: jax.Array, data: jax.Array, weights: list[tuple[int, int, int
                          out_specs=[P()] * len(weights), check_vma=False)(data, x, *extra)
 
 
-def planes_layout(n: int, K: int, D: int) -> tuple[int, int, np.ndarray]:
-    """How a pallas weight of n rows and K columns is split by row over D devices (engine/
-    split.py, shard_planes): whole tiles of the unsplit weight's tile over N (BN), as evenly
-    as they go, device d's tiles followed by zero rows up to the most any device has, so
-    that every element is computed at the unsplit tile (the same arithmetic). Returns (BN,
-    rows a device holds, where each of the weight's (padded) rows is in the split array)."""
+def planes_tile(n: int, K: int) -> tuple[int, int]:
+    """(rows of a pallas weight of n rows and K columns, padded to the kernel's multiple;
+    the unsplit weight's tile over N, BN). Split by row (engine/split.py, shard_planes),
+    each device holds whole BN tiles (split.row_counts' share, in --tensor-split's
+    proportion) followed by zero rows up to the most any device holds, so that every
+    element is computed at the unsplit tile (the same arithmetic)."""
     from kinetic.kernels import pallas_matmul
     padded = -(-n // pallas_matmul.ROWS) * pallas_matmul.ROWS
-    BN = pallas_matmul.tiles(padded, K)[0]
-    tiles = padded // BN
-    counts = [tiles // D + (d < tiles % D) for d in range(D)]
-    held = max(counts) * BN
-    first = np.cumsum([0] + counts[:-1])
-    where = np.concatenate([d * held + np.arange(c * BN) for d, c in enumerate(counts)])
-    assert len(where) == padded and first[-1] + counts[-1] == tiles
-    return BN, held, where
+    return padded, pallas_matmul.tiles(padded, K)[0]
 
 
-def planes_linear(x: jax.Array, w, mesh) -> jax.Array:
+def planes_linear(x: jax.Array, w, mesh, counts: tuple[int, ...]) -> jax.Array:
     """The pallas kernel's matmul (kernels/pallas_matmul.py) of a weight split by row
-    (planes_layout): each device its tiles at the whole weight's tile over N, the pieces
-    gathered and the weight's rows taken from them (a selection), [..., n]."""
+    (planes_tile; `counts` rows on each device): each device its tiles at the whole
+    weight's tile over N, the pieces gathered and the weight's rows taken from them (a
+    selection), [..., n]."""
     from kinetic.kernels import pallas_matmul
-    D = mesh.shape[AXIS]
     n, K = w.shape
-    BN, held, where = planes_layout(n, K, D)
+    _, BN = planes_tile(n, K)
 
     def run(x, w):
         return gathered([pallas_matmul.matmul(x, w, block_n=BN)])
@@ -100,16 +93,15 @@ def planes_linear(x: jax.Array, w, mesh) -> jax.Array:
     every = jax.shard_map(run, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=P(),
                           check_vma=False)(x, dataclasses.replace(w, n=0))
     y = jnp.moveaxis(every, 0, -2)
-    return jnp.take(y.reshape(*y.shape[:-2], D * held), jnp.asarray(where[:n]), axis=-1)
+    return jnp.take(y.reshape(*y.shape[:-2], len(counts) * max(counts)),
+                    jnp.asarray(held_rows(counts)[:n]), axis=-1)
 
 
-def planes_rows(tokens: jax.Array, w, mesh) -> jax.Array:
-    """pallas_matmul.rows of a table split by row (planes_layout): each token's row where
-    the split put it."""
+def planes_rows(tokens: jax.Array, w, counts: tuple[int, ...]) -> jax.Array:
+    """pallas_matmul.rows of a table split by row (planes_linear's `counts`): each token's
+    row where the split put it."""
     from kinetic.kernels import pallas_matmul
-    n, K = w.shape
-    _, _, where = planes_layout(n, K, mesh.shape[AXIS])
-    return pallas_matmul.rows(w, jnp.take(jnp.asarray(where, jnp.int32), tokens))
+    return pallas_matmul.rows(w, jnp.take(jnp.asarray(held_rows(counts), jnp.int32), tokens))
 
 
 def gathered(ys: list[jax.Array]) -> jax.Array:

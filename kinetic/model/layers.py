@@ -176,7 +176,7 @@ def linear(x: jax.Array, p: Proj, b: jax.Array | None = None,
     0)."""
     if p.fmt in (DENSE, PLANES):
         if p.fmt == PLANES and p.mesh is not None:
-            y = device_split.planes_linear(x, p.data, p.mesh)
+            y = device_split.planes_linear(x, p.data, p.mesh, p.rows)
         elif p.fmt == PLANES:
             from kinetic.kernels import pallas_matmul   # (JAX's Pallas: imported on use)
             y = pallas_matmul.matmul(x, p.data)
@@ -528,7 +528,7 @@ def embed(tokens: jax.Array, table: jax.Array | Proj, scale: float = 1.0) -> jax
     """The rows of the token embedding: gathered from its GGUF blocks and dequantized (only
     the step's rows) when packed, or taken from a float32 [V, D] table."""
     if isinstance(table, Proj) and table.fmt == PLANES and table.mesh is not None:
-        x = device_split.planes_rows(tokens, table.data, table.mesh)
+        x = device_split.planes_rows(tokens, table.data, table.rows)
     elif isinstance(table, Proj) and table.fmt == PLANES:
         from kinetic.kernels import pallas_matmul
         x = pallas_matmul.rows(table.data, tokens)
