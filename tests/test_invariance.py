@@ -337,13 +337,15 @@ def test_a_row_has_the_same_bits_in_every_row_bucket(setup):
                       (tok.encode(OTHERS[1]) * 2)[:16])
 
 
-def check_row_buckets(model, ids: list[int], other: list[int]) -> None:
-    """16 prompt tokens `ids` give the same logits fed one row per step, 3 rows, in one
-    16-row step, and in 16-row steps beside 16 tokens `other` of another sequence."""
+def check_row_buckets(model, ids: list[int], other: list[int], step: int = 16) -> None:
+    """Prompt tokens `ids` (at most `step`, 16 positions) give the same logits fed one row
+    per step, 3 rows, all in one step, and in `step`-row steps of half ours, half tokens
+    `other` of another sequence (the other's rows first)."""
     import numpy as np
 
     from kinetic.engine.runner import Runner, RunnerConfig
-    cfg = RunnerConfig(step_tokens=16, num_slots=2, page_size=16, num_pages=9, pages_per_slot=4)
+    cfg = RunnerConfig(step_tokens=step, num_slots=2, page_size=16, num_pages=9,
+                       pages_per_slot=4)
     table = np.array([[1, 2, 3, 4], [5, 6, 7, 8]], np.int32)
 
     def feed(rows_per_step: int, with_other: bool) -> np.ndarray:
@@ -352,7 +354,7 @@ def check_row_buckets(model, ids: list[int], other: list[int]) -> None:
             pos = np.arange(start, min(start + rows_per_step, len(ids)))
             toks, slots = np.asarray(ids)[pos], np.zeros(len(pos), int)
             if with_other:  # the other sequence's rows first, then ours
-                opos = pos[: 16 - len(pos)]
+                opos = pos[: step - len(pos)]
                 toks = np.concatenate([np.asarray(other)[opos], toks])
                 slots = np.concatenate([np.ones(len(opos), int), slots])
                 pos = np.concatenate([opos, pos])
@@ -362,9 +364,9 @@ def check_row_buckets(model, ids: list[int], other: list[int]) -> None:
         return np.concatenate(got)
 
     alone = feed(1, False)
-    assert feed(16, False).tobytes() == alone.tobytes()
+    assert feed(len(ids), False).tobytes() == alone.tobytes()
     assert feed(3, False).tobytes() == alone.tobytes()
-    assert feed(8, True).tobytes() == alone.tobytes()
+    assert feed(step // 2, True).tobytes() == alone.tobytes()
 
 
 def test_a_step_computes_only_the_logit_rows_asked_for(setup):

@@ -64,6 +64,25 @@ def test_a_row_has_the_same_bits_in_every_row_bucket(setup):
                       (tok.encode(OTHERS[1]) * 2)[:16])
 
 
+FAMILIES = ["mistral3", "qwen2", "qwen3", "gemma3", "lfm2", "qwen35", "qwen3moe", "lfm2moe",
+            "qwen35moe"]
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_every_family_has_a_rows_bits_in_every_row_bucket(arch, tmp_path):
+    """The other families' tiny models on the pallas kernel (llama's is above): dense,
+    sliding-window and soft-capped, mixture-of-experts (experts' planes), short-convolution
+    and Gated DeltaNet layers; 6 prompt tokens alone, 3 and 6 to a step and beside another
+    sequence, cached and uncached, the same bits."""
+    from kinetic.text.tokenizer import Tokenizer
+    model = load_model(str(write_tiny_model(tmp_path / f"{arch}.gguf", arch, qtype="Q8_0",
+                                            context_length=256)), kernel="pallas")
+    assert model.config.kernel == "pallas"
+    tok = Tokenizer.from_metadata(model.file.metadata)
+    check_row_buckets(model, tok.encode(PROMPT, add_special=True)[:6],
+                      (tok.encode(OTHERS[1]) * 2)[:6], step=8)
+
+
 def test_answer_never_depends_on_load(setup):
     """Alone, beside other requests, on one slot, cached and partly cached, with drafts
     and without, chunked otherwise: the same greedy tokens and log-probabilities."""
