@@ -791,3 +791,38 @@ def test_the_start_memory_line_names_the_weights_the_cache_and_its_type():
     assert memory_summary(sliding, full, 3 << 20, None).endswith("keep every row (--swa-full)")
     line = memory_summary(sliding.replace(kernel="xla"), cfg, 3 << 20, None)
     assert line.endswith("keep every row (the xla kernel's cache is device memory)")
+
+
+EXIT_MIDSTREAM = """
+import atexit, sys, threading
+
+@atexit.register   # registered first, so it runs after kinetic's own exit handler
+def after():
+    alive = [t for t in threading.enumerate() if t.name == "kinetic-engine" and t.is_alive()]
+    print(f"engine threads at exit: {len(alive)}", flush=True)
+
+import kinetic
+m = kinetic.load(sys.argv[1], n_ctx=256, speculative=False)
+next(iter(m.stream("Once upon a time", max_tokens=200)))
+"""
+
+
+def test_a_script_that_never_closes_its_model_exits_cleanly(tmp_path):
+    """A script (or a notebook's kernel) ending with a stream still running and no close():
+    the engine is closed at exit, before Python finalizes, rather than its daemon thread
+    coming back from a device call to a finalizing interpreter (which aborted the process,
+    "FATAL: exception not rethrown", about every other run on SmolLM2)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.tiny_models import write_tiny_model
+    path = write_tiny_model(tmp_path / "tiny.gguf", "llama", qtype="Q8_0",
+                            context_length=512)
+    r = subprocess.run([sys.executable, "-c", EXIT_MIDSTREAM, str(path)], capture_output=True,
+                       text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent,
+                       env={**os.environ,
+                            "KINETIC_COMPILE_CACHE_DIR": str(tmp_path / "compiled")})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "engine threads at exit: 0" in r.stdout, r.stdout

@@ -24,11 +24,13 @@ wants rows, steps run one at a time (no several decode steps per call), so it ad
 from __future__ import annotations
 
 import asyncio
+import atexit
 import itertools
 import os
 import queue
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -50,6 +52,20 @@ from kinetic.model.loader import LoadedModel
 from kinetic.text.tokenizer import Tokenizer
 
 STATE_SNAPSHOTS_PER_SLOT = 4   # recurrent models: prefix states kept (StateSnapshots)
+
+
+# Engines not yet closed: closed at the interpreter's exit (_close_open), before Python
+# finalizes. A daemon engine thread still in a turn then would come back from the device
+# call to a finalizing interpreter, which ends the thread by unwinding it through the C++
+# frames below it, and the process aborts ("FATAL: exception not rethrown"): a script or
+# notebook that never calls close() must still exit cleanly.
+_OPEN: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open() -> None:
+    for engine in list(_OPEN):
+        engine.close(timeout=10.0)
 
 
 @dataclass(frozen=True)
@@ -105,6 +121,7 @@ class Engine:
         self._turn_started: float | None = None  # time.monotonic() of the running turn
         self._thread = threading.Thread(target=self._loop, name="kinetic-engine", daemon=True)
         self._thread.start()
+        _OPEN.add(self)
 
     # --- the outside ----------------------------------------------------------------------
 
@@ -330,6 +347,7 @@ class Engine:
         """Stop the engine thread between two turns; requests still running end
         "cancelled". Returns whether the thread ended within `timeout` seconds (not if it
         is stuck inside a turn: a device call cannot be interrupted)."""
+        _OPEN.discard(self)
         self._stop = True
         self._wake.set()
         self._thread.join(timeout=timeout)
