@@ -109,24 +109,25 @@ def test_a_split_gives_one_devices_bits_at_1_2_and_4(mode, tmp_path):
                                         ("qwen35moe", "Q8_0")])
 def test_every_family_splits_to_the_same_logits(arch, qtype, tmp_path):
     """Dense, recurrent (Qwen3.5's delta rule, LFM2's convolutions) and mixture-of-experts
-    families; a mixture splits by layer only (its experts run on their layer's device)."""
+    families (by layer a mixture's experts run on their layer's device, by row each device
+    multiplies its rows of the chosen experts)."""
     path = write_tiny_model(tmp_path / f"{arch}.gguf", arch, qtype=qtype, d_model=128,
                             d_ffn=256, n_kv_head=4)
-    splits = {"none": ["none", 0], "layer4": ["layer", 4]}
-    if "moe" not in arch:
-        splits["row4"] = ["row", 4]
+    splits = {"none": ["none", 0], "layer4": ["layer", 4], "row4": ["row", 4]}
     out = compare(path, splits, tmp_path, stream=arch in ("qwen35", "qwen3moe"))
     assert len({out[name]["logits"] for name in splits}) == 1
     if "stream" in out["none"]:
-        assert out["layer4"]["stream"] == out["none"]["stream"]
+        assert out["layer4"]["stream"] == out["row4"]["stream"] == out["none"]["stream"]
 
 
-@pytest.mark.parametrize("arch,qtype", [("llama", "Q4_0"), ("gemma3", "Q8_0")])
+@pytest.mark.parametrize("arch,qtype", [("llama", "Q4_0"), ("gemma3", "Q8_0"),
+                                        ("qwen3moe", "Q8_0")])
 def test_the_pallas_kernel_splits_by_row_to_the_same_bits(arch, qtype, tmp_path):
     """The GPU's kernel (interpreted here): each device multiplies whole tiles of the
     unsplit weight's tile over N (the 4 KV heads' 128 rows, one tile, go to one device of
-    2 or 4, the others computing zero rows), and the cache is split by heads; with
-    --tensor-split 3,1 (llama) each weight's tiles in that proportion."""
+    2 or 4, the others computing zero rows), and the cache is split by heads; a mixture's
+    experts split as any weight; with --tensor-split 3,1 (llama) each weight's tiles in
+    that proportion."""
     path = write_tiny_model(tmp_path / f"{arch}.gguf", arch, qtype=qtype, d_model=128,
                             d_ffn=256, n_kv_head=4)
     out = compare(path, {"none": ["none", 0], "2": ["row", 2], "4": ["row", 4]}, tmp_path,
@@ -189,19 +190,17 @@ def test_a_row_split_follows_the_tensor_split_in_whole_groups():
 def test_a_split_that_cannot_be_made_is_one_clear_error(tmp_path):
     path = write_tiny_model(tmp_path / "m.gguf", "llama", qtype="Q8_0", d_model=128,
                             d_ffn=256, n_kv_head=2)
-    moe = write_tiny_model(tmp_path / "moe.gguf", "qwen3moe", qtype="Q8_0", d_model=128,
-                           d_ffn=256, n_kv_head=4)
     out = run_devices(f"""
         import json
         from kinetic.engine.engine_config import EngineConfig, Split
         from kinetic.llm import open_model
         errors = []
-        for model, split in (({str(path)!r}, Split("row", 8)),
-                             ({str(path)!r}, Split("layer", tensor_split=(1, 1, 1, 1, 1))),
-                             ({str(moe)!r}, Split("row", 2))):
+        for split, kernel in ((Split("row", 8), "ffi"),
+                              (Split("layer", tensor_split=(1, 1, 1, 1, 1)), "ffi"),
+                              (Split("layer", 2), "pallas")):
             try:
-                open_model(model, EngineConfig(parallel=1, n_ctx=64, split=split),
-                           kernel="ffi").close()
+                open_model({str(path)!r}, EngineConfig(parallel=1, n_ctx=64, split=split),
+                           kernel=kernel).close()
                 errors.append(None)
             except ValueError as e:
                 errors.append(str(e))
@@ -209,7 +208,7 @@ def test_a_split_that_cannot_be_made_is_one_clear_error(tmp_path):
     """, tmp_path)
     assert "8 devices: 4 are visible" in out[0]
     assert "--tensor-split names 5 devices; 4 are visible" in out[1]
-    assert "--split-mode row does not split mixtures of experts yet" in out[2]
+    assert "--split-mode layer runs on --kernel ffi, not 'pallas'" in out[2]
 
 
 def test_the_flags():

@@ -17,8 +17,9 @@ Either way a row's logits are the same bits at any number of devices: no device 
 another's partial sums. The KV cache is split by heads where they divide evenly over the
 devices (heads_split: each device its heads' pages, attending with their queries), else
 whole on every device; norms and rotary run whole on every device.
-Mixtures of experts under a row split, and kernels other than the C++ one under a split
-(but the pallas kernel by row), are each one clear error at start.
+A mixture's experts split as any projection: by layer on their layer's device, by row
+each device its rows of every expert. Kernels other than the C++ one under a split (but the
+pallas kernel by row) are one clear error at start.
 """
 
 from __future__ import annotations
@@ -76,9 +77,6 @@ def check(split: Split, cfg: Config) -> None:
     if cfg.recurrent and jax.process_count() > 1:
         raise ModelConfigError("recurrent layers are not served across processes yet (their "
                                "states' copies are not sent to the other processes)")
-    if cfg.n_expert and split.mode == "row":
-        raise ModelConfigError("--split-mode row does not split mixtures of experts yet "
-                               "(--split-mode layer does)")
 
 
 def heads_split(cfg: Config, mesh: Mesh | None) -> bool:

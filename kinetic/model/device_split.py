@@ -10,7 +10,8 @@ so every output element is the one device's bits at any number of devices.
 - `--split-mode layer`: each projection whole on one device, its `owner` (consecutive
   layers on consecutive devices); the owner multiplies it and its result is broadcast to
   the others (owned), the others skipping the work. A mixture's experts are one layer's:
-  their pairs run on its owner too (model/experts.py).
+  their pairs run on its owner too (model/experts.py); under a row split each device
+  holds its rows of every expert (experts_rows).
 
 The KV cache may be split too: by its heads (by_heads), each device holding its KV heads'
 pages and attending with their queries, under either split.
@@ -46,25 +47,48 @@ def linear_many(x: jax.Array, data: jax.Array, weights: list[tuple[int, int, int
     if owner >= 0:
         return owned(lambda buffer, x, *live: native.qmatmul_many(x, buffer, weights, k, *live),
                      mesh, owner, data, x, *extra)
-    D = mesh.shape[AXIS]
     held = [max(r) for r in rows]
     local = [(fmt, offset, h) for (fmt, offset, _), h in zip(weights, held)]
 
     def run(buffer, x, *live):
-        ys = native.qmatmul_many(x, buffer, local, k, *live)
-        every = gathered(ys)   # [D, ..., the shares side by side]
-        out, at = [], 0
-        for h, r in zip(held, rows):   # each weight's shares in device order
-            piece = jnp.moveaxis(every[..., at:at + h], 0, -2)
-            piece = piece.reshape(*piece.shape[:-2], D * h)
-            if len(set(r)) > 1:   # uneven shares: the weight's rows, not the padding's
-                piece = jnp.take(piece, jnp.asarray(held_rows(r)), axis=-1)
-            out.append(piece)
-            at += h
-        return out
+        return shares_to_rows(native.qmatmul_many(x, buffer, local, k, *live), rows)
 
     return jax.shard_map(run, mesh=mesh, in_specs=(P(AXIS), P()) + (P(),) * len(extra),
                          out_specs=[P()] * len(weights), check_vma=False)(data, x, *extra)
+
+
+def experts_rows(x: jax.Array, ids: jax.Array, data: jax.Array,
+                 weights: list[tuple[int, int, int, int]], k: int, n_expert: int, mesh,
+                 rows: list[tuple[int, ...]]) -> list[jax.Array]:
+    """ffi.qmatmul_id over a mixture's experts split by row (weights: fmt, offset of expert
+    0 and stride in each device's buffer, the whole n; rows: each weight's count of rows on
+    each device, the same for every expert): each device its rows of the chosen experts,
+    gathered and the weights' rows taken, [R, S, n] each."""
+    held = [max(r) for r in rows]
+    local = [(fmt, offset, stride, h) for (fmt, offset, stride, _), h in zip(weights, held)]
+
+    def run(buffer, x, ids):
+        return shares_to_rows(native.qmatmul_id(x, ids, buffer, local, k, n_expert), rows)
+
+    return jax.shard_map(run, mesh=mesh, in_specs=(P(AXIS), P(), P()),
+                         out_specs=[P()] * len(weights), check_vma=False)(data, x, ids)
+
+
+def shares_to_rows(ys: list[jax.Array], rows: list[tuple[int, ...]]) -> list[jax.Array]:
+    """Inside shard_map: this device's shares ys ([..., max(r)] each, rows r of a weight on
+    each device) gathered from every device, each weight's rows taken from its shares in
+    device order (a selection), [..., sum(r)] each."""
+    every = gathered(ys)   # [D, ..., the shares side by side]
+    out, at = [], 0
+    for r in rows:
+        h = max(r)
+        piece = jnp.moveaxis(every[..., at:at + h], 0, -2)
+        piece = piece.reshape(*piece.shape[:-2], len(r) * h)
+        if len(set(r)) > 1:   # uneven shares: the weight's rows, not the padding's
+            piece = jnp.take(piece, jnp.asarray(held_rows(r)), axis=-1)
+        out.append(piece)
+        at += h
+    return out
 
 
 def planes_tile(n: int, K: int) -> tuple[int, int]:

@@ -73,12 +73,23 @@ def moe_ffn(x: jax.Array, w: dict, cfg: Config) -> jax.Array:
     stacked = [_stacked(projs) for projs in experts]
     first = experts[0][0]
     if all(stacked) and all(p[0].data is first.data for p in experts):
-        if first.mesh is not None:   # a layer split: on the layer's device (device_split)
-            ys = device_split.owned(
-                lambda data, x, chosen: _pairs_swiglu(x, chosen, stacked, data, cfg.n_expert),
-                first.mesh, first.owner, first.data, x, chosen)
+        rows = [p[0].rows for p in experts]   # under a row split: each device's rows
+
+        def on(data):   # ffi.qmatmul_id over `data`, a buffer holding the experts whole
+            return lambda x, ids, weights, _, k: native.qmatmul_id(x, ids, data, weights, k,
+                                                                   cfg.n_expert)
+        if first.mesh is not None and first.owner >= 0:
+            # a layer split: on the layer's device (device_split.owned)
+            ys = device_split.owned(lambda data, x, chosen: _pairs_swiglu(
+                x, chosen, stacked, rows, on(data)), first.mesh, first.owner, first.data, x,
+                chosen)
+        elif first.mesh is not None:
+            # a row split: each device its rows of every expert (device_split.experts_rows)
+            ys = _pairs_swiglu(x, chosen, stacked, rows, lambda x, ids, weights, rows, k: (
+                device_split.experts_rows(x, ids, first.data, weights, k, cfg.n_expert,
+                                          first.mesh, rows)))
         else:
-            ys = _pairs_swiglu(x, chosen, stacked, first.data, cfg.n_expert)
+            ys = _pairs_swiglu(x, chosen, stacked, rows, on(first.data))
         slots = [ys[:, k] for k in range(cfg.n_expert_used)]
     else:
         slots = [jnp.zeros((T, D), jnp.float32) for _ in range(cfg.n_expert_used)]
@@ -104,18 +115,19 @@ def _stacked(projs: list[Proj]) -> tuple[int, int, int, int] | None:
     return first.fmt, first.offset, stride, first.n
 
 
-def _pairs_swiglu(x: jax.Array, chosen: jax.Array, stacked: list, data: jax.Array,
-                  n_expert: int) -> jax.Array:
+def _pairs_swiglu(x: jax.Array, chosen: jax.Array, stacked: list, rows: list,
+                  matmul_id) -> jax.Array:
     """[T, K, D]: each (row, chosen expert) pair's SwiGLU output, the packed experts
-    multiplied over all pairs at once (ffi.qmatmul_id: one call for gate and up, one for
-    down, each chosen expert's blocks read once per call). A pair gets the bits its row
-    gets from its expert alone (the kernel's contract), as on the per-expert path."""
+    multiplied over all pairs at once (matmul_id(x, ids, weights, their rows, k):
+    ffi.qmatmul_id over the experts' buffer, one call for gate and up, one for down, each
+    chosen expert's blocks read once per call; rows: under a row split, each device's rows
+    of each weight). A pair gets the bits its row gets from its expert alone (the kernel's
+    contract), as on the per-expert path."""
     T, D = x.shape
     K = chosen.shape[1]
-    gate, up = native.qmatmul_id(x, chosen, data, stacked[:2], D, n_expert)
+    gate, up = matmul_id(x, chosen, stacked[:2], rows[:2], D)
     h = silu_times(gate, up).reshape(T * K, -1)
-    (y,) = native.qmatmul_id(h, chosen.reshape(T * K, 1), data, stacked[2:], h.shape[1],
-                             n_expert)
+    (y,) = matmul_id(h, chosen.reshape(T * K, 1), stacked[2:], rows[2:], h.shape[1])
     return y.reshape(T, K, D)
 
 
