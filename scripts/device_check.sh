@@ -9,7 +9,8 @@
 #    models of SmolLM2-135M's, Qwen2.5-0.5B's and Qwen2.5-1.5B's shapes, beside the
 #    bandwidth bound and XLA's dense bf16 path;
 # 4. (issue 42) bench/gpu.py --split-check: Qwen2.5-1.5B's shape through the split's code
-#    path over one device, its bytes and speed beside the unsplit path's.
+#    path over one device, its bytes and speed beside the unsplit path's;
+# 5. if time is left, every family's tiny model on the pallas kernel, row-bucket bits.
 # Logs, gpu.json and gpu.md go to $OUT (the device tool brings them back); their figures go
 # into docs/performance.md, "GPU".
 set -uo pipefail
@@ -27,6 +28,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv |
 python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 || tail -5 "$OUT/build.log"
 python3 -c "import jax; print('jax', jax.__version__, jax.devices())" | tee -a "$OUT/gpu.txt"
 timeout 200 python3 -m pytest -q -n 0 -p no:cacheprovider -m "not real_model" \
+    -k "not every_family" \
     tests/test_pallas_matmul.py tests/test_pallas_attention.py tests/test_pallas_lowering.py \
     tests/test_pallas_model.py 2>&1 | tee "$OUT/tests.log" | tail -15
 timeout 330 python3 bench/gpu.py --out "$OUT" \
@@ -35,3 +37,6 @@ timeout 330 python3 bench/gpu.py --out "$OUT" \
 # issue 42: the split's code path over one device beside the unsplit path
 timeout 120 python3 bench/gpu.py --out "$OUT/split" --shape qwen25-1.5b --qtype Q4_0 \
     --streams 1,16 --split-check 2>&1 | tee "$OUT/split.log" | tail -5
+# last, if time is left: every family's tiny model, a row's bits in every bucket
+timeout 60 python3 -m pytest -q -n 0 -p no:cacheprovider -k every_family \
+    tests/test_pallas_model.py 2>&1 | tee "$OUT/families.log" | tail -5
