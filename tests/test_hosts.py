@@ -130,3 +130,39 @@ def test_a_follower_that_dies_mid_stream_ends_the_leader_cleanly(model_path, exp
     finally:
         leader.close()
         follower.close()
+
+
+def test_a_recurrent_model_resumes_a_cached_prefix_across_processes(tmp_path, monkeypatch):
+    """Qwen3.5's delta-rule layers split by layer over two processes: a prompt asked twice
+    answers as one process both times, the second from the cached prefix (its recurrent
+    state restored on every process from the leader's host copy: Runner.load_state)."""
+    path = str(write_tiny_model(tmp_path / "qwen35.gguf", "qwen35", qtype="Q8_0", d_model=128,
+                                d_ffn=256, n_kv_head=4, context_length=4096))
+    body = dict(BODY, prompt="The quick brown fox jumps over the lazy dog. " * 8)
+
+    def twice(serve: ServeProcess) -> list:
+        out = []
+        for _ in range(2):
+            status, _, got = serve.request("POST", "/completion", body)
+            assert status == 200, got
+            out.append((got["content"], got["completion_probabilities"],
+                        got["timings"]["cache_n"]))
+        return out
+
+    alone = ServeProcess(path, *FLAGS)
+    try:
+        alone.wait_ready()
+        want = twice(alone)
+    finally:
+        alone.close()
+    monkeypatch.setenv("XLA_FLAGS", TWO)
+    leader, follower = two_processes(path)
+    try:
+        leader.wait_ready()
+        got = twice(leader)
+        assert got[1][2] > 16, got[1][2]   # the second resumed from the cached prefix
+        assert [g[:2] for g in got] == [w[:2] for w in want] and want[0][:2] == want[1][:2]
+        assert follower.proc.poll() is None, follower.output()[-2000:]
+    finally:
+        leader.close()
+        follower.close()

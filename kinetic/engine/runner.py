@@ -429,17 +429,25 @@ class Runner:
         rows[:len(images[1])] = images[1]
         return self._put(rows)
 
+    @mirrored
     def save_state(self, slot: int) -> StateSnapshot:
-        """A copy of the slot's committed recurrent state (recurrent models only)."""
-        return StateSnapshot(self.state.committed[slot],
-                             _read_state(self.cache, slot, self._recurrent),
-                             self.state.pending[slot])
+        """A copy of the slot's committed recurrent state (recurrent models only). Across
+        processes (engine/hosts.py) the leader keeps it in host memory, so that load_state's
+        call carries it to the followers (the state is whole on every device)."""
+        arrays = _read_state(self.cache, slot, self._recurrent)
+        if self._leader is not None:
+            arrays = jax.tree.map(lambda a: np.asarray(a.addressable_data(0)), arrays)
+        return StateSnapshot(self.state.committed[slot], arrays, self.state.pending[slot])
 
+    @mirrored
     def load_state(self, slot: int, snapshot: StateSnapshot, pending: bool = False) -> None:
         """Make `snapshot` the slot's committed recurrent state: a sequence resuming from the
         cached prefix the snapshot was taken at, or (pending: the slot's pending drafts'
         inputs are still the snapshot's) the slot put back as it was."""
-        self.cache = _write_state(self.cache, jnp.int32(slot), snapshot.arrays, self._recurrent)
+        arrays = snapshot.arrays
+        if hosts.joined():   # host copies (save_state): placed on every device of the mesh
+            arrays = jax.tree.map(self._put, arrays)
+        self.cache = _write_state(self.cache, np.int32(slot), arrays, self._recurrent)
         self.state.restored(slot, snapshot.position, snapshot.pending if pending else 0)
 
     def key_bucket(self, positions: np.ndarray) -> int:

@@ -74,9 +74,6 @@ def check(split: Split, cfg: Config) -> None:
     if cfg.kernel not in kernels_here:
         raise ModelConfigError(f"--split-mode {split.mode} runs on --kernel "
                                f"{' or '.join(kernels_here)}, not {cfg.kernel!r}")
-    if cfg.recurrent and jax.process_count() > 1:
-        raise ModelConfigError("recurrent layers are not served across processes yet (their "
-                               "states' copies are not sent to the other processes)")
 
 
 def heads_split(cfg: Config, mesh: Mesh | None) -> bool:
