@@ -367,9 +367,8 @@ def join_processes(args: argparse.Namespace) -> bool:
     host, _, port = args.coordinator.rpartition(":")
     if not host or not port.isdigit():
         raise SystemExit(f"kinetic serve: --coordinator {args.coordinator}: give HOST:PORT")
-    for flag, given in (("--model-draft", args.model_draft), ("--mmproj", args.mmproj)):
-        if given:
-            raise SystemExit(f"kinetic serve: {flag} is not served across processes yet")
+    if args.model_draft:
+        raise SystemExit("kinetic serve: --model-draft is not served across processes yet")
     if args.split_mode in (None, "none") and args.tensor_parallel_size is None:
         if args.split_mode == "none":
             raise SystemExit("kinetic serve: --coordinator splits the model over the "

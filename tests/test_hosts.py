@@ -166,3 +166,40 @@ def test_a_recurrent_model_resumes_a_cached_prefix_across_processes(tmp_path, mo
     finally:
         leader.close()
         follower.close()
+
+
+def test_an_image_is_read_across_processes(tmp_path, monkeypatch):
+    """--mmproj: the leader runs the vision projector and sends the image's rows with the
+    step's inputs; the answer is one process's."""
+    from tests import tiny_vision
+    from tests.test_vision_api import CHATML, data_url, png
+    text = str(tiny_vision.write_tiny_text_model(
+        tmp_path / "text.gguf", "idefics3", qtype="Q8_0", output_scale=16.0, d_model=64,
+        chat_template=CHATML))
+    mmproj = str(tiny_vision.write_tiny_mmproj(tmp_path / "mmproj.gguf", "idefics3",
+                                               projection_dim=64))
+    body = {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What is in this picture?"},
+        {"type": "image_url", "image_url": {"url": data_url(png(40, 30, 1))}}]}],
+        "temperature": 0, "max_tokens": 8, "logprobs": True, "top_logprobs": 2}
+
+    def ask(serve: ServeProcess):
+        status, _, got = serve.request("POST", "/v1/chat/completions", body)
+        assert status == 200, got
+        choice = got["choices"][0]
+        return choice["message"]["content"], choice["logprobs"], got["usage"]["prompt_tokens"]
+
+    alone = ServeProcess(text, *FLAGS, "-c", "1024", "--mmproj", mmproj)
+    try:
+        alone.wait_ready()
+        want = ask(alone)
+    finally:
+        alone.close()
+    monkeypatch.setenv("XLA_FLAGS", TWO)
+    leader, follower = two_processes(text, "-c", "1024", "--mmproj", mmproj)
+    try:
+        leader.wait_ready()
+        assert ask(leader) == want and want[2] > 20
+    finally:
+        leader.close()
+        follower.close()
