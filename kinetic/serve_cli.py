@@ -367,8 +367,6 @@ def join_processes(args: argparse.Namespace) -> bool:
     host, _, port = args.coordinator.rpartition(":")
     if not host or not port.isdigit():
         raise SystemExit(f"kinetic serve: --coordinator {args.coordinator}: give HOST:PORT")
-    if args.model_draft:
-        raise SystemExit("kinetic serve: --model-draft is not served across processes yet")
     if args.split_mode in (None, "none") and args.tensor_parallel_size is None:
         if args.split_mode == "none":
             raise SystemExit("kinetic serve: --coordinator splits the model over the "
@@ -393,8 +391,11 @@ def follow(args: argparse.Namespace) -> int:
     if loaded.config.task != "text":
         raise SystemExit(f"kinetic serve: {path} is an {loaded.config.task} model; only text "
                          f"models are served across processes yet")
+    draft = None if not args.model_draft else load_model(
+        resolve_model(args.model_draft), dtype=args.dtype, kernel=args.kernel or "auto",
+        defer_repack=True)
     try:
-        return hosts.follow(loaded)
+        return hosts.follow(loaded, draft)
     except BaseException as e:   # noqa: BLE001 - a follower that fails leaves at once:
         # Python's own exit would wait for every process (jax.distributed's shutdown) while
         # the leader waits for this one in a broadcast

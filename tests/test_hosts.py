@@ -203,3 +203,27 @@ def test_an_image_is_read_across_processes(tmp_path, monkeypatch):
     finally:
         leader.close()
         follower.close()
+
+
+def test_a_draft_model_drafts_across_processes(model_path, monkeypatch):
+    """--model-draft: the draft's Runner is split over the processes as the target's is,
+    its calls mirrored to the followers' draft Runner; the answer is one process's with the
+    same draft."""
+    flags = ("-md", model_path, "--draft-max", "4")
+    alone = ServeProcess(model_path, *FLAGS, *flags)
+    try:
+        alone.wait_ready()
+        want = answer(alone)
+    finally:
+        alone.close()
+    monkeypatch.setenv("XLA_FLAGS", TWO)
+    leader, follower = two_processes(model_path, *flags)
+    try:
+        leader.wait_ready()
+        assert answer(leader) == want
+        status, _, slots = leader.request("GET", "/slots")
+        assert status == 200 and slots[0]["speculative"] is True
+        assert follower.proc.poll() is None, follower.output()[-2000:]
+    finally:
+        leader.close()
+        follower.close()

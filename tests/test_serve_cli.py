@@ -209,8 +209,6 @@ def test_expert_offload_flags_change_nothing_on_a_cpu_and_are_refused_elsewhere(
      "give HOST:PORT"),
     (["--coordinator", "h:1", "--num-processes", "2", "--process-id", "0", "-sm", "none"],
      "-sm none leaves nothing to them"),
-    (["--coordinator", "h:1", "--num-processes", "2", "--process-id", "1", "-md", "d.gguf"],
-     "--model-draft is not served across processes yet"),
 ])
 def test_the_process_flags_are_checked_before_anything_starts(argv, message):
     """(kinetic/engine/hosts.py: nothing joins, no JAX backend starts, for a wrong set.)"""

@@ -28,7 +28,7 @@ class DraftModel:
         if n == 0 or mine[:n] != theirs[:n] or model.config.vocab_size > target.config.vocab_size:
             raise DraftModelError(f"the draft model {model.file.path} does not share the "
                                   f"target's vocabulary")
-        self.runner = Runner(model, runner_config)
+        self.runner = Runner(model, runner_config, role="draft")
 
     def follow(self, plan) -> None:
         """Run the target step's rows, so the draft cache holds what the target's holds."""

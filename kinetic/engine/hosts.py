@@ -67,14 +67,18 @@ def wait_for_all(name: str) -> None:
 
 
 class Leader:
-    """Process 0's side of the mirrored calls."""
+    """Process 0's side of the mirrored calls of one Runner: `role` "target" (the served
+    model's) or "draft" (--model-draft's)."""
 
-    def __init__(self) -> None:
+    def __init__(self, role: str = "target") -> None:
+        self.role = role
         self._lost = False
 
     def send(self, name: str, args: tuple, kwargs: dict) -> None:
-        """Every follower makes the call `name`(*args, **kwargs) on its Runner."""
-        _broadcast(pickle.dumps((name, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL))
+        """Every follower makes the call `name`(*args, **kwargs) on its Runner of the same
+        role."""
+        _broadcast(pickle.dumps((self.role, name, args, kwargs),
+                                protocol=pickle.HIGHEST_PROTOCOL))
 
     def lost(self, reason: str) -> None:
         """The engine failed (a process stopped, most likely): exit after GRACE_SECONDS,
@@ -93,8 +97,9 @@ class Leader:
         threading.Thread(target=leave, daemon=True, name="kinetic-exit").start()
 
 
-def receive() -> tuple[str, tuple, dict]:
-    """The leader's next call (a follower's side of Leader.send)."""
+def receive() -> tuple[str, str, tuple, dict]:
+    """The leader's next call (a follower's side of Leader.send): role, name, args,
+    kwargs."""
     return pickle.loads(_broadcast(None))
 
 
@@ -119,29 +124,43 @@ def _broadcast(payload: bytes | None) -> bytes:
     return data
 
 
-def follow(model) -> int:
-    """A follower's life, once its LoadedModel is read: the leader's Runner config, then
-    every mirrored call the leader sends, made on a Runner of its own, until "close".
-    Returns the exit status."""
+def follow(model, draft=None) -> int:
+    """A follower's life, once its LoadedModel (and --model-draft's, `draft`) is read: the
+    leader's Runner config, then every mirrored call the leader sends, made on a Runner of
+    its own of the same role, until the target's "close". Returns the exit status."""
     from kinetic.engine.runner import Runner
     wait_for_all("loaded")
-    name, (config, leader_model), _ = receive()
-    if name != "__init__":
-        raise RuntimeError(f"the leader's first call was {name!r}, not the runner's config")
-    if leader_model != model.config:
-        raise ValueError(f"process {_index()} loaded another model than the leader's "
-                         f"(every process serves the same GGUF file with the same flags)")
-    runner = Runner(model, config)
-    print(f"kinetic: process {_index()} of {_count()} follows the leader, split by "
-          f"{runner.split['mode']} over {runner.split['devices']} devices",
-          file=sys.stderr, flush=True)
+    runners: dict[str, Runner] = {}
     while True:
-        name, args, kwargs = receive()
-        if name == "close":
+        role, name, args, kwargs = receive()
+        if name == "close" and role == "target":
             print(f"kinetic: process {_index()} stopped with the leader", file=sys.stderr,
                   flush=True)
             return 0
-        getattr(runner, name)(*args, **kwargs)
+        if name == "__init__":
+            runners[role] = _runner(model if role == "target" else draft, role, *args)
+            continue
+        if role not in runners:
+            raise RuntimeError(f"the leader's call {name!r} came before its {role} runner's "
+                               f"config")
+        getattr(runners[role], name)(*args, **kwargs)
+
+
+def _runner(model, role: str, config, leader_model):
+    """This process's Runner of `role` over `model`, checked to be the leader's model."""
+    from kinetic.engine.runner import Runner
+    if model is None:
+        raise ValueError(f"process {_index()}: the leader drafts with --model-draft; give "
+                         f"every process the same flags")
+    if leader_model != model.config:
+        raise ValueError(f"process {_index()} loaded another {role} model than the leader's "
+                         f"(every process serves the same GGUF file with the same flags)")
+    runner = Runner(model, config, role=role)
+    if role == "target":
+        print(f"kinetic: process {_index()} of {_count()} follows the leader, split by "
+              f"{runner.split['mode']} over {runner.split['devices']} devices",
+              file=sys.stderr, flush=True)
+    return runner
 
 
 def _index() -> int:

@@ -91,9 +91,11 @@ def mirrored(method):
 
 
 class Runner:
-    """Owns the weights, the KV cache and the compiled step of one model."""
+    """Owns the weights, the KV cache and the compiled step of one model. role: "target",
+    or "draft" for --model-draft's (which of a follower's Runners a mirrored call is for:
+    engine/hosts.py)."""
 
-    def __init__(self, model: LoadedModel, config: RunnerConfig):
+    def __init__(self, model: LoadedModel, config: RunnerConfig, role: str = "target"):
         self.model, self.config = model, config
         cfg = model.config
         self._cache: list | None = None   # allocated on first use: see `cache`
@@ -121,8 +123,9 @@ class Runner:
                     self._buffer, self._skeleton, self.mesh, config.split)
             self._heads = self.mesh if splits.heads_split(cfg, self.mesh) else None
             if hosts.joined() and hosts.is_leader():
-                hosts.wait_for_all("loaded")
-                self._leader = hosts.Leader()
+                if role == "target":   # (the draft's runner is made right after it)
+                    hosts.wait_for_all("loaded")
+                self._leader = hosts.Leader(role)
                 self._leader.send("__init__", (config, cfg), {})
         self._warming = False   # compile's warm-up steps run (on zero weights)
         # the C++ kernels and the pallas kernel give a row the same bits in any step
