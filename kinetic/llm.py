@@ -315,6 +315,9 @@ def _assemble(loaded, path: str, config: EngineConfig, *, dtype, draft, llama_ro
     if loaded.config.task != "text" and hosts.joined():
         raise ValueError(f"{os.fspath(path)} is an {loaded.config.task} model; only text "
                          f"models are served across processes yet")
+    if loaded.config.task != "text" and config.split.active:
+        raise ValueError(f"{os.fspath(path)} is an {loaded.config.task} model, which runs on "
+                         f"one device; --split-mode / --tensor-split are for text models")
     if loaded.config.task != "text":
         from kinetic.embedding import load_embedding_model
         if draft is not None:

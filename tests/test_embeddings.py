@@ -365,6 +365,15 @@ def test_pooling_flag_is_refused_for_a_text_model(tmp_path):
         open_model(path, EngineConfig(n_ctx=64), pooling="mean")
 
 
+def test_a_split_is_refused_for_an_embedding_model(tmp_path):
+    """(rather than the model running on one device while the flags say otherwise)"""
+    from kinetic.engine.engine_config import EngineConfig, Split
+    from kinetic.llm import open_model
+    path = write_bert(tmp_path / "bert.gguf", pooling="mean", dtype="f16")
+    with pytest.raises(ValueError, match="embedding model, which runs on one device"):
+        open_model(path, EngineConfig(n_ctx=64, split=Split("row", 2)))
+
+
 def test_inputs_may_mix_ids_and_texts(tmp_path):
     from kinetic.api.embeddings import parse_inputs
     assert parse_inputs([12, 34, "text", 56], "input") == [[12, 34, "text", 56]]
