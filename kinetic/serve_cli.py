@@ -391,10 +391,10 @@ def follow(args: argparse.Namespace) -> int:
     if loaded.config.task != "text":
         raise SystemExit(f"kinetic serve: {path} is an {loaded.config.task} model; only text "
                          f"models are served across processes yet")
-    draft = None if not args.model_draft else load_model(
-        resolve_model(args.model_draft), dtype=args.dtype, kernel=args.kernel or "auto",
-        defer_repack=True)
     try:
+        draft = None if not args.model_draft else load_model(
+            resolve_model(args.model_draft), dtype=args.dtype, kernel=args.kernel or "auto",
+            defer_repack=True)
         return hosts.follow(loaded, draft)
     except BaseException as e:   # noqa: BLE001 - a follower that fails leaves at once:
         # Python's own exit would wait for every process (jax.distributed's shutdown) while
