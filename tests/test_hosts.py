@@ -58,6 +58,27 @@ def two_processes(model: str, *flags: str) -> tuple[ServeProcess, Follower]:
     return leader, follower
 
 
+def alone_then_two(model: str, flags: tuple, ask, monkeypatch) -> tuple:
+    """(ask(one process on one device), ask(the leader of two processes of two CPU devices
+    each)), both serving `model` with `flags`; the follower still running after."""
+    alone = ServeProcess(model, *FLAGS, *flags)
+    try:
+        alone.wait_ready()
+        want = ask(alone)
+    finally:
+        alone.close()
+    monkeypatch.setenv("XLA_FLAGS", TWO)
+    leader, follower = two_processes(model, *flags)
+    try:
+        leader.wait_ready()
+        got = ask(leader)
+        assert follower.proc.poll() is None, follower.output()[-2000:]
+    finally:
+        leader.close()
+        follower.close()
+    return want, got
+
+
 def answer(serve: ServeProcess):
     status, _, got = serve.request("POST", "/completion", BODY)
     assert status == 200, got
@@ -149,23 +170,9 @@ def test_a_recurrent_model_resumes_a_cached_prefix_across_processes(tmp_path, mo
                         got["timings"]["cache_n"]))
         return out
 
-    alone = ServeProcess(path, *FLAGS)
-    try:
-        alone.wait_ready()
-        want = twice(alone)
-    finally:
-        alone.close()
-    monkeypatch.setenv("XLA_FLAGS", TWO)
-    leader, follower = two_processes(path)
-    try:
-        leader.wait_ready()
-        got = twice(leader)
-        assert got[1][2] > 16, got[1][2]   # the second resumed from the cached prefix
-        assert [g[:2] for g in got] == [w[:2] for w in want] and want[0][:2] == want[1][:2]
-        assert follower.proc.poll() is None, follower.output()[-2000:]
-    finally:
-        leader.close()
-        follower.close()
+    want, got = alone_then_two(path, (), twice, monkeypatch)
+    assert got[1][2] > 16, got[1][2]   # the second resumed from the cached prefix
+    assert [g[:2] for g in got] == [w[:2] for w in want] and want[0][:2] == want[1][:2]
 
 
 def test_an_image_is_read_across_processes(tmp_path, monkeypatch):
@@ -189,41 +196,19 @@ def test_an_image_is_read_across_processes(tmp_path, monkeypatch):
         choice = got["choices"][0]
         return choice["message"]["content"], choice["logprobs"], got["usage"]["prompt_tokens"]
 
-    alone = ServeProcess(text, *FLAGS, "-c", "1024", "--mmproj", mmproj)
-    try:
-        alone.wait_ready()
-        want = ask(alone)
-    finally:
-        alone.close()
-    monkeypatch.setenv("XLA_FLAGS", TWO)
-    leader, follower = two_processes(text, "-c", "1024", "--mmproj", mmproj)
-    try:
-        leader.wait_ready()
-        assert ask(leader) == want and want[2] > 20
-    finally:
-        leader.close()
-        follower.close()
+    want, got = alone_then_two(text, ("-c", "1024", "--mmproj", mmproj), ask, monkeypatch)
+    assert got == want and want[2] > 20
 
 
 def test_a_draft_model_drafts_across_processes(model_path, monkeypatch):
     """--model-draft: the draft's Runner is split over the processes as the target's is,
     its calls mirrored to the followers' draft Runner; the answer is one process's with the
     same draft."""
-    flags = ("-md", model_path, "--draft-max", "4")
-    alone = ServeProcess(model_path, *FLAGS, *flags)
-    try:
-        alone.wait_ready()
-        want = answer(alone)
-    finally:
-        alone.close()
-    monkeypatch.setenv("XLA_FLAGS", TWO)
-    leader, follower = two_processes(model_path, *flags)
-    try:
-        leader.wait_ready()
-        assert answer(leader) == want
-        status, _, slots = leader.request("GET", "/slots")
+    def ask(serve: ServeProcess):
+        status, _, slots = serve.request("GET", "/slots")
         assert status == 200 and slots[0]["speculative"] is True
-        assert follower.proc.poll() is None, follower.output()[-2000:]
-    finally:
-        leader.close()
-        follower.close()
+        return answer(serve)
+
+    want, got = alone_then_two(model_path, ("-md", model_path, "--draft-max", "4"), ask,
+                               monkeypatch)
+    assert got == want

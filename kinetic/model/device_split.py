@@ -112,13 +112,11 @@ def planes_linear(x: jax.Array, w, mesh, counts: tuple[int, ...]) -> jax.Array:
     _, BN = planes_tile(n, K)
 
     def run(x, w):
-        return gathered([pallas_matmul.matmul(x, w, block_n=BN)])
+        return shares_to_rows([pallas_matmul.matmul(x, w, block_n=BN)], [counts])[0]
 
-    every = jax.shard_map(run, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=P(),
-                          check_vma=False)(x, dataclasses.replace(w, n=0))
-    y = jnp.moveaxis(every, 0, -2)
-    return jnp.take(y.reshape(*y.shape[:-2], len(counts) * max(counts)),
-                    jnp.asarray(held_rows(counts)[:n]), axis=-1)
+    y = jax.shard_map(run, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=P(),
+                      check_vma=False)(x, dataclasses.replace(w, n=0))
+    return y[..., :n]   # (the padded weight's rows: the kernel's multiple of 16)
 
 
 def planes_rows(tokens: jax.Array, w, counts: tuple[int, ...]) -> jax.Array:
