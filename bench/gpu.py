@@ -3,8 +3,8 @@ shapes, beside the bandwidth bound and XLA's dense bf16 path (issue 38's device 
 scripts/device_check.sh runs it on the device machine).
 
     python bench/gpu.py [--shape smollm2-135m|qwen25-0.5b|qwen25-1.5b]... [--qtype Q4_0]...
-                        [--streams 1,2,7,16,64,256] [--reps 10] [--out DIR] [--tiny]
-                        [--split-check]
+                        [--streams 1,2,7,8,16,64,256] [--reps 10] [--out DIR] [--tiny]
+                        [--split-check] [--llama-cpp DIR]
 
 The models are written here, in a temporary folder, by tests/tiny_models.py with random
 block bytes (`random_weights`: no quantizing, seconds even at 1.5B) and a real tokenizer
@@ -18,18 +18,30 @@ For each model and each row count B of --streams, on kernel "pallas":
 - bitwise: the logits of one row (slot 0's 16 prompt tokens, one per step) alone, and as
   the first row of steps of B rows (the other rows other slots' tokens at the same
   positions): every byte equal, or the model's row reads "DIFFERS";
+- row-wise pieces: XLA's RMS norm over d_model and over a head, rotary and silu x up, and
+  the norm's Pallas kernel (the step's norm on a GPU), each jitted alone at the model's
+  widths: row 0's bytes alone and among B rows (a piece that differs is one to move into
+  Pallas; "bitwise" covers the step's own pieces inside the step);
 - decode: the median time of a B-row step at position 512 (each row its own slot), as
   tok/s = B / time;
+- loop: one sequence's greedy decode as the server runs it when nothing else can come,
+  the engine's decode_steps (4) steps in one device call (Runner.decode_steps), as ms a
+  step; bench.step pays the host's work and a launch every step, this once per 4;
 - prompt: a 512-token prompt in steps of --prompt-step rows, tok/s;
 - bound: weight bytes read per step (every plane of every matrix, once) / the copy
   bandwidth measured first (a jitted x + 1 over 4 GiB of float32, bytes read + written
-  per second), as a time; "of bound" = that time / the 1-row step's;
+  per second), as a time; "of bound" = that time / the 1-row step's (and the loop's);
 - xla: the same model on kernel "xla" (weights dequantized to bfloat16, XLA's dot) at
   16 rows, tok/s;
 - with --split-check (issue 42): the same model through the split's code path over one
   device (`--split-mode row -tp 1`: shard_map, the gathers, the rearranged planes): whether
   a B-row step's logits are the unsplit step's bytes, and its decode tok/s beside the
-  unsplit's, at each B.
+  unsplit's, at each B;
+- with --llama-cpp DIR (the anchor): llama.cpp on the same file, DIR's llama-batched-bench
+  with every layer on the GPU (`-ngl 99`, its defaults otherwise): a 512-token prompt in
+  each of B sequences, then 32 steps of B rows from position 512, as decode tok/s at each
+  B and (B = 1) prompt tok/s; a second table gives kinetic's speed over llama.cpp's.
+  scripts/device_anchor.sh builds such a llama.cpp for the GPU ahead of time.
 Times are wall clock to block_until_ready after a warm-up call (compilation excluded),
 median of --reps. The table is printed last; with --out, gpu.json and gpu.md go there, the
 JSON rewritten after each model so a run cut short keeps what it measured. --tiny: two
@@ -39,8 +51,10 @@ small layers (a check of the script itself, on a CPU in Pallas' interpret mode).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -59,6 +73,7 @@ SHAPES = {
 }
 TINY = dict(n_layer=2, d_model=256, d_ffn=512, n_head=4, n_kv_head=2, head_dim=64)
 PROMPT_LEN, DECODE_AT, PAGE = 512, 512, 16
+LLAMA_TG = 32        # llama-batched-bench's decode steps per row count
 
 
 def timed(f, reps: int) -> float:
@@ -138,6 +153,7 @@ def measure(name: str, spec: dict, qtype: str, args, bandwidth: float, folder: s
     others = rng.integers(0, vocab, (top, 16))
     row["bitwise"] = {str(B): same for B, same in
                       invariance(bench, ids, others, args.streams).items()}
+    row["row_pieces"] = row_pieces(model.config, args.streams, rng)
     row["decode_tok_s"] = {}
     for B in args.streams:
         toks = rng.integers(0, vocab, B)
@@ -146,6 +162,7 @@ def measure(name: str, spec: dict, qtype: str, args, bandwidth: float, folder: s
         row["decode_tok_s"][str(B)] = B / t
         if B == 1:
             row["one_row_ms"] = 1e3 * t
+    row["loop_steps"], row["loop_one_row_ms"] = loop_step_ms(bench, rng, vocab, args.reps)
     chunks = [np.arange(s, min(s + args.prompt_step, PROMPT_LEN))
               for s in range(0, PROMPT_LEN, args.prompt_step)]
     prompt = rng.integers(0, vocab, PROMPT_LEN)
@@ -156,6 +173,7 @@ def measure(name: str, spec: dict, qtype: str, args, bandwidth: float, folder: s
         out.block_until_ready()
     row["prompt_tok_s"] = PROMPT_LEN / timed(whole_prompt, max(3, args.reps // 3))
     row["of_bound"] = row["bound_ms"] / row["one_row_ms"] if "one_row_ms" in row else None
+    row["of_bound_loop"] = row["bound_ms"] / row["loop_one_row_ms"]
     del bench
     if args.split_check:
         row["split1"] = split_check(model, top, args, rng, vocab)
@@ -165,7 +183,104 @@ def measure(name: str, spec: dict, qtype: str, args, bandwidth: float, folder: s
         lambda: dense.step(toks, np.full(16, DECODE_AT), np.arange(16)).block_until_ready(),
         args.reps)
     row["device"] = jax.devices()[0].device_kind
+    if args.llama_cpp:
+        row["llama_cpp"] = llama_cpp(args.llama_cpp, path, args.streams)
     return row
+
+
+def llama_cpp(folder: str, path: str, streams: list[int], timeout: float = 120) -> dict:
+    """llama.cpp's llama-batched-bench (in `folder`) on the file at `path`: {"cmd",
+    "decode_tok_s": {B: tok/s}, "prompt_tok_s"}, or {"cmd", "error"} when it fails."""
+    from bench.probes import cpu_has
+    from bench.servers import link_shared_libraries
+    binary = os.path.join(folder, "llama-batched-bench")
+    link_shared_libraries(binary)
+    cmd = [binary, "-m", path, "-ngl", "99", "-npp", str(PROMPT_LEN), "-ntg", str(LLAMA_TG),
+           "-npl", ",".join(map(str, streams)),
+           "-c", str(max(streams) * (PROMPT_LEN + LLAMA_TG)), "--output-format", "jsonl"]
+    if cpu_has("amx_tile"):          # llama.cpp's CPU repacking dies on AMX (SIGILL)
+        cmd.append("--no-repack")
+    out = {"cmd": " ".join(cmd)}
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return {**out, "error": f"{type(e).__name__}: {e}"}
+    found = {r["pl"]: r for r in map(json.loads, (line for line in done.stdout.splitlines()
+                                                  if line.startswith("{")))}
+    if done.returncode or not found:
+        return {**out, "error": f"exit {done.returncode}: {done.stderr[-600:]}"}
+    out["decode_tok_s"] = {str(B): r["speed_tg"] for B, r in found.items()}
+    out["prompt_tok_s"] = found[1]["speed_pp"] if 1 in found else None
+    return out
+
+
+def row_pieces(cfg, streams: list[int], rng) -> dict:
+    """The step's row-wise pieces that XLA computes on a GPU (on a CPU they run in C++,
+    layers._native_rows, because XLA's CPU code gave a row other bits at 8 rows than at 1),
+    each jitted alone at the model's widths, and the norm's Pallas kernel that a GPU's
+    step runs instead of XLA's (kernels/pallas_norm.py): {piece: {B: whether row 0 has
+    the same bytes among B rows as alone}}. Where "bitwise" reads DIFFERS, this names the
+    piece to move into Pallas; where XLA's norm keeps every row, Pallas' could go back to
+    XLA (KINETIC_GPU_NORM=xla)."""
+    import jax
+    import jax.numpy as jnp
+
+    from kinetic.kernels import pallas_norm as kernel_norm
+    from kinetic.kernels import target
+    from kinetic.model import layers
+
+    def rope(x, positions):
+        cos, sin = layers.rope_angles(positions, cfg, cfg.rope_base)
+        return layers.apply_rope(x, cos, sin, cfg.rope_neox)
+    top = max(streams)
+    normal = rng.standard_normal
+    def xla_norm(x, w):
+        return layers.xla_rms_norm(x, w, cfg.norm_eps)
+
+    def pallas_norm(x, w):
+        return kernel_norm.rms_norm(x, w, cfg.norm_eps)
+    rows, heads = normal((top, cfg.d_model)), normal((top, cfg.n_head, cfg.head_dim))
+    pieces = {   # name: (function, its per-row inputs at `top` rows, its other inputs)
+        "rms_norm (xla)": (xla_norm, [rows], [normal(cfg.d_model)]),
+        "rms_norm (xla, head)": (xla_norm, [heads], [normal(cfg.head_dim)]),
+        "rms_norm (pallas)": (pallas_norm, [rows], [normal(cfg.d_model)]),
+        "rms_norm (pallas, head)": (pallas_norm, [heads], [normal(cfg.head_dim)]),
+        "rope": (rope, [normal((top, cfg.n_head, cfg.head_dim)),
+                        np.full(top, DECODE_AT + 3)], []),
+        "silu x up": (layers.silu_times, [normal((top, cfg.d_ffn)), normal((top, cfg.d_ffn))],
+                      []),
+    }
+
+    def device(a):
+        return jnp.asarray(a, jnp.int32 if a.dtype.kind == "i" else jnp.float32)
+    out = {}
+    for name, (f, per_row, fixed) in pieces.items():
+        g = jax.jit(f)
+
+        def first_row(B):
+            args = [device(a[:B]) for a in per_row] + [device(a) for a in fixed]
+            return np.asarray(g(*args)[0]).tobytes()
+        # XLA's code for rotary and silu as on a GPU, even on a CPU (whose steps run them
+        # in C++); the Pallas norm as this backend runs it (interpreted on a CPU)
+        with target.for_gpu() if "pallas" not in name else contextlib.nullcontext():
+            alone = first_row(1)
+            out[name] = {str(B): first_row(B) == alone for B in streams if B > 1}
+    return out
+
+
+def loop_step_ms(bench: Bench, rng, vocab: int, reps: int) -> tuple[int, float]:
+    """(N, ms a step) of one sequence's greedy decode as the server runs it when nothing
+    else can come: N steps from position 512 in one device call (Runner.decode_steps, N the
+    engine's default decode_steps), so the host's work and the call's launch are paid once
+    per N tokens, not once per token as in bench.step."""
+    from kinetic.engine.engine_config import EngineConfig
+    N = EngineConfig().decode_steps
+    grid = DECODE_AT + np.arange(N)[:, None]
+    write = bench.table[0, grid // PAGE] * PAGE + grid % PAGE
+    token, slot = rng.integers(0, vocab, 1), np.zeros(1, int)
+    t = timed(lambda: bench.runner.decode_steps(token, grid, slot, write, bench.table,
+                                                (None,)), reps)
+    return N, 1e3 * t / N
 
 
 def split_check(model, top: int, args, rng, vocab: int) -> dict:
@@ -191,7 +306,8 @@ def split_check(model, top: int, args, rng, vocab: int) -> dict:
 
 def table(rows: list[dict], streams: list[int]) -> str:
     head = (["model", "qtype", "bitwise"] + [f"{B} tok/s" for B in streams]
-            + ["prompt tok/s", "bound ms", "1-row ms", "of bound", "xla bf16@16 tok/s"])
+            + ["prompt tok/s", "bound ms", "1-row ms", "of bound", "1-row ms (loop)",
+               "of bound (loop)", "xla bf16@16 tok/s"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         bad = [B for B, same in r["bitwise"].items() if not same]
@@ -200,7 +316,31 @@ def table(rows: list[dict], streams: list[int]) -> str:
                  + [f"{r['prompt_tok_s']:.0f}", f"{r['bound_ms']:.3f}",
                     f"{r.get('one_row_ms', float('nan')):.3f}",
                     f"{r['of_bound']:.2f}" if r["of_bound"] else "-",
+                    f"{r['loop_one_row_ms']:.3f}", f"{r['of_bound_loop']:.2f}",
                     f"{r['xla_bf16_16_tok_s']:.0f}"])
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def anchor_table(rows: list[dict], streams: list[int]) -> str:
+    """llama.cpp's tok/s on the same files, each with kinetic's / llama.cpp's beside it."""
+    head = (["model", "qtype"] + [f"{B} tok/s (x)" for B in streams] + ["prompt tok/s (x)"])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        a = r.get("llama_cpp")
+        if a is None:
+            continue
+        if "error" in a:
+            lines.append(f"| {r['model']} | {r['qtype']} | failed: "
+                         f"{a['error'].splitlines()[0][:120]} |")
+            continue
+
+        def cell(theirs, ours):
+            return "-" if theirs is None else f"{theirs:.0f} ({ours / theirs:.2f}x)"
+        cells = ([r["model"], r["qtype"]]
+                 + [cell(a["decode_tok_s"].get(str(B)), r["decode_tok_s"][str(B)])
+                    for B in streams]
+                 + [cell(a["prompt_tok_s"], r["prompt_tok_s"])])
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -209,12 +349,14 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", action="append", choices=sorted(SHAPES))
     p.add_argument("--qtype", action="append")
-    p.add_argument("--streams", default="1,2,7,16,64,256")
+    p.add_argument("--streams", default="1,2,7,8,16,64,256")
     p.add_argument("--prompt-step", type=int, default=256)
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--out")
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--split-check", action="store_true")
+    p.add_argument("--llama-cpp", metavar="DIR",
+                   help="a folder holding llama.cpp's llama-batched-bench, run on each file")
     args = p.parse_args(argv)
     args.streams = sorted({int(s) for s in args.streams.split(",")})
     import jax
@@ -242,6 +384,14 @@ def main(argv=None) -> int:
                     with open(os.path.join(args.out, "gpu.json"), "w") as f:
                         json.dump(result, f, indent=1)
     text = table(rows, args.streams)
+    pieces = [f"{r['model']} {r['qtype']} {name}: DIFFERS at {', '.join(bad)}"
+              for r in rows for name, same in r["row_pieces"].items()
+              if (bad := [B for B, ok in same.items() if not ok])]
+    text += ("\n\nrow-wise pieces: " + ("; ".join(pieces) if pieces else
+             "every row the same bytes alone and among B rows, at every B"))
+    if args.llama_cpp:
+        text += ("\n\nllama.cpp on the same files (x: kinetic's tok/s over llama.cpp's)\n\n"
+                 + anchor_table(rows, args.streams))
     if args.out:
         with open(os.path.join(args.out, "gpu.md"), "w") as f:
             f.write(f"{result['date']}, {result['device']}, jax {result['jax']}, copy "

@@ -7,7 +7,9 @@
 # 2. runs the pallas tests on the GPU, compiled through Triton (not interpreted);
 # 3. runs bench/gpu.py: bitwise row invariance and decode / prompt speed on random-weight
 #    models of SmolLM2-135M's, Qwen2.5-0.5B's and Qwen2.5-1.5B's shapes, beside the
-#    bandwidth bound and XLA's dense bf16 path;
+#    bandwidth bound, XLA's dense bf16 path and, when .anchor/llama-cuda.tar.xz is carried
+#    too (scripts/device_anchor.sh builds it here), llama.cpp's CUDA backend on the same
+#    files: run(..., carry=[".whl", ".anchor"]);
 # 4. (issue 42) bench/gpu.py --split-check: Qwen2.5-1.5B's shape through the split's code
 #    path over one device, its bytes and speed beside the unsplit path's;
 # 5. if time is left, every family's tiny model on the pallas kernel, row-bucket bits.
@@ -27,11 +29,28 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv | tee "$OUT/gpu.txt"
 python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 || tail -5 "$OUT/build.log"
 python3 -c "import jax; print('jax', jax.__version__, jax.devices())" | tee -a "$OUT/gpu.txt"
-timeout 200 python3 -m pytest -q -n 0 -p no:cacheprovider -m "not real_model" \
+# the norm's Pallas kernel (kernels/pallas_norm.py) compiled here once: if Triton cannot,
+# the rest runs with XLA's norm (KINETIC_GPU_NORM=xla) and says so
+python3 -c "import numpy as np; from kinetic.kernels import pallas_norm as pn
+pn.rms_norm(np.ones((3, 576), np.float32), np.ones(576, np.float32), 1e-6).block_until_ready()" \
+    2>"$OUT/norm.log" || { echo "pallas norm failed: KINETIC_GPU_NORM=xla" | tee -a "$OUT/gpu.txt"
+                           export KINETIC_GPU_NORM=xla; }
+timeout 150 python3 -m pytest -q -n 0 -p no:cacheprovider -m "not real_model" \
     -k "not every_family" \
-    tests/test_pallas_matmul.py tests/test_pallas_attention.py tests/test_pallas_lowering.py \
-    tests/test_pallas_model.py 2>&1 | tee "$OUT/tests.log" | tail -15
-timeout 330 python3 bench/gpu.py --out "$OUT" \
+    tests/test_pallas_matmul.py tests/test_pallas_attention.py tests/test_pallas_norm.py \
+    tests/test_pallas_lowering.py tests/test_pallas_model.py 2>&1 | tee "$OUT/tests.log" | tail -15
+# the anchor: llama.cpp built for sm_90, its cuBLAS the image's (JAX's CUDA wheels)
+ANCHOR=""
+if [ -f .anchor/llama-cuda.tar.xz ]; then
+    mkdir -p /tmp/anchor && tar -xJf .anchor/llama-cuda.tar.xz -C /tmp/anchor
+    CUBLAS=$(python3 -c "import glob, os, site
+found = [f for p in site.getsitepackages() for f in glob.glob(p + '/nvidia/**/libcublas.so.*', recursive=True)]
+print(os.path.dirname(found[0]) if found else '')")
+    export LD_LIBRARY_PATH=${CUBLAS}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    ANCHOR="--llama-cpp /tmp/anchor/llama-cuda/bin"
+    /tmp/anchor/llama-cuda/bin/llama-batched-bench --version 2>&1 | tail -3 | tee -a "$OUT/gpu.txt"
+fi
+timeout 330 python3 bench/gpu.py --out "$OUT" $ANCHOR \
     --shape qwen25-1.5b --shape qwen25-0.5b --shape smollm2-135m --qtype Q4_0 --qtype Q4_K \
     2>&1 | tee "$OUT/bench.log" | tail -20
 # issue 42: the split's code path over one device beside the unsplit path

@@ -18,6 +18,7 @@ from kinetic.engine.runner import Runner, RunnerConfig
 from kinetic.kernels import pallas_attention as pa
 from kinetic.kernels import target
 from kinetic.kernels import pallas_matmul as pm
+from kinetic.model import layers
 from kinetic.model.loader import load_model
 from tests.test_pallas_matmul import FORMATS, random_blocks
 from tests.tiny_models import write_tiny_model
@@ -57,6 +58,18 @@ def test_paged_attention_lowers_through_triton(heads, kv_heads, head_dim, dtype,
     assert text.count(TRITON) == 1
 
 
+@pytest.mark.parametrize("width", [576, 896, 1536, 64, 128])
+def test_the_norm_lowers_through_triton_on_a_gpu_unless_told_xla(width, monkeypatch):
+    """layers.rms_norm traced for a GPU is the Pallas kernel, at widths that are not powers
+    of 2 too (padded inside); KINETIC_GPU_NORM=xla gives XLA's reduction instead."""
+    def norm(x, w):
+        return layers.rms_norm(x, w, 1e-6)
+    args = jnp.zeros((5, width)), jnp.zeros(width)
+    assert cuda_text(norm, *args).count(TRITON) == 1
+    monkeypatch.setenv("KINETIC_GPU_NORM", "xla")
+    assert cuda_text(norm, *args).count(TRITON) == 0
+
+
 def test_padding_query_heads_keeps_a_groups_arithmetic():
     assert [pa.group_rows(g) for g in (1, 3, 7, 16, 17)] == [16, 16, 16, 16, 32]
 
@@ -67,9 +80,10 @@ def test_padding_query_heads_keeps_a_groups_arithmetic():
 def test_a_whole_model_step_lowers_for_cuda(tmp_path, arch, qtype):
     """A tiny model's step on kernel "pallas", traced as the runner runs it, lowers for
     CUDA with every pallas call of its jaxpr (the projections and each layer's attention)
-    a Triton kernel, none interpreted (an interpreted one lowers to plain loops), and no C++
-    FFI call left (norms and rotary angles in XLA, as on a GPU): dense, sliding-window and
-    soft-capped, mixture-of-experts, short-convolution and Gated DeltaNet families."""
+    a Triton kernel, none interpreted (an interpreted one lowers to plain loops), the norms
+    among them (kernels/pallas_norm.py), and no C++ FFI call left (rotary angles in XLA, as
+    on a GPU): dense, sliding-window and soft-capped, mixture-of-experts, short-convolution
+    and Gated DeltaNet families."""
     path = write_tiny_model(tmp_path / "tiny.gguf", arch, qtype=qtype, context_length=256)
     runner = Runner(load_model(str(path), kernel="pallas"),
                     RunnerConfig(step_tokens=4, num_slots=1, page_size=16, num_pages=4,
@@ -91,6 +105,7 @@ def test_a_whole_model_step_lowers_for_cuda(tmp_path, arch, qtype):
     calls = re.findall(r"custom_call @([\w$.]+)", seen["text"])
     assert kernels >= 5 and calls.count(TRITON) == kernels
     assert set(calls) == {TRITON}
+    assert "let _rms_norm = " in seen["jaxpr"]   # pallas_norm._rms_norm
 
 
 class _Lowered(Exception):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -25,6 +26,7 @@ import numpy as np
 
 from kinetic.kernels import attention as native_attention
 from kinetic.kernels import ffi as native
+from kinetic.kernels import target
 from kinetic.kernels.reference import FORMATS, Q8_0
 from kinetic.model import device_split
 from kinetic.model.config import Config
@@ -91,10 +93,21 @@ def _native_rows() -> bool:
 
 
 def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
-    """x / sqrt(mean(x^2) + eps) * w over the last axis. On CPU in C++ (_native_rows):
-    XLA's reduction here gave a row other bits at 8 rows than at 1."""
+    """x / sqrt(mean(x^2) + eps) * w over the last axis. XLA's reduction here gave a row
+    other bits at 16 rows than at 1 on a CPU (bench/gpu.py's row pieces), so it runs in
+    C++ on a CPU (_native_rows) and as a Pallas kernel on a GPU (kernels/pallas_norm.py:
+    the same block shape for every row count); XLA's own (xla_rms_norm) elsewhere, or on a
+    GPU with KINETIC_GPU_NORM=xla."""
     if _native_rows():
         return native.rms_norm(x, w, eps)
+    if target.backend() == "gpu" and os.environ.get("KINETIC_GPU_NORM", "pallas") != "xla":
+        from kinetic.kernels import pallas_norm
+        return pallas_norm.rms_norm(x, w, eps)
+    return xla_rms_norm(x, w, eps)
+
+
+def xla_rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
+    """rms_norm as XLA computes it (its reduction's order is XLA's choice)."""
     x = x.astype(jnp.float32)
     return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * w
 

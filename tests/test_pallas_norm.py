@@ -1,0 +1,52 @@
+"""The RMS norm's Pallas kernel (kinetic/kernels/pallas_norm.py), the norm of a step on a
+GPU, run by Pallas in interpret mode on CPU: a row's bits do not depend on how many rows
+share the call, and the values are within float32 rounding of float64. That it lowers for
+CUDA, and that a step traced for a GPU uses it, is tests/test_pallas_lowering.py's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kinetic.kernels import pallas_norm as pn
+from kinetic.model import layers
+
+
+def reference(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """float64 x / sqrt(mean(x^2) + eps) * w over the last axis."""
+    x = np.asarray(x, np.float64)
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+@pytest.mark.parametrize("shape", [(576,), (1536,), (64,), (12, 128)])   # a head's width too
+def test_a_rows_bits_do_not_depend_on_the_rows_beside_it(shape):
+    rng = np.random.default_rng(len(shape) + shape[-1])
+    x = rng.standard_normal((70, *shape)).astype(np.float32) * 3
+    w = rng.standard_normal(shape[-1]).astype(np.float32)
+    alone = np.asarray(pn.rms_norm(x[:1], w, 1e-6))
+    for rows in (2, 7, 16, 17, 64):
+        got = np.asarray(pn.rms_norm(x[:rows], w, 1e-6))
+        assert got[0].tobytes() == alone[0].tobytes(), rows
+    # a row in another place of the block, beside other rows
+    assert (np.asarray(pn.rms_norm(x[5:21], w, 1e-6))[2].tobytes()
+            == np.asarray(pn.rms_norm(x[7:8], w, 1e-6))[0].tobytes())
+
+
+@pytest.mark.parametrize("D,dtype", [(576, np.float32), (896, np.float32), (256, "bfloat16")])
+def test_the_values_are_within_float32_rounding_of_float64(D, dtype):
+    import jax.numpy as jnp
+    rng = np.random.default_rng(D)
+    x = jnp.asarray(rng.standard_normal((9, D)) * 5, dtype)
+    w = rng.standard_normal(D).astype(np.float32)
+    got = np.asarray(pn.rms_norm(x, w, 1e-5))
+    assert got.dtype == np.float32 and got.shape == (9, D)
+    want = reference(np.asarray(x, np.float32), w, 1e-5)
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6 * np.abs(want).max())
+
+
+def test_it_agrees_with_xlas_norm():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((5, 3, 96)).astype(np.float32)
+    w = rng.standard_normal(96).astype(np.float32)
+    np.testing.assert_allclose(np.asarray(pn.rms_norm(x, w, 1e-6)),
+                               np.asarray(layers.xla_rms_norm(x, w, 1e-6)), rtol=3e-6, atol=3e-6)
