@@ -70,6 +70,12 @@ def test_the_norm_lowers_through_triton_on_a_gpu_unless_told_xla(width, monkeypa
     assert cuda_text(norm, *args).count(TRITON) == 0
 
 
+def test_berts_layer_norm_lowers_through_triton_on_a_gpu():
+    from kinetic.model import bert
+    args = jnp.zeros((5, 384)), jnp.zeros(384), jnp.zeros(384)
+    assert cuda_text(lambda x, w, b: bert.layer_norm(x, w, b, 1e-12), *args).count(TRITON) == 1
+
+
 def test_padding_query_heads_keeps_a_groups_arithmetic():
     assert [pa.group_rows(g) for g in (1, 3, 7, 16, 17)] == [16, 16, 16, 16, 32]
 

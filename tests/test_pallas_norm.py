@@ -1,6 +1,6 @@
-"""The RMS norm's Pallas kernel (kinetic/kernels/pallas_norm.py), the norm of a step on a
-GPU, run by Pallas in interpret mode on CPU: a row's bits do not depend on how many rows
-share the call, and the values are within float32 rounding of float64. That it lowers for
+"""The norms' Pallas kernel (kinetic/kernels/pallas_norm.py: RMS and BERT's layer norm), a
+step's norms on a GPU, run by Pallas in interpret mode on CPU: a row's bits do not depend
+on how many rows share the call, and the values are within float32 rounding of float64. That it lowers for
 CUDA, and that a step traced for a GPU uses it, is tests/test_pallas_lowering.py's."""
 
 from __future__ import annotations
@@ -16,6 +16,13 @@ def reference(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     """float64 x / sqrt(mean(x^2) + eps) * w over the last axis."""
     x = np.asarray(x, np.float64)
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def layer_reference(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
+    """float64 (x - mean) / sqrt(var + eps) * w + b over the last axis."""
+    c = np.asarray(x, np.float64)
+    c = c - c.mean(axis=-1, keepdims=True)
+    return c / np.sqrt(np.mean(c * c, axis=-1, keepdims=True) + eps) * w + b
 
 
 @pytest.mark.parametrize("shape", [(576,), (1536,), (64,), (12, 128)])   # a head's width too
@@ -50,3 +57,16 @@ def test_it_agrees_with_xlas_norm():
     w = rng.standard_normal(96).astype(np.float32)
     np.testing.assert_allclose(np.asarray(pn.rms_norm(x, w, 1e-6)),
                                np.asarray(layers.xla_rms_norm(x, w, 1e-6)), rtol=3e-6, atol=3e-6)
+
+
+@pytest.mark.parametrize("D", [384, 768, 256])   # MiniLM's and BERT-base's widths
+def test_the_layer_norm_keeps_a_rows_bits_and_is_within_rounding_of_float64(D):
+    rng = np.random.default_rng(D)
+    x = (rng.standard_normal((40, D)) * 2 + 3).astype(np.float32)   # a mean far from 0
+    w, b = (rng.standard_normal(D).astype(np.float32) for _ in range(2))
+    alone = np.asarray(pn.layer_norm(x[:1], w, b, 1e-12))[0].tobytes()
+    for rows in (3, 16, 33):
+        got = np.asarray(pn.layer_norm(x[:rows], w, b, 1e-12))
+        assert got[0].tobytes() == alone, rows
+    want = layer_reference(x[:33], w, b, 1e-12)
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=4e-6 * np.abs(want).max())

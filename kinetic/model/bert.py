@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from kinetic.kernels import ffi as native
+from kinetic.model import layers
 from kinetic.model.config import Config, ModelConfigError
 from kinetic.model.layers import (StepInput, cached_attention, embed, gelu_tanh, linear, qkv)
 
@@ -39,10 +40,14 @@ def configure(cfg: Config, meta: dict) -> Config:
 
 
 def layer_norm(x: jax.Array, w: jax.Array, b: jax.Array, eps: float) -> jax.Array:
-    """(x - mean) / sqrt(var + eps) * w + b per row: in C++ where the kernels run (a row's
-    bits the same at any row count), else XLA's."""
+    """(x - mean) / sqrt(var + eps) * w + b per row: in C++ where the kernels run and as a
+    Pallas kernel on a GPU (a row's bits the same at any row count: layers.rms_norm says
+    why), else XLA's."""
     if native.usable():
         return native.layer_norm(x, w, b, eps)
+    if layers.pallas_norms():
+        from kinetic.kernels import pallas_norm
+        return pallas_norm.layer_norm(x, w, b, eps)
     x = x.astype(jnp.float32)
     mean = jnp.mean(x, axis=-1, keepdims=True)
     c = x - mean

@@ -100,10 +100,16 @@ def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
     GPU with KINETIC_GPU_NORM=xla."""
     if _native_rows():
         return native.rms_norm(x, w, eps)
-    if target.backend() == "gpu" and os.environ.get("KINETIC_GPU_NORM", "pallas") != "xla":
+    if pallas_norms():
         from kinetic.kernels import pallas_norm
         return pallas_norm.rms_norm(x, w, eps)
     return xla_rms_norm(x, w, eps)
+
+
+def pallas_norms() -> bool:
+    """Whether a step's norms are the Pallas kernel's (kernels/pallas_norm.py): when it is
+    traced for a GPU, unless KINETIC_GPU_NORM=xla. Decided at each trace."""
+    return target.backend() == "gpu" and os.environ.get("KINETIC_GPU_NORM", "pallas") != "xla"
 
 
 def xla_rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
