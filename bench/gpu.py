@@ -216,7 +216,7 @@ def llama_cpp(folder: str, path: str, streams: list[int], timeout: float = 120) 
 
 def row_pieces(cfg, streams: list[int], rng) -> dict:
     """The step's row-wise pieces that XLA computes on a GPU (on a CPU they run in C++,
-    layers._native_rows, because XLA's CPU code gave a row other bits at 8 rows than at 1),
+    layers._native_rows, because XLA's CPU code changed a row's bits with the row count),
     each jitted alone at the model's widths, and the norm's Pallas kernel that a GPU's
     step runs instead of XLA's (kernels/pallas_norm.py): {piece: {B: whether row 0 has
     the same bytes among B rows as alone}}. Where "bitwise" reads DIFFERS, this names the
@@ -234,6 +234,7 @@ def row_pieces(cfg, streams: list[int], rng) -> dict:
         return layers.apply_rope(x, cos, sin, cfg.rope_neox)
     top = max(streams)
     normal = rng.standard_normal
+
     def xla_norm(x, w):
         return layers.xla_rms_norm(x, w, cfg.norm_eps)
 
