@@ -25,7 +25,7 @@ def layer_reference(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> 
     return c / np.sqrt(np.mean(c * c, axis=-1, keepdims=True) + eps) * w + b
 
 
-@pytest.mark.parametrize("shape", [(576,), (1536,), (64,), (12, 128)])   # a head's width too
+@pytest.mark.parametrize("shape", [(576,), (1536,), (64,), (12, 128), (4096,)])   # a head too
 def test_a_rows_bits_do_not_depend_on_the_rows_beside_it(shape):
     rng = np.random.default_rng(len(shape) + shape[-1])
     x = rng.standard_normal((70, *shape)).astype(np.float32) * 3
@@ -70,3 +70,7 @@ def test_the_layer_norm_keeps_a_rows_bits_and_is_within_rounding_of_float64(D):
         assert got[0].tobytes() == alone, rows
     want = layer_reference(x[:33], w, b, 1e-12)
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=4e-6 * np.abs(want).max())
+
+
+def test_a_programs_rows_depend_on_the_width_alone():
+    assert [pn.block_rows(d) for d in (64, 512, 1024, 2048, 8192, 16384)] == [16, 16, 8, 4, 1, 1]

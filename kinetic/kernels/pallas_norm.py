@@ -7,11 +7,12 @@ model/bert.py `layer_norm`).
 XLA computes a norm's mean as a reduction whose order it picks from the whole array's shape:
 on a CPU it gave a row other bits at 16 rows than at 1 (bench/gpu.py's row pieces measure
 the same on a GPU), which is why a CPU runs it in C++. Here, one program normalizes a block
-of BLOCK_M rows: the sum of squares over D is one reduction of a [BLOCK_M, D] block, the
-same shape whatever the number of rows, so a row's arithmetic never depends on how many rows
-share the call or which; the number of rows only sets the grid. Rows are padded with zeros
-to whole blocks and D to a power of 2 (Triton's arrays have power-of-2 sizes; a zero adds
-nothing to a sum of squares), and the padding's output is dropped. Interpreted wherever JAX's backend is not a GPU
+of rows (`block_rows`: 16, fewer for rows wider than 512): the sum of squares over D is one
+reduction of a block whose shape depends on D alone, whatever the number of rows, so a
+row's arithmetic never depends on how many rows share the call or which; the number of rows
+only sets the grid. Rows are padded with zeros to whole blocks and D to a power of 2
+(Triton's arrays have power-of-2 sizes; a zero adds nothing to a sum of squares), and the
+padding's output is dropped. Interpreted wherever JAX's backend is not a GPU
 (kernels/pallas_backend.py); tests/test_pallas_norm.py checks it there.
 """
 
@@ -25,7 +26,14 @@ from jax.experimental import pallas as pl
 
 from kinetic.kernels import pallas_backend
 
-BLOCK_M = 16          # rows per program, whatever the number of rows is
+BLOCK_ELEMENTS = 8192   # a program's block: 16 rows of up to 512 values, fewer rows if wider
+
+
+def block_rows(Dp: int) -> int:
+    """Rows per program for rows of Dp (a power of 2) values: up to 16, fewer for wide rows
+    so that a block stays in registers (64 values a thread at 4 warps). Fixed by the width
+    alone, never by the number of rows."""
+    return max(1, min(16, BLOCK_ELEMENTS // Dp))
 
 
 def rms_norm(x: jax.Array, w: jax.Array, eps: float, interpret: bool | None = None) -> jax.Array:
@@ -50,7 +58,9 @@ def _rows(x, w, b, eps: float, interpret: bool | None) -> jax.Array:
 def _norm(x, w, b, eps: float, interpret: bool):
     """b None: the RMS norm; else the layer norm, b its bias."""
     M, D = x.shape
-    Mp, Dp = -(-M // BLOCK_M) * BLOCK_M, pl.next_power_of_2(D)
+    Dp = pl.next_power_of_2(D)
+    BM = block_rows(Dp)
+    Mp = -(-M // BM) * BM
     xp = jnp.zeros((Mp, Dp), jnp.float32).at[:M, :D].set(x.astype(jnp.float32))
 
     def row(v):   # a [D] vector as [1, Dp], zeros past D
@@ -74,9 +84,9 @@ def _norm(x, w, b, eps: float, interpret: bool):
     out = pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct((Mp, Dp), jnp.float32),
-        grid=(Mp // BLOCK_M,),
-        in_specs=[pl.BlockSpec((BLOCK_M, Dp), lambda i: (i, 0)), whole] + [whole] * len(extra),
-        out_specs=pl.BlockSpec((BLOCK_M, Dp), lambda i: (i, 0)),
+        grid=(Mp // BM,),
+        in_specs=[pl.BlockSpec((BM, Dp), lambda i: (i, 0)), whole] + [whole] * len(extra),
+        out_specs=pl.BlockSpec((BM, Dp), lambda i: (i, 0)),
         **pallas_backend.options(interpret),
     )(xp, row(w), *extra)
     return out[:M, :D]
