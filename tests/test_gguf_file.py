@@ -18,6 +18,7 @@ from kinetic.fetch import cache_dir
 from kinetic.model.gguf_file import GGUFError, GGUFFile
 from kinetic.model.quants import dequantize
 from tests.conftest import real_model_file
+from tests.tiny_models import vocab_file
 
 DATA = Path(__file__).parent / "data"
 
@@ -428,12 +429,9 @@ def assert_same_as_gguf_py(path: Path) -> None:
 
 @pytest.mark.parametrize("vocab", VOCABS + LARGE_VOCABS)
 def test_vocab_files_match_gguf_py(vocab):
-    path = DATA / "vocab" / f"ggml-vocab-{vocab}.gguf"
     if vocab in LARGE_VOCABS and not os.environ.get(FULL_CHECK):
         pytest.skip(f"gguf-py's reader is slow on this large vocabulary; set {FULL_CHECK}=1")
-    if not path.is_file():
-        pytest.skip(f"{path} is absent (tests/data/vocab/ has not been filled in)")
-    assert_same_as_gguf_py(path)
+    assert_same_as_gguf_py(vocab_file(vocab))
 
 
 @pytest.mark.real_model

@@ -7,15 +7,14 @@ over a byte vocabulary (checked against a brute-force mask too) and real tokeniz
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
 
 from kinetic.grammar import Matcher, TokenVocab, compile_gbnf, compile_json_schema
 from kinetic.grammar import matcher as M
+from tests.tiny_models import vocab_file
 
-VOCAB_DIR = os.path.join(os.path.dirname(__file__), "data", "vocab")
 
 # An object with enough properties that the rest of it reaches more than SHARED_RULES rules.
 BIG = {"type": "object", "properties": {
@@ -95,9 +94,7 @@ def test_byte_vocab_masks_same_and_exact(spec, text, monkeypatch):
 def test_real_vocab_masks_same(name, monkeypatch):
     from kinetic.model.gguf_file import GGUFFile
     from kinetic.text.tokenizer import Tokenizer
-    path = os.path.join(VOCAB_DIR, f"ggml-vocab-{name}.gguf")
-    if not os.path.exists(path):
-        pytest.skip(f"{path} is absent")
+    path = vocab_file(name)
     vocab = TokenVocab.from_tokenizer(Tokenizer.from_metadata(GGUFFile(path).metadata))
     for spec, text in CASES:
         _check_same(spec, text, vocab, monkeypatch, stride=3)

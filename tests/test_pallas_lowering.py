@@ -111,7 +111,7 @@ def test_a_whole_model_step_lowers_for_cuda(tmp_path, arch, qtype):
     calls = re.findall(r"custom_call @([\w$.]+)", seen["text"])
     assert kernels >= 5 and calls.count(TRITON) == kernels
     assert set(calls) == {TRITON}
-    assert "let _rms_norm = " in seen["jaxpr"]   # pallas_norm._rms_norm
+    assert "let _norm = " in seen["jaxpr"]   # pallas_norm._norm
 
 
 class _Lowered(Exception):

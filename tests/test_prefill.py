@@ -22,7 +22,7 @@ from kinetic.engine.request import GenerationRequest
 from kinetic.engine.sampling_params import SamplingParams
 from tests.app_client import assert_error_shape, in_process_app
 from tests.mock_model import TIMEOUT, Collector, Paused, greedy, ids, run
-from tests.tiny_models import DATA
+from tests.tiny_models import DATA, vocab_file
 
 HELLO = ids("hello")
 
@@ -147,7 +147,7 @@ class TemplateModel:
         from kinetic.model.gguf_file import GGUFFile
         from kinetic.text.chat_template import ChatTemplate
         from kinetic.text.tokenizer import Tokenizer
-        meta = GGUFFile(DATA / "vocab" / f"ggml-vocab-{vocab}.gguf").metadata
+        meta = GGUFFile(vocab_file(vocab)).metadata
         self.tokenizer = Tokenizer.from_metadata(meta)
         bos = self.tokenizer.bos_id
         self.chat_template = ChatTemplate(

@@ -12,7 +12,7 @@ import json
 import pytest
 
 from tests.serve_process import serving
-from tests.tiny_models import DATA, write_tiny_model
+from tests.tiny_models import DATA, vocab_file, write_tiny_model
 
 CHAT = "/v1/chat/completions"
 REPLY = 'root ::= "<think>\\nThe user says hi.\\nI greet back.\\n</think>\\n\\nHello there!"'
@@ -67,7 +67,7 @@ def test_forced_call_on_a_thinking_template(server):
     valid call, read back as a call."""
     from kinetic.model.gguf_file import GGUFFile
     from kinetic.text.tokenizer import Tokenizer
-    tok = Tokenizer.from_metadata(GGUFFile(DATA / "vocab" / "ggml-vocab-qwen2.gguf").metadata)
+    tok = Tokenizer.from_metadata(GGUFFile(vocab_file("qwen2")).metadata)
     bias = {str(t): 50 for t in tok.encode("<tool_call>", add_special=False)}
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},

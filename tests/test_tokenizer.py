@@ -14,6 +14,7 @@ from kinetic.text.bpe import merge
 from kinetic.text.tokenizer import Tokenizer
 from kinetic.text.vocab import parse_merges
 from tests.conftest import real_model_file
+from tests.tiny_models import vocab_file
 
 DATA = Path(__file__).parent / "data"
 VOCAB_DIR = DATA / "vocab"
@@ -27,12 +28,12 @@ VOCABS = ["bert-bge", "deepseek-llm", "gemma-4", "gpt-2", "llama-bpe", "llama-sp
 
 @functools.cache
 def vocab(name: str) -> Tokenizer:
-    return Tokenizer.from_metadata(GGUFFile(VOCAB_DIR / f"ggml-vocab-{name}.gguf").metadata)
+    return Tokenizer.from_metadata(GGUFFile(vocab_file(name)).metadata)
 
 
 def vectors(name: str) -> list[tuple[str, list[int]]]:
     """The (text, expected ids) pairs of one vocab's .inp/.out files."""
-    base = VOCAB_DIR / f"ggml-vocab-{name}.gguf"
+    base = VOCAB_DIR / f"ggml-vocab-{name}.gguf"   # the vectors beside the packed file
     texts = base.with_name(base.name + ".inp").read_text(encoding="utf-8").split(
         "\n__ggml_vocab_test__\n")
     lines = base.with_name(base.name + ".out").read_text(encoding="utf-8").split("\n")

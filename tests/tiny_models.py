@@ -7,6 +7,11 @@ paged forward and the engine exactly as a real file would.
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import lzma
+import os
+import tempfile
 from pathlib import Path
 
 import gguf
@@ -15,6 +20,24 @@ import numpy as np
 from kinetic.model.gguf_file import GGUFFile
 
 DATA = Path(__file__).parent / "data"
+
+
+@functools.cache
+def vocab_file(name: str) -> Path:
+    """llama.cpp's vocab-only file ggml-vocab-{name}.gguf. tests/data/vocab/ keeps it
+    xz-compressed (a fifth of its 43 MB: the repository travels to the device machine under
+    a 64 MiB limit); it is unpacked once into ~/.cache/kinetic/vocab/ under its compressed
+    bytes' hash, written under a temporary name and renamed, so that processes share it."""
+    packed = DATA / "vocab" / f"ggml-vocab-{name}.gguf.xz"
+    data = packed.read_bytes()
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kinetic" / "vocab"
+    path = cache / f"ggml-vocab-{name}-{hashlib.sha256(data).hexdigest()[:16]}.gguf"
+    if not path.is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=cache, delete=False) as f:
+            f.write(lzma.decompress(data))
+        os.replace(f.name, path)
+    return path
 VOCAB_FOR_ARCH = {"llama": "llama-bpe", "mistral3": "llama-bpe", "lfm2": "llama-bpe",
                   "lfm2moe": "llama-bpe",
                   "qwen2": "qwen2",
@@ -54,7 +77,7 @@ QWEN35_MOE = ["ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
 def copy_tokenizer(writer: gguf.GGUFWriter, vocab: str, skip: tuple[str, ...] = ()) -> int:
     """Copy tokenizer.* keys (but `skip`) of tests/data/vocab/ggml-vocab-{vocab}.gguf; returns
     the vocabulary size."""
-    meta = GGUFFile(DATA / "vocab" / f"ggml-vocab-{vocab}.gguf").metadata
+    meta = GGUFFile(vocab_file(vocab)).metadata
     for key, value in meta.items():
         if not key.startswith("tokenizer.") or key in skip:
             continue

@@ -72,7 +72,7 @@ def _appended_tokens(extra: list[str]):
     keys = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type")
 
     def copy_tokenizer(writer: gguf.GGUFWriter, vocab: str, skip: tuple[str, ...] = ()) -> int:
-        meta = GGUFFile(tiny_models.DATA / "vocab" / f"ggml-vocab-{vocab}.gguf").metadata
+        meta = GGUFFile(tiny_models.vocab_file(vocab)).metadata
         original(writer, vocab, skip=tuple(skip) + keys)
         tokens = list(meta["tokenizer.ggml.tokens"])
         clash = [t for t in extra if t in tokens]
