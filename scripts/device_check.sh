@@ -2,6 +2,8 @@
 # Issue 38's device check, in one call of the device tool on one H200 (about 8 minutes):
 #   here:    bash scripts/device_wheels.sh
 #   device:  run(command="bash scripts/device_check.sh", carry=[".whl"], timeout_s=590)
+#   (with llama.cpp's CUDA build, the anchor: bash scripts/device_anchor.sh here first, and
+#   carry=[".whl", ".anchor/llama-cuda.tar.xz"])
 # 1. installs the carried wheels (kinetic's dependencies the image lacks) and builds
 #    kinetic's C++ CPU kernel in place with the image's compiler;
 # 2. runs the pallas tests on the GPU, compiled through Triton (not interpreted);
@@ -9,7 +11,8 @@
 #    models of SmolLM2-135M's, Qwen2.5-0.5B's and Qwen2.5-1.5B's shapes, beside the
 #    bandwidth bound, XLA's dense bf16 path and, when .anchor/llama-cuda.tar.xz is carried
 #    too (scripts/device_anchor.sh builds it here), llama.cpp's CUDA backend on the same
-#    files: run(..., carry=[".whl", ".anchor"]);
+#    files: run(..., carry=[".whl", ".anchor/llama-cuda.tar.xz"]) (the working tree, the
+#    wheels and the tarball are about 50 MB of the tool's 64 MiB);
 # 4. (issue 42) bench/gpu.py --split-check: Qwen2.5-1.5B's shape through the split's code
 #    path over one device, its bytes and speed beside the unsplit path's;
 # 5. if time is left, every family's tiny model on the pallas kernel, row-bucket bits.
@@ -46,9 +49,11 @@ if [ -f .anchor/llama-cuda.tar.xz ]; then
     CUBLAS=$(python3 -c "import glob, os, site
 found = [f for p in site.getsitepackages() for f in glob.glob(p + '/nvidia/**/libcublas.so.*', recursive=True)]
 print(os.path.dirname(found[0]) if found else '')")
-    export LD_LIBRARY_PATH=${CUBLAS}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    # libcuda.so.1 is the driver's: on the loader's path, or in the driver's folder
+    DRIVER=$([ -d /usr/local/nvidia/lib64 ] && echo /usr/local/nvidia/lib64)
+    export LD_LIBRARY_PATH=${CUBLAS}${DRIVER:+:$DRIVER}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     ANCHOR="--llama-cpp /tmp/anchor/llama-cuda/bin"
-    /tmp/anchor/llama-cuda/bin/llama-batched-bench --version 2>&1 | tail -3 | tee -a "$OUT/gpu.txt"
+    /tmp/anchor/llama-cuda/bin/llama-bench --list-devices 2>&1 | tail -4 | tee -a "$OUT/gpu.txt"
 fi
 timeout 330 python3 bench/gpu.py --out "$OUT" $ANCHOR \
     --shape qwen25-1.5b --shape qwen25-0.5b --shape smollm2-135m --qtype Q4_0 --qtype Q4_K \
