@@ -211,6 +211,9 @@ def llama_cpp(folder: str, path: str, streams: list[int], timeout: float = 120) 
         return {**out, "error": f"exit {done.returncode}: {done.stderr[-600:]}"}
     out["decode_tok_s"] = {str(B): r["speed_tg"] for B, r in found.items()}
     out["prompt_tok_s"] = found[1]["speed_pp"] if 1 in found else None
+    # a CUDA build that finds no GPU runs on the CPU: say so rather than pass it off
+    log = done.stderr + done.stdout
+    out["on_gpu"] = "ggml_cuda_init: found" in log and "CUDA0" in log
     return out
 
 
@@ -338,7 +341,8 @@ def anchor_table(rows: list[dict], streams: list[int]) -> str:
 
         def cell(theirs, ours):
             return "-" if theirs is None else f"{theirs:.0f} ({ours / theirs:.2f}x)"
-        cells = ([r["model"], r["qtype"]]
+        where = "" if a.get("on_gpu") else " (llama.cpp on the CPU)"
+        cells = ([r["model"], r["qtype"] + where]
                  + [cell(a["decode_tok_s"].get(str(B)), r["decode_tok_s"][str(B)])
                     for B in streams]
                  + [cell(a["prompt_tok_s"], r["prompt_tok_s"])])
