@@ -22,22 +22,28 @@ from kinetic.model.gguf_file import GGUFFile
 DATA = Path(__file__).parent / "data"
 
 
-@functools.cache
 def vocab_file(name: str) -> Path:
     """llama.cpp's vocab-only file ggml-vocab-{name}.gguf. tests/data/vocab/ keeps it
     xz-compressed (a fifth of its 43 MB: the repository travels to the device machine under
     a 64 MiB limit); it is unpacked once into ~/.cache/kinetic/vocab/ under its compressed
-    bytes' hash, written under a temporary name and renamed, so that processes share it."""
+    bytes' hash, written under a temporary name and renamed, so that processes share it.
+    Looked for at each call (a test may have moved the cache: XDG_CACHE_HOME)."""
     packed = DATA / "vocab" / f"ggml-vocab-{name}.gguf.xz"
-    data = packed.read_bytes()
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kinetic" / "vocab"
-    path = cache / f"ggml-vocab-{name}-{hashlib.sha256(data).hexdigest()[:16]}.gguf"
+    path = cache / f"ggml-vocab-{name}-{_digest(packed)}.gguf"
     if not path.is_file():
         cache.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=cache, delete=False) as f:
-            f.write(lzma.decompress(data))
+            f.write(lzma.decompress(packed.read_bytes()))
         os.replace(f.name, path)
     return path
+
+
+@functools.cache
+def _digest(packed: Path) -> str:
+    return hashlib.sha256(packed.read_bytes()).hexdigest()[:16]
+
+
 VOCAB_FOR_ARCH = {"llama": "llama-bpe", "mistral3": "llama-bpe", "lfm2": "llama-bpe",
                   "lfm2moe": "llama-bpe",
                   "qwen2": "qwen2",
