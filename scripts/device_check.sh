@@ -16,10 +16,14 @@
 # 4. (issue 42) bench/gpu.py --split-check: Qwen2.5-1.5B's shape through the split's code
 #    path over one device, its bytes and speed beside the unsplit path's;
 # 5. if time is left, every family's tiny model on the pallas kernel, row-bucket bits.
-# Logs, gpu.json and gpu.md go to $OUT (the device tool brings them back); their figures go
-# into docs/performance.md, "GPU".
+# Seven files go to $OUT (the device tool brings back at most 8): gpu.txt (the device, the
+# build's and the norm's failures if any, the anchor's devices), tests.log, bench.log,
+# gpu.json, gpu.md, split.log, families.log; their figures go into docs/performance.md,
+# "GPU". Each step after the tests gets what is left of DEVICE_BUDGET seconds (560: the
+# script ends inside the call's 590), and a step with under 30 s left is skipped.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+left() { echo $(( ${DEVICE_BUDGET:-560} - SECONDS )); }   # seconds left of the budget
 OUT=${OUT:-/tmp/kinetic-device-check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
@@ -30,14 +34,15 @@ if [ -d .whl ]; then
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv | tee "$OUT/gpu.txt"
-python3 setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1 || tail -5 "$OUT/build.log"
+python3 setup.py -q build_ext --inplace > /tmp/build.log 2>&1 || tail -5 /tmp/build.log | tee -a "$OUT/gpu.txt"
 python3 -c "import jax; print('jax', jax.__version__, jax.devices())" | tee -a "$OUT/gpu.txt"
 # the norm's Pallas kernel (kernels/pallas_norm.py) compiled here once: if Triton cannot,
 # the rest runs with XLA's norm (KINETIC_GPU_NORM=xla) and says so
 python3 -c "import numpy as np; from kinetic.kernels import pallas_norm as pn
 pn.rms_norm(np.ones((3, 576), np.float32), np.ones(576, np.float32), 1e-6).block_until_ready()" \
-    2>"$OUT/norm.log" || { echo "pallas norm failed: KINETIC_GPU_NORM=xla" | tee -a "$OUT/gpu.txt"
-                           export KINETIC_GPU_NORM=xla; }
+    2>/tmp/norm.log || { tail -5 /tmp/norm.log >> "$OUT/gpu.txt"
+                         echo "pallas norm failed: KINETIC_GPU_NORM=xla" | tee -a "$OUT/gpu.txt"
+                         export KINETIC_GPU_NORM=xla; }
 timeout 150 python3 -m pytest -q -n 0 -p no:cacheprovider -m "not real_model" \
     -k "not every_family" \
     tests/test_pallas_matmul.py tests/test_pallas_attention.py tests/test_pallas_norm.py \
@@ -55,12 +60,17 @@ print(os.path.dirname(found[0]) if found else '')")
     ANCHOR="--llama-cpp /tmp/anchor/llama-cuda/bin"
     /tmp/anchor/llama-cuda/bin/llama-bench --list-devices 2>&1 | tail -4 | tee -a "$OUT/gpu.txt"
 fi
-timeout 330 python3 bench/gpu.py --out "$OUT" $ANCHOR \
+step=$(left); [ "$step" -gt 330 ] && step=330
+[ "$step" -ge 30 ] && timeout "$step" python3 bench/gpu.py --out "$OUT" $ANCHOR \
     --shape qwen25-1.5b --shape qwen25-0.5b --shape smollm2-135m --qtype Q4_0 --qtype Q4_K \
     2>&1 | tee "$OUT/bench.log" | tail -20
-# issue 42: the split's code path over one device beside the unsplit path
-timeout 120 python3 bench/gpu.py --out "$OUT/split" --shape qwen25-1.5b --qtype Q4_0 \
+# issue 42: the split's code path over one device beside the unsplit path (its figures in
+# the log: each model's JSON line and the table)
+step=$(left); [ "$step" -gt 120 ] && step=120
+[ "$step" -ge 30 ] && timeout "$step" python3 bench/gpu.py --shape qwen25-1.5b --qtype Q4_0 \
     --streams 1,16 --split-check 2>&1 | tee "$OUT/split.log" | tail -5
 # last, if time is left: every family's tiny model, a row's bits in every bucket
-timeout 60 python3 -m pytest -q -n 0 -p no:cacheprovider -k every_family \
-    tests/test_pallas_model.py 2>&1 | tee "$OUT/families.log" | tail -5
+step=$(left)
+[ "$step" -ge 30 ] && timeout "$step" python3 -m pytest -q -n 0 -p no:cacheprovider \
+    -k every_family tests/test_pallas_model.py 2>&1 | tee "$OUT/families.log" | tail -5
+echo "device check: $SECONDS s" | tee -a "$OUT/gpu.txt"
