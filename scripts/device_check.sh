@@ -50,7 +50,9 @@ timeout 150 python3 -m pytest -q -n 0 -p no:cacheprovider -m "not real_model" \
 # the anchor: llama.cpp built for sm_90, its cuBLAS the image's (JAX's CUDA wheels)
 ANCHOR=""
 if [ -f .anchor/llama-cuda.tar.xz ]; then
-    mkdir -p /tmp/anchor && tar -xJf .anchor/llama-cuda.tar.xz -C /tmp/anchor
+    mkdir -p /tmp/anchor
+    tar -xJf .anchor/llama-cuda.tar.xz -C /tmp/anchor 2>/dev/null || python3 -c "import tarfile
+tarfile.open('.anchor/llama-cuda.tar.xz').extractall('/tmp/anchor', filter='data')"
     CUBLAS=$(python3 -c "import glob, os, site
 found = [f for p in site.getsitepackages() for f in glob.glob(p + '/nvidia/**/libcublas.so.*', recursive=True)]
 print(os.path.dirname(found[0]) if found else '')")
