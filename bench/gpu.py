@@ -112,10 +112,14 @@ class Bench:
         self.runner = Runner(model, self.cfg)
         self.table = (1 + np.arange(streams * P, dtype=np.int32)).reshape(streams, P)
 
+    def write_index(self, positions, slots):
+        """Where the cache rows of `positions` in `slots` go (their pages' rows)."""
+        return self.table[slots, positions // PAGE] * PAGE + positions % PAGE
+
     def step(self, tokens, positions, slots):
         tokens, positions, slots = map(np.asarray, (tokens, positions, slots))
-        write = self.table[slots, positions // PAGE] * PAGE + positions % PAGE
-        return self.runner.step_device(tokens, positions, slots, write, self.table)
+        return self.runner.step_device(tokens, positions, slots,
+                                       self.write_index(positions, slots), self.table)
 
 
 def invariance(bench: Bench, ids: np.ndarray, others: np.ndarray, streams: list[int]) -> dict:
@@ -282,7 +286,7 @@ def loop_step_ms(bench: Bench, rng, vocab: int, reps: int) -> tuple[int, float]:
     from kinetic.engine.engine_config import EngineConfig
     N = EngineConfig().decode_steps
     grid = DECODE_AT + np.arange(N)[:, None]
-    write = bench.table[0, grid // PAGE] * PAGE + grid % PAGE
+    write = bench.write_index(grid, 0)
     token, slot = rng.integers(0, vocab, 1), np.zeros(1, int)
     t = timed(lambda: bench.runner.decode_steps(token, grid, slot, write, bench.table,
                                                 (None,)), reps)

@@ -23,7 +23,8 @@
 # script ends inside the call's 590), and a step with under 30 s left is skipped.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-left() { echo $(( ${DEVICE_BUDGET:-560} - SECONDS )); }   # seconds left of the budget
+# seconds left of the budget, at most $1 when given
+left() { local n=$(( ${DEVICE_BUDGET:-560} - SECONDS )); echo $(( n > ${1:-n} ? ${1:-n} : n )); }
 OUT=${OUT:-/tmp/kinetic-device-check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
@@ -62,13 +63,13 @@ print(os.path.dirname(found[0]) if found else '')")
     ANCHOR="--llama-cpp /tmp/anchor/llama-cuda/bin"
     /tmp/anchor/llama-cuda/bin/llama-bench --list-devices 2>&1 | tail -4 | tee -a "$OUT/gpu.txt"
 fi
-step=$(left); [ "$step" -gt 330 ] && step=330
+step=$(left 330)
 [ "$step" -ge 30 ] && timeout "$step" python3 bench/gpu.py --out "$OUT" $ANCHOR \
     --shape qwen25-1.5b --shape qwen25-0.5b --shape smollm2-135m --qtype Q4_0 --qtype Q4_K \
     2>&1 | tee "$OUT/bench.log" | tail -20
 # issue 42: the split's code path over one device beside the unsplit path (its figures in
 # the log: each model's JSON line and the table)
-step=$(left); [ "$step" -gt 120 ] && step=120
+step=$(left 120)
 [ "$step" -ge 30 ] && timeout "$step" python3 bench/gpu.py --shape qwen25-1.5b --qtype Q4_0 \
     --streams 1,16 --split-check 2>&1 | tee "$OUT/split.log" | tail -5
 # last, if time is left: every family's tiny model, a row's bits in every bucket
