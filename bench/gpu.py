@@ -31,6 +31,9 @@ For each model and each row count B of --streams, on kernel "pallas":
 - bound: weight bytes read per step (every plane of every matrix, once) / the copy
   bandwidth measured first (a jitted x + 1 over 4 GiB of float32, bytes read + written
   per second), as a time; "of bound" = that time / the 1-row step's (and the loop's);
+- matmuls: layer 0's projections and the output's (not with --tiny), each alone at one
+  row: the weight's tiling (bn, bk, chunks of K), its programs, ms, and the fraction of
+  its own bound (its planes' bytes over the read bandwidth);
 - xla: the same model on kernel "xla" (weights dequantized to bfloat16, XLA's dot) at
   16 rows, tok/s;
 - with --split-check (issue 42): the same model through the split's code path over one
@@ -179,6 +182,7 @@ def measure(name: str, spec: dict, qtype: str, args, bandwidth: float, folder: s
     row["prompt_tok_s"] = PROMPT_LEN / timed(whole_prompt, max(3, args.reps // 3))
     row["of_bound"] = row["bound_ms"] / row["one_row_ms"] if "one_row_ms" in row else None
     row["of_bound_loop"] = row["bound_ms"] / row["loop_one_row_ms"]
+    row["matmuls"] = matmuls(model, bandwidth, args.reps, head=not args.tiny)
     del bench
     if args.split_check:
         row["split1"] = split_check(model, top, args, rng, vocab)
@@ -278,6 +282,35 @@ def row_pieces(cfg, streams: list[int], rng) -> dict:
     return out
 
 
+def matmuls(model, bandwidth: float, reps: int, head: bool = True) -> dict:
+    """Each of layer 0's projections and the output's, alone at one row (a decode step's
+    matmul): its tiling (kernels/pallas_matmul.tiling), programs, ms and the fraction of
+    its own bandwidth bound (its planes' bytes over the copy bandwidth's read half), so a
+    step short of its bound shows whether the kernel or what surrounds it is short. head:
+    the output's too (interpreted, a vocabulary's rows take seconds)."""
+    import jax
+
+    from kinetic.kernels import pallas_matmul as pm
+    from kinetic.model.layers import PLANES
+    weights = {**model.weights["blk"][0], **({"output": model.weights["output"]} if head
+                                             else {})}
+    out = {}
+    for name, p in weights.items():
+        if getattr(p, "fmt", None) != PLANES or p.data.shape in [v["shape"] for v in
+                                                                  out.values()]:
+            continue
+        w = p.data
+        t = pm.tiling(w.q.shape[0], w.shape[1])
+        x = jax.numpy.ones((1, w.shape[1]), jax.numpy.float32)
+        f = jax.jit(pm.matmul)
+        ms = 1e3 * timed(lambda: f(x, w).block_until_ready(), reps)
+        nbytes = sum(a.nbytes for a in jax.tree_util.tree_leaves(w))
+        out[name] = {"shape": w.shape, "bn": t.bn, "bk": t.bk, "chunks": t.chunks,
+                     "programs": w.q.shape[0] // t.bn * t.chunks, "ms": ms,
+                     "of_bound": 1e3 * nbytes / (bandwidth / 2) / ms}
+    return out
+
+
 def loop_step_ms(bench: Bench, rng, vocab: int, reps: int) -> tuple[int, float]:
     """(N, ms a step) of one sequence's greedy decode as the server runs it when nothing
     else can come: N steps from position 512 in one device call (Runner.decode_steps, N the
@@ -329,6 +362,17 @@ def table(rows: list[dict], streams: list[int]) -> str:
                     f"{r['loop_one_row_ms']:.3f}", f"{r['of_bound_loop']:.2f}",
                     f"{r['xla_bf16_16_tok_s']:.0f}"])
         lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def matmul_table(rows: list[dict]) -> str:
+    lines = ["| model | qtype | weight | [N, K] | bn, bk, chunks | programs | ms | of bound |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        for name, m in r["matmuls"].items():
+            lines.append(f"| {r['model']} | {r['qtype']} | {name} | {list(m['shape'])} | "
+                         f"{m['bn']}, {m['bk']}, {m['chunks']} | {m['programs']} | "
+                         f"{m['ms']:.4f} | {m['of_bound']:.2f} |")
     return "\n".join(lines)
 
 
@@ -400,6 +444,7 @@ def main(argv=None) -> int:
               if (bad := [B for B, ok in same.items() if not ok])]
     text += ("\n\nrow-wise pieces: " + ("; ".join(pieces) if pieces else
              "every row the same bytes alone and among B rows, at every B"))
+    text += "\n\nmatmuls alone, one row\n\n" + matmul_table(rows)
     if args.llama_cpp:
         text += ("\n\nllama.cpp on the same files (x: kinetic's tok/s over llama.cpp's)\n\n"
                  + anchor_table(rows, args.streams))

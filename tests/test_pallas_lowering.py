@@ -34,9 +34,19 @@ def cuda_text(f, *args) -> str:
 
 @pytest.mark.parametrize("qtype", FORMATS)
 def test_every_matmul_format_lowers_through_triton(qtype):
-    N, K = 48, 768        # BN 16 and K in three 256-element blocks
+    N, K = 48, 768        # bn 16 and K in three 256-element blocks
     w = pm.repack(random_blocks(qtype, N, K), qtype, (N, K))
     text = cuda_text(lambda x, w: pm.matmul(x, w), jnp.zeros((3, K)), w)
+    assert text.count(TRITON) == 1
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q6_K, T.BF16])
+def test_the_prompt_variant_and_split_k_lower_through_triton(qtype):
+    """A 64-row call (four 16-row dots a program) of a weight whose K is split in two."""
+    N, K = 32, 1024
+    assert pm.tiling(N, K).chunks == 2
+    w = pm.repack(random_blocks(qtype, N, K), qtype, (N, K))
+    text = cuda_text(lambda x, w: pm.matmul(x, w), jnp.zeros((64, K)), w)
     assert text.count(TRITON) == 1
 
 

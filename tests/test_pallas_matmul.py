@@ -9,7 +9,6 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from kinetic.kernels import pallas_matmul as pm
-from kinetic.model import quants
 from kinetic.model.quants import dequantize_bytes
 from tests.tiny_models import random_blocks
 
@@ -40,19 +39,45 @@ def test_the_product_is_float64s_within_rounding(qtype):
     assert (np.abs(got - want) <= 4e-6 * scale + 1e-30).all()
 
 
-@pytest.mark.parametrize("qtype", FORMATS)
-def test_a_rows_bits_do_not_depend_on_its_batch(qtype):
-    """Row r alone, and inside 2-, 7- and 64-row calls at different places: the same bits."""
-    N, K = 32, 256
+@pytest.mark.parametrize("qtype,K", [(q, 256) for q in FORMATS]
+                         + [(q, 1024) for q in (T.Q4_0, T.Q6_K, T.BF16)])
+def test_a_rows_bits_do_not_depend_on_its_batch(qtype, K):
+    """Row r alone, and inside 2-, 7-, 64- and 100-row calls at different places: the same
+    bits, from the decode variant (one 16-row dot a program) and the prompt variant (four,
+    from 64 rows); at K 1024 the weight's K is split into two chunks (tiling)."""
+    N = 32
+    assert pm.tiling(N, K).chunks == max(1, K // 512)
+    assert [pm.variant(M) for M in (1, 2, 7, 63, 64, 100)] == [1, 1, 1, 1, 4, 4]
     w = pm.repack(random_blocks(qtype, N, K, 3), qtype, (N, K))
-    rows = np.random.default_rng(4).standard_normal((64, K)).astype(np.float32)
+    rows = np.random.default_rng(4).standard_normal((100, K)).astype(np.float32)
     alone = np.stack([np.asarray(pm.matmul(rows[r:r + 1], w))[0] for r in (0, 5, 17, 63)])
-    for M in (2, 7, 64):
+    for M in (2, 7, 64, 100):
         for at, r in enumerate((0, 5, 17, 63)):
             batch = np.roll(rows, -r, axis=0)[:M].copy()
             batch = np.roll(batch, at % M, axis=0)   # row r at place at % M
             got = np.asarray(pm.matmul(batch, w))[at % M]
             assert got.tobytes() == alone[at].tobytes(), (M, r)
+
+
+@pytest.mark.parametrize("N,K", [(1536, 1536), (256, 1536), (8960, 1536), (1536, 8960),
+                                 (151936, 1536), (896, 4864), (576, 576), (48, 768)])
+def test_a_weights_tiling_is_whole_tiles_and_chunks(N, K):
+    """Real shapes (Qwen2.5-1.5B's, 0.5B's, SmolLM2's): bk 32, bn 32 (16 where 32 does not
+    divide N), K in the fewest equal chunks of whole bk blocks, at least CHUNK elements
+    each, that give a decode step PROGRAMS programs, else the most such chunks."""
+    t = pm.tiling(N, K)
+    assert t.bk == 32 and t.bn == (32 if N % 32 == 0 else 16)
+    blocks = K // t.bk
+    splits = [c for c in range(1, blocks + 1)
+              if blocks % c == 0 and (c == 1 or K // c >= pm.CHUNK)]
+    assert t.chunks in splits
+    programs = [N // t.bn * c for c in splits]
+    if programs[-1] < pm.PROGRAMS:
+        assert t.chunks == splits[-1]
+    else:
+        assert t.chunks == splits[[p >= pm.PROGRAMS for p in programs].index(True)]
+    assert N // t.bn * t.chunks >= pm.PROGRAMS or (N, K) in {(256, 1536), (576, 576),
+                                                             (48, 768)}
 
 
 def test_a_type_the_kernel_lacks_fails_naming_it():

@@ -17,6 +17,7 @@ import pytest
 from kinetic.cli import build_parser
 from kinetic.engine.engine_config import Split
 from kinetic.engine.split import owners, row_counts
+from kinetic.kernels import pallas_matmul as pm
 from kinetic.serve_cli import split_from
 from tests.conftest import real_model_file
 from tests.serve_process import ServeProcess
@@ -124,8 +125,9 @@ def test_every_family_splits_to_the_same_logits(arch, qtype, tmp_path):
                                         ("qwen3moe", "Q8_0")])
 def test_the_pallas_kernel_splits_by_row_to_the_same_bits(arch, qtype, tmp_path):
     """The GPU's kernel (interpreted here): each device multiplies whole tiles of the
-    unsplit weight's tile over N (the 4 KV heads' 128 rows, one tile, go to one device of
-    2 or 4, the others computing zero rows), and the cache is split by heads; a mixture's
+    unsplit weight's tile over N (pallas_matmul.tiling's bn; a device may get none and
+    compute zero rows), at the unsplit weight's tiling, and the cache is split by heads; a
+    mixture's
     experts split as any weight; with --tensor-split 3,1 (llama) each weight's tiles in
     that proportion."""
     path = write_tiny_model(tmp_path / f"{arch}.gguf", arch, qtype=qtype, d_model=128,
@@ -140,9 +142,11 @@ def test_the_pallas_kernel_splits_by_row_to_the_same_bits(arch, qtype, tmp_path)
                              "1", "pallas", "3,1")["ts"]
         assert uneven["logits"] == out["none"]["logits"]
         assert uneven["stream"] == out["none"]["stream"]
-        # the output projection's rows, in whole 128-row tiles
+        # the output projection's rows, in whole tiles of the unsplit weight's bn
         (a, b), (c, d) = out["2"]["output"], uneven["output"]
-        assert abs(a - b) <= 128 and abs(c - 3 * d) <= 4 * 128 and a % 128 == c % 128 == 0
+        bn = pm.tiling(a + b, 128).bn
+        assert a + b == c + d and (a + b) % 16 == 0
+        assert abs(a - b) <= bn and abs(c - 3 * d) <= 4 * bn and a % bn == c % bn == 0
 
 
 def test_uneven_shares_and_heads_that_do_not_divide(tmp_path):

@@ -196,8 +196,8 @@ def shard_planes(skeleton: dict, mesh: Mesh, split: Split) -> dict:
         if id(p) in done:
             return done[id(p)]
         w = p.data
-        padded, BN = device_split.planes_tile(*w.shape)
-        counts = row_counts(padded, BN, split, D)
+        padded, tiles = device_split.planes_tile(*w.shape)
+        counts = row_counts(padded, tiles.bn, split, D)
         where = device_split.held_rows(counts)
 
         def rearranged(a):

@@ -12,18 +12,22 @@ scale and, for the formats that have one, a minimum, added (quants.PARTS gives t
 quants.py subtracts: negated, exactly). Both
 are kinetic/model/quants.py's own integer parts of the blocks (quants.PARTS: the file's half
 floats widened, a K-quant's d * sub-block scale), so exactly its values. Float weights (F32,
-F16, BF16) stay as they are. A kernel program dequantizes a [BN, BK] tile of W in registers
+F16, BF16) stay as they are. A kernel program dequantizes a [bn, bk] tile of W in registers
 (`dequantize_tile`: integer minus offset, times the scale, plus the minimum: quants.py's
 operations in its order, so the same bits), never to global memory. Device memory holds about
 the file's size (a float32 scale per 16 or 32 elements where the file has less).
 
-Batch-invariant by construction: a program computes one [BM, BN] tile of y; its reduction
-over K walks K in blocks of BK, in order, each block one dot of the same shape
-[BM, BK] x [BK, BN] accumulated in float32 (precision HIGHEST: no TF32). BM is fixed
-(BLOCK_M) and BK, BN depend only on the weight's shape, so a row's arithmetic is the same
-whatever M is and whichever rows share its call or its tile; M only sets how many tiles the
-grid has. tests/test_pallas_matmul.py checks it bitwise, with Pallas in interpret mode on
-CPU (interpret=None picks it wherever JAX's backend is not a GPU).
+Batch-invariant by construction: a program computes one tile of y, [16 * dots, bn], for
+one chunk of K; its reduction over the chunk walks it in blocks of bk, in order, each block
+one dot of the same shape [16, bk] x [bk, bn] per 16 rows, accumulated in float32
+(precision HIGHEST: IEEE float32 in Triton, no TF32). The chunks' partial
+sums are then added in order. bn, bk and the chunks depend only on the weight's shape
+(`tiling`), so a row's arithmetic is the same whatever M is and whichever rows share its
+call or its tile; M only sets how many tiles the grid has, and which variant runs
+(`variant`): a decode call's programs make one 16-row dot each, a prompt's four, sharing
+the dequantized weight tile; the same dots either way. tests/test_pallas_matmul.py checks
+it bitwise, with Pallas in interpret mode on CPU (interpret=None picks it wherever JAX's
+backend is not a GPU).
 """
 
 from __future__ import annotations
@@ -37,11 +41,15 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
 
 from kinetic.kernels import pallas_backend
 from kinetic.model import quants
 
-BLOCK_M = 16          # rows of x per program, whatever M is (padding rows are dropped)
+BLOCK_M = 16          # rows of x per dot, whatever M is (padding rows are dropped)
+PROMPT_DOTS = 4       # a prompt's program makes this many 16-row dots per weight tile
+PROGRAMS = 128        # a decode step's programs that keep a GPU busy (tiling)
+CHUNK = 512           # the fewest elements of K a program's partial sum covers (tiling)
 ROWS = 16             # a weight's rows are padded to a multiple of this (Triton's dots
                       # are at least 16 on a side and its blocks powers of 2)
 QK = 32               # elements of a block of the quant planes (and of their fifth bits)
@@ -189,59 +197,111 @@ def _divisor(n: int, sizes: tuple[int, ...]) -> int:
     return next((s for s in sizes if n % s == 0), n)
 
 
-def tiles(N: int, K: int) -> tuple[int, int]:
-    """(BN, BK) of a [N, K] weight: fixed by its shape alone, never by M."""
-    return _divisor(N, (128, 64, 32, 16)), _divisor(K, (256, 128, 64, 32))
+@dataclass(frozen=True)
+class Tiling:
+    """How a [N, K] weight's product is cut, fixed by the weight's shape alone (`tiling`),
+    never by M: a program's tile over N (bn), the dot's width over K (bk), and the number of
+    equal chunks K is split into (chunks): each chunk's partial sum is its own program's,
+    and y is chunk 0's plus chunk 1's plus ..., in that order."""
+
+    bn: int
+    bk: int
+    chunks: int = 1
+
+
+def tiling(N: int, K: int) -> Tiling:
+    """The weight's Tiling. bk is 32 and bn 32 or 16: Triton's code for larger tiles spills
+    registers (bench/triton_sm90.py compiles the kernels for sm_90 on a CPU: [16, 32] x
+    [32, 32] dots leave every format's decode and prompt variant unspilled, bk 64 or more
+    and bn 64 or more do not). A decode step (one 16-row tile over M) runs N / bn * chunks
+    programs, which should be enough to keep a GPU's multiprocessors busy (PROGRAMS); what
+    a program reads beside its weight tile is x's rows for its chunk (x's padding rows are
+    masked off, never read) and its partial sum, written and read back (about 1 / chunk of
+    the weight's bytes). So K is split into the fewest equal chunks of whole bk blocks, at
+    least CHUNK elements each, that give PROGRAMS programs (else the most that keep
+    CHUNK), and bn is 32 where it divides N (else 16, else N)."""
+    bk = _divisor(K, (32,))
+    bn = next((b for b in (32, 16) if N % b == 0), N)
+    blocks = K // bk
+    splits = [c for c in range(1, blocks + 1) if blocks % c == 0 and (c == 1 or K // c >= CHUNK)]
+    enough = [c for c in splits if N // bn * c >= PROGRAMS]
+    return Tiling(bn, bk, enough[0] if enough else splits[-1])
 
 
 def matmul(x: jax.Array, w: Planes, interpret: bool | None = None,
-           block_n: int | None = None) -> jax.Array:
-    """x [..., K] (any float type, computed in float32) @ w^T -> float32 [..., N]. block_n:
-    the tile over N instead of tiles' (a share of a split weight keeps the whole weight's:
-    engine/split.py)."""
+           tiles: Tiling | None = None) -> jax.Array:
+    """x [..., K] (any float type, computed in float32) @ w^T -> float32 [..., N]. tiles:
+    a Tiling instead of the weight's own (a share of a split weight keeps the whole
+    weight's: engine/split.py)."""
     interpret = pallas_backend.interpreted(interpret)
     lead = x.shape[:-1]
     N = w.shape[0]
-    y = _matmul(x.reshape(-1, x.shape[-1]), w.q, w.planes, w.spec, interpret,
-                block_n)[:, :N]
+    x = x.reshape(-1, x.shape[-1])
+    tiles = tiles or tiling(w.q.shape[0], w.shape[1])   # (its rows padded to ROWS)
+    y = _matmul(x, w.q, w.planes, w.spec, interpret, tiles, variant(x.shape[0]))[:, :N]
     return y.reshape(*lead, N)
 
 
-@functools.partial(jax.jit, static_argnums=(3, 4, 5))
-def _matmul(x, q, planes: tuple, spec: tuple, interpret: bool, block_n: int | None = None):
+def variant(M: int) -> int:
+    """The 16-row dots a program makes (its rows over BLOCK_M): 1 for a decode step's few
+    rows, PROMPT_DOTS for a prompt's many (each weight tile then dequantized once for
+    PROMPT_DOTS * 16 rows). Either way each dot is the same [16, bk] x [bk, bn], so a row
+    gets the same bits from both (tests/test_pallas_matmul.py)."""
+    return PROMPT_DOTS if M >= PROMPT_DOTS * BLOCK_M else 1
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6))
+def _matmul(x, q, planes: tuple, spec: tuple, interpret: bool, tiles: Tiling, dots: int):
     M, K = x.shape
     N = q.shape[0]
-    BN, BK = tiles(N, K)
-    BN = block_n or BN
-    Mp = -(-M // BLOCK_M) * BLOCK_M
+    BN, BK, S = tiles.bn, tiles.bk, tiles.chunks
+    BM = BLOCK_M * dots
+    Mp = -(-M // BM) * BM
     xp = jnp.zeros((Mp, K), jnp.float32).at[:M].set(x.astype(jnp.float32))
-    qk = BK // 2 if spec[0] == "packed" else BK   # q's columns per BK elements
-    widths = [K // p.shape[1] for p in planes]     # elements per column of each plane
+    chunk = K // S
+    q_cols = chunk // 2 if spec[0] == "packed" else chunk   # q's columns per chunk
+    widths = [K // p.shape[1] for p in planes]              # elements per column of each plane
+    qk = BK * q_cols // chunk                               # q's columns per BK elements
 
     def kernel(x_ref, q_ref, *refs):
         *block_refs, o_ref = refs
+        first = pl.program_id(0) * BM
 
-        def block(i, acc):
-            xs = x_ref[:, pl.ds(i * BK, BK)]
+        def x_rows(d, i):
+            """x's d-th 16 rows of block i, rows past M masked off (zeros, as padded, not
+            read: a decode step's one row reads one row of x)."""
+            live = first + d * BLOCK_M + lax.broadcasted_iota(jnp.int32, (BLOCK_M, BK), 0) < M
+            return pltriton.load(x_ref.at[pl.ds(d * BLOCK_M, BLOCK_M), pl.ds(i * BK, BK)],
+                                 mask=live, other=0.0)
+
+        def block(i, accs):
             w = dequantize_tile(spec, q_ref[:, pl.ds(i * qk, qk)],
                                 *(r[:, pl.ds(i * (BK // e), BK // e)]
                                   for r, e in zip(block_refs, widths)))
-            return acc + lax.dot_general(xs, w, (((1,), (1,)), ((), ())),
-                                         precision=lax.Precision.HIGHEST,
-                                         preferred_element_type=jnp.float32)
-        o_ref[...] = lax.fori_loop(0, K // BK, block, jnp.zeros((BLOCK_M, BN), jnp.float32))
+            return tuple(
+                acc + lax.dot_general(x_rows(d, i), w, (((1,), (1,)), ((), ())),
+                                      precision=lax.Precision.HIGHEST,
+                                      preferred_element_type=jnp.float32)
+                for d, acc in enumerate(accs))
+        accs = lax.fori_loop(0, chunk // BK, block,
+                             (jnp.zeros((BLOCK_M, BN), jnp.float32),) * dots)
+        for d, acc in enumerate(accs):
+            o_ref[pl.ds(d * BLOCK_M, BLOCK_M), :] = acc
 
-    out = pl.pallas_call(
+    parts = pl.pallas_call(
         kernel,
-        out_shape=jax.ShapeDtypeStruct((Mp, N), jnp.float32),
-        grid=(Mp // BLOCK_M, N // BN),
-        in_specs=[pl.BlockSpec((BLOCK_M, K), lambda i, j: (i, 0)),
-                  pl.BlockSpec((BN, q.shape[1]), lambda i, j: (j, 0)),
-                  *[pl.BlockSpec((BN, p.shape[1]), lambda i, j: (j, 0)) for p in planes]],
-        out_specs=pl.BlockSpec((BLOCK_M, BN), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((S, Mp, N), jnp.float32),
+        grid=(Mp // BM, N // BN, S),
+        in_specs=[pl.BlockSpec((BM, chunk), lambda i, j, s: (i, s)),
+                  pl.BlockSpec((BN, q_cols), lambda i, j, s: (j, s)),
+                  *[pl.BlockSpec((BN, chunk // e), lambda i, j, s: (j, s)) for e in widths]],
+        out_specs=pl.BlockSpec((None, BM, BN), lambda i, j, s: (s, i, j)),
         **pallas_backend.options(interpret),
     )(xp, q, *planes)
-    return out[:M]
+    y = parts[0]
+    for s in range(1, S):       # the chunks' partial sums, in order
+        y = y + parts[s]
+    return y[:M]
 
 
 def reference(x: np.ndarray, w: Planes) -> np.ndarray:

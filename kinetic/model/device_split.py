@@ -91,28 +91,28 @@ def shares_to_rows(ys: list[jax.Array], rows: list[tuple[int, ...]]) -> list[jax
     return out
 
 
-def planes_tile(n: int, K: int) -> tuple[int, int]:
+def planes_tile(n: int, K: int):
     """(rows of a pallas weight of n rows and K columns, padded to the kernel's multiple;
-    the unsplit weight's tile over N, BN). Split by row (engine/split.py, shard_planes),
-    each device holds whole BN tiles (split.row_counts' share, in --tensor-split's
+    the unsplit weight's pallas_matmul.Tiling, whose tile over N is bn). Split by row (engine/split.py, shard_planes),
+    each device holds whole bn tiles (split.row_counts' share, in --tensor-split's
     proportion) followed by zero rows up to the most any device holds, so that every
-    element is computed at the unsplit tile (the same arithmetic)."""
+    element is computed at the unsplit tiling (the same arithmetic)."""
     from kinetic.kernels import pallas_matmul
     padded = -(-n // pallas_matmul.ROWS) * pallas_matmul.ROWS
-    return padded, pallas_matmul.tiles(padded, K)[0]
+    return padded, pallas_matmul.tiling(padded, K)
 
 
 def planes_linear(x: jax.Array, w, mesh, counts: tuple[int, ...]) -> jax.Array:
     """The pallas kernel's matmul (kernels/pallas_matmul.py) of a weight split by row
     (planes_tile; `counts` rows on each device): each device its tiles at the whole
-    weight's tile over N, the pieces gathered and the weight's rows taken from them (a
+    weight's tiling, the pieces gathered and the weight's rows taken from them (a
     selection), [..., n]."""
     from kinetic.kernels import pallas_matmul
     n, K = w.shape
-    _, BN = planes_tile(n, K)
+    _, tiles = planes_tile(n, K)
 
     def run(x, w):
-        return shares_to_rows([pallas_matmul.matmul(x, w, block_n=BN)], [counts])[0]
+        return shares_to_rows([pallas_matmul.matmul(x, w, tiles=tiles)], [counts])[0]
 
     y = jax.shard_map(run, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=P(),
                       check_vma=False)(x, dataclasses.replace(w, n=0))

@@ -1,0 +1,173 @@
+"""The pallas kernels compiled for a GPU without one: registers, spills and shared memory.
+
+    python bench/triton_sm90.py --triton-python PY [--shape qwen25-1.5b]... [--qtype Q4_0]...
+
+Where no GPU is lent, this is what can still be known of the code a GPU would run. JAX
+lowers each pallas_call to a Triton module on a CPU (tests/test_pallas_lowering.py);
+here each module is captured as text and handed to PY, a Python that has PyPI's `triton`
+(in its own environment: `python -m venv /tmp/tr && /tmp/tr/bin/pip install triton`,
+kept out of kinetic's so that two copies of MLIR never share a process), which compiles it
+for sm_90 (an H100 / H200) at the launch parameters kinetic names
+(kernels/pallas_backend.py) and runs the PTX through the `ptxas` it ships, verbose. For
+each kernel at the real shapes of each --shape (bench/gpu.py's SHAPES: the matmul of each
+distinct weight, [N, K], at one row and at 64 (the decode and the prompt variant,
+kernels/pallas_matmul.py `variant`), the paged attention at the model's heads, the RMS
+norm at d_model and at a head) it prints the registers a thread uses, the bytes it spills
+to local memory, and the shared memory a program takes. A spill is a slow kernel; the
+figures are the compiler's, not a measurement of speed, and PyPI's Triton is not the one
+inside jaxlib, so they are a guide to tile sizes, not the device's word.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.gpu import SHAPES  # noqa: E402
+
+COMPILE = r'''
+import json, os, re, subprocess, sys, warnings
+warnings.filterwarnings("ignore")
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+import triton
+from triton.backends.compiler import GPUTarget
+bin_ = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+ptxas = next(os.path.join(bin_, n) for n in ("ptxas-blackwell", "ptxas")
+             if os.path.exists(os.path.join(bin_, n)))
+for job in json.load(open(sys.argv[1])):
+    row = {"name": job["name"]}
+    try:
+        k = triton.compile(job["path"], target=GPUTarget("cuda", 90, 32),
+                           options={"num_warps": job["warps"], "num_stages": job["stages"]})
+        row["shared"] = k.metadata.shared
+        ptx = job["path"] + ".ptx"
+        open(ptx, "w").write(k.asm["ptx"])
+        done = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", ptx, "-o", ptx + ".cubin"],
+                              capture_output=True, text=True)
+        text = done.stdout + done.stderr
+        regs = re.search(r"Used (\d+) registers", text)
+        spill = re.search(r"(\d+) bytes spill stores", text)
+        row["registers"] = int(regs.group(1)) if regs else None
+        row["spill"] = int(spill.group(1)) if spill else None
+    except Exception as e:   # a module this Triton cannot compile: said, not fatal
+        row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    print(json.dumps(row), flush=True)
+'''
+
+
+def capture_modules(folder: str, shapes: list[str], qtypes: list[str]) -> list[dict]:
+    """Each kernel's Triton module as text in `folder`: [{name, path, warps, stages}]."""
+    import jax
+    import jax.numpy as jnp
+    from gguf import GGMLQuantizationType as T
+    from jax._src.pallas.triton import lowering, pallas_call_registration
+
+    from kinetic.kernels import pallas_attention, pallas_backend, pallas_matmul as pm
+    from kinetic.kernels import pallas_norm, target
+    from tests.tiny_models import random_blocks
+
+    jobs: list[dict] = []
+    current: dict = {}
+    original = lowering.lower_jaxpr_to_triton_module
+    launch = pallas_backend.options(False)["compiler_params"]
+
+    def capture(*args, **kwargs):
+        result = original(*args, **kwargs)
+        path = os.path.join(folder, f"{len(jobs)}.ttir")
+        with open(path, "w") as f:
+            f.write(result.module.operation.get_asm())
+        jobs.append({"name": current["name"], "path": path, "warps": launch.num_warps,
+                     "stages": launch.num_stages})
+        return result
+    pallas_call_registration.lowering.lower_jaxpr_to_triton_module = capture
+
+    def lower(name, f, *args):
+        current["name"] = name
+        with target.for_gpu():
+            jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",))
+
+    for shape in shapes:
+        s = SHAPES[shape]
+        d, hd = s["d_model"], s["head_dim"]
+        weights = {"q": (s["n_head"] * hd, d), "kv": (s["n_kv_head"] * hd, d),
+                   "o": (d, s["n_head"] * hd), "up": (s["d_ffn"], d), "down": (d, s["d_ffn"]),
+                   "output": (151936 if s.get("vocab") != "gpt-2" else 50272, d)}
+        for qtype in qtypes:
+            for wname, (N, K) in dict.fromkeys(weights.items()):
+                if K % 256 and T[qtype] in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K):
+                    continue
+                small = pm.repack(random_blocks(T[qtype], 16, K), T[qtype], (16, K))
+                Np = -(-N // pm.ROWS) * pm.ROWS
+                w = jax.tree.map(lambda a: jax.ShapeDtypeStruct((Np, *a.shape[1:]), a.dtype),
+                                 small)
+                w = type(small)(w.q, w.d, w.m, w.bits, small.offset, small.group, N)
+                t = pm.tiling(Np, K)
+                for M in (1, 64):
+                    lower(f"{shape} {qtype} {wname} [{N}, {K}] M={M} (bn {t.bn}, bk {t.bk}, "
+                          f"{t.chunks} chunks)", pm.matmul,
+                          jax.ShapeDtypeStruct((M, K), jnp.float32), w)
+        pages = jax.ShapeDtypeStruct((64, 16, s["n_kv_head"], hd), jnp.float32)
+        rows = jax.ShapeDtypeStruct((5,), jnp.int32)
+
+        def attention(q, k, v, table, slots, positions):
+            return pallas_attention.paged_attention(q, k, v, table, slots, positions,
+                                                    hd ** -0.5, 0, 0.0)
+        lower(f"{shape} attention ({s['n_head']}/{s['n_kv_head']} heads of {hd})", attention,
+              jax.ShapeDtypeStruct((5, s["n_head"], hd), jnp.float32), pages, pages,
+              jax.ShapeDtypeStruct((5, 8), jnp.int32), rows, rows)
+        for width in (d, hd):
+            lower(f"{shape} rms norm, width {width}",
+                  lambda x, w: pallas_norm.rms_norm(x, w, 1e-6),
+                  jax.ShapeDtypeStruct((5, width), jnp.float32),
+                  jax.ShapeDtypeStruct((width,), jnp.float32))
+    return jobs
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--triton-python", required=True,
+                    help="a Python with PyPI's triton installed (its own environment)")
+    ap.add_argument("--shape", action="append", choices=sorted(SHAPES))
+    ap.add_argument("--qtype", action="append")
+    args = ap.parse_args(argv)
+    shapes = args.shape or ["qwen25-1.5b"]
+    qtypes = args.qtype or ["Q4_0", "Q8_0", "Q4_K", "Q6_K"]
+    with tempfile.TemporaryDirectory() as folder:
+        jobs = capture_modules(folder, shapes, qtypes)
+        manifest = os.path.join(folder, "jobs.json")
+        with open(manifest, "w") as f:
+            json.dump(jobs, f)
+        script = os.path.join(folder, "compile.py")
+        with open(script, "w") as f:
+            f.write(COMPILE)
+        done = subprocess.run([args.triton_python, script, manifest], capture_output=True,
+                              text=True)
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    if not rows:
+        print(done.stderr[-2000:], file=sys.stderr)
+        return 1
+    version = subprocess.run([args.triton_python, "-c", "import triton; print(triton.__version__)"],
+                             capture_output=True, text=True).stdout.strip()
+    print(f"triton {version}, sm_90a, launch {jobs[0]['warps']} warps, {jobs[0]['stages']} "
+          f"stages\n")
+    print("| kernel | registers | spilled bytes | shared bytes |\n|---|---|---|---|")
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['name']} | failed: {r['error']} | | |")
+        else:
+            print(f"| {r['name']} | {r['registers']} | {r['spill']} | {r['shared']} |")
+    spilled = [r["name"] for r in rows if r.get("spill")]
+    failed = [r["name"] for r in rows if "error" in r]
+    print(f"\n{len(rows)} kernels, {len(spilled)} spill, {len(failed)} failed to compile")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
