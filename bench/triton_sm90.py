@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -76,16 +75,25 @@ def capture_modules(folder: str, shapes: list[str], qtypes: list[str]) -> list[d
     jobs: list[dict] = []
     current: dict = {}
     original = lowering.lower_jaxpr_to_triton_module
-    launch = pallas_backend.options(False)["compiler_params"]
+    options = pallas_backend.options
+
+    def launch(interpret, *args, **kwargs):
+        """The kernel's own launch parameters, as it asks for them (a kernel traced
+        again for the same shapes asks again: JAX's caches are cleared by for_gpu)."""
+        made = options(interpret, *args, **kwargs)
+        current["launch"] = made["compiler_params"]
+        return made
 
     def capture(*args, **kwargs):
         result = original(*args, **kwargs)
         path = os.path.join(folder, f"{len(jobs)}.ttir")
         with open(path, "w") as f:
             f.write(result.module.operation.get_asm())
-        jobs.append({"name": current["name"], "path": path, "warps": launch.num_warps,
-                     "stages": launch.num_stages})
+        jobs.append({"name": current["name"], "path": path,
+                     "warps": current["launch"].num_warps,
+                     "stages": current["launch"].num_stages})
         return result
+    pallas_backend.options = launch
     pallas_call_registration.lowering.lower_jaxpr_to_triton_module = capture
 
     def lower(name, f, *args):
@@ -155,14 +163,16 @@ def main(argv=None) -> int:
         return 1
     version = subprocess.run([args.triton_python, "-c", "import triton; print(triton.__version__)"],
                              capture_output=True, text=True).stdout.strip()
-    print(f"triton {version}, sm_90a, launch {jobs[0]['warps']} warps, {jobs[0]['stages']} "
-          f"stages\n")
-    print("| kernel | registers | spilled bytes | shared bytes |\n|---|---|---|---|")
-    for r in rows:
+    print(f"triton {version}, sm_90a\n")
+    print("| kernel | warps, stages | registers | spilled bytes | shared bytes |\n"
+          "|---|---|---|---|---|")
+    for r, job in zip(rows, jobs):
+        launch = f"{job['warps']}, {job['stages']}"
         if "error" in r:
-            print(f"| {r['name']} | failed: {r['error']} | | |")
+            print(f"| {r['name']} | {launch} | failed: {r['error']} | | |")
         else:
-            print(f"| {r['name']} | {r['registers']} | {r['spill']} | {r['shared']} |")
+            print(f"| {r['name']} | {launch} | {r['registers']} | {r['spill']} | "
+                  f"{r['shared']} |")
     spilled = [r["name"] for r in rows if r.get("spill")]
     failed = [r["name"] for r in rows if "error" in r]
     print(f"\n{len(rows)} kernels, {len(spilled)} spill, {len(failed)} failed to compile")

@@ -50,6 +50,8 @@ BLOCK_M = 16          # rows of x per dot, whatever M is (padding rows are dropp
 PROMPT_DOTS = 4       # a prompt's program makes this many 16-row dots per weight tile
 PROGRAMS = 128        # a decode step's programs that keep a GPU busy (tiling)
 CHUNK = 512           # the fewest elements of K a program's partial sum covers (tiling)
+STAGES = 4            # Triton's pipeline depth: loads of 4 weight tiles in flight (speed
+                      # only; bench/triton_sm90.py: no more registers than 2, fewer spills)
 ROWS = 16             # a weight's rows are padded to a multiple of this (Triton's dots
                       # are at least 16 on a side and its blocks powers of 2)
 QK = 32               # elements of a block of the quant planes (and of their fifth bits)
@@ -296,7 +298,7 @@ def _matmul(x, q, planes: tuple, spec: tuple, interpret: bool, tiles: Tiling, do
                   pl.BlockSpec((BN, q_cols), lambda i, j, s: (j, s)),
                   *[pl.BlockSpec((BN, chunk // e), lambda i, j, s: (j, s)) for e in widths]],
         out_specs=pl.BlockSpec((None, BM, BN), lambda i, j, s: (s, i, j)),
-        **pallas_backend.options(interpret),
+        **pallas_backend.options(interpret, num_stages=STAGES),
     )(xp, q, *planes)
     y = parts[0]
     for s in range(1, S):       # the chunks' partial sums, in order
