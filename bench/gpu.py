@@ -4,7 +4,7 @@ scripts/device_check.sh runs it on the device machine).
 
     python bench/gpu.py [--shape smollm2-135m|qwen25-0.5b|qwen25-1.5b]... [--qtype Q4_0]...
                         [--streams 1,2,7,8,16,64,256] [--reps 10] [--out DIR] [--tiny]
-                        [--split-check] [--llama-cpp DIR]
+                        [--split-check] [--llama-cpp DIR] [--quick]
 
 The models are written here, in a temporary folder, by tests/tiny_models.py with random
 block bytes (`random_weights`: no quantizing, seconds even at 1.5B) and a real tokenizer
@@ -48,7 +48,9 @@ For each model and each row count B of --streams, on kernel "pallas":
 Times are wall clock to block_until_ready after a warm-up call (compilation excluded),
 median of --reps. The table is printed last; with --out, gpu.json and gpu.md go there, the
 JSON rewritten after each model so a run cut short keeps what it measured. --tiny: two
-small layers (a check of the script itself, on a CPU in Pallas' interpret mode).
+small layers (a check of the script itself, on a CPU in Pallas' interpret mode). --quick:
+the decode figures and the loop only, with the XLA_FLAGS they ran under (an A/B of XLA's
+settings, e.g. command buffers: scripts/device_check.sh).
 """
 
 from __future__ import annotations
@@ -153,6 +155,9 @@ def measure(name: str, spec: dict, qtype: str, args, bandwidth: float, folder: s
     row["weight_bytes"] = weight_bytes(model)
     row["bound_ms"] = 1e3 * row["weight_bytes"] / (bandwidth / 2)   # read bandwidth
     top = max(args.streams)
+    if args.quick:
+        return decode(row, Bench(model, top, top), np.random.default_rng(0),
+                      int(model.weights["token_embd"].shape[1]), args)
     # first: on a CPU, tracing the pieces as for a GPU clears JAX's caches (target.for_gpu)
     row["row_pieces"] = row_pieces(model.config, args.streams, np.random.default_rng(1))
     bench = Bench(model, top, max(top, args.prompt_step))
@@ -162,15 +167,7 @@ def measure(name: str, spec: dict, qtype: str, args, bandwidth: float, folder: s
     others = rng.integers(0, vocab, (top, 16))
     row["bitwise"] = {str(B): same for B, same in
                       invariance(bench, ids, others, args.streams).items()}
-    row["decode_tok_s"] = {}
-    for B in args.streams:
-        toks = rng.integers(0, vocab, B)
-        t = timed(lambda: bench.step(toks, np.full(B, DECODE_AT), np.arange(B))
-                  .block_until_ready(), args.reps)
-        row["decode_tok_s"][str(B)] = B / t
-        if B == 1:
-            row["one_row_ms"] = 1e3 * t
-    row["loop_steps"], row["loop_one_row_ms"] = loop_step_ms(bench, rng, vocab, args.reps)
+    decode(row, bench, rng, vocab, args)
     chunks = [np.arange(s, min(s + args.prompt_step, PROMPT_LEN))
               for s in range(0, PROMPT_LEN, args.prompt_step)]
     prompt = rng.integers(0, vocab, PROMPT_LEN)
@@ -180,8 +177,6 @@ def measure(name: str, spec: dict, qtype: str, args, bandwidth: float, folder: s
             out = bench.step(prompt[pos], pos, np.zeros(len(pos), int))
         out.block_until_ready()
     row["prompt_tok_s"] = PROMPT_LEN / timed(whole_prompt, max(3, args.reps // 3))
-    row["of_bound"] = row["bound_ms"] / row["one_row_ms"] if "one_row_ms" in row else None
-    row["of_bound_loop"] = row["bound_ms"] / row["loop_one_row_ms"]
     row["matmuls"] = matmuls(model, bandwidth, args.reps, head=not args.tiny)
     del bench
     if args.split_check:
@@ -194,6 +189,24 @@ def measure(name: str, spec: dict, qtype: str, args, bandwidth: float, folder: s
     row["device"] = jax.devices()[0].device_kind
     if args.llama_cpp:
         row["llama_cpp"] = llama_cpp(args.llama_cpp, path, args.streams)
+    return row
+
+
+def decode(row: dict, bench: Bench, rng, vocab: int, args) -> dict:
+    """row with the decode figures: tok/s of a B-row step at each --streams, the 1-row
+    step's ms, the server's 4-step loop's ms a step, and each beside the bound."""
+    row["decode_tok_s"] = {}
+    for B in args.streams:
+        toks = rng.integers(0, vocab, B)
+        t = timed(lambda: bench.step(toks, np.full(B, DECODE_AT), np.arange(B))
+                  .block_until_ready(), args.reps)
+        row["decode_tok_s"][str(B)] = B / t
+        if B == 1:
+            row["one_row_ms"] = 1e3 * t
+    row["loop_steps"], row["loop_one_row_ms"] = loop_step_ms(bench, rng, vocab, args.reps)
+    row["of_bound"] = row["bound_ms"] / row["one_row_ms"] if "one_row_ms" in row else None
+    row["of_bound_loop"] = row["bound_ms"] / row["loop_one_row_ms"]
+    row["xla_flags"] = os.environ.get("XLA_FLAGS", "")
     return row
 
 
@@ -410,6 +423,8 @@ def main(argv=None) -> int:
     p.add_argument("--out")
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--split-check", action="store_true")
+    p.add_argument("--quick", action="store_true",
+                   help="decode and the loop only (an A/B of XLA_FLAGS)")
     p.add_argument("--llama-cpp", metavar="DIR",
                    help="a folder holding llama.cpp's llama-batched-bench, run on each file")
     args = p.parse_args(argv)
@@ -438,6 +453,13 @@ def main(argv=None) -> int:
                     os.makedirs(args.out, exist_ok=True)
                     with open(os.path.join(args.out, "gpu.json"), "w") as f:
                         json.dump(result, f, indent=1)
+    if args.quick:
+        for r in rows:
+            print(f"{r['model']} {r['qtype']} XLA_FLAGS={r['xla_flags']!r}: "
+                  + ", ".join(f"{B} rows {t:.0f} tok/s" for B, t in r["decode_tok_s"].items())
+                  + f"; loop {r['loop_one_row_ms']:.3f} ms a step, "
+                  f"{r['of_bound_loop']:.2f} of the bound ({r['bound_ms']:.3f} ms)")
+        return 0
     text = table(rows, args.streams)
     pieces = [f"{r['model']} {r['qtype']} {name}: DIFFERS at {', '.join(bad)}"
               for r in rows for name, same in r["row_pieces"].items()

@@ -13,7 +13,9 @@ each kernel at the real shapes of each --shape (bench/gpu.py's SHAPES: the matmu
 distinct weight, [N, K], at one row and at 64 (the decode and the prompt variant,
 kernels/pallas_matmul.py `variant`), the paged attention at the model's heads, the RMS
 norm at d_model and at a head) it prints the registers a thread uses, the bytes it spills
-to local memory, and the shared memory a program takes. A spill is a slow kernel; the
+to local memory, the shared memory a program takes, and how many tensor-core (mma, wgmma)
+instructions its PTX has: none, where a float32 dot at precision HIGHEST is Triton's IEEE
+dot, FMAs in order over K. A spill is a slow kernel; the
 figures are the compiler's, not a measurement of speed, and PyPI's Triton is not the one
 inside jaxlib, so they are a guide to tile sizes, not the device's word.
 """
@@ -55,6 +57,8 @@ for job in json.load(open(sys.argv[1])):
         spill = re.search(r"(\d+) bytes spill stores", text)
         row["registers"] = int(regs.group(1)) if regs else None
         row["spill"] = int(spill.group(1)) if spill else None
+        # tensor-core instructions (a float32 dot at IEEE precision has none: FMAs in order)
+        row["mma"] = len(re.findall(r"\b(?:mma|wgmma)\.", k.asm["ptx"]))
     except Exception as e:   # a module this Triton cannot compile: said, not fatal
         row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
     print(json.dumps(row), flush=True)
@@ -164,18 +168,20 @@ def main(argv=None) -> int:
     version = subprocess.run([args.triton_python, "-c", "import triton; print(triton.__version__)"],
                              capture_output=True, text=True).stdout.strip()
     print(f"triton {version}, sm_90a\n")
-    print("| kernel | warps, stages | registers | spilled bytes | shared bytes |\n"
-          "|---|---|---|---|---|")
+    print("| kernel | warps, stages | registers | spilled bytes | shared bytes | mma |\n"
+          "|---|---|---|---|---|---|")
     for r, job in zip(rows, jobs):
         launch = f"{job['warps']}, {job['stages']}"
         if "error" in r:
-            print(f"| {r['name']} | {launch} | failed: {r['error']} | | |")
+            print(f"| {r['name']} | {launch} | failed: {r['error']} | | | |")
         else:
             print(f"| {r['name']} | {launch} | {r['registers']} | {r['spill']} | "
-                  f"{r['shared']} |")
+                  f"{r['shared']} | {r['mma']} |")
     spilled = [r["name"] for r in rows if r.get("spill")]
     failed = [r["name"] for r in rows if "error" in r]
-    print(f"\n{len(rows)} kernels, {len(spilled)} spill, {len(failed)} failed to compile")
+    tensor = [r["name"] for r in rows if r.get("mma")]
+    print(f"\n{len(rows)} kernels, {len(spilled)} spill, {len(failed)} failed to compile, "
+          f"{len(tensor)} use tensor-core (mma) instructions")
     return 0
 
 

@@ -13,14 +13,17 @@
 #    too (scripts/device_anchor.sh builds it here), llama.cpp's CUDA backend on the same
 #    files: run(..., carry=[".whl", ".anchor/llama-cuda.tar.xz"]) (the working tree, the
 #    wheels and the tarball are about 50 MB of the tool's 64 MiB);
-# 4. (issue 42) bench/gpu.py --split-check: Qwen2.5-1.5B's shape through the split's code
+# 4. bench/gpu.py --quick under XLA_FLAGS that put while loops into command buffers (CUDA
+#    graphs) too: the server's decode loop at Qwen2.5-1.5B's shape, beside bench.log's;
+# 5. (issue 42) bench/gpu.py --split-check: Qwen2.5-1.5B's shape through the split's code
 #    path over one device, its bytes and speed beside the unsplit path's;
-# 5. if time is left, every family's tiny model on the pallas kernel, row-bucket bits.
-# Seven files go to $OUT (the device tool brings back at most 8): gpu.txt (the device, the
+# 6. if time is left, every family's tiny model on the pallas kernel, row-bucket bits.
+# Eight files go to $OUT (the device tool brings back at most 8): gpu.txt (the device, the
 # build's and the norm's failures if any, the anchor's devices), tests.log, bench.log,
-# gpu.json, gpu.md, split.log, families.log; their figures go into docs/performance.md,
-# "GPU". Each step after the tests gets what is left of DEVICE_BUDGET seconds (560: the
-# script ends inside the call's 590), and a step with under 30 s left is skipped.
+# gpu.json, gpu.md, graphs.log, split.log, families.log; their figures go into
+# docs/performance.md, "GPU". Each step after the tests gets what is left of DEVICE_BUDGET
+# seconds (560: the script ends inside the call's 590), and a step with under 30 s left is
+# skipped.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # seconds left of the budget, at most $1 when given
@@ -67,9 +70,16 @@ step=$(left 330)
 [ "$step" -ge 30 ] && timeout "$step" python3 bench/gpu.py --out "$OUT" $ANCHOR \
     --shape qwen25-1.5b --shape qwen25-0.5b --shape smollm2-135m --qtype Q4_0 --qtype Q4_K \
     2>&1 | tee "$OUT/bench.log" | tail -20
+# XLA's command buffers (CUDA graphs) around while loops too: the server's 4-step decode
+# loop at Qwen2.5-1.5B's shape, to set beside bench.log's loop figure under the defaults
+GRAPHS=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE
+step=$(left 80)
+[ "$step" -ge 30 ] && XLA_FLAGS="--xla_gpu_enable_command_buffer=$GRAPHS" timeout "$step" \
+    python3 bench/gpu.py --quick --shape qwen25-1.5b --qtype Q4_0 \
+    --streams 1,16 --reps 5 2>&1 | tee "$OUT/graphs.log" | tail -3
 # issue 42: the split's code path over one device beside the unsplit path (its figures in
 # the log: each model's JSON line and the table)
-step=$(left 120)
+step=$(left 90)
 [ "$step" -ge 30 ] && timeout "$step" python3 bench/gpu.py --shape qwen25-1.5b --qtype Q4_0 \
     --streams 1,16 --split-check 2>&1 | tee "$OUT/split.log" | tail -5
 # last, if time is left: every family's tiny model, a row's bits in every bucket

@@ -14,8 +14,11 @@ are kinetic/model/quants.py's own integer parts of the blocks (quants.PARTS: the
 floats widened, a K-quant's d * sub-block scale), so exactly its values. Float weights (F32,
 F16, BF16) stay as they are. A kernel program dequantizes a [bn, bk] tile of W in registers
 (`dequantize_tile`: integer minus offset, times the scale, plus the minimum: quants.py's
-operations in its order, so the same bits), never to global memory. Device memory holds about
-the file's size (a float32 scale per 16 or 32 elements where the file has less).
+operations in its order, so the same bits), never to global memory. (Compiled by Triton,
+a multiply and an add may be contracted into one FMA: PyPI's Triton does so by default,
+bench/triton_sm90.py, so a format with a minimum may round once where quants.py rounds
+twice; the same in every program, so still the same for every row.) Device memory holds
+about the file's size (a float32 scale per 16 or 32 elements where the file has less).
 
 Batch-invariant by construction: a program computes one tile of y, [16 * dots, bn], for
 one chunk of K; its reduction over the chunk walks it in blocks of bk, in order, each block
