@@ -165,7 +165,8 @@ def main(argv=None) -> int:
     if not rows:
         print(done.stderr[-2000:], file=sys.stderr)
         return 1
-    version = subprocess.run([args.triton_python, "-c", "import triton; print(triton.__version__)"],
+    version = subprocess.run([args.triton_python, "-c",
+                              "import triton; print(triton.__version__)"],
                              capture_output=True, text=True).stdout.strip()
     print(f"triton {version}, sm_90a\n")
     print("| kernel | warps, stages | registers | spilled bytes | shared bytes | mma |\n"

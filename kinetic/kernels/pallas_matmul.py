@@ -23,12 +23,12 @@ about the file's size (a float32 scale per 16 or 32 elements where the file has 
 Batch-invariant by construction: a program computes one tile of y, [16 * dots, bn], for
 one chunk of K; its reduction over the chunk walks it in blocks of bk, in order, each block
 one dot of the same shape [16, bk] x [bk, bn] per 16 rows, accumulated in float32
-(precision HIGHEST: IEEE float32 in Triton, no TF32). The chunks' partial
-sums are then added in order. bn, bk and the chunks depend only on the weight's shape
-(`tiling`), so a row's arithmetic is the same whatever M is and whichever rows share its
-call or its tile; M only sets how many tiles the grid has, and which variant runs
-(`variant`): a decode call's programs make one 16-row dot each, a prompt's four, sharing
-the dequantized weight tile; the same dots either way. tests/test_pallas_matmul.py checks
+(precision HIGHEST: IEEE float32 in Triton, no TF32: FMAs in order over K, no tensor
+cores, bench/triton_sm90.py). The chunks' partial sums are then added in order. bn, bk and
+the chunks depend only on the weight's shape (`tiling`), so a row's arithmetic is the same
+whatever M is and whichever rows share its call or its tile; M only sets how many tiles the
+grid has, and which variant runs (`variant`): a decode call's programs make one 16-row dot
+each, a prompt's four, sharing the dequantized weight tile; the same dots either way. tests/test_pallas_matmul.py checks
 it bitwise, with Pallas in interpret mode on CPU (interpret=None picks it wherever JAX's
 backend is not a GPU).
 """
@@ -228,7 +228,8 @@ def tiling(N: int, K: int) -> Tiling:
     bk = _divisor(K, (32,))
     bn = next((b for b in (32, 16) if N % b == 0), N)
     blocks = K // bk
-    splits = [c for c in range(1, blocks + 1) if blocks % c == 0 and (c == 1 or K // c >= CHUNK)]
+    splits = [c for c in range(1, blocks + 1)
+              if blocks % c == 0 and (c == 1 or K // c >= CHUNK)]
     enough = [c for c in splits if N // bn * c >= PROGRAMS]
     return Tiling(bn, bk, enough[0] if enough else splits[-1])
 

@@ -93,10 +93,10 @@ def shares_to_rows(ys: list[jax.Array], rows: list[tuple[int, ...]]) -> list[jax
 
 def planes_tile(n: int, K: int):
     """(rows of a pallas weight of n rows and K columns, padded to the kernel's multiple;
-    the unsplit weight's pallas_matmul.Tiling, whose tile over N is bn). Split by row (engine/split.py, shard_planes),
-    each device holds whole bn tiles (split.row_counts' share, in --tensor-split's
-    proportion) followed by zero rows up to the most any device holds, so that every
-    element is computed at the unsplit tiling (the same arithmetic)."""
+    the unsplit weight's pallas_matmul.Tiling, whose tile over N is bn). Split by row
+    (engine/split.py, shard_planes), each device holds whole bn tiles (split.row_counts'
+    share, in --tensor-split's proportion) followed by zero rows up to the most any device
+    holds, so that every element is computed at the unsplit tiling (the same arithmetic)."""
     from kinetic.kernels import pallas_matmul
     padded = -(-n // pallas_matmul.ROWS) * pallas_matmul.ROWS
     return padded, pallas_matmul.tiling(padded, K)
