@@ -41,13 +41,18 @@ def test_every_matmul_format_lowers_through_triton(qtype):
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_0, T.Q6_K, T.BF16])
-def test_the_prompt_variant_and_split_k_lower_through_triton(qtype):
-    """A 64-row call (four 16-row dots a program) of a weight whose K is split in two."""
+def test_the_variants_and_split_k_lower_through_triton(qtype):
+    """A 64-row call (four 16-row dots a program) of a weight whose K is split in two, and
+    a 1-row call; x read in place, unpadded (no pad of x before the kernel)."""
     N, K = 32, 1024
     assert pm.tiling(N, K).chunks == 2
     w = pm.repack(random_blocks(qtype, N, K), qtype, (N, K))
-    text = cuda_text(lambda x, w: pm.matmul(x, w), jnp.zeros((64, K)), w)
-    assert text.count(TRITON) == 1
+    for M in (64, 1):
+        text = cuda_text(lambda x, w: pm.matmul(x, w), jnp.zeros((M, K)), w)
+        assert text.count(TRITON) == 1
+        # (a padded copy of x is a scatter, a pad or an update slice: a kernel of its own)
+        assert not {"stablehlo.scatter", "stablehlo.pad",
+                    "stablehlo.dynamic_update_slice"} & set(re.findall(r"stablehlo\.\w+", text))
 
 
 @pytest.mark.parametrize("heads,kv_heads,head_dim,dtype", [

@@ -59,6 +59,21 @@ def test_a_rows_bits_do_not_depend_on_its_batch(qtype, K):
             assert got.tobytes() == alone[at].tobytes(), (M, r)
 
 
+@pytest.mark.parametrize("qtype,K", [(T.Q4_K, 256), (T.Q8_0, 1024), (T.F16, 256)])
+def test_reading_x_in_place_gives_the_padded_blocks_bits(qtype, K):
+    """A GPU reads x where it is, unpadded, rows past M masked off (in_place); interpreted,
+    each program gets a padded block. Both run here, interpreted: every byte the same, at
+    M of 1, 7, 16, 64 and 100 (the decode and the prompt variant, a split K at 1024)."""
+    N = 32
+    w = pm.repack(random_blocks(qtype, N, K, 7), qtype, (N, K))
+    x = np.random.default_rng(8).standard_normal((100, K)).astype(np.float32)
+    t = pm.tiling(w.q.shape[0], K)
+    for M in (1, 7, 16, 64, 100):
+        got = [np.asarray(pm._matmul(x[:M], w.q, w.planes, w.spec, True, t, pm.variant(M),
+                                     in_place)) for in_place in (False, True)]
+        assert got[0].shape == (M, N) and got[0].tobytes() == got[1].tobytes(), M
+
+
 @pytest.mark.parametrize("N,K", [(1536, 1536), (256, 1536), (8960, 1536), (1536, 8960),
                                  (151936, 1536), (896, 4864), (576, 576), (48, 768)])
 def test_a_weights_tiling_is_whole_tiles_and_chunks(N, K):

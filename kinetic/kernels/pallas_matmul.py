@@ -244,7 +244,8 @@ def matmul(x: jax.Array, w: Planes, interpret: bool | None = None,
     N = w.shape[0]
     x = x.reshape(-1, x.shape[-1])
     tiles = tiles or tiling(w.q.shape[0], w.shape[1])   # (its rows padded to ROWS)
-    y = _matmul(x, w.q, w.planes, w.spec, interpret, tiles, variant(x.shape[0]))[:, :N]
+    y = _matmul(x, w.q, w.planes, w.spec, interpret, tiles, variant(x.shape[0]),
+                not interpret)[:, :N]
     return y.reshape(*lead, N)
 
 
@@ -256,29 +257,43 @@ def variant(M: int) -> int:
     return PROMPT_DOTS if M >= PROMPT_DOTS * BLOCK_M else 1
 
 
-@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6))
-def _matmul(x, q, planes: tuple, spec: tuple, interpret: bool, tiles: Tiling, dots: int):
+@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6, 7))
+def _matmul(x, q, planes: tuple, spec: tuple, interpret: bool, tiles: Tiling, dots: int,
+            in_place: bool):
+    """in_place: x is read where it is, unpadded, each program its rows at their place in
+    it and rows past M masked off (a GPU's way: no padded copy of x, a kernel launch, per
+    matmul); else x is padded to whole tiles and each program gets its block (interpreted:
+    a masked load there pads the array it reads, so it should be a block). The same
+    values reach the same dots either way (tests/test_pallas_matmul.py)."""
     M, K = x.shape
     N = q.shape[0]
     BN, BK, S = tiles.bn, tiles.bk, tiles.chunks
     BM = BLOCK_M * dots
     Mp = -(-M // BM) * BM
-    xp = jnp.zeros((Mp, K), jnp.float32).at[:M].set(x.astype(jnp.float32))
     chunk = K // S
+    if in_place:
+        xp = x.astype(jnp.float32)
+        x_spec = pl.BlockSpec((M, K), lambda i, j, s: (0, 0))
+    else:
+        xp = jnp.zeros((Mp, K), jnp.float32).at[:M].set(x.astype(jnp.float32))
+        x_spec = pl.BlockSpec((BM, chunk), lambda i, j, s: (i, s))
     q_cols = chunk // 2 if spec[0] == "packed" else chunk   # q's columns per chunk
     widths = [K // p.shape[1] for p in planes]              # elements per column of each plane
     qk = BK * q_cols // chunk                               # q's columns per BK elements
 
     def kernel(x_ref, q_ref, *refs):
         *block_refs, o_ref = refs
-        first = pl.program_id(0) * BM
+        first = pl.program_id(0) * BM        # (program ids read here, outside the loop:
+        col = pl.program_id(2) * chunk        # interpret mode has none inside it)
 
         def x_rows(d, i):
             """x's d-th 16 rows of block i, rows past M masked off (zeros, as padded, not
             read: a decode step's one row reads one row of x)."""
-            live = first + d * BLOCK_M + lax.broadcasted_iota(jnp.int32, (BLOCK_M, BK), 0) < M
-            return pltriton.load(x_ref.at[pl.ds(d * BLOCK_M, BLOCK_M), pl.ds(i * BK, BK)],
-                                 mask=live, other=0.0)
+            row = first + d * BLOCK_M
+            live = row + lax.broadcasted_iota(jnp.int32, (BLOCK_M, BK), 0) < M
+            at = ((pl.ds(row, BLOCK_M), pl.ds(col + i * BK, BK))
+                  if in_place else (pl.ds(d * BLOCK_M, BLOCK_M), pl.ds(i * BK, BK)))
+            return pltriton.load(x_ref.at[at], mask=live, other=0.0)
 
         def block(i, accs):
             w = dequantize_tile(spec, q_ref[:, pl.ds(i * qk, qk)],
@@ -298,7 +313,7 @@ def _matmul(x, q, planes: tuple, spec: tuple, interpret: bool, tiles: Tiling, do
         kernel,
         out_shape=jax.ShapeDtypeStruct((S, Mp, N), jnp.float32),
         grid=(Mp // BM, N // BN, S),
-        in_specs=[pl.BlockSpec((BM, chunk), lambda i, j, s: (i, s)),
+        in_specs=[x_spec,
                   pl.BlockSpec((BN, q_cols), lambda i, j, s: (j, s)),
                   *[pl.BlockSpec((BN, chunk // e), lambda i, j, s: (j, s)) for e in widths]],
         out_specs=pl.BlockSpec((None, BM, BN), lambda i, j, s: (s, i, j)),
