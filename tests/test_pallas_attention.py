@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kinetic.kernels import pallas_attention as pa
 from kinetic.kernels.pallas_attention import paged_attention
 from kinetic.model import layers
 
@@ -71,3 +72,23 @@ def test_a_rows_bits_do_not_depend_on_its_step():
         two = np.asarray(paged_attention(q[pair[::-1]], k, v, wider, slots[pair[::-1]],
                                          positions[pair[::-1]], 0.35))
         assert two[1:].tobytes() == alone.tobytes(), r
+
+
+@pytest.mark.parametrize("dtype,window,softcap,H", [
+    (np.float32, 0, 0.0, 6), (np.float16, 5, 30.0, 2), (np.float32, 0, 0.0, 4)])
+def test_reading_in_place_gives_the_padded_rows_bits(dtype, window, softcap, H):
+    """A GPU reads q and writes the output where they are, [T, H, *], a kv head's query
+    heads masked to its own (in_place); interpreted, each kv head's rows are padded to a
+    block. Both run here, interpreted: every byte the same."""
+    k, v, table = cache(dtype, seed=5)
+    rng = np.random.default_rng(6)
+    slots = np.array([0, 1, 2, 1, 0], np.int32)
+    positions = np.array([0, 3, 23, 9, 17], np.int32)
+    q = rng.standard_normal((len(slots), H, 8)).astype(np.float32)
+    padded = np.asarray(paged_attention(q, k, v, table, slots, positions, 0.35, window,
+                                        softcap))
+    q = np.asarray(q.astype(dtype), np.float32)
+    in_place = np.asarray(pa._attention(q, k, v, table.astype(np.int32), slots, positions,
+                                        positions, 0.35, window, softcap, True, True,
+                                        H // k.shape[2]))
+    assert in_place.shape == padded.shape and in_place.tobytes() == padded.tobytes()

@@ -74,3 +74,17 @@ def test_the_layer_norm_keeps_a_rows_bits_and_is_within_rounding_of_float64(D):
 
 def test_a_programs_rows_depend_on_the_width_alone():
     assert [pn.block_rows(d) for d in (64, 512, 1024, 2048, 8192, 16384)] == [16, 16, 8, 4, 1, 1]
+
+
+@pytest.mark.parametrize("D,centre", [(576, False), (64, False), (384, True), (1536, True)])
+def test_reading_in_place_gives_the_padded_blocks_bits(D, centre):
+    """A GPU reads x, w (and b) and writes y where they are, unpadded, the padding masked
+    off (in_place); interpreted, they are padded to whole blocks. Both run here,
+    interpreted: every byte the same, at 1, 7, 16 and 17 rows."""
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((17, D)).astype(np.float32)
+    w, b = (rng.standard_normal(D).astype(np.float32) for _ in range(2))
+    for M in (1, 7, 16, 17):
+        got = [np.asarray(pn._norm(x[:M], w, b if centre else None, 1e-6, True, in_place))
+               for in_place in (False, True)]
+        assert got[0].shape == (M, D) and got[0].tobytes() == got[1].tobytes(), M

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
 
 from kinetic.kernels import pallas_backend
 
@@ -43,12 +44,15 @@ def paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
     T, H, Q = q.shape
     K = k_cache.shape[2]
     G, GP = H // K, group_rows(H // K)
-    q = q.astype(k_cache.dtype).astype(jnp.float32).reshape(T, K, G, Q)
-    q = jnp.pad(q, ((0, 0), (0, 0), (0, GP - G), (0, 0))).reshape(T, K * GP, Q)
+    q = q.astype(k_cache.dtype).astype(jnp.float32)
+    in_place = not interpret
+    if not in_place:   # (interpreted: each kv head's query rows padded to a block of GP)
+        q = jnp.pad(q.reshape(T, K, G, Q),
+                    ((0, 0), (0, 0), (0, GP - G), (0, 0))).reshape(T, K * GP, Q)
     out = _attention(q, k_cache, v_cache, jnp.asarray(page_table, jnp.int32),
                      jnp.asarray(slots, jnp.int32), positions, ends, float(scale),
-                     int(window), float(softcap), bool(interpret))
-    return out.reshape(T, K, GP, -1)[:, :, :G].reshape(T, H, -1)
+                     int(window), float(softcap), bool(interpret), in_place, G)
+    return out if in_place else out.reshape(T, K, GP, -1)[:, :, :G].reshape(T, H, -1)
 
 
 def group_rows(G: int) -> int:
@@ -58,17 +62,28 @@ def group_rows(G: int) -> int:
     return max(16, 1 << (G - 1).bit_length())
 
 
-@functools.partial(jax.jit, static_argnums=(7, 8, 9, 10))
+@functools.partial(jax.jit, static_argnums=(7, 8, 9, 10, 11, 12))
 def _attention(q, k_cache, v_cache, table, slots, positions, ends, scale, window, softcap,
-               interpret):
-    T, KG, Q = q.shape
+               interpret, in_place, heads):
+    """heads: a kv head's query heads. in_place: q [T, H, Q] is read and the output
+    [T, H, Qv] written where they are, a program's GP rows from its kv head's first, the
+    rows past its heads masked off (a GPU's way: no padded copy of q, no slice of the
+    output, kernels of their own, around each layer's attention); else q is [T, K * GP, Q],
+    each kv head's rows padded (interpreted: a masked load there pads the array it reads).
+    The same values reach the same arithmetic either way (tests/test_pallas_attention.py)."""
+    T, _, Q = q.shape
     _, page_size, K, Qv = v_cache.shape
-    G = KG // K                                 # query rows per kv head, padded
+    G = group_rows(heads)                       # query rows per kv head, padded
 
     def kernel(q_ref, k_ref, v_ref, table_ref, slot_ref, pos_ref, end_ref, o_ref):
         t, kh = pl.program_id(0), pl.program_id(1)
         slot, pos, end = slot_ref[t], pos_ref[t], end_ref[t]
-        qs = q_ref[0] * scale                                       # [G, Q]
+        if in_place:
+            live = lax.broadcasted_iota(jnp.int32, (G, Q), 0) < heads
+            qs = pltriton.load(q_ref.at[t, pl.ds(kh * heads, G), pl.ds(0, Q)], mask=live,
+                               other=0.0) * scale                   # [G, Q]
+        else:
+            qs = q_ref[0] * scale                                   # [G, Q]
         first = jnp.maximum(pos - window + 1, 0) if window else 0   # first visible key
 
         def page(i, carry):
@@ -98,19 +113,27 @@ def _attention(q, k_cache, v_cache, table, slots, positions, ends, scale, window
             start, end // page_size + 1, page,
             (jnp.full((G,), -jnp.inf, jnp.float32), jnp.zeros((G,), jnp.float32),
              jnp.zeros((G, Qv), jnp.float32)))
-        o_ref[0] = acc / jnp.maximum(total, 1e-30)[:, None]
+        out = acc / jnp.maximum(total, 1e-30)[:, None]
+        if in_place:
+            pltriton.store(o_ref.at[t, pl.ds(kh * heads, G), pl.ds(0, Qv)], out,
+                           mask=lax.broadcasted_iota(jnp.int32, (G, Qv), 0) < heads)
+        else:
+            o_ref[0] = out
 
     def whole(shape):
         return pl.BlockSpec(shape, lambda t, kh: (0,) * len(shape))
 
+    rows = q.shape[1] if in_place else K * G
     out = pl.pallas_call(
         kernel,
-        out_shape=jax.ShapeDtypeStruct((T, KG, Qv), jnp.float32),
+        out_shape=jax.ShapeDtypeStruct((T, rows, Qv), jnp.float32),
         grid=(T, K),
-        in_specs=[pl.BlockSpec((1, G, Q), lambda t, kh: (t, kh, 0)),
+        in_specs=[whole(q.shape) if in_place else pl.BlockSpec((1, G, Q),
+                                                                lambda t, kh: (t, kh, 0)),
                   whole(k_cache.shape), whole(v_cache.shape), whole(table.shape),
                   whole(slots.shape), whole(positions.shape), whole(ends.shape)],
-        out_specs=pl.BlockSpec((1, G, Qv), lambda t, kh: (t, kh, 0)),
+        out_specs=(whole((T, rows, Qv)) if in_place
+                   else pl.BlockSpec((1, G, Qv), lambda t, kh: (t, kh, 0))),
         **pallas_backend.options(interpret),
     )(q, k_cache, v_cache, table, slots, positions, ends)
     return out

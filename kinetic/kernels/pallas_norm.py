@@ -10,9 +10,10 @@ the same on a GPU), which is why a CPU runs it in C++. Here, one program normali
 of rows (`block_rows`: 16, fewer for rows wider than 512): the sum of squares over D is one
 reduction of a block whose shape depends on D alone, whatever the number of rows, so a
 row's arithmetic never depends on how many rows share the call or which; the number of rows
-only sets the grid. Rows are padded with zeros to whole blocks and D to a power of 2
-(Triton's arrays have power-of-2 sizes; a zero adds nothing to a sum of squares), and the
-padding's output is dropped. Interpreted wherever JAX's backend is not a GPU
+only sets the grid. A block's rows past the last and columns past D (it is D padded to a
+power of 2: Triton's arrays have power-of-2 sizes) are zeros, which add nothing to a sum
+of squares, and their output is dropped: on a GPU by masks on loads and stores (x and y
+stay where they are, no padded copies), interpreted by padding. Interpreted wherever JAX's backend is not a GPU
 (kernels/pallas_backend.py); tests/test_pallas_norm.py checks it there.
 """
 
@@ -22,7 +23,9 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
 
 from kinetic.kernels import pallas_backend
 
@@ -50,43 +53,73 @@ def layer_norm(x: jax.Array, w: jax.Array, b: jax.Array, eps: float,
 
 def _rows(x, w, b, eps: float, interpret: bool | None) -> jax.Array:
     lead, D = x.shape[:-1], x.shape[-1]
-    y = _norm(x.reshape(-1, D), w, b, float(eps), pallas_backend.interpreted(interpret))
+    interpret = pallas_backend.interpreted(interpret)
+    y = _norm(x.reshape(-1, D), w, b, float(eps), interpret, not interpret)
     return y.reshape(*lead, D)
 
 
-@functools.partial(jax.jit, static_argnums=(3, 4))
-def _norm(x, w, b, eps: float, interpret: bool):
-    """b None: the RMS norm; else the layer norm, b its bias."""
+@functools.partial(jax.jit, static_argnums=(3, 4, 5))
+def _norm(x, w, b, eps: float, interpret: bool, in_place: bool):
+    """b None: the RMS norm; else the layer norm, b its bias. in_place: x, w, b and y are
+    read and written where they are, unpadded, each program its rows at their place and
+    the padding masked off (a GPU's way: no padded copies, kernels of their own, around
+    each norm); else they are padded to whole blocks (interpreted: a masked load there pads
+    the array it reads). The same values reach the same arithmetic either way
+    (tests/test_pallas_norm.py)."""
     M, D = x.shape
     Dp = pl.next_power_of_2(D)
     BM = block_rows(Dp)
     Mp = -(-M // BM) * BM
-    xp = jnp.zeros((Mp, Dp), jnp.float32).at[:M, :D].set(x.astype(jnp.float32))
-
-    def row(v):   # a [D] vector as [1, Dp], zeros past D
-        return jnp.zeros((1, Dp), jnp.float32).at[0, :D].set(jnp.asarray(v, jnp.float32))
     centre = b is not None
-    # the layer norm's inputs: its bias, and 1 in the D real columns (the padding's
-    # x - mean would be -mean: multiplied by 0 it adds nothing to the variance)
-    extra = [row(b), row(jnp.ones(D))] if centre else []
+    vectors = [w, b] if centre else [w]
+    if in_place:
+        args = [x.astype(jnp.float32), *(jnp.asarray(v, jnp.float32) for v in vectors)]
+        specs = [pl.BlockSpec((M, D), lambda i: (0, 0))] + [pl.BlockSpec((D,), lambda i: (0,))
+                                                            for _ in vectors]
+        out_shape, out_spec = (M, D), pl.BlockSpec((M, D), lambda i: (0, 0))
+    else:
+        def row(v):   # a [D] vector as [1, Dp], zeros past D
+            return jnp.zeros((1, Dp), jnp.float32).at[0, :D].set(jnp.asarray(v, jnp.float32))
+        args = [jnp.zeros((Mp, Dp), jnp.float32).at[:M, :D].set(x.astype(jnp.float32)),
+                *map(row, vectors)]
+        specs = [pl.BlockSpec((BM, Dp), lambda i: (i, 0))] + [pl.BlockSpec((1, Dp),
+                                                                           lambda i: (0, 0))
+                                                              for _ in vectors]
+        out_shape, out_spec = (Mp, Dp), pl.BlockSpec((BM, Dp), lambda i: (i, 0))
 
     def kernel(x_ref, w_ref, *refs):
-        *extra_refs, o_ref = refs
-        v = x_ref[...]
-        if centre:
-            b_ref, inside_ref = extra_refs
-            v = (v - jnp.sum(v, axis=1, keepdims=True) / D) * inside_ref[...]
-        var = jnp.sum(v * v, axis=1, keepdims=True) / D
-        y = v * (1.0 / jnp.sqrt(var + eps)) * w_ref[...]
-        o_ref[...] = y + b_ref[...] if centre else y
+        *b_ref, o_ref = refs
+        first = pl.program_id(0) * BM
+        cols = lax.broadcasted_iota(jnp.int32, (BM, Dp), 1)
+        live = (first + lax.broadcasted_iota(jnp.int32, (BM, Dp), 0) < M) & (cols < D)
 
-    whole = pl.BlockSpec((1, Dp), lambda i: (0, 0))
+        def vector(ref):   # [1, Dp], zeros past D
+            if not in_place:
+                return ref[...]
+            inside = lax.broadcasted_iota(jnp.int32, (Dp,), 0) < D
+            return pltriton.load(ref.at[pl.ds(0, Dp)], mask=inside, other=0.0)[None, :]
+        if in_place:
+            v = pltriton.load(x_ref.at[pl.ds(first, BM), pl.ds(0, Dp)], mask=live, other=0.0)
+        else:
+            v = x_ref[...]
+        if centre:
+            # (the padding's x - mean would be -mean: times 0 it adds nothing to the variance)
+            v = (v - jnp.sum(v, axis=1, keepdims=True) / D) * (cols < D).astype(jnp.float32)
+        var = jnp.sum(v * v, axis=1, keepdims=True) / D
+        y = v * (1.0 / jnp.sqrt(var + eps)) * vector(w_ref)
+        if centre:
+            y = y + vector(b_ref[0])
+        if in_place:
+            pltriton.store(o_ref.at[pl.ds(first, BM), pl.ds(0, Dp)], y, mask=live)
+        else:
+            o_ref[...] = y
+
     out = pl.pallas_call(
         kernel,
-        out_shape=jax.ShapeDtypeStruct((Mp, Dp), jnp.float32),
+        out_shape=jax.ShapeDtypeStruct(out_shape, jnp.float32),
         grid=(Mp // BM,),
-        in_specs=[pl.BlockSpec((BM, Dp), lambda i: (i, 0)), whole] + [whole] * len(extra),
-        out_specs=pl.BlockSpec((BM, Dp), lambda i: (i, 0)),
+        in_specs=specs,
+        out_specs=out_spec,
         **pallas_backend.options(interpret),
-    )(xp, row(w), *extra)
+    )(*args)
     return out[:M, :D]
