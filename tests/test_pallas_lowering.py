@@ -107,8 +107,8 @@ def test_a_whole_model_step_lowers_for_cuda(tmp_path, arch, qtype):
     CUDA with every pallas call of its jaxpr (the projections and each layer's attention)
     a Triton kernel, none interpreted (an interpreted one lowers to plain loops), the norms
     among them (kernels/pallas_norm.py), and no C++ FFI call left (rotary angles in XLA, as
-    on a GPU): dense, sliding-window and soft-capped, mixture-of-experts, short-convolution
-    and Gated DeltaNet families."""
+    on a GPU), and no pad (the kernels read and write in place): dense, sliding-window and
+    soft-capped, mixture-of-experts, short-convolution and Gated DeltaNet families."""
     path = write_tiny_model(tmp_path / "tiny.gguf", arch, qtype=qtype, context_length=256)
     runner = Runner(load_model(str(path), kernel="pallas"),
                     RunnerConfig(step_tokens=4, num_slots=1, page_size=16, num_pages=4,
@@ -131,6 +131,8 @@ def test_a_whole_model_step_lowers_for_cuda(tmp_path, arch, qtype):
     assert kernels >= 5 and calls.count(TRITON) == kernels
     assert set(calls) == {TRITON}
     assert "let _norm = " in seen["jaxpr"]   # pallas_norm._norm
+    # the kernels read and write in place on a GPU: no padded copy around any of them
+    assert "stablehlo.pad " not in seen["text"]
 
 
 class _Lowered(Exception):
