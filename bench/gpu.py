@@ -307,6 +307,7 @@ def matmuls(model, bandwidth: float, reps: int, head: bool = True) -> dict:
     from kinetic.model.layers import PLANES
     weights = {**model.weights["blk"][0], **({"output": model.weights["output"]} if head
                                              else {})}
+    f = jax.jit(pm.matmul)
     out = {}
     for name, p in weights.items():
         if getattr(p, "fmt", None) != PLANES or p.data.shape in [v["shape"] for v in
@@ -315,7 +316,6 @@ def matmuls(model, bandwidth: float, reps: int, head: bool = True) -> dict:
         w = p.data
         t = pm.tiling(w.q.shape[0], w.shape[1])
         x = jax.numpy.ones((1, w.shape[1]), jax.numpy.float32)
-        f = jax.jit(pm.matmul)
         ms = 1e3 * timed(lambda: f(x, w).block_until_ready(), reps)
         nbytes = sum(a.nbytes for a in jax.tree_util.tree_leaves(w))
         out[name] = {"shape": w.shape, "bn": t.bn, "bk": t.bk, "chunks": t.chunks,

@@ -110,7 +110,7 @@ def capture_modules(folder: str, shapes: list[str], qtypes: list[str]) -> list[d
         d, hd = s["d_model"], s["head_dim"]
         weights = {"q": (s["n_head"] * hd, d), "kv": (s["n_kv_head"] * hd, d),
                    "o": (d, s["n_head"] * hd), "up": (s["d_ffn"], d), "down": (d, s["d_ffn"]),
-                   "output": (151936 if s.get("vocab") != "gpt-2" else 50272, d)}
+                   "output": (151936 if s.get("vocab") != "gpt-2" else 50257, d)}
         for qtype in qtypes:
             for wname, (N, K) in dict.fromkeys(weights.items()):
                 if K % 256 and T[qtype] in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K):

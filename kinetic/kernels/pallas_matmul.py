@@ -28,9 +28,9 @@ cores, bench/triton_sm90.py). The chunks' partial sums are then added in order. 
 the chunks depend only on the weight's shape (`tiling`), so a row's arithmetic is the same
 whatever M is and whichever rows share its call or its tile; M only sets how many tiles the
 grid has, and which variant runs (`variant`): a decode call's programs make one 16-row dot
-each, a prompt's four, sharing the dequantized weight tile; the same dots either way. tests/test_pallas_matmul.py checks
-it bitwise, with Pallas in interpret mode on CPU (interpret=None picks it wherever JAX's
-backend is not a GPU).
+each, a prompt's four, sharing the dequantized weight tile; the same dots either way.
+tests/test_pallas_matmul.py checks it bitwise, with Pallas in interpret mode on CPU
+(interpret=None picks it wherever JAX's backend is not a GPU).
 """
 
 from __future__ import annotations

@@ -13,8 +13,9 @@ row's arithmetic never depends on how many rows share the call or which; the num
 only sets the grid. A block's rows past the last and columns past D (it is D padded to a
 power of 2: Triton's arrays have power-of-2 sizes) are zeros, which add nothing to a sum
 of squares, and their output is dropped: on a GPU by masks on loads and stores (x and y
-stay where they are, no padded copies), interpreted by padding. Interpreted wherever JAX's backend is not a GPU
-(kernels/pallas_backend.py); tests/test_pallas_norm.py checks it there.
+stay where they are, no padded copies), interpreted by padding. Interpreted wherever JAX's
+backend is not a GPU (kernels/pallas_backend.py); tests/test_pallas_norm.py checks it
+there.
 """
 
 from __future__ import annotations
@@ -74,21 +75,20 @@ def _norm(x, w, b, eps: float, interpret: bool, in_place: bool):
     vectors = [w, b] if centre else [w]
     if in_place:
         args = [x.astype(jnp.float32), *(jnp.asarray(v, jnp.float32) for v in vectors)]
-        specs = [pl.BlockSpec((M, D), lambda i: (0, 0))] + [pl.BlockSpec((D,), lambda i: (0,))
-                                                            for _ in vectors]
-        out_shape, out_spec = (M, D), pl.BlockSpec((M, D), lambda i: (0, 0))
+        rows_spec = pl.BlockSpec((M, D), lambda i: (0, 0))        # the whole of x, of y
+        vector_spec = pl.BlockSpec((D,), lambda i: (0,))
+        out_shape = (M, D)
     else:
         def row(v):   # a [D] vector as [1, Dp], zeros past D
             return jnp.zeros((1, Dp), jnp.float32).at[0, :D].set(jnp.asarray(v, jnp.float32))
         args = [jnp.zeros((Mp, Dp), jnp.float32).at[:M, :D].set(x.astype(jnp.float32)),
                 *map(row, vectors)]
-        specs = [pl.BlockSpec((BM, Dp), lambda i: (i, 0))] + [pl.BlockSpec((1, Dp),
-                                                                           lambda i: (0, 0))
-                                                              for _ in vectors]
-        out_shape, out_spec = (Mp, Dp), pl.BlockSpec((BM, Dp), lambda i: (i, 0))
+        rows_spec = pl.BlockSpec((BM, Dp), lambda i: (i, 0))      # a program's block
+        vector_spec = pl.BlockSpec((1, Dp), lambda i: (0, 0))
+        out_shape = (Mp, Dp)
 
     def kernel(x_ref, w_ref, *refs):
-        *b_ref, o_ref = refs
+        *b_ref, o_ref = refs                  # b_ref: [the bias] for the layer norm, else []
         first = pl.program_id(0) * BM
         cols = lax.broadcasted_iota(jnp.int32, (BM, Dp), 1)
         live = (first + lax.broadcasted_iota(jnp.int32, (BM, Dp), 0) < M) & (cols < D)
@@ -118,8 +118,8 @@ def _norm(x, w, b, eps: float, interpret: bool, in_place: bool):
         kernel,
         out_shape=jax.ShapeDtypeStruct(out_shape, jnp.float32),
         grid=(Mp // BM,),
-        in_specs=specs,
-        out_specs=out_spec,
+        in_specs=[rows_spec] + [vector_spec] * len(vectors),
+        out_specs=rows_spec,
         **pallas_backend.options(interpret),
     )(*args)
     return out[:M, :D]
