@@ -32,8 +32,9 @@ For each model and each row count B of --streams, on kernel "pallas":
   bandwidth measured first (a jitted x + 1 over 4 GiB of float32, bytes read + written
   per second), as a time; "of bound" = that time / the 1-row step's (and the loop's);
 - matmuls: layer 0's projections and the output's (not with --tiny), each alone at one
-  row: the weight's tiling (bn, bk, chunks of K), its programs, ms, and the fraction of
-  its own bound (its planes' bytes over the read bandwidth);
+  row, then q+k+v and gate+up each in one launch (as a step runs them): the weight's
+  tiling (bn, bk, chunks of K), its programs, ms, and the fraction of its own bound (its
+  planes' bytes over the read bandwidth);
 - xla: the same model on kernel "xla" (weights dequantized to bfloat16, XLA's dot) at
   16 rows, tok/s;
 - with --split-check (issue 42): the same model through the split's code path over one
@@ -297,30 +298,38 @@ def row_pieces(cfg, streams: list[int], rng) -> dict:
 
 def matmuls(model, bandwidth: float, reps: int, head: bool = True) -> dict:
     """Each of layer 0's projections and the output's, alone at one row (a decode step's
-    matmul): its tiling (kernels/pallas_matmul.tiling), programs, ms and the fraction of
-    its own bandwidth bound (its planes' bytes over the copy bandwidth's read half), so a
-    step short of its bound shows whether the kernel or what surrounds it is short. head:
-    the output's too (interpreted, a vocabulary's rows take seconds)."""
+    matmul), and the ones layers.linear_many multiplies in one launch (q+k+v, gate+up:
+    pallas_matmul.matmul_many): the tiling (kernels/pallas_matmul.tiling; bn, bk, chunks,
+    each weight's), programs, ms and the fraction of its own bandwidth bound (its planes'
+    bytes over the copy bandwidth's read half), so a step short of its bound shows whether
+    the kernel or what surrounds it is short, and what one launch saves over several.
+    head: the output's too (interpreted, a vocabulary's rows take seconds)."""
     import jax
 
     from kinetic.kernels import pallas_matmul as pm
     from kinetic.model.layers import PLANES
-    weights = {**model.weights["blk"][0], **({"output": model.weights["output"]} if head
-                                             else {})}
-    f = jax.jit(pm.matmul)
-    out = {}
-    for name, p in weights.items():
-        if getattr(p, "fmt", None) != PLANES or p.data.shape in [v["shape"] for v in
-                                                                  out.values()]:
+    layer = model.weights["blk"][0]
+    weights = {**layer, **({"output": model.weights["output"]} if head else {})}
+    groups = [[name] for name in weights]
+    groups += [names for names in (["attn_q", "attn_k", "attn_v"], ["ffn_gate", "ffn_up"])
+               if all(n in layer for n in names)]
+    f = jax.jit(pm.matmul_many)
+    out, seen = {}, []
+    for names in groups:
+        ws = [getattr(weights[n], "data", None) for n in names]
+        if (any(getattr(weights[n], "fmt", None) != PLANES for n in names)
+                or (len(ws) == 1 and ws[0].shape in seen)):
             continue
-        w = p.data
-        t = pm.tiling(w.q.shape[0], w.shape[1])
-        x = jax.numpy.ones((1, w.shape[1]), jax.numpy.float32)
-        ms = 1e3 * timed(lambda: f(x, w).block_until_ready(), reps)
-        nbytes = sum(a.nbytes for a in jax.tree_util.tree_leaves(w))
-        out[name] = {"shape": w.shape, "bn": t.bn, "bk": t.bk, "chunks": t.chunks,
-                     "programs": w.q.shape[0] // t.bn * t.chunks, "ms": ms,
-                     "of_bound": 1e3 * nbytes / (bandwidth / 2) / ms}
+        seen += [w.shape for w in ws]
+        tiles = [pm.tiling(w.q.shape[0], w.shape[1]) for w in ws]
+        x = jax.numpy.ones((1, ws[0].shape[1]), jax.numpy.float32)
+        ms = 1e3 * timed(lambda: jax.block_until_ready(f(x, ws)), reps)
+        nbytes = sum(a.nbytes for a in jax.tree_util.tree_leaves(ws))
+        out["+".join(names)] = {
+            "shape": (sum(w.shape[0] for w in ws), ws[0].shape[1]),
+            "tiling": " / ".join(f"{t.bn}, {t.bk}, {t.chunks}" for t in tiles),
+            "programs": sum(w.q.shape[0] // t.bn * t.chunks for w, t in zip(ws, tiles)),
+            "ms": ms, "of_bound": 1e3 * nbytes / (bandwidth / 2) / ms}
     return out
 
 
@@ -379,12 +388,12 @@ def table(rows: list[dict], streams: list[int]) -> str:
 
 
 def matmul_table(rows: list[dict]) -> str:
-    lines = ["| model | qtype | weight | [N, K] | bn, bk, chunks | programs | ms | of bound |",
+    lines = ["| model | qtype | weights | [N, K] | bn, bk, chunks | programs | ms | of bound |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         for name, m in r["matmuls"].items():
             lines.append(f"| {r['model']} | {r['qtype']} | {name} | {list(m['shape'])} | "
-                         f"{m['bn']}, {m['bk']}, {m['chunks']} | {m['programs']} | "
+                         f"{m['tiling']} | {m['programs']} | "
                          f"{m['ms']:.4f} | {m['of_bound']:.2f} |")
     return "\n".join(lines)
 

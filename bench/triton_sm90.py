@@ -11,7 +11,8 @@ for sm_90 (an H100 / H200) at the launch parameters kinetic names
 (kernels/pallas_backend.py) and runs the PTX through the `ptxas` it ships, verbose. For
 each kernel at the real shapes of each --shape (bench/gpu.py's SHAPES: the matmul of each
 distinct weight, [N, K], at one row and at 64 (the decode and the prompt variant,
-kernels/pallas_matmul.py `variant`), the paged attention at the model's heads, the RMS
+kernels/pallas_matmul.py `variant`), q, k and v in one launch and gate and up in one
+(matmul_many, as layers.linear_many runs them), the paged attention at the model's heads, the RMS
 norm at d_model and at a head) it prints the registers a thread uses, the bytes it spills
 to local memory, the shared memory a program takes, and how many tensor-core (mma, wgmma)
 instructions its PTX has: none, where a float32 dot at precision HIGHEST is Triton's IEEE
@@ -105,6 +106,13 @@ def capture_modules(folder: str, shapes: list[str], qtypes: list[str]) -> list[d
         with target.for_gpu():
             jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",))
 
+    def abstract(qtype: str, N: int, K: int):
+        """A [N, K] weight's Planes as shapes alone (the kernel's code needs no values)."""
+        small = pm.repack(random_blocks(T[qtype], 16, K), T[qtype], (16, K))
+        Np = -(-N // pm.ROWS) * pm.ROWS
+        w = jax.tree.map(lambda a: jax.ShapeDtypeStruct((Np, *a.shape[1:]), a.dtype), small)
+        return type(small)(w.q, w.d, w.m, w.bits, small.offset, small.group, N)
+
     for shape in shapes:
         s = SHAPES[shape]
         d, hd = s["d_model"], s["head_dim"]
@@ -115,16 +123,20 @@ def capture_modules(folder: str, shapes: list[str], qtypes: list[str]) -> list[d
             for wname, (N, K) in dict.fromkeys(weights.items()):
                 if K % 256 and T[qtype] in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K):
                     continue
-                small = pm.repack(random_blocks(T[qtype], 16, K), T[qtype], (16, K))
-                Np = -(-N // pm.ROWS) * pm.ROWS
-                w = jax.tree.map(lambda a: jax.ShapeDtypeStruct((Np, *a.shape[1:]), a.dtype),
-                                 small)
-                w = type(small)(w.q, w.d, w.m, w.bits, small.offset, small.group, N)
-                t = pm.tiling(Np, K)
+                w = abstract(qtype, N, K)
+                t = pm.tiling(w.q.shape[0], K)
                 for M in (1, 64):
                     lower(f"{shape} {qtype} {wname} [{N}, {K}] M={M} (bn {t.bn}, bk {t.bk}, "
                           f"{t.chunks} chunks)", pm.matmul,
                           jax.ShapeDtypeStruct((M, K), jnp.float32), w)
+            if d % 256 and T[qtype] in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K):
+                continue
+            # the weights layers.linear_many multiplies in one launch (matmul_many)
+            for wname, names in (("q+k+v", ("q", "kv", "kv")), ("gate+up", ("up", "up"))):
+                ws = [abstract(qtype, *weights[n]) for n in names]
+                for M in (1, 64):
+                    lower(f"{shape} {qtype} {wname} in one launch M={M}", pm.matmul_many,
+                          jax.ShapeDtypeStruct((M, d), jnp.float32), ws)
         pages = jax.ShapeDtypeStruct((64, 16, s["n_kv_head"], hd), jnp.float32)
         rows = jax.ShapeDtypeStruct((5,), jnp.int32)
 

@@ -127,6 +127,7 @@ def test_a_whole_model_step_lowers_for_cuda(tmp_path, arch, qtype):
         runner.step_device(np.array([1, 2]), np.array([0, 1]), np.zeros(2, np.int64),
                            np.array([16, 17]), np.array([[1, 2]], np.int32))
     kernels = seen["jaxpr"].count("pallas_call[")
+    print("KERNELS", arch, kernels)
     calls = re.findall(r"custom_call @([\w$.]+)", seen["text"])
     assert kernels >= 5 and calls.count(TRITON) == kernels
     assert set(calls) == {TRITON}
@@ -137,3 +138,22 @@ def test_a_whole_model_step_lowers_for_cuda(tmp_path, arch, qtype):
 
 class _Lowered(Exception):
     pass
+
+
+def test_a_layers_projections_that_read_one_x_are_one_kernel():
+    """q, k and v (three formats here), and gate and up, each one Triton kernel
+    (layers.linear_many: pallas_matmul.matmul_many), the down projection another."""
+    K = 256
+
+    def proj(qtype, n, seed):
+        return layers.Proj(pm.repack(random_blocks(qtype, n, K, seed), qtype, (n, K)),
+                           layers.PLANES)
+    q, k, v = proj(T.Q4_K, 64, 1), proj(T.Q4_K, 32, 2), proj(T.Q6_K, 32, 3)
+    x = jnp.zeros((5, K))
+    text = cuda_text(lambda x, q, k, v: layers.linear_many(x, [q, k, v]), x, q, k, v)
+    assert text.count(TRITON) == 1
+    gate, up = proj(T.Q4_0, 128, 4), proj(T.Q4_0, 128, 5)
+    down = layers.Proj(pm.repack(random_blocks(T.Q4_0, K, 128, 6), T.Q4_0, (K, 128)),
+                       layers.PLANES)
+    text = cuda_text(lambda x, g, u, d: layers.swiglu(x, g, u, d), x, gate, up, down)
+    assert text.count(TRITON) == 2

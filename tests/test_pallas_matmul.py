@@ -69,8 +69,9 @@ def test_reading_x_in_place_gives_the_padded_blocks_bits(qtype, K):
     x = np.random.default_rng(8).standard_normal((100, K)).astype(np.float32)
     t = pm.tiling(w.q.shape[0], K)
     for M in (1, 7, 16, 64, 100):
-        got = [np.asarray(pm._matmul(x[:M], w.q, w.planes, w.spec, True, t, pm.variant(M),
-                                     in_place)) for in_place in (False, True)]
+        got = [np.asarray(pm._matmul(x[:M], (w.q,), (w.planes,), (w.spec,), True, (t,),
+                                     pm.variant(M), in_place)[0])
+               for in_place in (False, True)]
         assert got[0].shape == (M, N) and got[0].tobytes() == got[1].tobytes(), M
 
 
@@ -117,3 +118,29 @@ def test_rows_past_a_multiple_of_16_are_padded_and_dropped(qtype):
     assert got.shape == (3, N)
     want = x.astype(np.float64) @ dequantize_bytes(data, qtype, (N, K)).astype(np.float64).T
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_weights_in_one_launch_give_each_weights_own_bits(in_place):
+    """matmul_many: a q, k and v of three formats, shapes and tilings (K whole or split in
+    two; bn 16 or 32; a weight of 40 rows, padded) in one kernel, each product the same
+    bytes as its own call's, from the decode and the prompt variant, with x read in place
+    (a GPU's way) and in padded blocks (interpreted). The first weight's 3 programs put
+    the others' chunks at odd program ids."""
+    K = 1024
+    shapes = [(T.Q4_K, 48, pm.Tiling(16, 32, 1)), (T.Q8_0, 64, pm.Tiling(32, 32, 2)),
+              (T.F16, 40, pm.Tiling(16, 32, 2))]
+    ws = [pm.repack(random_blocks(q, n, K, 9 + i), q, (n, K))
+          for i, (q, n, _) in enumerate(shapes)]
+    tiles = tuple(t for *_, t in shapes)
+    x = np.random.default_rng(10).standard_normal((70, K)).astype(np.float32)
+    for M in (1, 7, 70):
+        alone = [np.asarray(pm.matmul(x[:M], w, tiles=t)) for w, t in zip(ws, tiles)]
+        got = pm._matmul(x[:M], tuple(w.q for w in ws), tuple(w.planes for w in ws),
+                         tuple(w.spec for w in ws), True, tiles, pm.variant(M), in_place)
+        for y, w, want in zip(got, ws, alone):
+            assert np.asarray(y)[:, :w.shape[0]].tobytes() == want.tobytes(), M
+    ys = pm.matmul_many(x[:3], ws)    # at the weights' own tilings
+    assert [y.shape for y in ys] == [(3, 48), (3, 64), (3, 40)]
+    for y, w in zip(ys, ws):
+        assert np.asarray(y).tobytes() == np.asarray(pm.matmul(x[:3], w)).tobytes()

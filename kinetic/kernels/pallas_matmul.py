@@ -239,14 +239,24 @@ def matmul(x: jax.Array, w: Planes, interpret: bool | None = None,
     """x [..., K] (any float type, computed in float32) @ w^T -> float32 [..., N]. tiles:
     a Tiling instead of the weight's own (a share of a split weight keeps the whole
     weight's: engine/split.py)."""
+    return matmul_many(x, [w], interpret, None if tiles is None else [tiles])[0]
+
+
+def matmul_many(x: jax.Array, ws: list[Planes], interpret: bool | None = None,
+                tiles: list[Tiling] | None = None) -> list[jax.Array]:
+    """[matmul(x, w) for w in ws], the weights (each of K columns, in any format) in one
+    kernel launch: a layer's q, k and v, or its gate and up, read one x. Each weight's
+    programs are its own call's, at its own tiling, so each product is the same bits as
+    its call alone (tests/test_pallas_matmul.py); a GPU launches one kernel where it would
+    launch len(ws)."""
     interpret = pallas_backend.interpreted(interpret)
     lead = x.shape[:-1]
-    N = w.shape[0]
     x = x.reshape(-1, x.shape[-1])
-    tiles = tiles or tiling(w.q.shape[0], w.shape[1])   # (its rows padded to ROWS)
-    y = _matmul(x, w.q, w.planes, w.spec, interpret, tiles, variant(x.shape[0]),
-                not interpret)[:, :N]
-    return y.reshape(*lead, N)
+    tiles = tiles or [tiling(w.q.shape[0], w.shape[1]) for w in ws]   # (rows padded to ROWS)
+    ys = _matmul(x, tuple(w.q for w in ws), tuple(w.planes for w in ws),
+                 tuple(w.spec for w in ws), interpret, tuple(tiles), variant(x.shape[0]),
+                 not interpret)
+    return [y[:, :w.shape[0]].reshape(*lead, w.shape[0]) for y, w in zip(ys, ws)]
 
 
 def variant(M: int) -> int:
@@ -258,33 +268,126 @@ def variant(M: int) -> int:
 
 
 @functools.partial(jax.jit, static_argnums=(3, 4, 5, 6, 7))
-def _matmul(x, q, planes: tuple, spec: tuple, interpret: bool, tiles: Tiling, dots: int,
-            in_place: bool):
-    """in_place: x is read where it is, unpadded, each program its rows at their place in
+def _matmul(x, qs: tuple, planes: tuple, specs: tuple, interpret: bool, tiles: tuple,
+            dots: int, in_place: bool) -> list:
+    """The products of x [M, K] with each weight (its q, its other planes, its spec and its
+    Tiling at the same place in qs, planes, specs and tiles), [M, N_w] each, in one
+    pallas_call. Its grid is (tiles over M, every weight's programs in turn): a weight's
+    programs are (tile over N, chunk of K), chunks fastest, as a call of that weight alone
+    would number them, and each runs that weight's code alone (a GPU branches once a
+    program, on its id).
+
+    in_place: x is read where it is, unpadded, each program its rows at their place in
     it and rows past M masked off (a GPU's way: no padded copy of x, a kernel launch, per
     matmul); else x is padded to whole tiles and each program gets its block (interpreted:
     a masked load there pads the array it reads, so it should be a block). The same
     values reach the same dots either way (tests/test_pallas_matmul.py)."""
     M, K = x.shape
-    N = q.shape[0]
-    BN, BK, S = tiles.bn, tiles.bk, tiles.chunks
     BM = BLOCK_M * dots
     Mp = -(-M // BM) * BM
-    chunk = K // S
-    if in_place:
+    parts = [_Part(q.shape[0], K, spec, t, [K // p.shape[1] for p in ps], len(qs) == 1)
+             for q, ps, spec, t in zip(qs, planes, specs, tiles)]
+    starts = np.cumsum([0] + [p.programs for p in parts]).tolist()
+    if in_place:    # one x for every weight
         xp = x.astype(jnp.float32)
-        x_spec = pl.BlockSpec((M, K), lambda i, j, s: (0, 0))
-    else:
+        x_specs = [pl.BlockSpec((M, K), lambda i, g: (0, 0))]
+    else:           # a block of each weight's chunk for each
         xp = jnp.zeros((Mp, K), jnp.float32).at[:M].set(x.astype(jnp.float32))
-        x_spec = pl.BlockSpec((BM, chunk), lambda i, j, s: (i, s))
-    q_cols = chunk // 2 if spec[0] == "packed" else chunk   # q's columns per chunk
-    widths = [K // p.shape[1] for p in planes]              # elements per column of each plane
-    qk = BK * q_cols // chunk                               # q's columns per BK elements
+        xp = jnp.zeros((Mp, K), jnp.float32).at[:M].set(x.astype(jnp.float32))
+        x_specs = [pl.BlockSpec((BM, p.chunk), p.index_map(start, lambda j, s: s, rows_at=0))
+                   for p, start in zip(parts, starts)]
 
-    def kernel(x_ref, q_ref, *refs):
-        *block_refs, o_ref = refs
+    def kernel(*refs):
+        x_refs, refs = refs[:len(x_specs)], refs[len(x_specs):]
+        x_refs = x_refs * (len(parts) // len(x_refs))
+        o_refs = refs[-len(parts):]
         first = pl.program_id(0) * BM        # (program ids read here, outside the loop:
-        col = pl.program_id(2) * chunk        # interpret mode has none inside it)
+        g = pl.program_id(1)                 # interpret mode has none inside it)
+        at = 0
+        for w, (part, start, x_ref, o_ref) in enumerate(zip(parts, starts, x_refs, o_refs)):
+            w_refs = refs[at:at + 1 + len(part.widths)]
+            at += len(w_refs)
+            run = functools.partial(part.program, x_ref, w_refs, o_ref, first, M, dots,
+                                    in_place, lax.rem(g - start, part.chunks) * part.chunk)
+            if len(parts) == 1:
+                run()
+            else:
+                pl.when((g >= start) & (g < starts[w + 1]))(run)
+
+    ys = pl.pallas_call(
+        kernel,
+        out_shape=[jax.ShapeDtypeStruct((p.chunks, Mp, p.n), jnp.float32) for p in parts],
+        grid=(Mp // BM, starts[-1]),
+        in_specs=[*x_specs,
+                  *(spec for p, start in zip(parts, starts) for spec in p.in_specs(start))],
+        out_specs=[pl.BlockSpec((None, BM, p.tiles.bn),
+                                p.index_map(start, lambda j, s: (s, j), rows_at=1))
+                   for p, start in zip(parts, starts)],
+        **pallas_backend.options(interpret, num_stages=STAGES),
+    )(*([xp] * len(x_specs)), *(a for q, ps in zip(qs, planes) for a in (q, *ps)))
+    out = []
+    for y in ys:
+        total = y[0]
+        for s in range(1, y.shape[0]):       # the chunks' partial sums, in order
+            total = total + y[s]
+        out.append(total[:M])
+    return out
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One weight of a _matmul call, as its programs see it: n rows (padded to ROWS), K
+    columns, its Planes.spec, its Tiling and its planes' elements per column (widths)."""
+
+    n: int
+    K: int
+    spec: tuple
+    tiles: Tiling
+    widths: list
+    alone: bool         # the call's only weight (its programs are the whole grid's)
+
+    @property
+    def chunks(self) -> int:
+        return self.tiles.chunks
+
+    @property
+    def chunk(self) -> int:
+        return self.K // self.chunks
+
+    @property
+    def programs(self) -> int:
+        return self.n // self.tiles.bn * self.chunks
+
+    @property
+    def q_cols(self) -> int:        # q's columns per chunk
+        return self.chunk // 2 if self.spec[0] == "packed" else self.chunk
+
+    def index_map(self, start: int, block, rows_at: int | None = None):
+        """A BlockSpec's index map (i: tile over M, g: program) of this weight's program
+        (tile over N j, chunk s) = divmod(g - start, chunks), clamped into this weight's
+        range (a program of another weight maps to a block it never touches: not clamped
+        where the weight is alone); block(j, s)
+        gives the block's index, with i inserted at rows_at (None: a weight's block, the
+        same for every tile over M)."""
+        def index(i, g):
+            local = g if self.alone else jnp.clip(g - start, 0, self.programs - 1)
+            idx = block(lax.div(local, self.chunks), lax.rem(local, self.chunks))
+            idx = idx if isinstance(idx, tuple) else (idx,)
+            return idx if rows_at is None else (*idx[:rows_at], i, *idx[rows_at:])
+        return index
+
+    def in_specs(self, start: int) -> list:
+        """q's block and each other plane's: [bn, the chunk's columns of it]."""
+        return [pl.BlockSpec((self.tiles.bn, cols), self.index_map(start, lambda j, s: (j, s)))
+                for cols in (self.q_cols, *(self.chunk // e for e in self.widths))]
+
+    def program(self, x_ref, w_refs, o_ref, first, M: int, dots: int, in_place: bool, col):
+        """One program: its [16 * dots, bn] tile of this weight's chunk's partial sum, from
+        x's rows at `first` (in place: columns from `col`) and the weight's blocks, in
+        blocks of bk in order over the chunk."""
+        BN, BK = self.tiles.bn, self.tiles.bk
+        q_ref, *block_refs = w_refs
+        qk = BK * self.q_cols // self.chunk                 # q's columns per BK elements
 
         def x_rows(d, i):
             """x's d-th 16 rows of block i, rows past M masked off (zeros, as padded, not
@@ -296,33 +399,18 @@ def _matmul(x, q, planes: tuple, spec: tuple, interpret: bool, tiles: Tiling, do
             return pltriton.load(x_ref.at[at], mask=live, other=0.0)
 
         def block(i, accs):
-            w = dequantize_tile(spec, q_ref[:, pl.ds(i * qk, qk)],
+            w = dequantize_tile(self.spec, q_ref[:, pl.ds(i * qk, qk)],
                                 *(r[:, pl.ds(i * (BK // e), BK // e)]
-                                  for r, e in zip(block_refs, widths)))
+                                  for r, e in zip(block_refs, self.widths)))
             return tuple(
                 acc + lax.dot_general(x_rows(d, i), w, (((1,), (1,)), ((), ())),
                                       precision=lax.Precision.HIGHEST,
                                       preferred_element_type=jnp.float32)
                 for d, acc in enumerate(accs))
-        accs = lax.fori_loop(0, chunk // BK, block,
+        accs = lax.fori_loop(0, self.chunk // BK, block,
                              (jnp.zeros((BLOCK_M, BN), jnp.float32),) * dots)
         for d, acc in enumerate(accs):
             o_ref[pl.ds(d * BLOCK_M, BLOCK_M), :] = acc
-
-    parts = pl.pallas_call(
-        kernel,
-        out_shape=jax.ShapeDtypeStruct((S, Mp, N), jnp.float32),
-        grid=(Mp // BM, N // BN, S),
-        in_specs=[x_spec,
-                  pl.BlockSpec((BN, q_cols), lambda i, j, s: (j, s)),
-                  *[pl.BlockSpec((BN, chunk // e), lambda i, j, s: (j, s)) for e in widths]],
-        out_specs=pl.BlockSpec((None, BM, BN), lambda i, j, s: (s, i, j)),
-        **pallas_backend.options(interpret, num_stages=STAGES),
-    )(xp, q, *planes)
-    y = parts[0]
-    for s in range(1, S):       # the chunks' partial sums, in order
-        y = y + parts[s]
-    return y[:M]
 
 
 def reference(x: np.ndarray, w: Planes) -> np.ndarray:

@@ -215,8 +215,14 @@ def linear(x: jax.Array, p: Proj, b: jax.Array | None = None,
 def linear_many(x: jax.Array, projs: list[Proj], biases=None) -> list[jax.Array]:
     """[linear(x, p, b) for each p]: packed weights of one buffer go through one kernel call
     (the activations rounded once, every part's columns split over the threads together),
-    which costs less than a call each; the results are the same bits."""
+    which costs less than a call each, and so do the pallas kernel's planes (one launch on
+    a GPU where there would be one a weight, pallas_matmul.matmul_many); the results are
+    the same bits."""
     biases = biases or [None] * len(projs)
+    if all(p.fmt == PLANES and p.mesh is None for p in projs):
+        from kinetic.kernels import pallas_matmul
+        ys = pallas_matmul.matmul_many(x, [p.data for p in projs])
+        return [y if b is None else y + b for y, b in zip(ys, biases)]
     packed = all(p.fmt >= 0 for p in projs) and len({id(p.data) for p in projs}) == 1
     if not packed or len({p.owner for p in projs}) > 1:
         return [linear(x, p, b) for p, b in zip(projs, biases)]
