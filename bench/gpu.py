@@ -317,8 +317,8 @@ def matmuls(model, bandwidth: float, reps: int, head: bool = True) -> dict:
     out, seen = {}, []
     for names in groups:
         ws = [getattr(weights[n], "data", None) for n in names]
-        if (any(getattr(weights[n], "fmt", None) != PLANES for n in names)
-                or (len(ws) == 1 and ws[0].shape in seen)):
+        if (any(getattr(weights[n], "fmt", None) != PLANES or weights[n].data.experts
+                    for n in names) or (len(ws) == 1 and ws[0].shape in seen)):
             continue
         seen += [w.shape for w in ws]
         tiles = [pm.tiling(w.q.shape[0], w.shape[1]) for w in ws]

@@ -13,7 +13,8 @@ each kernel at the real shapes of each --shape (bench/gpu.py's SHAPES: the matmu
 distinct weight, [N, K], at one row and at 64 (the decode and the prompt variant,
 kernels/pallas_matmul.py `variant`), q, k and v in one launch and gate and up in one
 (matmul_many, as layers.linear_many runs them), the paged attention at the model's heads, the RMS
-norm at d_model and at a head) it prints the registers a thread uses, the bytes it spills
+norm at d_model and at a head; and a mixture's experts, gate+up and down over every
+chosen pair, matmul_experts, at Qwen3-30B-A3B's shape) it prints the registers a thread uses, the bytes it spills
 to local memory, the shared memory a program takes, and how many tensor-core (mma, wgmma)
 instructions its PTX has: none, where a float32 dot at precision HIGHEST is Triton's IEEE
 dot, FMAs in order over K. A spill is a slow kernel; the
@@ -151,6 +152,22 @@ def capture_modules(folder: str, shapes: list[str], qtypes: list[str]) -> list[d
                   lambda x, w: pallas_norm.rms_norm(x, w, 1e-6),
                   jax.ShapeDtypeStruct((5, width), jnp.float32),
                   jax.ShapeDtypeStruct((width,), jnp.float32))
+    # a mixture's experts, one launch a projection over every (row, expert) pair
+    # (matmul_experts), at Qwen3-30B-A3B's shape: 128 experts of [768, 2048], 8 a row
+    for qtype in qtypes:
+        E, F, d = 128, 768, 2048
+
+        def stacked(N, K):
+            w = abstract(qtype, E * N, K)
+            return type(w)(w.q, w.d, w.m, w.bits, w.offset, w.group, N, E)
+        for rows in (1, 64):
+            ids = jax.ShapeDtypeStruct((rows, 8), jnp.int32)
+            lower(f"qwen3moe-30b-a3b {qtype} experts gate+up, {rows} rows x 8",
+                  pm.matmul_experts, jax.ShapeDtypeStruct((rows, d), jnp.float32), ids,
+                  [stacked(F, d), stacked(F, d)])
+            lower(f"qwen3moe-30b-a3b {qtype} experts down, {rows} rows x 8",
+                  lambda x, ids, w: pm.matmul_experts(x, ids.reshape(-1, 1), [w]),
+                  jax.ShapeDtypeStruct((rows * 8, F), jnp.float32), ids, stacked(d, F))
     return jobs
 
 

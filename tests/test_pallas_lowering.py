@@ -108,7 +108,8 @@ def test_a_whole_model_step_lowers_for_cuda(tmp_path, arch, qtype):
     a Triton kernel, none interpreted (an interpreted one lowers to plain loops), the norms
     among them (kernels/pallas_norm.py), and no C++ FFI call left (rotary angles in XLA, as
     on a GPU), and no pad (the kernels read and write in place): dense, sliding-window and
-    soft-capped, mixture-of-experts, short-convolution and Gated DeltaNet families."""
+    soft-capped, mixture-of-experts (no conditional: no branch per expert), short-convolution
+    and Gated DeltaNet families."""
     path = write_tiny_model(tmp_path / "tiny.gguf", arch, qtype=qtype, context_length=256)
     runner = Runner(load_model(str(path), kernel="pallas"),
                     RunnerConfig(step_tokens=4, num_slots=1, page_size=16, num_pages=4,
@@ -119,6 +120,7 @@ def test_a_whole_model_step_lowers_for_cuda(tmp_path, arch, qtype):
         with target.for_gpu():
             traced = jitted.trace(*args)
             seen["jaxpr"] = str(traced.jaxpr)
+            seen["launches"] = launches(traced.jaxpr.jaxpr)
             seen["text"] = traced.lower(lowering_platforms=("cuda",)).as_text()
         raise _Lowered
 
@@ -134,6 +136,28 @@ def test_a_whole_model_step_lowers_for_cuda(tmp_path, arch, qtype):
     assert "let _norm = " in seen["jaxpr"]   # pallas_norm._norm
     # the kernels read and write in place on a GPU: no padded copy around any of them
     assert "stablehlo.pad " not in seen["text"]
+    # a mixture's experts are one launch a projection (matmul_experts), no branch each
+    assert "stablehlo.case" not in seen["text"]
+    if arch == "llama":   # a layer: norm, q+k+v, attention, o, norm, gate+up, down; then
+        assert seen["launches"] == 7 * 2 + 2   # the final norm and the output (2 layers)
+
+
+def launches(jaxpr) -> int:
+    """The pallas_calls a jaxpr runs, each time it runs one (inside the jitted functions it
+    calls, each call counted)."""
+    from jax.extend import core
+    n = 0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call":
+            n += 1
+            continue
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else [value]:
+                if isinstance(sub, core.ClosedJaxpr):
+                    n += launches(sub.jaxpr)
+                elif isinstance(sub, core.Jaxpr):
+                    n += launches(sub)
+    return n
 
 
 class _Lowered(Exception):

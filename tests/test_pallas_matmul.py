@@ -144,3 +144,35 @@ def test_weights_in_one_launch_give_each_weights_own_bits(in_place):
     assert [y.shape for y in ys] == [(3, 48), (3, 64), (3, 40)]
     for y, w in zip(ys, ws):
         assert np.asarray(y).tobytes() == np.asarray(pm.matmul(x[:3], w)).tobytes()
+
+
+@pytest.mark.parametrize("qtype,N", [(T.Q4_0, 64), (T.Q4_K, 40), (T.Q6_K, 32)])
+def test_experts_pairs_get_each_experts_own_bits(qtype, N):
+    """matmul_experts: every (row, chosen expert) pair's product in one launch is the bytes
+    of that row alone times that expert alone (matmul of Planes.expert), whether its
+    expert was chosen once, by more than a block of 16 pairs (the first expert: 20 rows) or
+    not at all, in place (a GPU's way) and interpreted; K split in two chunks; 40 rows a
+    weight: each expert padded to 48 and stacked."""
+    E, K = 5, 1024
+    raw = np.concatenate([random_blocks(qtype, N, K, 20 + e) for e in range(E)])
+    w = pm.repack_experts(raw, qtype, (E, N, K))
+    assert (w.experts, w.shape, w.q.shape[0]) == (E, (N, K), E * -(-N // 16) * 16)
+    rng = np.random.default_rng(11)
+    ids = np.stack([rng.permutation([0, 1, 2, 4])[:2] for _ in range(23)]).astype(np.int32)
+    ids[:20, 0] = 0         # expert 0 chosen by 20 rows, expert 3 by none
+    x = rng.standard_normal((23, K)).astype(np.float32)
+    for interpret_in_place in (False, True):
+        if interpret_in_place:   # the kernel as a GPU runs it, x and the weights in place
+            real = pm._matmul
+            pm._matmul = lambda *a: real(*a[:7], True, *a[8:])
+        try:
+            (got,) = pm.matmul_experts(x, ids, [w])
+        finally:
+            if interpret_in_place:
+                pm._matmul = real
+        got = np.asarray(got)
+        assert got.shape == (23, 2, N)
+        for r in range(23):
+            for s in range(2):
+                alone = np.asarray(pm.matmul(x[r:r + 1], w.expert(int(ids[r, s]))))[0]
+                assert got[r, s].tobytes() == alone.tobytes(), (r, s, interpret_in_place)

@@ -186,14 +186,19 @@ def shard_planes(skeleton: dict, mesh: Mesh, split: Split) -> dict:
     """The weights of the pallas kernel (Projs of pallas_matmul.Planes) split by row over
     the mesh: each device whole tiles of the unsplit weight's tile over N, as many as
     row_counts gives it (in --tensor-split's proportion), padded with zero rows to the
-    largest share (device_split.planes_tile), and sharded; every other array replicated."""
+    largest share (device_split.planes_tile), and sharded; every other array replicated.
+    A mixture's stacked experts become a list of them, each split so (experts.py then runs
+    them one at a time)."""
     D = mesh.devices.size
     rows = NamedSharding(mesh, P(AXIS))
 
-    done: dict[int, Proj] = {}   # a weight the tree holds twice (a tied output) split once
+    # a weight the tree holds twice (a tied output) split once
+    done: dict[int, Proj | list] = {}
 
-    def share(p: Proj) -> Proj:
-        if id(p) in done:
+    def share(p: Proj, key: bool = True) -> Proj:
+        """p's shares; key: remembered by p's id (a Proj of the tree: the tree keeps it,
+        so its id is its own; not an expert's Proj made here, whose id may be reused)."""
+        if key and id(p) in done:
             return done[id(p)]
         w = p.data
         padded, tiles = device_split.planes_tile(*w.shape)
@@ -206,12 +211,22 @@ def shard_planes(skeleton: dict, mesh: Mesh, split: Split) -> dict:
             out[where[:len(a)]] = a
             return _put(out, rows)
 
-        done[id(p)] = dataclasses.replace(p, data=jax.tree.map(rearranged, w), mesh=mesh,
-                                          rows=counts)
-        return done[id(p)]
+        shared = dataclasses.replace(p, data=jax.tree.map(rearranged, w), mesh=mesh,
+                                     rows=counts)
+        if key:
+            done[id(p)] = shared
+        return shared
 
     is_proj = lambda x: isinstance(x, Proj)   # noqa: E731
-    planes = jax.tree.map(lambda p: share(p) if is_proj(p) and p.fmt == PLANES else p,
+
+    def shares(p: Proj):   # a mixture's stacked experts: each expert split as any weight
+        if not p.data.experts:
+            return share(p)
+        if id(p) not in done:   # (the stacked Proj's entry: its experts' shares, once)
+            done[id(p)] = [share(dataclasses.replace(p, data=p.data.expert(e)), key=False)
+                           for e in range(p.data.experts)]
+        return done[id(p)]
+    planes = jax.tree.map(lambda p: shares(p) if is_proj(p) and p.fmt == PLANES else p,
                           skeleton, is_leaf=is_proj)
     return replicate(planes, mesh)
 

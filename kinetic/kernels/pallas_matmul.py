@@ -67,14 +67,15 @@ FORMATS = (T.Q8_0, *_STORED, *_FLOATS)
 
 
 @functools.partial(jax.tree_util.register_dataclass, data_fields=["q", "d", "m", "bits"],
-                   meta_fields=["offset", "group", "n"])
+                   meta_fields=["offset", "group", "n", "experts"])
 @dataclass(frozen=True)
 class Planes:
     """A [N, K] weight's planes (module docstring). Its value at (n, k): q's integer, with
     the bit planes' bits above its low 4, minus `offset`, times the scale of its group of
     `group` elements, plus its minimum; a float weight's is q itself. The arrays' rows are
     padded with zeros to a multiple of ROWS (a tile of N is at least that); `n` rows are
-    the weight's."""
+    the weight's. experts > 0: a mixture's experts' weights, each [N, K], stacked (each
+    expert's padded rows after the one before: `stack`, `expert`; matmul_experts)."""
 
     q: jax.Array                    # int8 [N, K]; uint8 [N, K / 2] 4-bit pairs; or floats
     d: jax.Array | None             # float32 [N, K / group]: scales (None: a float weight)
@@ -82,7 +83,8 @@ class Planes:
     bits: tuple = ()                # int32 [N, K / 32] each: bit i is element i's bit 4, 5
     offset: int = 0
     group: int = QK
-    n: int = 0                      # the weight's rows (0: all of q's)
+    n: int = 0                      # the weight's rows (0: all of q's; stacked: an expert's)
+    experts: int = 0                # stacked experts (0: one weight)
 
     @property
     def kind(self) -> str:
@@ -93,6 +95,15 @@ class Planes:
     @property
     def shape(self) -> tuple[int, int]:
         return self.n or self.q.shape[0], self.q.shape[1] * (2 if self.kind == "packed" else 1)
+
+    def expert(self, e: int) -> Planes:
+        """A stacked mixture's expert e, as a weight of its own."""
+        rows = self.q.shape[0] // self.experts
+
+        def take(a):
+            return None if a is None else a[e * rows:(e + 1) * rows]
+        return Planes(take(self.q), take(self.d), take(self.m), tuple(map(take, self.bits)),
+                      self.offset, self.group, self.n)
 
     @property
     def planes(self) -> tuple[jax.Array, ...]:
@@ -137,6 +148,29 @@ def repack(data: np.ndarray, qtype, shape: tuple[int, int]) -> Planes:
     u = (q.astype(np.int32) + offset).reshape(N, K)
     return _pad(Planes(_nibbles(u), scale, m,
                        tuple(_bit_plane(u, 4 + i) for i in range(n_bits)), offset, group, N))
+
+
+def stack(ws: list[Planes]) -> Planes:
+    """A mixture's experts (Planes of one format and shape each) stacked into one Planes."""
+    first = ws[0]
+
+    def cat(*a):
+        return None if a[0] is None else jnp.concatenate(a)
+    return Planes(cat(*(w.q for w in ws)), cat(*(w.d for w in ws)), cat(*(w.m for w in ws)),
+                  tuple(cat(*b) for b in zip(*(w.bits for w in ws))), first.offset,
+                  first.group, first.shape[0], len(ws))
+
+
+def repack_experts(data: np.ndarray, qtype, shape: tuple[int, int, int]) -> Planes:
+    """A stacked [E, N, K] GGUF tensor's experts as one stacked Planes (repack's errors).
+    Repacked an expert at a time: the host's transient arrays are one expert's, not the
+    whole tensor's (a 32-bit integer per element)."""
+    E, N, K = shape
+    rows = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    if rows.size % E:
+        raise ValueError(f"{rows.size} bytes are not {E} experts' weights")
+    rows = rows.reshape(E, -1)
+    return stack([repack(rows[e], qtype, (N, K)) for e in range(E)])
 
 
 def _pad(w: Planes) -> Planes:
@@ -259,6 +293,49 @@ def matmul_many(x: jax.Array, ws: list[Planes], interpret: bool | None = None,
     return [y[:, :w.shape[0]].reshape(*lead, w.shape[0]) for y, w in zip(ys, ws)]
 
 
+def matmul_experts(x: jax.Array, ids: jax.Array, ws: list[Planes],
+                   interpret: bool | None = None) -> list[jax.Array]:
+    """A mixture's projections over every (row, chosen expert) pair, in one launch: x [R, K],
+    ids [R, S] int32 (the S experts each row chose), ws stacked experts' Planes (each E
+    experts of [N_w, K]). Returns [R, S, N_w] per weight: pair (r, s) is
+    matmul(x[r], ws[w].expert(ids[r, s])), the same bits (tests/test_pallas_matmul.py).
+
+    The pairs are put in order of expert (a stable sort) and each expert's cut into blocks
+    of 16 rows, at most ceil(R * S / 16) + min(E, R * S) blocks in all (a static grid;
+    blocks past the last are skipped); x's rows are gathered in that order, and a block's
+    programs multiply its rows by its expert's tiles at the expert's own tiling, 16-row
+    dots as a call of that expert alone makes them, so a pair's bits depend neither on the
+    rows beside it nor on how many chose its expert. Each chosen expert's weights are read
+    once per block of its rows, and no expert has a launch or a branch of its own."""
+    interpret = pallas_backend.interpreted(interpret)
+    R, S = ids.shape
+    E, P = ws[0].experts, R * S
+    chosen = ids.reshape(P).astype(jnp.int32)
+    hit = (chosen[:, None] == jnp.arange(E, dtype=jnp.int32)[None, :]).astype(jnp.int32)
+    counts = jnp.sum(hit, axis=0)                              # [E] pairs per expert
+    rank = jnp.sum(jnp.cumsum(hit, axis=0) * hit, axis=1) - 1  # a pair's place among its
+    blocks = (counts + BLOCK_M - 1) // BLOCK_M                 # expert's, in order
+    ends = jnp.cumsum(blocks)
+    starts = ends - blocks                                     # each expert's first block
+    firsts = jnp.cumsum(counts) - counts                       # its first pair, sorted
+    B = -(-P // BLOCK_M) + min(E, P)
+    b = jnp.arange(B, dtype=jnp.int32)
+    expert = jnp.minimum(jnp.sum(ends[None, :] <= b[:, None], axis=1), E - 1).astype(jnp.int32)
+    local = b - starts[expert]
+    live = jnp.where(b < ends[-1], jnp.clip(counts[expert] - local * BLOCK_M, 0, BLOCK_M),
+                     0).astype(jnp.int32)
+    order = jnp.argsort(chosen, stable=True)                   # the pairs by expert
+    at = (firsts[expert] + local * BLOCK_M)[:, None] + jnp.arange(BLOCK_M)[None, :]
+    rows = order[jnp.clip(at, 0, P - 1)].reshape(-1) // S      # each block row's x row
+    tiles = tuple(tiling(w.q.shape[0] // E, w.shape[1]) for w in ws)
+    ys = _matmul(jnp.take(x, rows, axis=0), tuple(w.q for w in ws),
+                 tuple(w.planes for w in ws), tuple(w.spec for w in ws), interpret, tiles, 1,
+                 not interpret, (live, expert), E)
+    slot = starts[chosen] * BLOCK_M + rank                     # each pair's row of ys
+    return [jnp.take(y, slot, axis=0)[:, :w.shape[0]].reshape(R, S, w.shape[0])
+            for y, w in zip(ys, ws)]
+
+
 def variant(M: int) -> int:
     """The 16-row dots a program makes (its rows over BLOCK_M): 1 for a decode step's few
     rows, PROMPT_DOTS for a prompt's many (each weight tile then dequantized once for
@@ -267,15 +344,20 @@ def variant(M: int) -> int:
     return PROMPT_DOTS if M >= PROMPT_DOTS * BLOCK_M else 1
 
 
-@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6, 7))
+@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6, 7, 9))
 def _matmul(x, qs: tuple, planes: tuple, specs: tuple, interpret: bool, tiles: tuple,
-            dots: int, in_place: bool) -> list:
+            dots: int, in_place: bool, groups: tuple | None = None, experts: int = 1) -> list:
     """The products of x [M, K] with each weight (its q, its other planes, its spec and its
     Tiling at the same place in qs, planes, specs and tiles), [M, N_w] each, in one
     pallas_call. Its grid is (tiles over M, every weight's programs in turn): a weight's
     programs are (tile over N, chunk of K), chunks fastest, as a call of that weight alone
     would number them, and each runs that weight's code alone (a GPU branches once a
     program, on its id).
+
+    groups (a mixture's experts, matmul_experts): (live [B], expert [B]) int32, x's rows
+    being B blocks of 16, block b's first live[b] rows for the expert `expert[b]` (none:
+    the block is skipped), and each weight `experts` experts', stacked (Planes.experts):
+    a block's programs read their expert's tiles, at the weight's offset of that expert.
 
     in_place: x is read where it is, unpadded, each program its rows at their place in
     it and rows past M masked off (a GPU's way: no padded copy of x, a kernel launch, per
@@ -285,46 +367,59 @@ def _matmul(x, qs: tuple, planes: tuple, specs: tuple, interpret: bool, tiles: t
     M, K = x.shape
     BM = BLOCK_M * dots
     Mp = -(-M // BM) * BM
-    parts = [_Part(q.shape[0], K, spec, t, [K // p.shape[1] for p in ps], len(qs) == 1)
-             for q, ps, spec, t in zip(qs, planes, specs, tiles)]
+    parts = [_Part(q.shape[0] // experts, K, spec, t, [K // p.shape[1] for p in ps],
+                   len(qs) == 1) for q, ps, spec, t in zip(qs, planes, specs, tiles)]
     starts = np.cumsum([0] + [p.programs for p in parts]).tolist()
     if in_place:    # one x for every weight
         xp = x.astype(jnp.float32)
         x_specs = [pl.BlockSpec((M, K), lambda i, g: (0, 0))]
     else:           # a block of each weight's chunk for each
         xp = jnp.zeros((Mp, K), jnp.float32).at[:M].set(x.astype(jnp.float32))
-        xp = jnp.zeros((Mp, K), jnp.float32).at[:M].set(x.astype(jnp.float32))
         x_specs = [pl.BlockSpec((BM, p.chunk), p.index_map(start, lambda j, s: s, rows_at=0))
                    for p, start in zip(parts, starts)]
+    arrays = [a for q, ps in zip(qs, planes) for a in (q, *ps)]
+    if groups is None:
+        w_specs = [spec for p, start in zip(parts, starts) for spec in p.in_specs(start)]
+    else:           # whole: a program finds its expert's tiles itself
+        whole = [pl.BlockSpec(a.shape, lambda i, g: (0, 0)) for a in arrays]
+        w_specs = [pl.BlockSpec(groups[0].shape, lambda i, g: (0,))] * 2 + whole
+        arrays = [*groups, *arrays]
 
     def kernel(*refs):
         x_refs, refs = refs[:len(x_specs)], refs[len(x_specs):]
         x_refs = x_refs * (len(parts) // len(x_refs))
-        o_refs = refs[-len(parts):]
         first = pl.program_id(0) * BM        # (program ids read here, outside the loop:
         g = pl.program_id(1)                 # interpret mode has none inside it)
+        limit, expert, ok = M, None, True
+        if groups is not None:
+            live_ref, expert_ref, *refs = refs
+            limit = first + live_ref[pl.program_id(0)]
+            expert, ok = expert_ref[pl.program_id(0)], limit > first
+        o_refs = refs[-len(parts):]
         at = 0
         for w, (part, start, x_ref, o_ref) in enumerate(zip(parts, starts, x_refs, o_refs)):
             w_refs = refs[at:at + 1 + len(part.widths)]
             at += len(w_refs)
-            run = functools.partial(part.program, x_ref, w_refs, o_ref, first, M, dots,
-                                    in_place, lax.rem(g - start, part.chunks) * part.chunk)
-            if len(parts) == 1:
+            rows = None if expert is None else (expert * part.n
+                                                + lax.div(g - start, part.chunks) * part.tiles.bn)
+            run = functools.partial(part.program, x_ref, w_refs, o_ref, first, limit, dots,
+                                    in_place, lax.rem(g - start, part.chunks) * part.chunk,
+                                    rows)
+            if len(parts) == 1 and groups is None:
                 run()
             else:
-                pl.when((g >= start) & (g < starts[w + 1]))(run)
+                pl.when(ok & (g >= start) & (g < starts[w + 1]))(run)
 
     ys = pl.pallas_call(
         kernel,
         out_shape=[jax.ShapeDtypeStruct((p.chunks, Mp, p.n), jnp.float32) for p in parts],
         grid=(Mp // BM, starts[-1]),
-        in_specs=[*x_specs,
-                  *(spec for p, start in zip(parts, starts) for spec in p.in_specs(start))],
+        in_specs=[*x_specs, *w_specs],
         out_specs=[pl.BlockSpec((None, BM, p.tiles.bn),
                                 p.index_map(start, lambda j, s: (s, j), rows_at=1))
                    for p, start in zip(parts, starts)],
         **pallas_backend.options(interpret, num_stages=STAGES),
-    )(*([xp] * len(x_specs)), *(a for q, ps in zip(qs, planes) for a in (q, *ps)))
+    )(*([xp] * len(x_specs)), *arrays)
     out = []
     for y in ys:
         total = y[0]
@@ -336,8 +431,9 @@ def _matmul(x, qs: tuple, planes: tuple, specs: tuple, interpret: bool, tiles: t
 
 @dataclass(frozen=True)
 class _Part:
-    """One weight of a _matmul call, as its programs see it: n rows (padded to ROWS), K
-    columns, its Planes.spec, its Tiling and its planes' elements per column (widths)."""
+    """One weight of a _matmul call, as its programs see it: n rows (padded to ROWS; a
+    stacked mixture's: one expert's), K columns, its Planes.spec, its Tiling and its
+    planes' elements per column (widths)."""
 
     n: int
     K: int
@@ -366,9 +462,8 @@ class _Part:
         """A BlockSpec's index map (i: tile over M, g: program) of this weight's program
         (tile over N j, chunk s) = divmod(g - start, chunks), clamped into this weight's
         range (a program of another weight maps to a block it never touches: not clamped
-        where the weight is alone); block(j, s)
-        gives the block's index, with i inserted at rows_at (None: a weight's block, the
-        same for every tile over M)."""
+        where the weight is alone); block(j, s) gives the block's index, with i inserted
+        at rows_at (None: a weight's block, the same for every tile over M)."""
         def index(i, g):
             local = g if self.alone else jnp.clip(g - start, 0, self.programs - 1)
             idx = block(lax.div(local, self.chunks), lax.rem(local, self.chunks))
@@ -381,27 +476,33 @@ class _Part:
         return [pl.BlockSpec((self.tiles.bn, cols), self.index_map(start, lambda j, s: (j, s)))
                 for cols in (self.q_cols, *(self.chunk // e for e in self.widths))]
 
-    def program(self, x_ref, w_refs, o_ref, first, M: int, dots: int, in_place: bool, col):
+    def program(self, x_ref, w_refs, o_ref, first, limit, dots: int, in_place: bool, col,
+                rows=None):
         """One program: its [16 * dots, bn] tile of this weight's chunk's partial sum, from
-        x's rows at `first` (in place: columns from `col`) and the weight's blocks, in
-        blocks of bk in order over the chunk."""
+        x's rows at `first` (those from `limit` on masked off; in place: columns from
+        `col`) and the weight's tiles, in blocks of bk in order over the chunk. rows: where
+        the weight's refs are whole (a mixture's), the first of the tile's rows in them."""
         BN, BK = self.tiles.bn, self.tiles.bk
         q_ref, *block_refs = w_refs
-        qk = BK * self.q_cols // self.chunk                 # q's columns per BK elements
+
+        def tile(ref, per: int, i):
+            """Block i's columns of the tile (`per` elements a column of ref)."""
+            if rows is None:            # the program's own block
+                return ref[:, pl.ds(i * (BK // per), BK // per)]
+            return ref[pl.ds(rows, BN), pl.ds(col // per + i * (BK // per), BK // per)]
 
         def x_rows(d, i):
-            """x's d-th 16 rows of block i, rows past M masked off (zeros, as padded, not
-            read: a decode step's one row reads one row of x)."""
+            """x's d-th 16 rows of block i, rows past the limit masked off (zeros, as
+            padded, not read: a decode step's one row reads one row of x)."""
             row = first + d * BLOCK_M
-            live = row + lax.broadcasted_iota(jnp.int32, (BLOCK_M, BK), 0) < M
+            live = row + lax.broadcasted_iota(jnp.int32, (BLOCK_M, BK), 0) < limit
             at = ((pl.ds(row, BLOCK_M), pl.ds(col + i * BK, BK))
                   if in_place else (pl.ds(d * BLOCK_M, BLOCK_M), pl.ds(i * BK, BK)))
             return pltriton.load(x_ref.at[at], mask=live, other=0.0)
 
         def block(i, accs):
-            w = dequantize_tile(self.spec, q_ref[:, pl.ds(i * qk, qk)],
-                                *(r[:, pl.ds(i * (BK // e), BK // e)]
-                                  for r, e in zip(block_refs, self.widths)))
+            w = dequantize_tile(self.spec, tile(q_ref, self.chunk // self.q_cols, i),
+                                *(tile(r, e, i) for r, e in zip(block_refs, self.widths)))
             return tuple(
                 acc + lax.dot_general(x_rows(d, i), w, (((1,), (1,)), ((), ())),
                                       precision=lax.Precision.HIGHEST,

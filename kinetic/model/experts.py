@@ -16,7 +16,9 @@ gives a row the same bits at any row count (docs/architecture.md), so the same e
 a row the same bits whatever else chose it. With the C++ kernel the
 experts run as one call per projection over every (row, chosen expert) pair
 (`_pairs_swiglu`, as llama.cpp's mul_mat_id): nothing per expert is compiled, and each
-chosen expert's blocks are read once per step.
+chosen expert's blocks are read once per step. The pallas kernel (a GPU's) does the same
+with its experts stacked (kernels/pallas_matmul.py matmul_experts): one launch for gate and
+up, one for down, no branch or launch per expert.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import jax.numpy as jnp
 from kinetic.kernels import ffi as native
 from kinetic.model import device_split
 from kinetic.model.config import Config
-from kinetic.model.layers import Proj, linear, silu_times, swiglu
+from kinetic.model.layers import PLANES, Proj, linear, silu_times, swiglu
 
 
 def _chain(columns: list[jax.Array], op) -> jax.Array:
@@ -70,6 +72,12 @@ def moe_ffn(x: jax.Array, w: dict, cfg: Config) -> jax.Array:
     T, D = x.shape
     chosen, weights = route(linear(x, w["ffn_gate_inp"]), cfg, w.get("exp_probs_b.bias"))
     experts = (w["ffn_gate_exps"], w["ffn_up_exps"], w["ffn_down_exps"])
+    if all(isinstance(p, Proj) and p.fmt == PLANES for p in experts):
+        # the pallas kernel's stacked experts: every pair in one launch a projection
+        from kinetic.kernels import pallas_matmul
+        ys = _pairs_swiglu(x, chosen, [p.data for p in experts], [()] * 3,
+                           lambda x, ids, ws, rows, k: pallas_matmul.matmul_experts(x, ids, ws))
+        return _weighted(ys, weights, cfg)
     stacked = [_stacked(projs) for projs in experts]
     first = experts[0][0]
     if all(stacked) and all(p[0].data is first.data for p in experts):
@@ -90,14 +98,19 @@ def moe_ffn(x: jax.Array, w: dict, cfg: Config) -> jax.Array:
                                           first.mesh, rows)))
         else:
             ys = _pairs_swiglu(x, chosen, stacked, rows, on(first.data))
-        slots = [ys[:, k] for k in range(cfg.n_expert_used)]
-    else:
-        slots = [jnp.zeros((T, D), jnp.float32) for _ in range(cfg.n_expert_used)]
-        for e, projs in enumerate(zip(*experts)):
-            hit = chosen == e  # [T, K]
-            y = _on_chosen_rows(x, jnp.any(hit, axis=1), lambda x, p=projs: swiglu(x, *p))
-            slots = [jnp.where(hit[:, k:k + 1], y, s) for k, s in enumerate(slots)]
+        return _weighted(ys, weights, cfg)
+    # one expert at a time (dense weights; the pallas kernel's split over devices)
+    slots = [jnp.zeros((T, D), jnp.float32) for _ in range(cfg.n_expert_used)]
+    for e, projs in enumerate(zip(*experts)):
+        hit = chosen == e  # [T, K]
+        y = _on_chosen_rows(x, jnp.any(hit, axis=1), lambda x, p=projs: swiglu(x, *p))
+        slots = [jnp.where(hit[:, k:k + 1], y, s) for k, s in enumerate(slots)]
     return _chain([s * weights[:, k:k + 1] for k, s in enumerate(slots)], jnp.add)
+
+
+def _weighted(ys: jax.Array, weights: jax.Array, cfg: Config) -> jax.Array:
+    """The pairs' outputs ys [T, K, D] times their weights [T, K], added in choice order."""
+    return _chain([ys[:, k] * weights[:, k:k + 1] for k in range(cfg.n_expert_used)], jnp.add)
 
 
 def _stacked(projs: list[Proj]) -> tuple[int, int, int, int] | None:

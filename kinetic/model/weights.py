@@ -250,11 +250,16 @@ class _Planer:
             raise ModelConfigError(f"tensor {raw.name!r}: {e}") from None
         return Proj(planes, PLANES, n=N, k=K)
 
-    def experts(self, raw: RawTensor) -> list[Proj]:
+    def experts(self, raw: RawTensor) -> Proj:
+        """A mixture's stacked [E, N, K] tensor as one Proj of stacked Planes (experts.py
+        multiplies every chosen pair in one launch: pallas_matmul.matmul_experts)."""
+        from kinetic.kernels import pallas_matmul
         E, N, K = raw.shape
-        rows = np.ascontiguousarray(raw.data).reshape(E, -1)
-        return [self.proj(dataclasses.replace(raw, data=rows[e], shape=(N, K)))
-                for e in range(E)]
+        try:
+            planes = pallas_matmul.repack_experts(raw.data, raw.qtype, (E, N, K))
+        except ValueError as e:
+            raise ModelConfigError(f"tensor {raw.name!r}: {e}") from None
+        return Proj(planes, PLANES, n=N, k=K)
 
 
 def repack_wanted() -> bool:
