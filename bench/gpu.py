@@ -34,7 +34,9 @@ For each model and each row count B of --streams, on kernel "pallas":
 - matmuls: layer 0's projections and the output's (not with --tiny), each alone at one
   row, then q+k+v and gate+up each in one launch (as a step runs them): the weight's
   tiling (bn, bk, chunks of K), its programs, ms, and the fraction of its own bound (its
-  planes' bytes over the read bandwidth);
+  planes' bytes over the read bandwidth); then the same with one-row dots
+  (pallas_matmul.DECODE_ROWS 1: a 16-row dot does 16 times a row's FMAs), ms and whether
+  the row's bytes are the 16-row dots';
 - xla: the same model on kernel "xla" (weights dequantized to bfloat16, XLA's dot) at
   16 rows, tok/s;
 - with --split-check (issue 42): the same model through the split's code path over one
@@ -322,14 +324,25 @@ def matmuls(model, bandwidth: float, reps: int, head: bool = True) -> dict:
             continue
         seen += [w.shape for w in ws]
         tiles = [pm.tiling(w.q.shape[0], w.shape[1]) for w in ws]
-        x = jax.numpy.ones((1, ws[0].shape[1]), jax.numpy.float32)
+        x = jax.numpy.asarray(np.random.default_rng(0).standard_normal((1, ws[0].shape[1])),
+                              jax.numpy.float32)
         ms = 1e3 * timed(lambda: jax.block_until_ready(f(x, ws)), reps)
         nbytes = sum(a.nbytes for a in jax.tree_util.tree_leaves(ws))
-        out["+".join(names)] = {
+        row = out["+".join(names)] = {
             "shape": (sum(w.shape[0] for w in ws), ws[0].shape[1]),
             "tiling": " / ".join(f"{t.bn}, {t.bk}, {t.chunks}" for t in tiles),
             "programs": sum(w.q.shape[0] // t.bn * t.chunks for w, t in zip(ws, tiles)),
             "ms": ms, "of_bound": 1e3 * nbytes / (bandwidth / 2) / ms}
+        # the same call with one-row dots (pallas_matmul.dot_rows: a 16-row dot does 16
+        # times a row's FMAs): its time, and whether the row's bytes are the 16-row dot's
+        small = jax.jit(lambda x, ws: pm.matmul_many(x, ws))
+        pm.DECODE_ROWS = 1
+        try:
+            row["ms_1row_dot"] = 1e3 * timed(lambda: jax.block_until_ready(small(x, ws)), reps)
+            row["same_1row_dot"] = all(np.asarray(a).tobytes() == np.asarray(b).tobytes()
+                                       for a, b in zip(small(x, ws), f(x, ws)))
+        finally:
+            pm.DECODE_ROWS = 16
     return out
 
 
@@ -388,13 +401,14 @@ def table(rows: list[dict], streams: list[int]) -> str:
 
 
 def matmul_table(rows: list[dict]) -> str:
-    lines = ["| model | qtype | weights | [N, K] | bn, bk, chunks | programs | ms | of bound |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | qtype | weights | [N, K] | bn, bk, chunks | programs | ms | of bound "
+             "| ms, 1-row dots | same bytes |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         for name, m in r["matmuls"].items():
             lines.append(f"| {r['model']} | {r['qtype']} | {name} | {list(m['shape'])} | "
                          f"{m['tiling']} | {m['programs']} | "
-                         f"{m['ms']:.4f} | {m['of_bound']:.2f} |")
+                         f"{m['ms']:.4f} | {m['of_bound']:.2f} | {m['ms_1row_dot']:.4f} | "
+                         f"{'yes' if m['same_1row_dot'] else 'NO'} |")
     return "\n".join(lines)
 
 

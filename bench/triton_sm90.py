@@ -11,7 +11,7 @@ for sm_90 (an H100 / H200) at the launch parameters kinetic names
 (kernels/pallas_backend.py) and runs the PTX through the `ptxas` it ships, verbose. For
 each kernel at the real shapes of each --shape (bench/gpu.py's SHAPES: the matmul of each
 distinct weight, [N, K], at one row and at 64 (the decode and the prompt variant,
-kernels/pallas_matmul.py `variant`), q, k and v in one launch and gate and up in one
+kernels/pallas_matmul.py `variant`; and at one row with one-row dots, `dot_rows`), q, k and v in one launch and gate and up in one
 (matmul_many, as layers.linear_many runs them), the paged attention at the model's heads, the RMS
 norm at d_model and at a head; and a mixture's experts, gate+up and down over every
 chosen pair, matmul_experts, at Qwen3-30B-A3B's shape) it prints the registers a thread uses, the bytes it spills
@@ -130,6 +130,12 @@ def capture_modules(folder: str, shapes: list[str], qtypes: list[str]) -> list[d
                     lower(f"{shape} {qtype} {wname} [{N}, {K}] M={M} (bn {t.bn}, bk {t.bk}, "
                           f"{t.chunks} chunks)", pm.matmul,
                           jax.ShapeDtypeStruct((M, K), jnp.float32), w)
+                pm.DECODE_ROWS = 1    # the one-row dots' kernel (pallas_matmul.dot_rows)
+                try:
+                    lower(f"{shape} {qtype} {wname} [{N}, {K}] M=1, 1-row dots", pm.matmul,
+                          jax.ShapeDtypeStruct((1, K), jnp.float32), w)
+                finally:
+                    pm.DECODE_ROWS = 16
             if d % 256 and T[qtype] in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K):
                 continue
             # the weights layers.linear_many multiplies in one launch (matmul_many)

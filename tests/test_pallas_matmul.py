@@ -176,3 +176,33 @@ def test_experts_pairs_get_each_experts_own_bits(qtype, N):
             for s in range(2):
                 alone = np.asarray(pm.matmul(x[r:r + 1], w.expert(int(ids[r, s]))))[0]
                 assert got[r, s].tobytes() == alone.tobytes(), (r, s, interpret_in_place)
+
+
+@pytest.mark.parametrize("qtype,K", [(T.Q4_0, 1024), (T.Q6_K, 256), (T.F16, 256)])
+def test_a_smaller_decode_dot_gives_a_row_the_same_bits(qtype, K, monkeypatch):
+    """dot_rows with DECODE_ROWS below 16: a decode call's dots of fewer rows (its M's next
+    power of 2, at least DECODE_ROWS) give each row the bits of the 16-row dots, at 1 to
+    8 rows, x in place and in padded blocks. On a GPU from one-row dots up (the device
+    check runs this file compiled); interpreted from two: XLA's CPU dot computes a
+    one-row product another way (a matrix-vector product), with other bits, which says
+    nothing of a GPU's."""
+    import jax
+    smallest = 1 if jax.default_backend() == "gpu" else 2
+    N = 32
+    w = pm.repack(random_blocks(qtype, N, K, 12), qtype, (N, K))
+    t = pm.tiling(N, K)
+    x = np.random.default_rng(13).standard_normal((8, K)).astype(np.float32)
+    for M in (1, 2, 3, 5, 8):
+        want = np.asarray(pm.matmul(x[:M], w))
+        for least in (1, 2, 4, 8):
+            monkeypatch.setattr(pm, "DECODE_ROWS", least)
+            rows = pm.dot_rows(M)
+            assert rows == max(least, 1 << (M - 1).bit_length()) and rows >= M
+            if rows < smallest:
+                continue
+            for in_place in (False, True):
+                got = pm._matmul(x[:M], (w.q,), (w.planes,), (w.spec,), smallest > 1, (t,),
+                                 1, in_place, None, 1, rows)[0]
+                assert np.asarray(got).tobytes() == want.tobytes(), (M, rows, in_place)
+            monkeypatch.setattr(pm, "DECODE_ROWS", 16)
+    assert pm.dot_rows(1) == pm.dot_rows(16) == 16 and pm.dot_rows(100) == 16

@@ -50,6 +50,7 @@ from kinetic.kernels import pallas_backend
 from kinetic.model import quants
 
 BLOCK_M = 16          # rows of x per dot, whatever M is (padding rows are dropped)
+DECODE_ROWS = 16      # the fewest rows of a decode call's dot (dot_rows; 1 to 16)
 PROMPT_DOTS = 4       # a prompt's program makes this many 16-row dots per weight tile
 PROGRAMS = 128        # a decode step's programs that keep a GPU busy (tiling)
 CHUNK = 512           # the fewest elements of K a program's partial sum covers (tiling)
@@ -287,9 +288,10 @@ def matmul_many(x: jax.Array, ws: list[Planes], interpret: bool | None = None,
     lead = x.shape[:-1]
     x = x.reshape(-1, x.shape[-1])
     tiles = tiles or [tiling(w.q.shape[0], w.shape[1]) for w in ws]   # (rows padded to ROWS)
+    M = x.shape[0]
     ys = _matmul(x, tuple(w.q for w in ws), tuple(w.planes for w in ws),
-                 tuple(w.spec for w in ws), interpret, tuple(tiles), variant(x.shape[0]),
-                 not interpret)
+                 tuple(w.spec for w in ws), interpret, tuple(tiles), variant(M),
+                 not interpret, None, 1, dot_rows(M))
     return [y[:, :w.shape[0]].reshape(*lead, w.shape[0]) for y, w in zip(ys, ws)]
 
 
@@ -344,9 +346,22 @@ def variant(M: int) -> int:
     return PROMPT_DOTS if M >= PROMPT_DOTS * BLOCK_M else 1
 
 
-@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6, 7, 9))
+def dot_rows(M: int) -> int:
+    """The rows of each dot of an M-row call: BLOCK_M (16), or for a decode call of fewer
+    rows M's next power of 2 but at least DECODE_ROWS. A dot's FMAs are its rows times the
+    weight tile's elements, so a one-row step's 16-row dot does 16 times the arithmetic it
+    needs (on a GPU's float32 units: bench/gpu.py times both). DECODE_ROWS is 16, one
+    dot shape for every call, until a GPU shows that a smaller dot gives a row the same
+    bits (tests/test_pallas_matmul.py has the check, for the device run)."""
+    if M >= BLOCK_M:
+        return BLOCK_M
+    return max(DECODE_ROWS, 1 << max(M - 1, 0).bit_length())
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6, 7, 9, 10))
 def _matmul(x, qs: tuple, planes: tuple, specs: tuple, interpret: bool, tiles: tuple,
-            dots: int, in_place: bool, groups: tuple | None = None, experts: int = 1) -> list:
+            dots: int, in_place: bool, groups: tuple | None = None, experts: int = 1,
+            rows: int = BLOCK_M) -> list:
     """The products of x [M, K] with each weight (its q, its other planes, its spec and its
     Tiling at the same place in qs, planes, specs and tiles), [M, N_w] each, in one
     pallas_call. Its grid is (tiles over M, every weight's programs in turn): a weight's
@@ -359,13 +374,15 @@ def _matmul(x, qs: tuple, planes: tuple, specs: tuple, interpret: bool, tiles: t
     the block is skipped), and each weight `experts` experts', stacked (Planes.experts):
     a block's programs read their expert's tiles, at the weight's offset of that expert.
 
+    rows: each dot's rows (dot_rows), a program's dots * rows of x.
+
     in_place: x is read where it is, unpadded, each program its rows at their place in
     it and rows past M masked off (a GPU's way: no padded copy of x, a kernel launch, per
     matmul); else x is padded to whole tiles and each program gets its block (interpreted:
     a masked load there pads the array it reads, so it should be a block). The same
     values reach the same dots either way (tests/test_pallas_matmul.py)."""
     M, K = x.shape
-    BM = BLOCK_M * dots
+    BM = rows * dots
     Mp = -(-M // BM) * BM
     parts = [_Part(q.shape[0] // experts, K, spec, t, [K // p.shape[1] for p in ps],
                    len(qs) == 1) for q, ps, spec, t in zip(qs, planes, specs, tiles)]
@@ -400,11 +417,11 @@ def _matmul(x, qs: tuple, planes: tuple, specs: tuple, interpret: bool, tiles: t
         for w, (part, start, x_ref, o_ref) in enumerate(zip(parts, starts, x_refs, o_refs)):
             w_refs = refs[at:at + 1 + len(part.widths)]
             at += len(w_refs)
-            rows = None if expert is None else (expert * part.n
-                                                + lax.div(g - start, part.chunks) * part.tiles.bn)
-            run = functools.partial(part.program, x_ref, w_refs, o_ref, first, limit, dots,
-                                    in_place, lax.rem(g - start, part.chunks) * part.chunk,
-                                    rows)
+            tile_at = None if expert is None else (
+                expert * part.n + lax.div(g - start, part.chunks) * part.tiles.bn)
+            run = functools.partial(part.program, x_ref, w_refs, o_ref, first, limit,
+                                    (rows, dots), in_place,
+                                    lax.rem(g - start, part.chunks) * part.chunk, tile_at)
             if len(parts) == 1 and groups is None:
                 run()
             else:
@@ -476,28 +493,30 @@ class _Part:
         return [pl.BlockSpec((self.tiles.bn, cols), self.index_map(start, lambda j, s: (j, s)))
                 for cols in (self.q_cols, *(self.chunk // e for e in self.widths))]
 
-    def program(self, x_ref, w_refs, o_ref, first, limit, dots: int, in_place: bool, col,
-                rows=None):
-        """One program: its [16 * dots, bn] tile of this weight's chunk's partial sum, from
-        x's rows at `first` (those from `limit` on masked off; in place: columns from
-        `col`) and the weight's tiles, in blocks of bk in order over the chunk. rows: where
-        the weight's refs are whole (a mixture's), the first of the tile's rows in them."""
+    def program(self, x_ref, w_refs, o_ref, first, limit, block: tuple, in_place: bool, col,
+                tile_at=None):
+        """One program: its [R * dots, bn] tile of this weight's chunk's partial sum (block:
+        (R, dots), R rows a dot), from x's rows at `first` (those from `limit` on masked
+        off; in place: columns from `col`) and the weight's tiles, in blocks of bk in order
+        over the chunk. tile_at: where the weight's refs are whole (a mixture's), the first
+        of the tile's rows in them."""
         BN, BK = self.tiles.bn, self.tiles.bk
+        R, dots = block
         q_ref, *block_refs = w_refs
 
         def tile(ref, per: int, i):
             """Block i's columns of the tile (`per` elements a column of ref)."""
-            if rows is None:            # the program's own block
+            if tile_at is None:         # the program's own block
                 return ref[:, pl.ds(i * (BK // per), BK // per)]
-            return ref[pl.ds(rows, BN), pl.ds(col // per + i * (BK // per), BK // per)]
+            return ref[pl.ds(tile_at, BN), pl.ds(col // per + i * (BK // per), BK // per)]
 
         def x_rows(d, i):
-            """x's d-th 16 rows of block i, rows past the limit masked off (zeros, as
+            """x's d-th R rows of block i, rows past the limit masked off (zeros, as
             padded, not read: a decode step's one row reads one row of x)."""
-            row = first + d * BLOCK_M
-            live = row + lax.broadcasted_iota(jnp.int32, (BLOCK_M, BK), 0) < limit
-            at = ((pl.ds(row, BLOCK_M), pl.ds(col + i * BK, BK))
-                  if in_place else (pl.ds(d * BLOCK_M, BLOCK_M), pl.ds(i * BK, BK)))
+            row = first + d * R
+            live = row + lax.broadcasted_iota(jnp.int32, (R, BK), 0) < limit
+            at = ((pl.ds(row, R), pl.ds(col + i * BK, BK))
+                  if in_place else (pl.ds(d * R, R), pl.ds(i * BK, BK)))
             return pltriton.load(x_ref.at[at], mask=live, other=0.0)
 
         def block(i, accs):
@@ -509,9 +528,9 @@ class _Part:
                                       preferred_element_type=jnp.float32)
                 for d, acc in enumerate(accs))
         accs = lax.fori_loop(0, self.chunk // BK, block,
-                             (jnp.zeros((BLOCK_M, BN), jnp.float32),) * dots)
+                             (jnp.zeros((R, BN), jnp.float32),) * dots)
         for d, acc in enumerate(accs):
-            o_ref[pl.ds(d * BLOCK_M, BLOCK_M), :] = acc
+            o_ref[pl.ds(d * R, R), :] = acc
 
 
 def reference(x: np.ndarray, w: Planes) -> np.ndarray:
