@@ -52,8 +52,9 @@ Times are wall clock to block_until_ready after a warm-up call (compilation excl
 median of --reps. The table is printed last; with --out, gpu.json and gpu.md go there, the
 JSON rewritten after each model so a run cut short keeps what it measured. --tiny: two
 small layers (a check of the script itself, on a CPU in Pallas' interpret mode). --quick:
-the decode figures and the loop only, with the XLA_FLAGS they ran under (an A/B of XLA's
-settings, e.g. command buffers: scripts/device_check.sh).
+the decode figures, the loop and a row's bits alone and among B rows only, with the
+XLA_FLAGS and the decode dots' rows (KINETIC_PALLAS_DECODE_ROWS) they ran under (an A/B of
+such settings, e.g. command buffers: scripts/device_check.sh).
 """
 
 from __future__ import annotations
@@ -158,9 +159,13 @@ def measure(name: str, spec: dict, qtype: str, args, bandwidth: float, folder: s
     row["weight_bytes"] = weight_bytes(model)
     row["bound_ms"] = 1e3 * row["weight_bytes"] / (bandwidth / 2)   # read bandwidth
     top = max(args.streams)
-    if args.quick:
-        return decode(row, Bench(model, top, top), np.random.default_rng(0),
-                      int(model.weights["token_embd"].shape[1]), args)
+    if args.quick:   # decode, and a row's bits alone and among B (a decode dot's rows
+        bench, rng = Bench(model, top, top), np.random.default_rng(0)   # may vary)
+        vocab = int(model.weights["token_embd"].shape[1])
+        row["bitwise"] = {str(B): same for B, same in invariance(
+            bench, rng.integers(0, vocab, 16), rng.integers(0, vocab, (top, 16)),
+            args.streams).items()}
+        return decode(row, bench, rng, vocab, args)
     # first: on a CPU, tracing the pieces as for a GPU clears JAX's caches (target.for_gpu)
     row["row_pieces"] = row_pieces(model.config, args.streams, np.random.default_rng(1))
     bench = Bench(model, top, max(top, args.prompt_step))
@@ -210,6 +215,8 @@ def decode(row: dict, bench: Bench, rng, vocab: int, args) -> dict:
     row["of_bound"] = row["bound_ms"] / row["one_row_ms"] if "one_row_ms" in row else None
     row["of_bound_loop"] = row["bound_ms"] / row["loop_one_row_ms"]
     row["xla_flags"] = os.environ.get("XLA_FLAGS", "")
+    from kinetic.kernels import pallas_matmul
+    row["decode_dot_rows"] = pallas_matmul.decode_rows()
     return row
 
 
@@ -447,7 +454,8 @@ def main(argv=None) -> int:
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--split-check", action="store_true")
     p.add_argument("--quick", action="store_true",
-                   help="decode and the loop only (an A/B of XLA_FLAGS)")
+                   help="decode, the loop and the row bits only (an A/B of XLA_FLAGS, "
+                        "KINETIC_PALLAS_DECODE_ROWS)")
     p.add_argument("--llama-cpp", metavar="DIR",
                    help="a folder holding llama.cpp's llama-batched-bench, run on each file")
     args = p.parse_args(argv)
@@ -478,7 +486,10 @@ def main(argv=None) -> int:
                         json.dump(result, f, indent=1)
     if args.quick:
         for r in rows:
-            print(f"{r['model']} {r['qtype']} XLA_FLAGS={r['xla_flags']!r}: "
+            same = all(r["bitwise"].values())
+            print(f"{r['model']} {r['qtype']} XLA_FLAGS={r['xla_flags']!r}, decode dots of "
+                  f"at least {r['decode_dot_rows']} rows, a row's bits "
+                  f"{'the same' if same else 'DIFFER'} among B rows: "
                   + ", ".join(f"{B} rows {t:.0f} tok/s" for B, t in r["decode_tok_s"].items())
                   + f"; loop {r['loop_one_row_ms']:.3f} ms a step, "
                   f"{r['of_bound_loop']:.2f} of the bound ({r['bound_ms']:.3f} ms)")

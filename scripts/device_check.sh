@@ -15,6 +15,7 @@
 #    wheels and the tarball are about 50 MB of the tool's 64 MiB);
 # 4. bench/gpu.py --quick under XLA_FLAGS that put while loops into command buffers (CUDA
 #    graphs) too: the server's decode loop at Qwen2.5-1.5B's shape, beside bench.log's;
+#    then with one-row decode dots (KINETIC_PALLAS_DECODE_ROWS=1), its speed and bits;
 # 5. (issue 42) bench/gpu.py --split-check: Qwen2.5-1.5B's shape through the split's code
 #    path over one device, its bytes and speed beside the unsplit path's;
 # 6. if time is left, every family's tiny model on the pallas kernel, row-bucket bits.
@@ -77,6 +78,12 @@ step=$(left 80)
 [ "$step" -ge 30 ] && XLA_FLAGS="--xla_gpu_enable_command_buffer=$GRAPHS" timeout "$step" \
     python3 bench/gpu.py --quick --shape qwen25-1.5b --qtype Q4_0 \
     --streams 1,16 --reps 5 2>&1 | tee "$OUT/graphs.log" | tail -3
+# the decode dots of one row (kernels/pallas_matmul.py dot_rows; 16 rows by default): the
+# same loop, and whether a row keeps its bits at 1, 2 and 16 rows, appended to graphs.log
+step=$(left 60)
+[ "$step" -ge 30 ] && KINETIC_PALLAS_DECODE_ROWS=1 timeout "$step" python3 bench/gpu.py --quick \
+    --shape qwen25-1.5b --qtype Q4_0 --streams 1,2,16 --reps 5 2>&1 | tee -a "$OUT/graphs.log" \
+    | tail -3
 # issue 42: the split's code path over one device beside the unsplit path (its figures in
 # the log: each model's JSON line and the table)
 step=$(left 90)

@@ -206,3 +206,8 @@ def test_a_smaller_decode_dot_gives_a_row_the_same_bits(qtype, K, monkeypatch):
                 assert np.asarray(got).tobytes() == want.tobytes(), (M, rows, in_place)
             monkeypatch.setattr(pm, "DECODE_ROWS", 16)
     assert pm.dot_rows(1) == pm.dot_rows(16) == 16 and pm.dot_rows(100) == 16
+    monkeypatch.setenv("KINETIC_PALLAS_DECODE_ROWS", "2")
+    assert [pm.dot_rows(M) for M in (1, 3, 9, 16)] == [2, 4, 16, 16]
+    monkeypatch.setenv("KINETIC_PALLAS_DECODE_ROWS", "3")
+    with pytest.raises(ValueError, match="1, 2, 4, 8 or 16"):
+        pm.dot_rows(1)

@@ -36,6 +36,7 @@ tests/test_pallas_matmul.py checks it bitwise, with Pallas in interpret mode on 
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
 import jax
@@ -352,10 +353,23 @@ def dot_rows(M: int) -> int:
     weight tile's elements, so a one-row step's 16-row dot does 16 times the arithmetic it
     needs (on a GPU's float32 units: bench/gpu.py times both). DECODE_ROWS is 16, one
     dot shape for every call, until a GPU shows that a smaller dot gives a row the same
-    bits (tests/test_pallas_matmul.py has the check, for the device run)."""
+    bits (tests/test_pallas_matmul.py has the check, for the device run);
+    KINETIC_PALLAS_DECODE_ROWS sets it for a run (decode_rows)."""
     if M >= BLOCK_M:
         return BLOCK_M
-    return max(DECODE_ROWS, 1 << max(M - 1, 0).bit_length())
+    return max(decode_rows(), 1 << max(M - 1, 0).bit_length())
+
+
+def decode_rows() -> int:
+    """The fewest rows of a decode call's dot: KINETIC_PALLAS_DECODE_ROWS where set (1, 2,
+    4, 8 or 16; read at each trace), else DECODE_ROWS."""
+    text = os.environ.get("KINETIC_PALLAS_DECODE_ROWS", "")
+    if not text:
+        return DECODE_ROWS
+    if text not in ("1", "2", "4", "8", "16"):
+        raise ValueError(f"KINETIC_PALLAS_DECODE_ROWS={text!r}: the fewest rows of a decode "
+                         "dot is 1, 2, 4, 8 or 16")
+    return int(text)
 
 
 @functools.partial(jax.jit, static_argnums=(3, 4, 5, 6, 7, 9, 10))
