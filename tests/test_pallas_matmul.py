@@ -1,6 +1,7 @@
 """The pallas kernel's quantized matmul (kinetic/kernels/pallas_matmul.py), run by Pallas in
-interpret mode on CPU: the dequantized tiles are the file's values bitwise, the product is
-within float32 rounding of float64, and a row's bits do not depend on the rows beside it."""
+interpret mode on CPU: the dequantized tiles are the file's values bitwise, x is rounded as
+llama.cpp's q8_0 rounds it, the product is the kernel's arithmetic in numpy and float64's
+within that rounding, and a row's bits do not depend on the rows beside it."""
 
 from __future__ import annotations
 
@@ -26,17 +27,49 @@ def test_the_tiles_are_the_files_values_bitwise(qtype):
     assert got.tobytes() == dequantize_bytes(data, qtype, (N, K)).tobytes()
 
 
+def test_x_is_rounded_as_llama_cpps_q8_0():
+    """quantize_x (in the kernel) gives each block of 32 the values layers.quantize_q8_0
+    (the xla kernel's activations, the KV cache's q8_0) gives it, bitwise, ties to even;
+    and numpy's quantized_x the same integers and scales."""
+    import jax.numpy as jnp
+
+    from kinetic.model import layers
+    rng = np.random.default_rng(14)
+    x = (rng.standard_normal((40, 32)) * rng.uniform(0.01, 100, (40, 1))).astype(np.float32)
+    x[0] = 0.0                                             # a block of zeros: d 0, q 0
+    x[1] = np.arange(32) - 15.5                            # max 16.5: many near-ties
+    x[2, :] = 0.0
+    x[2, 0], x[2, 1:4] = 127.0, [0.5, 1.5, -2.5]          # d 1: exact ties, to even
+    q, d = pm.quantize_x(jnp.asarray(x))
+    q, d = np.asarray(q), np.asarray(d)
+    assert q.dtype == np.int8 and list(q[2, :4]) == [127, 0, 2, -2] and not q[0].any()
+    want = np.asarray(layers.dequantize_q8_0(layers.quantize_q8_0(jnp.asarray(x))))
+    assert (q * d).astype(np.float32).tobytes() == want.tobytes()
+    nq, nd = pm.quantized_x(x)
+    assert np.array_equal(nq, q) and nd.tobytes() == d[:, :1].tobytes()
+
+
 @pytest.mark.parametrize("qtype", FORMATS)
-def test_the_product_is_float64s_within_rounding(qtype):
-    N, K = 64, 768   # BK 256 and three blocks of it
+def test_the_product_is_its_arithmetic_and_float64s_within_rounding(qtype):
+    """A block format's product is the kernel's arithmetic (x quantized per 32 as
+    llama.cpp's q8_0, exact integer dots, then scaled: pallas_matmul.reference_arithmetic)
+    to float32 rounding, and within x's quantization of float64's x @ W: each block of 32
+    of x moves by at most half its d (max |x| / 127 / 2) per element. A float weight's
+    is float64's within float32 rounding."""
+    N, K = 64, 768   # three chunks of 256
     w = pm.repack(random_blocks(qtype, N, K, 1), qtype, (N, K))
     x = np.random.default_rng(2).standard_normal((5, K)).astype(np.float32)
     got = np.asarray(pm.matmul(x, w))
-    want = pm.reference(x, w)
-    scale = np.abs(x).astype(np.float64) @ np.abs(
-        np.asarray(pm.dequantize_tile(w.spec, w.q, *w.planes), np.float64)[:N]).T
+    dense = np.abs(np.asarray(pm.dequantize_tile(w.spec, w.q, *w.planes), np.float64)[:N])
+    scale = np.abs(x).astype(np.float64) @ dense.T
     assert got.shape == (5, N) and got.dtype == np.float32
-    assert (np.abs(got - want) <= 4e-6 * scale + 1e-30).all()
+    mine = pm.reference_arithmetic(x, w)
+    assert (np.abs(got - mine) <= 4e-6 * scale + 1e-30).all()
+    quantization = 0.0
+    if w.kind != "float":   # x's rounding: half a step of its block's d, per element
+        _, dx = pm.quantized_x(x)
+        quantization = np.repeat(dx.astype(np.float64) / 2, 32, axis=1) @ dense.T
+    assert (np.abs(got - pm.reference(x, w)) <= quantization * 1.0001 + 4e-6 * scale).all()
 
 
 @pytest.mark.parametrize("qtype,K", [(q, 256) for q in FORMATS]
@@ -116,7 +149,12 @@ def test_rows_past_a_multiple_of_16_are_padded_and_dropped(qtype):
     x = np.random.default_rng(6).standard_normal((3, K)).astype(np.float32)
     got = np.asarray(pm.matmul(x, w))
     assert got.shape == (3, N)
-    want = x.astype(np.float64) @ dequantize_bytes(data, qtype, (N, K)).astype(np.float64).T
+    dense = dequantize_bytes(data, qtype, (N, K)).astype(np.float64)
+    if qtype == T.F16:
+        want = x.astype(np.float64) @ dense.T
+    else:   # x as the kernel quantizes it (reference_arithmetic)
+        q, d = pm.quantized_x(x)
+        want = (q.reshape(3, -1, 32) * d[..., None].astype(np.float64)).reshape(3, K) @ dense.T
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
 
 
@@ -182,12 +220,14 @@ def test_experts_pairs_get_each_experts_own_bits(qtype, N):
 def test_a_smaller_decode_dot_gives_a_row_the_same_bits(qtype, K, monkeypatch):
     """dot_rows with DECODE_ROWS below 16: a decode call's dots of fewer rows (its M's next
     power of 2, at least DECODE_ROWS) give each row the bits of the 16-row dots, at 1 to
-    8 rows, x in place and in padded blocks. On a GPU from one-row dots up (the device
-    check runs this file compiled); interpreted from two: XLA's CPU dot computes a
-    one-row product another way (a matrix-vector product), with other bits, which says
-    nothing of a GPU's."""
+    8 rows, x in place and in padded blocks. A block format's dots are exact integers:
+    from one-row dots up, anywhere. A float weight's (F16): on a GPU from one row up (the
+    device check runs this file compiled); interpreted from two, as XLA's CPU dot
+    computes a one-row product another way (a matrix-vector product), with other bits,
+    which says nothing of a GPU's."""
     import jax
-    smallest = 1 if jax.default_backend() == "gpu" else 2
+    interpreted = jax.default_backend() != "gpu"
+    smallest = 2 if interpreted and qtype == T.F16 else 1
     N = 32
     w = pm.repack(random_blocks(qtype, N, K, 12), qtype, (N, K))
     t = pm.tiling(N, K)
@@ -201,7 +241,7 @@ def test_a_smaller_decode_dot_gives_a_row_the_same_bits(qtype, K, monkeypatch):
             if rows < smallest:
                 continue
             for in_place in (False, True):
-                got = pm._matmul(x[:M], (w.q,), (w.planes,), (w.spec,), smallest > 1, (t,),
+                got = pm._matmul(x[:M], (w.q,), (w.planes,), (w.spec,), interpreted, (t,),
                                  1, in_place, None, 1, rows)[0]
                 assert np.asarray(got).tobytes() == want.tobytes(), (M, rows, in_place)
             monkeypatch.setattr(pm, "DECODE_ROWS", 16)

@@ -1,6 +1,7 @@
 """Kernel "pallas" end to end on a tiny random-weight model, Pallas in interpret mode on CPU
 (exact, slow; the GPU compiles the same kernels): its weights stay quantized as planes, its
-logits are the dequantized weights' within float32 rounding, and an answer's bits never
+logits are the dequantized weights' (activations rounded as llama.cpp's q8_0) within
+float32 rounding, and an answer's bits never
 depend on load (tests/test_invariance.py's checks, run over this kernel)."""
 
 from __future__ import annotations
@@ -45,15 +46,16 @@ def test_the_weights_stay_quantized_as_planes(path):
 
 def test_logits_are_the_dequantized_weights_within_rounding(path):
     """The same step on the pallas kernel and on XLA's float32 dot over the dequantized
-    weights (no activation rounding): the same next tokens, logits within float32
-    rounding."""
+    weights, its activations rounded as llama.cpp's q8_0 rounds them (act_quant: the
+    pallas kernel's integer dots see the same values): the same next tokens, logits
+    within float32 rounding."""
     cfg = RunnerConfig(step_tokens=16, num_slots=1, page_size=16, num_pages=3, pages_per_slot=2)
     ids, pos, table = np.arange(3, 19), np.arange(16), np.array([[1, 2]], np.int32)
 
     def logits(model):
         return host_step(Runner(model, cfg), ids, pos, np.zeros(16), pos + 16, table)
     got = logits(load_model(path, kernel="pallas"))
-    want = logits(load_model(path, kernel="xla", dtype="float32", act_quant=False))
+    want = logits(load_model(path, kernel="xla", dtype="float32", act_quant=True))
     assert (got.argmax(-1) == want.argmax(-1)).all()
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
 

@@ -12,25 +12,35 @@ scale and, for the formats that have one, a minimum, added (quants.PARTS gives t
 quants.py subtracts: negated, exactly). Both
 are kinetic/model/quants.py's own integer parts of the blocks (quants.PARTS: the file's half
 floats widened, a K-quant's d * sub-block scale), so exactly its values. Float weights (F32,
-F16, BF16) stay as they are. A kernel program dequantizes a [bn, bk] tile of W in registers
-(`dequantize_tile`: integer minus offset, times the scale, plus the minimum: quants.py's
-operations in its order, so the same bits), never to global memory. (Compiled by Triton,
-a multiply and an add may be contracted into one FMA: PyPI's Triton does so by default,
-bench/triton_sm90.py, so a format with a minimum may round once where quants.py rounds
-twice; the same in every program, so still the same for every row.) Device memory holds
-about the file's size (a float32 scale per 16 or 32 elements where the file has less).
+F16, BF16) stay as they are. Device memory holds about the file's size (a float32 scale per
+16 or 32 elements where the file has less).
 
-Batch-invariant by construction: a program computes one tile of y, [16 * dots, bn], for
+A block format's product is integer arithmetic, as llama.cpp's own quantized matmuls do it:
+each program reads a [bn, bk] tile of W's integers in registers (`integers`: the stored
+value minus its offset, -32 to 31 in every format, so int8), never dequantized to global
+memory; x's rows are rounded block by block of 32 as llama.cpp's q8_0 rounds them
+(`quantize_x`: the scale max|x| / 127 kept as a half float, the integers to nearest); and
+each group of 16 or 32 is one int8 dot (`integer_block`: on a GPU the tensor cores' integer
+MMA), exact in any order, then scaled, x's scale times the group's, plus x's scale times
+its integers' sum times the group's minimum. A float weight's tile is dequantized to
+float32 (`dequantize_tile`) and multiplied by a float32 dot at precision HIGHEST (IEEE in
+Triton, FMAs in order over K, no TF32: bench/triton_sm90.py).
+
+Batch-invariant by construction: a program computes one tile of y, [R * dots, bn], for
 one chunk of K; its reduction over the chunk walks it in blocks of bk, in order, each block
-one dot of the same shape [16, bk] x [bk, bn] per 16 rows, accumulated in float32
-(precision HIGHEST: IEEE float32 in Triton, no TF32: FMAs in order over K, no tensor
-cores, bench/triton_sm90.py). The chunks' partial sums are then added in order. bn, bk and
-the chunks depend only on the weight's shape (`tiling`), so a row's arithmetic is the same
-whatever M is and whichever rows share its call or its tile; M only sets how many tiles the
-grid has, and which variant runs (`variant`): a decode call's programs make one 16-row dot
-each, a prompt's four, sharing the dequantized weight tile; the same dots either way.
-tests/test_pallas_matmul.py checks it bitwise, with Pallas in interpret mode on CPU
-(interpret=None picks it wherever JAX's backend is not a GPU).
+one dot per R rows. A block format's float arithmetic is elementwise (each element of the
+tile its own row's scale and its own column's), so a row's bits do not depend on R or on
+the rows beside it at all; a float weight's dot keeps one shape, [16, bk] x [bk, bn]
+(dot_rows: 16 rows unless DECODE_ROWS says less). The chunks' partial sums are then added
+in order. bn, bk and the chunks depend only on the weight's shape (`tiling`), so a row's
+arithmetic is the same whatever M is and whichever rows share its call or its tile; M only
+sets how many tiles the grid has, and which variant runs (`variant`): a decode call's
+programs make one dot each, a prompt's four, sharing the weight tile; the same dots either
+way. (Compiled by Triton, a multiply and an add may be contracted into one FMA: PyPI's
+Triton does so by default, bench/triton_sm90.py; the same code in every program, so still
+the same for every row.) tests/test_pallas_matmul.py checks it bitwise, with Pallas in
+interpret mode on CPU (interpret=None picks it wherever JAX's backend is not a GPU), and
+against a numpy reference of the arithmetic (`reference_arithmetic`).
 """
 
 from __future__ import annotations
@@ -212,19 +222,74 @@ def dequantize_tile(spec: tuple, q: jax.Array, *planes: jax.Array) -> jax.Array:
     if kind == "float":
         return q.astype(jnp.float32)
     n = q.shape[0]
-    if kind == "int8":
-        v = q.astype(jnp.int32)
-    else:
-        v = jnp.stack([q & 0x0F, q >> 4], axis=-1).astype(jnp.int32).reshape(n, -1)
-        for i, plane in enumerate(planes[:n_bits]):
-            bit = (plane[..., None] >> lax.broadcasted_iota(jnp.int32, (1, 1, QK), 2)) & 1
-            v = v | (bit << (4 + i)).reshape(n, -1)
     d = planes[n_bits]
-    v = (v - offset).reshape(n, d.shape[1], group)
+    v = integers(spec, q, *planes).reshape(n, d.shape[1], group)
     out = v.astype(jnp.float32) * d[..., None]
     if has_m:
         out = out + planes[n_bits + 1][..., None]
     return out.reshape(n, -1)
+
+
+def integers(spec: tuple, q: jax.Array, *planes: jax.Array) -> jax.Array:
+    """int32 [n, k]: a block format's tile's integers (quants.PARTS'), each element's stored
+    value with its bit planes' bits above its low 4, minus the offset: -32 to 31 in every
+    format, so they fit int8."""
+    kind, n_bits, offset = spec[:3]
+    n = q.shape[0]
+    if kind == "int8":
+        return q.astype(jnp.int32)
+    v = jnp.stack([q & 0x0F, q >> 4], axis=-1).astype(jnp.int32).reshape(n, -1)
+    for i, plane in enumerate(planes[:n_bits]):
+        bit = (plane[..., None] >> lax.broadcasted_iota(jnp.int32, (1, 1, QK), 2)) & 1
+        v = v | (bit << (4 + i)).reshape(n, -1)
+    return v - offset
+
+
+def quantize_x(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """x [R, 32] float32 as llama.cpp's q8_0 rounds a block of 32 (layers.quantize_q8_0's
+    arithmetic, the C++ kernel's): (int8 [R, 32] q, float32 [R, 1] d), d = max|x| / 127,
+    q = x * (1 / d) to the nearest integer (ties to even; 0 where d is 0), d then kept as
+    a half float. A max is exact in any order and the rest is elementwise: a row's q and d
+    depend on its own values alone."""
+    d = jnp.max(jnp.abs(x), axis=1, keepdims=True) / np.float32(127)
+    inv = jnp.where(d > 0, np.float32(1) / jnp.where(d > 0, d, np.float32(1)), np.float32(0))
+    return nearest(x * inv).astype(jnp.int8), d.astype(jnp.float16).astype(jnp.float32)
+
+
+def nearest(y: jax.Array) -> jax.Array:
+    """int32: y (float32, |y| < 2^23) to the nearest integer, ties to even, as numpy's rint.
+    Triton has no round, and the float trick (y + 1.5 * 2^23 - 1.5 * 2^23) is one XLA
+    folds away: so truncate, and step by one where the exact remainder says so."""
+    t = y.astype(jnp.int32)                       # toward zero
+    r = y - t.astype(jnp.float32)                 # exact, in (-1, 1)
+    odd = (t & 1) == 1
+    up = (r > 0.5) | ((r == 0.5) & odd)
+    down = (r < -0.5) | ((r == -0.5) & odd)
+    return t + up.astype(jnp.int32) - down.astype(jnp.int32)
+
+
+def integer_block(x: jax.Array, w: jax.Array, groups: list, group: int,
+                  acc: jax.Array) -> jax.Array:
+    """acc [R, bn] plus x [R, 32] (float32) times a block format's tile w (int8 [bn, 32],
+    its integers): x quantized as llama.cpp's q8_0 (quantize_x), then per group of `group`
+    columns (groups: each group's [scale] or [scale, minimum], [bn, 1] each) one int8 dot,
+    exact, of x's integers in that group (the others zeroed) and w's, times x's d times the
+    group's scale, and for a format with a minimum x's d times its integers' sum times the
+    minimum; added to acc group by group, in order. Each element's arithmetic is its own
+    row's and column's alone: no float sum depends on which rows share the dot or how many
+    there are."""
+    xq, dx = quantize_x(x)
+    R, BK = x.shape
+    cols = lax.broadcasted_iota(jnp.int32, (R, BK), 1)
+    for g, (scale, *minimum) in enumerate(groups):
+        xg = xq if len(groups) == 1 else jnp.where(cols // group == g, xq, jnp.int8(0))
+        dot = lax.dot_general(xg, w, (((1,), (1,)), ((), ())),
+                              preferred_element_type=jnp.int32)
+        acc = acc + (dx * scale.reshape(1, -1)) * dot.astype(jnp.float32)
+        if minimum:
+            total = jnp.sum(xg.astype(jnp.int32), axis=1, keepdims=True)
+            acc = acc + (dx * total.astype(jnp.float32)) * minimum[0].reshape(1, -1)
+    return acc
 
 
 def rows(w: Planes, tokens: jax.Array) -> jax.Array:
@@ -349,11 +414,11 @@ def variant(M: int) -> int:
 
 def dot_rows(M: int) -> int:
     """The rows of each dot of an M-row call: BLOCK_M (16), or for a decode call of fewer
-    rows M's next power of 2 but at least DECODE_ROWS. A dot's FMAs are its rows times the
-    weight tile's elements, so a one-row step's 16-row dot does 16 times the arithmetic it
-    needs (on a GPU's float32 units: bench/gpu.py times both). DECODE_ROWS is 16, one
-    dot shape for every call, until a GPU shows that a smaller dot gives a row the same
-    bits (tests/test_pallas_matmul.py has the check, for the device run);
+    rows M's next power of 2 but at least DECODE_ROWS. A float weight's dot does its rows'
+    FMAs, so a one-row step's 16-row dot does 16 times the arithmetic it needs (bench/gpu.py
+    times both); a block format's integer dot is exact, any rows the same bits. DECODE_ROWS
+    is 16, one dot shape for every call, until a GPU shows that a smaller float dot gives a
+    row the same bits (tests/test_pallas_matmul.py has the check, for the device run);
     KINETIC_PALLAS_DECODE_ROWS sets it for a run (decode_rows)."""
     if M >= BLOCK_M:
         return BLOCK_M
@@ -518,11 +583,13 @@ class _Part:
         R, dots = block
         q_ref, *block_refs = w_refs
 
-        def tile(ref, per: int, i):
-            """Block i's columns of the tile (`per` elements a column of ref)."""
-            if tile_at is None:         # the program's own block
-                return ref[:, pl.ds(i * (BK // per), BK // per)]
-            return ref[pl.ds(tile_at, BN), pl.ds(col // per + i * (BK // per), BK // per)]
+        def tile(ref, per: int, i, g: int | None = None):
+            """Block i's columns of the tile (`per` elements a column of ref); g: only its
+            g-th column ([bn, 1])."""
+            start = i * (BK // per) + (0 if tile_at is None else col // per)
+            at = pl.ds(start, BK // per) if g is None else pl.ds(start + g, 1)
+            # (tile_at None: the program's own block; else the whole array)
+            return ref[:, at] if tile_at is None else ref[pl.ds(tile_at, BN), at]
 
         def x_rows(d, i):
             """x's d-th R rows of block i, rows past the limit masked off (zeros, as
@@ -533,14 +600,25 @@ class _Part:
                   if in_place else (pl.ds(d * R, R), pl.ds(i * BK, BK)))
             return pltriton.load(x_ref.at[at], mask=live, other=0.0)
 
+        kind, n_bits, _, group, _ = self.spec
+
         def block(i, accs):
-            w = dequantize_tile(self.spec, tile(q_ref, self.chunk // self.q_cols, i),
-                                *(tile(r, e, i) for r, e in zip(block_refs, self.widths)))
-            return tuple(
-                acc + lax.dot_general(x_rows(d, i), w, (((1,), (1,)), ((), ())),
-                                      precision=lax.Precision.HIGHEST,
-                                      preferred_element_type=jnp.float32)
-                for d, acc in enumerate(accs))
+            q = tile(q_ref, self.chunk // self.q_cols, i)
+            if kind == "float":
+                w = dequantize_tile(self.spec, q)
+                return tuple(
+                    acc + lax.dot_general(x_rows(d, i), w, (((1,), (1,)), ((), ())),
+                                          precision=lax.Precision.HIGHEST,
+                                          preferred_element_type=jnp.float32)
+                    for d, acc in enumerate(accs))
+            bits = [tile(r, e, i) for r, e in zip(block_refs[:n_bits], self.widths)]
+            w = integers(self.spec, q, *bits).astype(jnp.int8)
+            # each group's scale (and minimum) as a column [bn, 1] of its own
+            groups = [[tile(r, e, i, g)
+                       for r, e in zip(block_refs[n_bits:], self.widths[n_bits:])]
+                      for g in range(BK // group)]
+            return tuple(integer_block(x_rows(d, i), w, groups, group, acc)
+                         for d, acc in enumerate(accs))
         accs = lax.fori_loop(0, self.chunk // BK, block,
                              (jnp.zeros((R, BN), jnp.float32),) * dots)
         for d, acc in enumerate(accs):
@@ -551,3 +629,44 @@ def reference(x: np.ndarray, w: Planes) -> np.ndarray:
     """numpy's float64 x @ dequantize(w)^T: what matmul approximates (tests)."""
     dense = np.asarray(dequantize_tile(w.spec, w.q, *w.planes), np.float64)[:w.shape[0]]
     return np.asarray(x, np.float64) @ dense.T
+
+
+def quantized_x(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """numpy's quantize_x of x [M, K] (each block of 32): (q int32 [M, K], d float32
+    [M, K / 32])."""
+    xb = np.asarray(x, np.float32).reshape(x.shape[0], -1, QK)
+    d = np.abs(xb).max(axis=2) / np.float32(127)
+    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, np.float32(1)), np.float32(0))
+    q = np.rint(xb * inv[..., None]).astype(np.int32)
+    return q.reshape(x.shape), d.astype(np.float16).astype(np.float32)
+
+
+def reference_arithmetic(x: np.ndarray, w: Planes, tiles: Tiling | None = None) -> np.ndarray:
+    """The kernel's own arithmetic in numpy, float32 [M, N] (tests compare it): a block
+    format's integer_block over each block of 32 in order, per chunk of the tiling, the
+    chunks' sums added in order; a float weight's product in float64 rounded to float32
+    (its dots' order is the compiler's, checked against this within rounding)."""
+    N, K = w.shape
+    if w.kind == "float":
+        return reference(x, w).astype(np.float32)
+    tiles = tiles or tiling(w.q.shape[0], K)
+    kind, n_bits, offset, group, has_m = w.spec
+    ints = np.asarray(integers(w.spec, w.q, *w.planes[:n_bits]))[:N]          # [N, K]
+    d = np.asarray(w.planes[n_bits])[:N]                                       # [N, K / group]
+    m = np.asarray(w.planes[n_bits + 1])[:N] if has_m else None
+    q, dx = quantized_x(x)
+    chunk = K // tiles.chunks
+    y = None
+    for c in range(tiles.chunks):
+        acc = np.zeros((x.shape[0], N), np.float32)
+        for b in range(c * chunk // QK, (c + 1) * chunk // QK):
+            for g in range(QK // group):
+                cols = slice(b * QK + g * group, b * QK + (g + 1) * group)
+                dot = (q[:, cols] @ ints[:, cols].T).astype(np.float32)
+                gi = cols.start // group
+                acc = acc + (dx[:, b:b + 1] * d[None, :, gi]) * dot
+                if has_m:
+                    total = q[:, cols].sum(axis=1, keepdims=True).astype(np.float32)
+                    acc = acc + (dx[:, b:b + 1] * total) * m[None, :, gi]
+        y = acc if y is None else y + acc
+    return y
