@@ -11,14 +11,16 @@ for sm_90 (an H100 / H200) at the launch parameters kinetic names
 (kernels/pallas_backend.py) and runs the PTX through the `ptxas` it ships, verbose. For
 each kernel at the real shapes of each --shape (bench/gpu.py's SHAPES: the matmul of each
 distinct weight, [N, K], at one row and at 64 (the decode and the prompt variant,
-kernels/pallas_matmul.py `variant`; and at one row with one-row dots, `dot_rows`), q, k and v in one launch and gate and up in one
-(matmul_many, as layers.linear_many runs them), the paged attention at the model's heads, the RMS
-norm at d_model and at a head; and a mixture's experts, gate+up and down over every
-chosen pair, matmul_experts, at Qwen3-30B-A3B's shape) it prints the registers a thread uses, the bytes it spills
-to local memory, the shared memory a program takes, and how many tensor-core (mma, wgmma)
-instructions its PTX has: none, where a float32 dot at precision HIGHEST is Triton's IEEE
-dot, FMAs in order over K. A spill is a slow kernel; the
-figures are the compiler's, not a measurement of speed, and PyPI's Triton is not the one
+kernels/pallas_matmul.py `variant`; and at one row with one-row dots, `dot_rows`), q, k
+and v in one launch and gate and up in one (matmul_many, as layers.linear_many runs
+them), the paged attention at the model's heads, the RMS norm at d_model and at a head,
+and a mixture's experts, gate+up and down over every chosen pair (matmul_experts) at
+Qwen3-30B-A3B's shape, it prints the registers a thread uses, the bytes it spills to local
+memory, the shared memory a program takes, and how many tensor-core (mma, wgmma)
+instructions its PTX has: the block formats' int8 dots are the tensor cores' integer MMA;
+a float32 dot at precision HIGHEST (float weights, the attention) is Triton's IEEE dot,
+FMAs in order over K, none. A spill is a slow kernel; the figures are the compiler's, not
+a measurement of speed, and PyPI's Triton is not the one
 inside jaxlib, so they are a guide to tile sizes, not the device's word.
 """
 
