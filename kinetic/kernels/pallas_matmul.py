@@ -371,9 +371,9 @@ def matmul_experts(x: jax.Array, ids: jax.Array, ws: list[Planes],
     The pairs are put in order of expert (a stable sort) and each expert's cut into blocks
     of 16 rows, at most ceil(R * S / 16) + min(E, R * S) blocks in all (a static grid;
     blocks past the last are skipped); x's rows are gathered in that order, and a block's
-    programs multiply its rows by its expert's tiles at the expert's own tiling, 16-row
-    dots as a call of that expert alone makes them, so a pair's bits depend neither on the
-    rows beside it nor on how many chose its expert. Each chosen expert's weights are read
+    programs multiply its rows by its expert's tiles at the expert's own tiling, the
+    arithmetic of a call of that expert alone, so a pair's bits depend neither on the rows
+    beside it nor on how many chose its expert. Each chosen expert's weights are read
     once per block of its rows, and no expert has a launch or a branch of its own."""
     interpret = pallas_backend.interpreted(interpret)
     R, S = ids.shape

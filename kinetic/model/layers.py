@@ -138,7 +138,8 @@ class Proj:
       XLA (GPU, non-x86, KINETIC_KERNEL=xla); `act_quant` emulates llama.cpp's activation
       rounding there: "q8_0", "q8_K", "f16" or "" (see weights.py).
     - planes (fmt = PLANES): `data` is a pallas_matmul.Planes, W still quantized, multiplied
-      by the pallas kernel (kernel "pallas").
+      by the pallas kernel (kernel "pallas"); a mixture's experts are one Proj of them all,
+      stacked (experts.py).
 
     mesh (packed only): W split over the devices of this mesh (model/device_split.py): by
     rows (`--split-mode row`: `rows`, each device's count of them), or whole on the device
