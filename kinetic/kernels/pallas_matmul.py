@@ -245,15 +245,33 @@ def integers(spec: tuple, q: jax.Array, *planes: jax.Array) -> jax.Array:
     return v - offset
 
 
-def quantize_x(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+def quantize_x(x: jax.Array, compiled: bool = False) -> tuple[jax.Array, jax.Array]:
     """x [R, 32] float32 as llama.cpp's q8_0 rounds a block of 32 (layers.quantize_q8_0's
     arithmetic, the C++ kernel's): (int8 [R, 32] q, float32 [R, 1] d), d = max|x| / 127,
     q = x * (1 / d) to the nearest integer (ties to even; 0 where d is 0), d then kept as
     a half float. A max is exact in any order and the rest is elementwise: a row's q and d
-    depend on its own values alone."""
-    d = jnp.max(jnp.abs(x), axis=1, keepdims=True) / np.float32(127)
-    inv = jnp.where(d > 0, np.float32(1) / jnp.where(d > 0, d, np.float32(1)), np.float32(0))
-    return nearest(x * inv).astype(jnp.int8), d.astype(jnp.float16).astype(jnp.float32)
+    depend on its own values alone. compiled: inside a kernel Triton compiles (divide)."""
+    d = rounded("div", jnp.max(jnp.abs(x), axis=1, keepdims=True), np.float32(127), compiled)
+    inv = jnp.where(d > 0, rounded("div", np.float32(1), jnp.where(d > 0, d, np.float32(1)),
+                                   compiled), np.float32(0))
+    y = rounded("mul", x, inv, compiled)
+    return nearest(y).astype(jnp.int8), d.astype(jnp.float16).astype(jnp.float32)
+
+
+def rounded(op: str, a, b, compiled: bool) -> jax.Array:
+    """a / b ("div") or a * b ("mul") in float32, one IEEE rounding (as XLA's and numpy's).
+    In a kernel Triton compiles (compiled) the PTX instruction itself, div.rn.f32 or
+    mul.rn.f32: Triton's own division is approximate (div.full.f32, up to 2 ulp), and its
+    compiler may fuse a product into the subtraction after it (an FMA: not rounded), which
+    would change which way nearest() rounds; an instruction with its rounding mode named is
+    never fused."""
+    if not compiled:
+        return a / b if op == "div" else a * b
+    a, b = jnp.broadcast_arrays(jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32))
+    (out,) = pltriton.elementwise_inline_asm(
+        f"{op}.rn.f32 $0, $1, $2;", args=[a, b], constraints="=f,f,f", pack=1,
+        result_shape_dtypes=[jax.ShapeDtypeStruct(a.shape, jnp.float32)])
+    return out
 
 
 def nearest(y: jax.Array) -> jax.Array:
@@ -269,7 +287,7 @@ def nearest(y: jax.Array) -> jax.Array:
 
 
 def integer_block(x: jax.Array, w: jax.Array, groups: list, group: int,
-                  acc: jax.Array) -> jax.Array:
+                  acc: jax.Array, compiled: bool = False) -> jax.Array:
     """acc [R, bn] plus x [R, 32] (float32) times a block format's tile w (int8 [bn, 32],
     its integers): x quantized as llama.cpp's q8_0 (quantize_x), then per group of `group`
     columns (groups: each group's [scale] or [scale, minimum], [bn, 1] each) one int8 dot,
@@ -277,8 +295,8 @@ def integer_block(x: jax.Array, w: jax.Array, groups: list, group: int,
     group's scale, and for a format with a minimum x's d times its integers' sum times the
     minimum; added to acc group by group, in order. Each element's arithmetic is its own
     row's and column's alone: no float sum depends on which rows share the dot or how many
-    there are."""
-    xq, dx = quantize_x(x)
+    there are. compiled: as quantize_x's."""
+    xq, dx = quantize_x(x, compiled)
     R, BK = x.shape
     cols = lax.broadcasted_iota(jnp.int32, (R, BK), 1)
     for g, (scale, *minimum) in enumerate(groups):
@@ -499,7 +517,7 @@ def _matmul(x, qs: tuple, planes: tuple, specs: tuple, interpret: bool, tiles: t
             tile_at = None if expert is None else (
                 expert * part.n + lax.div(g - start, part.chunks) * part.tiles.bn)
             run = functools.partial(part.program, x_ref, w_refs, o_ref, first, limit,
-                                    (rows, dots), in_place,
+                                    (rows, dots), in_place, interpret,
                                     lax.rem(g - start, part.chunks) * part.chunk, tile_at)
             if len(parts) == 1 and groups is None:
                 run()
@@ -572,8 +590,8 @@ class _Part:
         return [pl.BlockSpec((self.tiles.bn, cols), self.index_map(start, lambda j, s: (j, s)))
                 for cols in (self.q_cols, *(self.chunk // e for e in self.widths))]
 
-    def program(self, x_ref, w_refs, o_ref, first, limit, block: tuple, in_place: bool, col,
-                tile_at=None):
+    def program(self, x_ref, w_refs, o_ref, first, limit, block: tuple, in_place: bool,
+                interpret: bool, col, tile_at=None):
         """One program: its [R * dots, bn] tile of this weight's chunk's partial sum (block:
         (R, dots), R rows a dot), from x's rows at `first` (those from `limit` on masked
         off; in place: columns from `col`) and the weight's tiles, in blocks of bk in order
@@ -617,7 +635,7 @@ class _Part:
             groups = [[tile(r, e, i, g)
                        for r, e in zip(block_refs[n_bits:], self.widths[n_bits:])]
                       for g in range(BK // group)]
-            return tuple(integer_block(x_rows(d, i), w, groups, group, acc)
+            return tuple(integer_block(x_rows(d, i), w, groups, group, acc, not interpret)
                          for d, acc in enumerate(accs))
         accs = lax.fori_loop(0, self.chunk // BK, block,
                              (jnp.zeros((R, BN), jnp.float32),) * dots)
