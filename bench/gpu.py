@@ -35,8 +35,8 @@ For each model and each row count B of --streams, on kernel "pallas":
   row, then q+k+v and gate+up each in one launch (as a step runs them): the weight's
   tiling (bn, bk, chunks of K), its programs, ms, and the fraction of its own bound (its
   planes' bytes over the read bandwidth); then the same with one-row dots
-  (pallas_matmul.DECODE_ROWS 1: a 16-row dot does 16 times a row's FMAs), ms and whether
-  the row's bytes are the 16-row dots';
+  (pallas_matmul.DECODE_ROWS 1: a float weight's 16-row dot does 16 times a row's FMAs),
+  ms and whether the row's bytes are the 16-row dots';
 - xla: the same model on kernel "xla" (weights dequantized to bfloat16, XLA's dot) at
   16 rows, tok/s;
 - with --split-check (issue 42): the same model through the split's code path over one
@@ -340,16 +340,17 @@ def matmuls(model, bandwidth: float, reps: int, head: bool = True) -> dict:
             "tiling": " / ".join(f"{t.bn}, {t.bk}, {t.chunks}" for t in tiles),
             "programs": sum(w.q.shape[0] // t.bn * t.chunks for w, t in zip(ws, tiles)),
             "ms": ms, "of_bound": 1e3 * nbytes / (bandwidth / 2) / ms}
-        # the same call with one-row dots (pallas_matmul.dot_rows: a 16-row dot does 16
-        # times a row's FMAs): its time, and whether the row's bytes are the 16-row dot's
+        # the same call with one-row dots (pallas_matmul.dot_rows: a float weight's 16-row
+        # dot does 16 times a row's FMAs; a block format's dots are exact integers either
+        # way): its time, and whether the row's bytes are the 16-row dots'
         small = jax.jit(lambda x, ws: pm.matmul_many(x, ws))
-        pm.DECODE_ROWS = 1
+        before, pm.DECODE_ROWS = pm.DECODE_ROWS, 1
         try:
             row["ms_1row_dot"] = 1e3 * timed(lambda: jax.block_until_ready(small(x, ws)), reps)
             row["same_1row_dot"] = all(np.asarray(a).tobytes() == np.asarray(b).tobytes()
                                        for a, b in zip(small(x, ws), f(x, ws)))
         finally:
-            pm.DECODE_ROWS = 16
+            pm.DECODE_ROWS = before
     return out
 
 

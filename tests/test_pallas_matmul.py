@@ -185,7 +185,7 @@ def test_weights_in_one_launch_give_each_weights_own_bits(in_place):
 
 
 @pytest.mark.parametrize("qtype,N", [(T.Q4_0, 64), (T.Q4_K, 40), (T.Q6_K, 32)])
-def test_experts_pairs_get_each_experts_own_bits(qtype, N):
+def test_experts_pairs_get_each_experts_own_bits(qtype, N, monkeypatch):
     """matmul_experts: every (row, chosen expert) pair's product in one launch is the bytes
     of that row alone times that expert alone (matmul of Planes.expert), whether its
     expert was chosen once, by more than a block of 16 pairs (the first expert: 20 rows) or
@@ -199,16 +199,11 @@ def test_experts_pairs_get_each_experts_own_bits(qtype, N):
     ids = np.stack([rng.permutation([0, 1, 2, 4])[:2] for _ in range(23)]).astype(np.int32)
     ids[:20, 0] = 0         # expert 0 chosen by 20 rows, expert 3 by none
     x = rng.standard_normal((23, K)).astype(np.float32)
+    real = pm._matmul
     for interpret_in_place in (False, True):
         if interpret_in_place:   # the kernel as a GPU runs it, x and the weights in place
-            real = pm._matmul
-            pm._matmul = lambda *a: real(*a[:7], True, *a[8:])
-        try:
-            (got,) = pm.matmul_experts(x, ids, [w])
-        finally:
-            if interpret_in_place:
-                pm._matmul = real
-        got = np.asarray(got)
+            monkeypatch.setattr(pm, "_matmul", lambda *a: real(*a[:7], True, *a[8:]))
+        got = np.asarray(pm.matmul_experts(x, ids, [w])[0])
         assert got.shape == (23, 2, N)
         for r in range(23):
             for s in range(2):
