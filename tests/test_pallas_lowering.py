@@ -38,6 +38,10 @@ def test_every_matmul_format_lowers_through_triton(qtype):
     w = pm.repack(random_blocks(qtype, N, K), qtype, (N, K))
     text = cuda_text(lambda x, w: pm.matmul(x, w), jnp.zeros((3, K)), w)
     assert text.count(TRITON) == 1
+    # a block format rounds x with IEEE division and product (pallas_matmul.rounded), not
+    # Triton's approximate division or a fused multiply-add
+    integer = qtype not in (T.F32, T.F16, T.BF16)
+    assert ("div.rn.f32" in text and "mul.rn.f32" in text) == integer
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_0, T.Q6_K, T.BF16])
