@@ -25,6 +25,13 @@ def test_the_tiles_are_the_files_values_bitwise(qtype):
     assert w.shape == (N, K)
     got = np.asarray(pm.dequantize_tile(w.spec, w.q, *w.planes))[:N]
     assert got.tobytes() == dequantize_bytes(data, qtype, (N, K)).tobytes()
+    if qtype in pm.HALF_SCALES:   # the file's half-float scales kept as they are: a Q4_0
+        assert w.d.dtype == np.float16   # weight's planes are the file's bytes, no more
+        planes = sum(a.nbytes for a in (w.q, *w.planes))
+        rows = w.q.shape[0]              # (24 rows padded to 32)
+        assert qtype != T.Q4_0 or planes == data.nbytes * rows // N == rows * K * 18 // 32
+    elif w.d is not None:
+        assert w.d.dtype == np.float32   # a K-quant's d * sub-block scale
 
 
 def test_x_is_rounded_as_llama_cpps_q8_0():

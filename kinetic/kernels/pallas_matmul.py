@@ -7,13 +7,14 @@ The weights stay quantized on the device, GGUF's blocks split once into planes (
 the integer of each element in its low 4 bits, two to a byte, element 2j in byte j's low
 nibble and 2j + 1 in its high one (uint8 [N, K / 2]; Q8_0 keeps its int8 [N, K]), the bits
 above those as bit planes (int32 [N, K / 32], one bit per element: the Q5 formats' fifth
-bit, Q6_K's fifth and sixth), and per group of 32 (16 for Q2_K, Q3_K and Q6_K) a float32
-scale and, for the formats that have one, a minimum, added (quants.PARTS gives the one
-quants.py subtracts: negated, exactly). Both
-are kinetic/model/quants.py's own integer parts of the blocks (quants.PARTS: the file's half
-floats widened, a K-quant's d * sub-block scale), so exactly its values. Float weights (F32,
-F16, BF16) stay as they are. Device memory holds about the file's size (a float32 scale per
-16 or 32 elements where the file has less).
+bit, Q6_K's fifth and sixth), and per group of 32 (16 for Q2_K, Q3_K and Q6_K) a scale
+and, for the formats that have one, a minimum, added (quants.PARTS gives the one quants.py
+subtracts: negated, exactly). Both are kinetic/model/quants.py's own parts of the blocks
+(quants.PARTS), so exactly its values: the 32-block formats' are the file's half floats,
+kept as float16 (HALF_SCALES); a K-quant's, d * the sub-block's scale, as float32. Float
+weights (F32, F16, BF16) stay as they are. Device memory holds about the file's size (a
+Q4_0 weight 0.5625 bytes an element, as in the file; a K-quant's a float32 scale per 16 or
+32 elements, where the file has less).
 
 A block format's product is integer arithmetic, as llama.cpp's own quantized matmuls do it:
 each program reads a [bn, bk] tile of W's integers in registers (`integers`: the stored
@@ -75,6 +76,8 @@ QK = 32               # elements of a block of the quant planes (and of their fi
 _STORED = {T.Q4_0: (8, 0), T.Q4_1: (0, 0), T.Q5_0: (16, 1), T.Q5_1: (0, 1), T.Q2_K: (0, 0),
            T.Q3_K: (4, 0), T.Q4_K: (0, 0), T.Q5_K: (0, 1), T.Q6_K: (32, 2)}
 _FLOATS = {T.F32: np.float32, T.F16: np.float16, T.BF16: None}
+# the formats whose scale (and minimum) is a half float of the file's: planes keep it so
+HALF_SCALES = (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1)
 FORMATS = (T.Q8_0, *_STORED, *_FLOATS)
 
 
@@ -90,8 +93,9 @@ class Planes:
     expert's padded rows after the one before: `stack`, `expert`; matmul_experts)."""
 
     q: jax.Array                    # int8 [N, K]; uint8 [N, K / 2] 4-bit pairs; or floats
-    d: jax.Array | None             # float32 [N, K / group]: scales (None: a float weight)
-    m: jax.Array | None = None      # float32 [N, K / group]: minimums, added
+    d: jax.Array | None             # [N, K / group]: scales (None: a float weight)
+    m: jax.Array | None = None      # [N, K / group]: minimums, added (both float16 for
+                                    # HALF_SCALES' formats, else float32)
     bits: tuple = ()                # int32 [N, K / 32] each: bit i is element i's bit 4, 5
     offset: int = 0
     group: int = QK
@@ -151,8 +155,10 @@ def repack(data: np.ndarray, qtype, shape: tuple[int, int]) -> Planes:
     if raw.size != N * K // block * per:
         raise ValueError(f"{raw.size} bytes do not hold a {qtype.name} [{N}, {K}] weight")
     q, scale, minimum = quants.PARTS[qtype](raw.reshape(N * K // block, per))
-    scale = jnp.asarray(scale.reshape(N, -1))
-    m = None if minimum is None else jnp.asarray(-minimum.reshape(N, -1))   # added
+    # the 32-block formats' scales and minimums are the file's half floats: kept so (exact)
+    kept = np.float16 if qtype in HALF_SCALES else np.float32
+    scale = jnp.asarray(scale.reshape(N, -1).astype(kept))
+    m = None if minimum is None else jnp.asarray((-minimum.reshape(N, -1)).astype(kept))
     group = K * N // scale.size
     if qtype == T.Q8_0:
         return _pad(Planes(jnp.asarray(q.reshape(N, K)), scale, m, (), 0, group, N))
@@ -222,11 +228,11 @@ def dequantize_tile(spec: tuple, q: jax.Array, *planes: jax.Array) -> jax.Array:
     if kind == "float":
         return q.astype(jnp.float32)
     n = q.shape[0]
-    d = planes[n_bits]
+    d = planes[n_bits].astype(jnp.float32)
     v = integers(spec, q, *planes).reshape(n, d.shape[1], group)
     out = v.astype(jnp.float32) * d[..., None]
     if has_m:
-        out = out + planes[n_bits + 1][..., None]
+        out = out + planes[n_bits + 1].astype(jnp.float32)[..., None]
     return out.reshape(n, -1)
 
 
@@ -303,10 +309,11 @@ def integer_block(x: jax.Array, w: jax.Array, groups: list, group: int,
         xg = xq if len(groups) == 1 else jnp.where(cols // group == g, xq, jnp.int8(0))
         dot = lax.dot_general(xg, w, (((1,), (1,)), ((), ())),
                               preferred_element_type=jnp.int32)
-        acc = acc + (dx * scale.reshape(1, -1)) * dot.astype(jnp.float32)
+        acc = acc + (dx * scale.astype(jnp.float32).reshape(1, -1)) * dot.astype(jnp.float32)
         if minimum:
             total = jnp.sum(xg.astype(jnp.int32), axis=1, keepdims=True)
-            acc = acc + (dx * total.astype(jnp.float32)) * minimum[0].reshape(1, -1)
+            acc = acc + ((dx * total.astype(jnp.float32))
+                         * minimum[0].astype(jnp.float32).reshape(1, -1))
     return acc
 
 
@@ -670,8 +677,8 @@ def reference_arithmetic(x: np.ndarray, w: Planes, tiles: Tiling | None = None) 
     tiles = tiles or tiling(w.q.shape[0], K)
     kind, n_bits, offset, group, has_m = w.spec
     ints = np.asarray(integers(w.spec, w.q, *w.planes[:n_bits]))[:N]          # [N, K]
-    d = np.asarray(w.planes[n_bits])[:N]                                       # [N, K / group]
-    m = np.asarray(w.planes[n_bits + 1])[:N] if has_m else None
+    d = np.asarray(w.planes[n_bits], np.float32)[:N]                          # [N, K / group]
+    m = np.asarray(w.planes[n_bits + 1], np.float32)[:N] if has_m else None
     q, dx = quantized_x(x)
     chunk = K // tiles.chunks
     y = None
