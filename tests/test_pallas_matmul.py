@@ -10,6 +10,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from kinetic.kernels import pallas_matmul as pm
+from kinetic.kernels import reference
 from kinetic.model.quants import dequantize_bytes
 from tests.tiny_models import random_blocks
 
@@ -37,7 +38,8 @@ def test_the_tiles_are_the_files_values_bitwise(qtype):
 def test_x_is_rounded_as_llama_cpps_q8_0():
     """quantize_x (in the kernel) gives each block of 32 the values layers.quantize_q8_0
     (the xla kernel's activations, the KV cache's q8_0) gives it, bitwise, ties to even;
-    and numpy's quantized_x the same integers and scales."""
+    and the C++ kernel's numpy reference (reference.quantize_acts) the same integers and
+    scales."""
     import jax.numpy as jnp
 
     from kinetic.model import layers
@@ -52,8 +54,8 @@ def test_x_is_rounded_as_llama_cpps_q8_0():
     assert q.dtype == np.int8 and list(q[2, :4]) == [127, 0, 2, -2] and not q[0].any()
     want = np.asarray(layers.dequantize_q8_0(layers.quantize_q8_0(jnp.asarray(x))))
     assert (q * d).astype(np.float32).tobytes() == want.tobytes()
-    nq, nd = pm.quantized_x(x)
-    assert np.array_equal(nq, q) and nd.tobytes() == d[:, :1].tobytes()
+    acts = reference.quantize_acts("q8_0", x)
+    assert np.array_equal(acts.q, q) and acts.d.tobytes() == d[:, :1].tobytes()
 
 
 @pytest.mark.parametrize("qtype", FORMATS)
@@ -74,7 +76,7 @@ def test_the_product_is_its_arithmetic_and_float64s_within_rounding(qtype):
     assert (np.abs(got - mine) <= 4e-6 * scale + 1e-30).all()
     quantization = 0.0
     if w.kind != "float":   # x's rounding: half a step of its block's d, per element
-        _, dx = pm.quantized_x(x)
+        dx = reference.quantize_acts("q8_0", x).d
         quantization = np.repeat(dx.astype(np.float64) / 2, 32, axis=1) @ dense.T
     assert (np.abs(got - pm.reference(x, w)) <= quantization * 1.0001 + 4e-6 * scale).all()
 
@@ -160,7 +162,8 @@ def test_rows_past_a_multiple_of_16_are_padded_and_dropped(qtype):
     if qtype == T.F16:
         want = x.astype(np.float64) @ dense.T
     else:   # x as the kernel quantizes it (reference_arithmetic)
-        q, d = pm.quantized_x(x)
+        acts = reference.quantize_acts("q8_0", x)
+        q, d = acts.q.astype(np.int64), acts.d
         want = (q.reshape(3, -1, 32) * d[..., None].astype(np.float64)).reshape(3, K) @ dense.T
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
 

@@ -59,6 +59,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from kinetic.kernels import pallas_backend
+from kinetic.kernels import reference as kernel_reference
 from kinetic.model import quants
 
 BLOCK_M = 16          # rows of x per dot, whatever M is (padding rows are dropped)
@@ -656,16 +657,6 @@ def reference(x: np.ndarray, w: Planes) -> np.ndarray:
     return np.asarray(x, np.float64) @ dense.T
 
 
-def quantized_x(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """numpy's quantize_x of x [M, K] (each block of 32): (q int32 [M, K], d float32
-    [M, K / 32])."""
-    xb = np.asarray(x, np.float32).reshape(x.shape[0], -1, QK)
-    d = np.abs(xb).max(axis=2) / np.float32(127)
-    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, np.float32(1)), np.float32(0))
-    q = np.rint(xb * inv[..., None]).astype(np.int32)
-    return q.reshape(x.shape), d.astype(np.float16).astype(np.float32)
-
-
 def reference_arithmetic(x: np.ndarray, w: Planes, tiles: Tiling | None = None) -> np.ndarray:
     """The kernel's own arithmetic in numpy, float32 [M, N] (tests compare it): a block
     format's integer_block over each block of 32 in order, per chunk of the tiling, the
@@ -679,7 +670,8 @@ def reference_arithmetic(x: np.ndarray, w: Planes, tiles: Tiling | None = None) 
     ints = np.asarray(integers(w.spec, w.q, *w.planes[:n_bits]))[:N]          # [N, K]
     d = np.asarray(w.planes[n_bits], np.float32)[:N]                          # [N, K / group]
     m = np.asarray(w.planes[n_bits + 1], np.float32)[:N] if has_m else None
-    q, dx = quantized_x(x)
+    acts = kernel_reference.quantize_acts("q8_0", x)   # the C++ kernel's rounding of x
+    q, dx = acts.q.astype(np.int32), acts.d
     chunk = K // tiles.chunks
     y = None
     for c in range(tiles.chunks):
