@@ -185,3 +185,25 @@ def test_a_layers_projections_that_read_one_x_are_one_kernel():
                        layers.PLANES)
     text = cuda_text(lambda x, g, u, d: layers.swiglu(x, g, u, d), x, gate, up, down)
     assert text.count(TRITON) == 2
+    # silu(gate) * up is made inside the down projection's kernel (pallas_matmul.swiglu),
+    # not by XLA between the two (a kernel of its own on a GPU)
+    assert "stablehlo.logistic" not in text and "stablehlo.multiply" not in text
+
+
+def test_a_one_row_steps_cache_write_is_an_update_in_place():
+    """layers.write_kv of one row (a decode step's) is a dynamic update slice, which XLA
+    fuses with the computation of the row written (rotary, the cache's type) into one
+    in-place kernel, where a scatter of one row became a select and an update, two kernels
+    a cache (bench/gpu_compile.py); more rows stay a scatter. The same cache either way."""
+    cache = jnp.asarray(np.random.default_rng(0).standard_normal((4, 16, 2, 8)), jnp.float16)
+    new = jnp.asarray(np.random.default_rng(1).standard_normal((3, 2, 8)), jnp.float32)
+    index = jnp.asarray([37, 5, 60], jnp.int32)
+    for rows in (1, 3):
+        got = layers.write_kv(cache, new[:rows], index[:rows])
+        flat = np.asarray(cache).reshape(64, 2, 8).copy()
+        flat[np.asarray(index[:rows])] = np.asarray(new[:rows]).astype(np.float16)
+        assert np.asarray(got).tobytes() == flat.reshape(cache.shape).tobytes(), rows
+        ops = set(re.findall(r"stablehlo\.\w+", cuda_text(
+            layers.write_kv, cache, new[:rows], index[:rows])))
+        assert ("stablehlo.scatter" in ops) == (rows > 1)
+        assert ("stablehlo.dynamic_update_slice" in ops) == (rows == 1)

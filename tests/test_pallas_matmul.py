@@ -5,6 +5,7 @@ within that rounding, and a row's bits do not depend on the rows beside it."""
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
@@ -192,6 +193,32 @@ def test_weights_in_one_launch_give_each_weights_own_bits(in_place):
     assert [y.shape for y in ys] == [(3, 48), (3, 64), (3, 40)]
     for y, w in zip(ys, ws):
         assert np.asarray(y).tobytes() == np.asarray(pm.matmul(x[:3], w)).tobytes()
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("gate_type,down_type", [(T.Q4_0, T.Q6_K), (T.Q4_K, T.F16)])
+def test_swiglu_in_two_launches_is_its_parts_bits(gate_type, down_type, in_place):
+    """pallas_matmul.swiglu: gate and up in one launch, their partial sums read by the down
+    projection's programs, which make silu(gate) * up themselves: the same bytes as the
+    three matmuls with jax.nn.silu between, at the decode and the prompt variant, with x
+    read in place (a GPU's way) and in padded blocks (interpreted). K is split in two for
+    both halves (so each of gate and up is two partial sums) and for down."""
+    D = F = 1024
+    gate, up = (pm.repack(random_blocks(gate_type, F, D, s), gate_type, (F, D)) for s in (1, 2))
+    down = pm.repack(random_blocks(down_type, D, F, 3), down_type, (D, F))
+    assert pm.tiling(F, D).chunks == pm.tiling(D, F).chunks == 2
+    x = np.random.default_rng(4).standard_normal((70, D)).astype(np.float32)
+    for M in (1, 7, 70):
+        want = np.asarray(pm.matmul(jax.nn.silu(pm.matmul(x[:M], gate))
+                                    * pm.matmul(x[:M], up), down))
+        shape = (in_place, None, 1, pm.dot_rows(M))
+        halves = pm._matmul(x[:M], (gate.q, up.q), (gate.planes, up.planes),
+                            (gate.spec, up.spec), True, (pm.tiling(F, D),) * 2,
+                            pm.variant(M), *shape, 0, True)
+        (got,) = pm._matmul(tuple(halves), (down.q,), (down.planes,), (down.spec,), True,
+                            (pm.tiling(D, F),), pm.variant(M), *shape, M)
+        assert np.asarray(got)[:, :D].tobytes() == want.tobytes(), M
+        assert np.asarray(pm.swiglu(x[:M], gate, up, down)).tobytes() == want.tobytes(), M
 
 
 @pytest.mark.parametrize("qtype,N", [(T.Q4_0, 64), (T.Q4_K, 40), (T.Q6_K, 32)])

@@ -387,6 +387,26 @@ def matmul_many(x: jax.Array, ws: list[Planes], interpret: bool | None = None,
     return [y[:, :w.shape[0]].reshape(*lead, w.shape[0]) for y, w in zip(ys, ws)]
 
 
+def swiglu(x: jax.Array, gate: Planes, up: Planes, down: Planes,
+           interpret: bool | None = None) -> jax.Array:
+    """matmul(jax.nn.silu(matmul(x, gate)) * matmul(x, up), down), the same bits, in two
+    launches: gate and up in one (matmul_many's), and down, whose programs make silu(gate)
+    * up of the blocks of x they read from gate's and up's partial sums (_matmul's glu), so
+    the product between has no launch (an XLA kernel a layer on a GPU:
+    bench/gpu_compile.py)."""
+    interpret = pallas_backend.interpreted(interpret)
+    lead = x.shape[:-1]
+    x = x.reshape(-1, x.shape[-1])
+    M = x.shape[0]
+    shape = (not interpret, None, 1, dot_rows(M))
+    halves = _matmul(x, (gate.q, up.q), (gate.planes, up.planes), (gate.spec, up.spec),
+                     interpret, tuple(tiling(w.q.shape[0], w.shape[1]) for w in (gate, up)),
+                     variant(M), *shape, 0, True)
+    (y,) = _matmul(tuple(halves), (down.q,), (down.planes,), (down.spec,), interpret,
+                   (tiling(down.q.shape[0], down.shape[1]),), variant(M), *shape, M)
+    return y[:, :down.shape[0]].reshape(*lead, down.shape[0])
+
+
 def matmul_experts(x: jax.Array, ids: jax.Array, ws: list[Planes],
                    interpret: bool | None = None) -> list[jax.Array]:
     """A mixture's projections over every (row, chosen expert) pair, in one launch: x [R, K],
@@ -463,10 +483,10 @@ def decode_rows() -> int:
     return int(text)
 
 
-@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6, 7, 9, 10))
+@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6, 7, 9, 10, 11, 12))
 def _matmul(x, qs: tuple, planes: tuple, specs: tuple, interpret: bool, tiles: tuple,
             dots: int, in_place: bool, groups: tuple | None = None, experts: int = 1,
-            rows: int = BLOCK_M) -> list:
+            rows: int = BLOCK_M, glu: int = 0, partials: bool = False) -> list:
     """The products of x [M, K] with each weight (its q, its other planes, its spec and its
     Tiling at the same place in qs, planes, specs and tiles), [M, N_w] each, in one
     pallas_call. Its grid is (tiles over M, every weight's programs in turn): a weight's
@@ -481,22 +501,40 @@ def _matmul(x, qs: tuple, planes: tuple, specs: tuple, interpret: bool, tiles: t
 
     rows: each dot's rows (dot_rows), a program's dots * rows of x.
 
+    glu > 0: x is (gate, up), two _matmul calls' partial sums ([chunks, rows >= glu, K]
+    each, as partials=True returns them) and the product's x is silu(gate) * up of their
+    first glu rows, made by each program from the blocks it reads (swiglu: no launch of
+    its own): each partial sum added in order, as the call returning the total adds them,
+    then jax.nn.silu, as XLA's, so the same values as matmul(silu(gate) * up, w).
+    partials: the [chunks, rows, N_w] partial sums themselves, not their total [M, N_w].
+
     in_place: x is read where it is, unpadded, each program its rows at their place in
     it and rows past M masked off (a GPU's way: no padded copy of x, a kernel launch, per
     matmul); else x is padded to whole tiles and each program gets its block (interpreted:
     a masked load there pads the array it reads, so it should be a block). The same
     values reach the same dots either way (tests/test_pallas_matmul.py)."""
-    M, K = x.shape
+    xs = tuple(x) if glu else (x,)
+    M, K = (glu, xs[0].shape[2]) if glu else x.shape
     BM = rows * dots
     Mp = -(-M // BM) * BM
     parts = [_Part(q.shape[0] // experts, K, spec, t, [K // p.shape[1] for p in ps],
                    len(qs) == 1) for q, ps, spec, t in zip(qs, planes, specs, tiles)]
     starts = np.cumsum([0] + [p.programs for p in parts]).tolist()
-    if in_place:    # one x for every weight
-        xp = x.astype(jnp.float32)
+    if in_place and glu:    # gate's and up's partial sums where they are
+        xp = list(xs)
+        x_specs = [pl.BlockSpec(a.shape, lambda i, g: (0, 0, 0)) for a in xs]
+    elif in_place:  # one x for every weight
+        xp = [x.astype(jnp.float32)]
         x_specs = [pl.BlockSpec((M, K), lambda i, g: (0, 0))]
+    elif glu:       # a block of each: the chunk's columns of every partial sum
+        (part,), (start,) = parts, starts[:1]
+        xp = [jnp.zeros((a.shape[0], Mp, K), jnp.float32).at[:, :M].set(a[:, :M])
+              for a in xs]
+        x_specs = [pl.BlockSpec((a.shape[0], BM, part.chunk),
+                                part.index_map(start, lambda j, s: (0, s), rows_at=1))
+                   for a in xs]
     else:           # a block of each weight's chunk for each
-        xp = jnp.zeros((Mp, K), jnp.float32).at[:M].set(x.astype(jnp.float32))
+        xp = [jnp.zeros((Mp, K), jnp.float32).at[:M].set(x.astype(jnp.float32))]
         x_specs = [pl.BlockSpec((BM, p.chunk), p.index_map(start, lambda j, s: s, rows_at=0))
                    for p, start in zip(parts, starts)]
     arrays = [a for q, ps in zip(qs, planes) for a in (q, *ps)]
@@ -509,6 +547,8 @@ def _matmul(x, qs: tuple, planes: tuple, specs: tuple, interpret: bool, tiles: t
 
     def kernel(*refs):
         x_refs, refs = refs[:len(x_specs)], refs[len(x_specs):]
+        # each weight's x: (x,) or (gate, up)
+        x_refs = ([tuple(x_refs)] if glu else [(r,) for r in x_refs])
         x_refs = x_refs * (len(parts) // len(x_refs))
         first = pl.program_id(0) * BM        # (program ids read here, outside the loop:
         g = pl.program_id(1)                 # interpret mode has none inside it)
@@ -541,7 +581,9 @@ def _matmul(x, qs: tuple, planes: tuple, specs: tuple, interpret: bool, tiles: t
                                 p.index_map(start, lambda j, s: (s, j), rows_at=1))
                    for p, start in zip(parts, starts)],
         **pallas_backend.options(interpret, num_stages=STAGES),
-    )(*([xp] * len(x_specs)), *arrays)
+    )(*(xp if glu else xp * len(x_specs)), *arrays)
+    if partials:
+        return ys
     out = []
     for y in ys:
         total = y[0]
@@ -619,12 +661,19 @@ class _Part:
 
         def x_rows(d, i):
             """x's d-th R rows of block i, rows past the limit masked off (zeros, as
-            padded, not read: a decode step's one row reads one row of x)."""
+            padded, not read: a decode step's one row reads one row of x); x_ref (gate,
+            up): silu(gate) * up of them, each the sum of its partial sums in order."""
             row = first + d * R
             live = row + lax.broadcasted_iota(jnp.int32, (R, BK), 0) < limit
             at = ((pl.ds(row, R), pl.ds(col + i * BK, BK))
                   if in_place else (pl.ds(d * R, R), pl.ds(i * BK, BK)))
-            return pltriton.load(x_ref.at[at], mask=live, other=0.0)
+            if len(x_ref) == 1:
+                return pltriton.load(x_ref[0].at[at], mask=live, other=0.0)
+            gate, up = ([pltriton.load(ref.at[(pl.ds(c, 1), *at)], mask=live[None],
+                                       other=0.0)[0] for c in range(ref.shape[0])]
+                        for ref in x_ref)
+            gate, up = (functools.reduce(lambda a, b: a + b, p) for p in (gate, up))
+            return jax.nn.silu(gate) * up
 
         kind, n_bits, _, group, _ = self.spec
 

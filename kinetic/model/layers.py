@@ -417,7 +417,11 @@ def write_kv(cache: jax.Array, new: jax.Array, write_index: jax.Array) -> jax.Ar
     in the cache's storage (to_cache)."""
     pages, page_size = cache.shape[:2]
     flat = cache.reshape(pages * page_size, *cache.shape[2:])
-    flat = flat.at[write_index].set(to_cache(new, cache.dtype), unique_indices=False)
+    if new.shape[0] == 1:
+        flat = lax.dynamic_update_slice_in_dim(flat, to_cache(new, cache.dtype),
+                                               write_index[0], 0)
+    else:
+        flat = flat.at[write_index].set(to_cache(new, cache.dtype), unique_indices=False)
     return flat.reshape(cache.shape)
 
 
@@ -512,7 +516,13 @@ def swiglu_ffn(x: jax.Array, w: dict) -> jax.Array:
 
 
 def swiglu(x: jax.Array, gate_w: Proj, up_w: Proj, down_w: Proj) -> jax.Array:
-    """down(silu(gate(x)) * up(x)): a SwiGLU feed-forward (a layer's, or an expert's)."""
+    """down(silu(gate(x)) * up(x)): a SwiGLU feed-forward (a layer's, or an expert's). The
+    pallas kernel's weights, unsplit, where the step is not the CPU's (silu_times): two
+    launches, the product made inside the second (pallas_matmul.swiglu)."""
+    projs = (gate_w, up_w, down_w)
+    if not _native_rows() and all(p.fmt == PLANES and p.mesh is None for p in projs):
+        from kinetic.kernels import pallas_matmul
+        return pallas_matmul.swiglu(x, *(p.data for p in projs))
     gate, up = linear_many(x, [gate_w, up_w])
     return linear(silu_times(gate, up), down_w)
 
