@@ -219,6 +219,9 @@ def test_swiglu_in_two_launches_is_its_parts_bits(gate_type, down_type, in_place
                             (pm.tiling(D, F),), pm.variant(M), *shape, M)
         assert np.asarray(got)[:, :D].tobytes() == want.tobytes(), M
         assert np.asarray(pm.swiglu(x[:M], gate, up, down)).tobytes() == want.tobytes(), M
+        # its partial sums (a residual's add_norm reads them), added in order: the same
+        parts = np.asarray(pm.swiglu(x[:M], gate, up, down, partials=True))
+        assert parts.shape[0] == 2 and (parts[0] + parts[1])[:M, :D].tobytes() == want.tobytes()
 
 
 @pytest.mark.parametrize("qtype,N", [(T.Q4_0, 64), (T.Q4_K, 40), (T.Q6_K, 32)])

@@ -162,3 +162,52 @@ def test_embeddings_and_ranking_on_the_pallas_kernel(tmp_path, pooling):
         a, b = (np.asarray(m.embed(texts)) for m in (got, want))
         cos = (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
         assert (cos > 0.9999).all(), cos
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "lfm2", "qwen35"])
+def test_a_residual_add_and_the_norm_after_it_in_one_kernel_keep_the_bits(arch, tmp_path,
+                                                                         monkeypatch):
+    """On a GPU each residual add and the norm after it are one launch (layers.add_norm:
+    pallas_norm.add_rms_norm, reading the projection's partial sums, layers.Pending). Run
+    here with the norms after the adds made the Pallas kernel's as on a GPU (interpreted):
+    a step's logits are the bytes of the same step with the add and the Pallas norm apart,
+    for attention (with its output's bias where the family has one), short-convolution and
+    Gated DeltaNet mixers and SwiGLU feed-forwards; and a row's bytes are its own at 1, 3
+    and 6 rows a step."""
+    import functools
+
+    import jax
+
+    from kinetic.engine import runner as runner_module
+    from kinetic.kernels import pallas_norm
+    from kinetic.model import layers
+    from tests.test_model_forward import feed
+    model = load_model(str(write_tiny_model(tmp_path / f"{arch}.gguf", arch, qtype="Q4_0",
+                                            context_length=256)), kernel="pallas")
+    monkeypatch.setattr(layers, "pallas_norms", lambda: True)
+    made = []
+    real = pallas_norm.add_rms_norm
+    # (a projection's partial sums have its tile's rows, 16 or more; an array its own)
+    monkeypatch.setattr(pallas_norm, "add_rms_norm",
+                        lambda *a, **k: made.append(a[1].shape[1] > a[0].shape[0])
+                        or real(*a, **k))
+    tokens = list(range(3, 9))
+
+    def logits(chunk):
+        runner = Runner(model, RunnerConfig(step_tokens=8, num_slots=1, page_size=16,
+                                            num_pages=4, pages_per_slot=2))
+        # traced here each time (not the compiled step other tests keep), add_norm as set
+        runner._step = jax.jit(functools.partial(runner_module._forward, model.arch.forward,
+                                                 model.config),
+                               donate_argnums=(2,), static_argnums=(4, 5))
+        return np.concatenate(feed(runner, {0: tokens}, chunk)[0])
+
+    fused = [logits(chunk) for chunk in (1, 3, 6)]
+    assert any(made), "no projection's partial sums reached add_norm"
+    assert all(f.tobytes() == fused[0].tobytes() for f in fused)
+
+    def apart(x, y, w, eps):
+        x = x + layers.value(y)
+        return x, pallas_norm.rms_norm(x, w, eps)
+    monkeypatch.setattr(layers, "add_norm", apart)
+    assert logits(3).tobytes() == fused[0].tobytes()

@@ -88,3 +88,31 @@ def test_reading_in_place_gives_the_padded_blocks_bits(D, centre):
         got = [np.asarray(pn._norm(x[:M], w, b if centre else None, 1e-6, True, in_place))
                for in_place in (False, True)]
         assert got[0].shape == (M, D) and got[0].tobytes() == got[1].tobytes(), M
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("D,chunks,bias", [(576, 1, False), (1536, 3, True), (64, 2, False)])
+def test_a_residual_add_and_its_norm_in_one_kernel_are_both_apart(D, chunks, bias, in_place):
+    """add_rms_norm (layers.add_norm on a GPU): h = x + (a projection's partial sums over
+    its chunks of K, in order, plus its bias), as XLA adds them, and y = rms_norm(h), in
+    one launch: h and y the bytes of the add and the norm apart, whatever the rows (the
+    parts have their tile's 16 or more rows and padded columns, read in place on a GPU,
+    in padded blocks interpreted: both run here)."""
+    import jax.numpy as jnp
+    rng = np.random.default_rng(D + chunks)
+    w = rng.standard_normal(D).astype(np.float32)
+    b = jnp.asarray(rng.standard_normal(D), jnp.float32) if bias else None
+    for M in (1, 7, 17):
+        x = jnp.asarray(rng.standard_normal((M, D)), jnp.float32)
+        parts = jnp.asarray(rng.standard_normal((chunks, 16 * -(-M // 16), D + 16)),
+                            jnp.float32)
+        total = parts[0]
+        for c in range(1, chunks):
+            total = total + parts[c]
+        h_want = x + (total[:M, :D] if b is None else total[:M, :D] + b)
+        y_want = pn.rms_norm(h_want, w, 1e-6)
+        h, y = pn._norm(x, w, None, 1e-6, True, in_place, parts, b)
+        assert np.asarray(h).tobytes() == np.asarray(h_want).tobytes(), M
+        assert np.asarray(y).tobytes() == np.asarray(y_want).tobytes(), M
+    h, y = pn.add_rms_norm(x, parts, b, w, 1e-6)     # the public call: interpreted here
+    assert np.asarray(y).tobytes() == np.asarray(y_want).tobytes()

@@ -362,15 +362,17 @@ def tiling(N: int, K: int) -> Tiling:
 
 
 def matmul(x: jax.Array, w: Planes, interpret: bool | None = None,
-           tiles: Tiling | None = None) -> jax.Array:
+           tiles: Tiling | None = None, partials: bool = False) -> jax.Array:
     """x [..., K] (any float type, computed in float32) @ w^T -> float32 [..., N]. tiles:
     a Tiling instead of the weight's own (a share of a split weight keeps the whole
-    weight's: engine/split.py)."""
-    return matmul_many(x, [w], interpret, None if tiles is None else [tiles])[0]
+    weight's: engine/split.py). partials (x [M, K]): the partial sums over K's chunks
+    themselves, [chunks, >= M, >= N], whose sum in order and first M rows and N columns are
+    the product (pallas_norm.add_rms_norm takes them so)."""
+    return matmul_many(x, [w], interpret, None if tiles is None else [tiles], partials)[0]
 
 
 def matmul_many(x: jax.Array, ws: list[Planes], interpret: bool | None = None,
-                tiles: list[Tiling] | None = None) -> list[jax.Array]:
+                tiles: list[Tiling] | None = None, partials: bool = False) -> list[jax.Array]:
     """[matmul(x, w) for w in ws], the weights (each of K columns, in any format) in one
     kernel launch: a layer's q, k and v, or its gate and up, read one x. Each weight's
     programs are its own call's, at its own tiling, so each product is the same bits as
@@ -383,17 +385,19 @@ def matmul_many(x: jax.Array, ws: list[Planes], interpret: bool | None = None,
     M = x.shape[0]
     ys = _matmul(x, tuple(w.q for w in ws), tuple(w.planes for w in ws),
                  tuple(w.spec for w in ws), interpret, tuple(tiles), variant(M),
-                 not interpret, None, 1, dot_rows(M))
+                 not interpret, None, 1, dot_rows(M), 0, partials)
+    if partials:
+        return list(ys)
     return [y[:, :w.shape[0]].reshape(*lead, w.shape[0]) for y, w in zip(ys, ws)]
 
 
 def swiglu(x: jax.Array, gate: Planes, up: Planes, down: Planes,
-           interpret: bool | None = None) -> jax.Array:
+           interpret: bool | None = None, partials: bool = False) -> jax.Array:
     """matmul(jax.nn.silu(matmul(x, gate)) * matmul(x, up), down), the same bits, in two
     launches: gate and up in one (matmul_many's), and down, whose programs make silu(gate)
     * up of the blocks of x they read from gate's and up's partial sums (_matmul's glu), so
     the product between has no launch (an XLA kernel a layer on a GPU:
-    bench/gpu_compile.py)."""
+    bench/gpu_compile.py). partials (x [M, K]): as matmul's."""
     interpret = pallas_backend.interpreted(interpret)
     lead = x.shape[:-1]
     x = x.reshape(-1, x.shape[-1])
@@ -403,7 +407,10 @@ def swiglu(x: jax.Array, gate: Planes, up: Planes, down: Planes,
                      interpret, tuple(tiling(w.q.shape[0], w.shape[1]) for w in (gate, up)),
                      variant(M), *shape, 0, True)
     (y,) = _matmul(tuple(halves), (down.q,), (down.planes,), (down.spec,), interpret,
-                   (tiling(down.q.shape[0], down.shape[1]),), variant(M), *shape, M)
+                   (tiling(down.q.shape[0], down.shape[1]),), variant(M), *shape, M,
+                   partials)
+    if partials:
+        return y
     return y[:, :down.shape[0]].reshape(*lead, down.shape[0])
 
 

@@ -149,7 +149,8 @@ def recurrence(cfg: Config, taps: jax.Array, state: tuple, events: jax.Array, re
 
 
 def delta_net_layer(x: jax.Array, w: dict, state: tuple, recur: Recur, cfg: Config):
-    """A gated delta-rule layer's output [T, D] for the normed x [T, D], and its new state."""
+    """A gated delta-rule layer's output [T, D] for the normed x [T, D] (may be Pending:
+    layers.linear's pending), and its new state."""
     T = x.shape[0]
     H, d = cfg.ssm_v_heads, cfg.ssm_state
     mixed, z, beta, alpha = linear_many(
@@ -158,4 +159,4 @@ def delta_net_layer(x: jax.Array, w: dict, state: tuple, recur: Recur, cfg: Conf
     events = jnp.concatenate([mixed, g, jax.nn.sigmoid(beta)], axis=1)
     out, state = recurrence(cfg, w["ssm_conv1d"], state, events, recur)
     gated = rms_norm(out, w["ssm_norm"], cfg.norm_eps) * jax.nn.silu(z.reshape(T, H, d))
-    return linear(gated.reshape(T, H * d), w["ssm_out"]), state
+    return linear(gated.reshape(T, H * d), w["ssm_out"], pending=True), state

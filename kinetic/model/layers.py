@@ -188,12 +188,55 @@ def quantize_activations(x: jax.Array, kind: str) -> jax.Array:
     return (q * d).reshape(x.shape)
 
 
+@dataclass(frozen=True)
+class Pending:
+    """A projection's output [M, N] not yet summed: the pallas kernel's partial sums over
+    the chunks of its K ([C, >= M, >= N]: pallas_matmul's partials), and its bias. What a
+    residual add takes whole into the next norm's kernel (add_norm), where summing it first
+    would be a kernel of its own on a GPU; `value` gives the array linear would have."""
+
+    parts: jax.Array
+    rows: int
+    cols: int
+    bias: jax.Array | None = None
+
+    def value(self) -> jax.Array:
+        total = self.parts[0]
+        for c in range(1, self.parts.shape[0]):   # in order, as pallas_matmul adds them
+            total = total + self.parts[c]
+        y = total[:self.rows, :self.cols]
+        return y if self.bias is None else y + self.bias
+
+
+def value(y: jax.Array | Pending) -> jax.Array:
+    """y itself, or a Pending's array."""
+    return y.value() if isinstance(y, Pending) else y
+
+
+def add_norm(x: jax.Array, y: jax.Array | Pending, w: jax.Array,
+             eps: float) -> tuple[jax.Array, jax.Array]:
+    """(x + y, rms_norm(x + y, w, eps)): a residual add and the norm after it. Where the
+    norms are the Pallas kernel's (a GPU), one launch (pallas_norm.add_rms_norm) that reads
+    y's partial sums itself (y Pending), the same bits as the add and the norm apart."""
+    if pallas_norms():
+        from kinetic.kernels import pallas_norm
+        parts, bias = (y.parts, y.bias) if isinstance(y, Pending) else (y[None], None)
+        return pallas_norm.add_rms_norm(x, parts, bias, w, eps)
+    x = x + value(y)
+    return x, rms_norm(x, w, eps)
+
+
 def linear(x: jax.Array, p: Proj, b: jax.Array | None = None,
-           live: jax.Array | None = None) -> jax.Array:
+           live: jax.Array | None = None, pending: bool = False) -> jax.Array | Pending:
     """x [..., K] . W^T -> [..., N] float32: the one swap point between the C++ kernel
     (packed weights) and XLA's dot (dense ones). live [T] (x [T, K]): the rows wanted; the
     others are unspecified (the C++ kernel neither computes nor writes them; XLA's dot gives
-    0)."""
+    0). pending (a residual's projection, x [T, K]): a Pending where the pallas kernel's
+    output goes into the next norm's kernel (add_norm), else the array."""
+    if pending and _pending(x, [p]) and live is None:
+        from kinetic.kernels import pallas_matmul
+        return Pending(pallas_matmul.matmul(x, p.data, partials=True), x.shape[0],
+                       p.shape[1], b)
     if p.fmt in (DENSE, PLANES):
         if p.fmt == PLANES and p.mesh is not None:
             y = device_split.planes_linear(x, p.data, p.mesh, p.rows)
@@ -211,6 +254,13 @@ def linear(x: jax.Array, p: Proj, b: jax.Array | None = None,
     else:
         y = native.qmatmul(x, p.data, p.fmt, p.offset, p.n, p.k, live)
     return y if b is None else y + b
+
+
+def _pending(x: jax.Array, projs) -> bool:
+    """Whether a residual's projection of x by projs can stay Pending: the pallas
+    kernel's planes, unsplit, x [T, K], and the norms the Pallas kernel's (add_norm)."""
+    return (x.ndim == 2 and pallas_norms()
+            and all(p.fmt == PLANES and p.mesh is None for p in projs))
 
 
 def linear_many(x: jax.Array, projs: list[Proj], biases=None) -> list[jax.Array]:
@@ -496,13 +546,20 @@ def residual_layers(x: jax.Array, weights: dict, cache: list, eps: float, mixer,
                     ffn_norm: str = "ffn_norm") -> tuple[jax.Array, list]:
     """A pre-norm decoder's layers over x [T, D]: per layer i, x += mixer(i, attn_norm(x), w,
     the layer's cache) (which returns its output and the layer's new cache: attention, or a
-    hybrid's other mixer) then x += ffn(i, ffn_norm(x), w). Returns (x, the new cache)."""
-    new_cache = []
-    for i, (w, layer_cache) in enumerate(zip(weights["blk"], cache)):
-        y, layer_cache = mixer(i, rms_norm(x, w["attn_norm"], eps), w, layer_cache)
-        x = x + y
+    hybrid's other mixer) then x += ffn(i, ffn_norm(x), w). Returns (x, the new cache).
+    Each add and the norm after it (the next layer's attn_norm after the ffn's add) are one
+    add_norm; the mixer's and the ffn's output may be Pending (linear's pending)."""
+    blocks, new_cache = weights["blk"], []
+    h = rms_norm(x, blocks[0]["attn_norm"], eps) if len(blocks) else None
+    for i, (w, layer_cache) in enumerate(zip(blocks, cache)):
+        y, layer_cache = mixer(i, h, w, layer_cache)
+        x, h = add_norm(x, y, w[ffn_norm], eps)
         with jax.named_scope("ffn"):
-            x = x + ffn(i, rms_norm(x, w[ffn_norm], eps), w)
+            f = ffn(i, h, w)
+            if i + 1 < len(blocks):
+                x, h = add_norm(x, f, blocks[i + 1]["attn_norm"], eps)
+            else:
+                x = x + value(f)
         new_cache.append(layer_cache)
     return x, new_cache
 
@@ -511,18 +568,24 @@ def gelu_tanh(x: jax.Array) -> jax.Array:
     return jax.nn.gelu(x, approximate=True)
 
 
-def swiglu_ffn(x: jax.Array, w: dict) -> jax.Array:
-    return swiglu(x, w["ffn_gate"], w["ffn_up"], w["ffn_down"])
+def swiglu_ffn(x: jax.Array, w: dict, pending: bool = False) -> jax.Array | Pending:
+    return swiglu(x, w["ffn_gate"], w["ffn_up"], w["ffn_down"], pending)
 
 
-def swiglu(x: jax.Array, gate_w: Proj, up_w: Proj, down_w: Proj) -> jax.Array:
+def swiglu(x: jax.Array, gate_w: Proj, up_w: Proj, down_w: Proj,
+           pending: bool = False) -> jax.Array | Pending:
     """down(silu(gate(x)) * up(x)): a SwiGLU feed-forward (a layer's, or an expert's). The
     pallas kernel's weights, unsplit, where the step is not the CPU's (silu_times): two
-    launches, the product made inside the second (pallas_matmul.swiglu)."""
+    launches, the product made inside the second (pallas_matmul.swiglu). pending: as
+    linear's."""
     projs = (gate_w, up_w, down_w)
     if not _native_rows() and all(p.fmt == PLANES and p.mesh is None for p in projs):
         from kinetic.kernels import pallas_matmul
-        return pallas_matmul.swiglu(x, *(p.data for p in projs))
+        data = [p.data for p in projs]
+        if pending and _pending(x, projs):
+            return Pending(pallas_matmul.swiglu(x, *data, partials=True), x.shape[0],
+                           down_w.shape[1])
+        return pallas_matmul.swiglu(x, *data)
     gate, up = linear_many(x, [gate_w, up_w])
     return linear(silu_times(gate, up), down_w)
 

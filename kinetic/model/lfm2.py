@@ -63,8 +63,9 @@ def configure(cfg: Config, meta: dict) -> Config:
 
 def short_conv(x: jax.Array, w: dict, cache: tuple[jax.Array, jax.Array], step: StepInput,
                cfg: Config):
-    """The convolution block's output [T, D] for the normed x [T, D], and the layer's cache
-    with the rows' gated inputs written at their positions."""
+    """The convolution block's output [T, D] for the normed x [T, D] (may be Pending:
+    layers.linear's pending), and the layer's cache with the rows' gated inputs written at
+    their positions."""
     D = cfg.d_model
     bcx = linear(x, w["shortconv.in_proj"])
     b, c, xs = bcx[:, :D], bcx[:, D:2 * D], bcx[:, 2 * D:]
@@ -88,7 +89,7 @@ def short_conv(x: jax.Array, w: dict, cache: tuple[jax.Array, jax.Array], step: 
             v = jnp.where((pos >= 0)[:, None], jnp.take(flat, row, axis=0), 0.0)
         term = v * taps[:, j]
         out = term if out is None else out + term
-    return linear(c * out, w["shortconv.out_proj"]), (inputs, empty)
+    return linear(c * out, w["shortconv.out_proj"], pending=True), (inputs, empty)
 
 
 def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
@@ -104,7 +105,7 @@ def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
             return qwen3.attention(h, w, layer_cache, step, cfg, cos, sin)
 
     def ffn(i, h, w):
-        return moe_ffn(h, w, cfg) if moe_layer(cfg, i) else swiglu_ffn(h, w)
+        return moe_ffn(h, w, cfg) if moe_layer(cfg, i) else swiglu_ffn(h, w, pending=True)
     x, new_cache = residual_layers(input_rows(step, weights["token_embd"]), weights, cache,
                                    eps, mixer, ffn)
     return (output_logits(x, step, weights["token_embd_norm"], weights["output"], eps),

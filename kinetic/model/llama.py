@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from kinetic.model.config import Config
 from kinetic.model.layers import (StepInput, apply_rope, cached_attention, input_rows, linear,
-                                  output_logits, qkv, rms_norm, rope_angles, swiglu_ffn)
+                                  output_logits, qkv, residual_layers, rope_angles, swiglu_ffn)
 
 GLOBAL_TENSORS = ("token_embd", "output_norm")
 OPTIONAL_GLOBAL = ("output", "rope_freqs")
@@ -27,7 +27,8 @@ def configure(cfg: Config, meta: dict) -> Config:
 
 def attention_block(x: jax.Array, w: dict, kv: tuple[jax.Array, jax.Array], step: StepInput,
                     cfg: Config, cos: jax.Array, sin: jax.Array, neox: bool):
-    """Self-attention of one layer: returns (output [T, D], updated (k_cache, v_cache))."""
+    """Self-attention of one layer: returns (output [T, D], updated (k_cache, v_cache)); the
+    output may be Pending (layers.linear's pending: it goes into the residual's add_norm)."""
     T = x.shape[0]
     q, k, v = qkv(x, w, cfg)
     q, k = apply_rope(q, cos, sin, neox), apply_rope(k, cos, sin, neox)
@@ -35,20 +36,18 @@ def attention_block(x: jax.Array, w: dict, kv: tuple[jax.Array, jax.Array], step
         periods = jnp.floor(step.positions.astype(jnp.float32) / cfg.attn_temp_floor)
         q = q * (jnp.log(periods + 1.0) * cfg.attn_temp_scale + 1.0)[:, None, None]
     a, kv = cached_attention(q, k, v, kv, step, cfg.q_scale, cfg.kernel)  # [T, H, Qv]
-    return linear(a.reshape(T, -1), w["attn_output"], w.get("attn_output.bias")), kv
+    return linear(a.reshape(T, -1), w["attn_output"], w.get("attn_output.bias"),
+                  pending=True), kv
 
 
 def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
     """Logits [T, V] for the step's rows, and the cache with their K/V written."""
     x = input_rows(step, weights["token_embd"])  # [T, D]
     cos, sin = rope_angles(step.positions, cfg, cfg.rope_base, weights.get("rope_freqs"))
-    new_cache = []
-    for w, kv in zip(weights["blk"], cache):
+
+    def mixer(i, h, w, kv):
         with jax.named_scope("attention"):
-            a, kv = attention_block(rms_norm(x, w["attn_norm"], cfg.norm_eps), w, kv, step,
-                                    cfg, cos, sin, cfg.rope_neox)
-        x = x + a
-        with jax.named_scope("ffn"):
-            x = x + swiglu_ffn(rms_norm(x, w["ffn_norm"], cfg.norm_eps), w)
-        new_cache.append(kv)
+            return attention_block(h, w, kv, step, cfg, cos, sin, cfg.rope_neox)
+    x, new_cache = residual_layers(x, weights, cache, cfg.norm_eps, mixer,
+                                   lambda i, h, w: swiglu_ffn(h, w, pending=True))
     return output_logits(x, step, weights["output_norm"], weights["output"], cfg.norm_eps), new_cache

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable
 
 import jax
@@ -24,7 +25,7 @@ def configure(cfg: Config, meta: dict) -> Config:
 
 def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
     """Logits [T, V] for the step's rows, and the cache with their K/V written."""
-    return decoder(weights, cfg, cache, step, swiglu_ffn)
+    return decoder(weights, cfg, cache, step, partial(swiglu_ffn, pending=True))
 
 
 def decoder(weights: dict, cfg: Config, cache: list, step: StepInput,
@@ -46,10 +47,10 @@ def attention(x: jax.Array, w: dict, kv: tuple[jax.Array, jax.Array], step: Step
               cfg: Config, cos: jax.Array, sin: jax.Array):
     """Self-attention of one layer with each head's q and k RMS-normalized before the
     half-split rotary (Qwen3's, and LFM2's attention layers): (output [T, D], updated
-    (k_cache, v_cache))."""
+    (k_cache, v_cache)); the output may be Pending (layers.linear's pending)."""
     T, eps = x.shape[0], cfg.norm_eps
     q, k, v = qkv(x, w, cfg)
     q = apply_rope(rms_norm(q, w["attn_q_norm"], eps), cos, sin, True)
     k = apply_rope(rms_norm(k, w["attn_k_norm"], eps), cos, sin, True)
     a, kv = cached_attention(q, k, v, kv, step, cfg.q_scale, cfg.kernel)
-    return linear(a.reshape(T, -1), w["attn_output"]), kv
+    return linear(a.reshape(T, -1), w["attn_output"], pending=True), kv

@@ -14,6 +14,7 @@ read past: kinetic drafts by n-gram lookup or a draft model instead.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable
 
 import jax
@@ -81,7 +82,8 @@ def configure(cfg: Config, meta: dict) -> Config:
 
 def attention(x: jax.Array, w: dict, kv: tuple[jax.Array, jax.Array], step: StepInput,
               cfg: Config, cos: jax.Array, sin: jax.Array):
-    """A gated full-attention layer: (output [T, D], updated (k_cache, v_cache))."""
+    """A gated full-attention layer: (output [T, D], updated (k_cache, v_cache)); the output
+    may be Pending (layers.linear's pending)."""
     T, H, Q, eps = x.shape[0], cfg.n_head, cfg.head_dim, cfg.norm_eps
     qg, k, v = linear_many(x, [w["attn_q"], w["attn_k"], w["attn_v"]])
     qg = qg.reshape(T, H, 2, Q)
@@ -91,12 +93,12 @@ def attention(x: jax.Array, w: dict, kv: tuple[jax.Array, jax.Array], step: Step
                    True)
     a, kv = cached_attention(q, k, v.reshape(T, cfg.n_kv_head, cfg.v_head_dim), kv, step,
                              cfg.q_scale, cfg.kernel)
-    return linear(a.reshape(T, -1) * jax.nn.sigmoid(gate), w["attn_output"]), kv
+    return linear(a.reshape(T, -1) * jax.nn.sigmoid(gate), w["attn_output"], pending=True), kv
 
 
 def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
     """Logits [T, V] for the step's rows, and the cache with their rows written."""
-    return decoder(weights, cfg, cache, step, swiglu_ffn)
+    return decoder(weights, cfg, cache, step, partial(swiglu_ffn, pending=True))
 
 
 def decoder(weights: dict, cfg: Config, cache: list, step: StepInput,
