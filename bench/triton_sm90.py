@@ -77,7 +77,7 @@ def capture_modules(folder: str, shapes: list[str], qtypes: list[str]) -> list[d
     from jax._src.pallas.triton import lowering, pallas_call_registration
 
     from kinetic.kernels import pallas_attention, pallas_backend, pallas_matmul as pm
-    from kinetic.kernels import pallas_norm, target
+    from kinetic.kernels import pallas_norm, pallas_rope, target
     from tests.tiny_models import random_blocks
 
     jobs: list[dict] = []
@@ -146,6 +146,13 @@ def capture_modules(folder: str, shapes: list[str], qtypes: list[str]) -> list[d
                 for M in (1, 64):
                     lower(f"{shape} {qtype} {wname} in one launch M={M}", pm.matmul_many,
                           jax.ShapeDtypeStruct((M, d), jnp.float32), ws)
+            # the feed-forward as a step runs it: gate+up, then down making silu(gate) * up
+            # of the partial sums it reads (pallas_matmul.swiglu)
+            gate, down = abstract(qtype, *weights["up"]), abstract(qtype, *weights["down"])
+            for M in (1, 64):
+                lower(f"{shape} {qtype} swiglu (gate+up; down reading them) M={M}",
+                      lambda x, g, u, dn: pm.swiglu(x, g, u, dn, partials=True),
+                      jax.ShapeDtypeStruct((M, d), jnp.float32), gate, gate, down)
         pages = jax.ShapeDtypeStruct((64, 16, s["n_kv_head"], hd), jnp.float32)
         rows = jax.ShapeDtypeStruct((5,), jnp.int32)
 
@@ -160,6 +167,24 @@ def capture_modules(folder: str, shapes: list[str], qtypes: list[str]) -> list[d
                   lambda x, w: pallas_norm.rms_norm(x, w, 1e-6),
                   jax.ShapeDtypeStruct((5, width), jnp.float32),
                   jax.ShapeDtypeStruct((width,), jnp.float32))
+        # a residual add (o's three partial sums, a bias) and the norm after it
+        lower(f"{shape} residual add + rms norm, width {d}",
+              lambda x, p, b, w: pallas_norm.add_rms_norm(x, p, b, w, 1e-6),
+              jax.ShapeDtypeStruct((5, d), jnp.float32),
+              jax.ShapeDtypeStruct((3, 16, d), jnp.float32),
+              jax.ShapeDtypeStruct((d,), jnp.float32), jax.ShapeDtypeStruct((d,), jnp.float32))
+        # rotary and the cache writes of q, k and v (two partial sums each, biases)
+        H, K = s["n_head"], s["n_kv_head"]
+        cache = jax.ShapeDtypeStruct((64, 16, K, hd), jnp.float16)
+        parts = [jax.ShapeDtypeStruct((2, 16, n * hd), jnp.float32) for n in (H, K, K)]
+        biases = [jax.ShapeDtypeStruct((n * hd,), jnp.float32) for n in (H, K, K)]
+        angle = jax.ShapeDtypeStruct((5, hd // 2), jnp.float32)
+        for neox in (False, True):
+            lower(f"{shape} rotary + cache writes ({H}/{K} heads of {hd}, "
+                  f"{'neox' if neox else 'adjacent pairs'})",
+                  lambda qp, kp, vp, b, c, s_, i, kc, vc, neox=neox: pallas_rope.rope_write(
+                      qp, kp, vp, b, c, s_, i, kc, vc, (H, K), neox),
+                  *parts, biases, angle, angle, rows, cache, cache)
     # a mixture's experts, one launch a projection over every (row, expert) pair
     # (matmul_experts), at Qwen3-30B-A3B's shape: 128 experts of [768, 2048], 8 a row
     for qtype in qtypes:

@@ -165,22 +165,22 @@ def test_embeddings_and_ranking_on_the_pallas_kernel(tmp_path, pooling):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "lfm2", "qwen35"])
-def test_a_residual_add_and_the_norm_after_it_in_one_kernel_keep_the_bits(arch, tmp_path,
-                                                                         monkeypatch):
+def test_a_gpus_fused_kernels_keep_the_bits(arch, tmp_path, monkeypatch):
     """On a GPU each residual add and the norm after it are one launch (layers.add_norm:
-    pallas_norm.add_rms_norm, reading the projection's partial sums, layers.Pending). Run
-    here with the norms after the adds made the Pallas kernel's as on a GPU (interpreted):
-    a step's logits are the bytes of the same step with the add and the Pallas norm apart,
-    for attention (with its output's bias where the family has one), short-convolution and
-    Gated DeltaNet mixers and SwiGLU feed-forwards; and a row's bytes are its own at 1, 3
-    and 6 rows a step."""
+    pallas_norm.add_rms_norm, reading the projection's partial sums, layers.Pending), and a
+    dense layer's rotary and cache writes another (layers.rope_write: pallas_rope). Run
+    here with them on as on a GPU (the norms after the adds made Pallas', interpreted): a
+    step's logits are the bytes of the same step with the add and the Pallas norm apart
+    and the rotary and writes XLA's, for attention (llama's and qwen2's with rope_write;
+    qwen2's with q, k and v biases), short-convolution and Gated DeltaNet mixers and
+    SwiGLU feed-forwards; and a row's bytes are its own at 1, 3 and 6 rows a step."""
     import functools
 
     import jax
 
     from kinetic.engine import runner as runner_module
-    from kinetic.kernels import pallas_norm
-    from kinetic.model import layers
+    from kinetic.kernels import pallas_norm, pallas_rope
+    from kinetic.model import layers, llama
     from tests.test_model_forward import feed
     model = load_model(str(write_tiny_model(tmp_path / f"{arch}.gguf", arch, qtype="Q4_0",
                                             context_length=256)), kernel="pallas")
@@ -191,6 +191,10 @@ def test_a_residual_add_and_the_norm_after_it_in_one_kernel_keep_the_bits(arch, 
     monkeypatch.setattr(pallas_norm, "add_rms_norm",
                         lambda *a, **k: made.append(a[1].shape[1] > a[0].shape[0])
                         or real(*a, **k))
+    ropes = []
+    real_rope = pallas_rope.rope_write
+    monkeypatch.setattr(pallas_rope, "rope_write",
+                        lambda *a, **k: ropes.append(1) or real_rope(*a, **k))
     tokens = list(range(3, 9))
 
     def logits(chunk):
@@ -204,10 +208,13 @@ def test_a_residual_add_and_the_norm_after_it_in_one_kernel_keep_the_bits(arch, 
 
     fused = [logits(chunk) for chunk in (1, 3, 6)]
     assert any(made), "no projection's partial sums reached add_norm"
+    assert bool(ropes) == (arch in ("llama", "qwen2"))
     assert all(f.tobytes() == fused[0].tobytes() for f in fused)
 
     def apart(x, y, w, eps):
         x = x + layers.value(y)
         return x, pallas_norm.rms_norm(x, w, eps)
     monkeypatch.setattr(layers, "add_norm", apart)
-    assert logits(3).tobytes() == fused[0].tobytes()
+    monkeypatch.setattr(llama, "rope_write", lambda *a, **k: None)
+    ropes.clear()
+    assert logits(3).tobytes() == fused[0].tobytes() and not ropes

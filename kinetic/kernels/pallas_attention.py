@@ -44,7 +44,8 @@ def paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
     T, H, Q = q.shape
     K = k_cache.shape[2]
     G, GP = H // K, group_rows(H // K)
-    q = q.astype(k_cache.dtype).astype(jnp.float32)
+    q = q.astype(k_cache.dtype)   # (as float32 in the kernel: exact; a GPU's rope_write
+                                  # gives q in this type, so no XLA kernel converts it)
     in_place = not interpret
     if not in_place:   # (interpreted: each kv head's query rows padded to a block of GP)
         q = jnp.pad(q.reshape(T, K, G, Q),
@@ -81,9 +82,9 @@ def _attention(q, k_cache, v_cache, table, slots, positions, ends, scale, window
         if in_place:
             live = lax.broadcasted_iota(jnp.int32, (G, Q), 0) < heads
             qs = pltriton.load(q_ref.at[t, pl.ds(kh * heads, G), pl.ds(0, Q)], mask=live,
-                               other=0.0) * scale                   # [G, Q]
+                               other=0.0).astype(jnp.float32) * scale   # [G, Q]
         else:
-            qs = q_ref[0] * scale                                   # [G, Q]
+            qs = q_ref[0].astype(jnp.float32) * scale                   # [G, Q]
         first = jnp.maximum(pos - window + 1, 0) if window else 0   # first visible key
 
         def page(i, carry):

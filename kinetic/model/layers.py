@@ -423,22 +423,27 @@ def hadamard(x: jax.Array, n: int) -> jax.Array:
     return y.reshape(shape) * jnp.float32(1 / np.sqrt(n))
 
 
-def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array,
+def cached_attention(q: jax.Array, k: jax.Array | None, v: jax.Array | None,
                      kv: tuple[jax.Array, jax.Array], step: StepInput, scale: float,
                      kernel: str, window: int = 0, softcap: float = 0.0,
                      ends: jax.Array | None = None) -> tuple[jax.Array, tuple]:
     """One layer's attention over its paged cache: the step's k [T, K, Q] and v [T, K, Qv]
     written into kv (write_kv_pair), then q [T, H, Q] attends over it (paged_attention).
     Returns (out [T, H, Qv], the new kv). A quantized cache holds its keys and values
-    rotated (rotation_sizes): q and k are rotated before, the output rotated back after."""
-    nk, nv = rotation_sizes(kv, k.shape[-1], v.shape[-1])
+    rotated (rotation_sizes): q and k are rotated before, the output rotated back after.
+    k and v None: kv has the step's rows already (rope_write's, a float cache)."""
+    if k is None:
+        nk = nv = 0
+    else:
+        nk, nv = rotation_sizes(kv, k.shape[-1], v.shape[-1])
     if nk:
         q, k = hadamard(q, nk), hadamard(k, nk)
     if nv:
         v = hadamard(v, nv)
 
     def attend(q, k, v, kv, step, ends):
-        kv = write_kv_pair(kv, k, v, step.write_index)
+        if k is not None:
+            kv = write_kv_pair(kv, k, v, step.write_index)
         return paged_attention(q, *kv, step, scale, window=window, softcap=softcap,
                                kernel=kernel, ends=ends), kv
 
@@ -448,6 +453,30 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array,
         a, kv = device_split.by_heads(attend, step.heads)(
             q, k, v, kv, dataclasses.replace(step, heads=None), ends)
     return (hadamard(a, nv) if nv else a), kv
+
+
+def rope_write(x: jax.Array, w: dict, cfg: Config, kv: tuple[jax.Array, jax.Array],
+               step: StepInput, cos: jax.Array, sin: jax.Array, neox: bool):
+    """(q [T, H, Q] rotated, kv with the step's k rotated and v written) of a dense layer's
+    normed x [T, D] in one launch where a GPU's step runs it (kernels/pallas_rope.py: q, k
+    and v read as their projections' partial sums, XLA's three kernels a layer between
+    them gone), the bits of qkv, apply_rope and cached_attention's write as XLA runs them
+    here (tests/test_pallas_rope.py). None where it does not apply (the step of a CPU or
+    of a split, a quantized cache, partial rotary, a head Triton cannot block): the caller
+    runs those instead."""
+    projs = [w["attn_q"], w["attn_k"], w["attn_v"]]
+    from kinetic.kernels import pallas_rope
+    if (step.heads is not None or cfg.v_head_dim != cfg.head_dim or not _pending(x, projs)
+            or kv[0].dtype != kv[1].dtype
+            or not pallas_rope.supported(cfg.head_dim, 2 * cos.shape[-1], kv[0].dtype)):
+        return None
+    from kinetic.kernels import pallas_matmul
+    parts = pallas_matmul.matmul_many(x, [p.data for p in projs], partials=True)
+    biases = [w.get(f"attn_{n}.bias") for n in "qkv"]
+    q, k_cache, v_cache = pallas_rope.rope_write(
+        *parts, biases, cos, sin, step.write_index, kv[0], kv[1],
+        (cfg.n_head, cfg.n_kv_head), neox)
+    return q, (k_cache, v_cache)
 
 
 def write_kv_pair(kv: tuple[jax.Array, jax.Array], k: jax.Array, v: jax.Array,

@@ -12,7 +12,8 @@ import jax.numpy as jnp
 
 from kinetic.model.config import Config
 from kinetic.model.layers import (StepInput, apply_rope, cached_attention, input_rows, linear,
-                                  output_logits, qkv, residual_layers, rope_angles, swiglu_ffn)
+                                  output_logits, qkv, residual_layers, rope_angles, rope_write,
+                                  swiglu_ffn)
 
 GLOBAL_TENSORS = ("token_embd", "output_norm")
 OPTIONAL_GLOBAL = ("output", "rope_freqs")
@@ -30,6 +31,12 @@ def attention_block(x: jax.Array, w: dict, kv: tuple[jax.Array, jax.Array], step
     """Self-attention of one layer: returns (output [T, D], updated (k_cache, v_cache)); the
     output may be Pending (layers.linear's pending: it goes into the residual's add_norm)."""
     T = x.shape[0]
+    fused = None if cfg.attn_temp_scale else rope_write(x, w, cfg, kv, step, cos, sin, neox)
+    if fused is not None:   # (a GPU's step: one launch, the cache written)
+        q, kv = fused
+        a, kv = cached_attention(q, None, None, kv, step, cfg.q_scale, cfg.kernel)
+        return linear(a.reshape(T, -1), w["attn_output"], w.get("attn_output.bias"),
+                      pending=True), kv
     q, k, v = qkv(x, w, cfg)
     q, k = apply_rope(q, cos, sin, neox), apply_rope(k, cos, sin, neox)
     if cfg.attn_temp_scale:   # Mistral 3's attention temperature, growing with the position

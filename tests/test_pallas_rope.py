@@ -1,0 +1,65 @@
+"""The rotary-and-write kernel (kinetic/kernels/pallas_rope.py: a dense layer's q rotated and
+its k and v written into the cache, one launch on a GPU), run by Pallas in interpret mode
+on CPU: the bytes of XLA's formulation (layers.Pending's sum, layers.apply_rope,
+layers.write_kv), and a row's bytes whatever the rows beside it. That it lowers for CUDA is
+tests/test_pallas_lowering.py's."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kinetic.kernels import pallas_rope as pr
+from kinetic.model import layers
+
+
+def xla_way(parts, biases, cos, sin, index, k_cache, v_cache, heads, neox):
+    """What the step ran before (and runs where the kernel does not apply)."""
+    T = index.shape[0]
+    H, K = heads
+    Q = k_cache.shape[-1]
+    q, k, v = (layers.Pending(p, T, n * Q, b).value().reshape(T, n, Q)
+               for p, b, n in zip(parts, biases, (H, K, K)))
+    q, k = layers.apply_rope(q, cos, sin, neox), layers.apply_rope(k, cos, sin, neox)
+    # q in the cache's type, as the attention rounds it
+    return (q.astype(k_cache.dtype), layers.write_kv(k_cache, k, index),
+            layers.write_kv(v_cache, v, index))
+
+
+@pytest.mark.parametrize("neox", [False, True])
+@pytest.mark.parametrize("H,K,Q,chunks,bias,dtype", [
+    (4, 2, 16, 1, False, jnp.float16),
+    (12, 2, 64, 3, True, jnp.float16),      # Qwen2.5-1.5B's heads (padded to 16, masked)
+    (14, 2, 32, 2, True, jnp.bfloat16),
+    (3, 1, 8, 1, False, jnp.float32)])
+def test_the_kernel_is_xlas_rotary_and_writes_bitwise(H, K, Q, chunks, bias, dtype, neox):
+    rng = np.random.default_rng(H * Q + chunks)
+    pages, page_size = 6, 16
+    for T in (1, 3, 17):
+        Mp = 16 * -(-T // 16)
+        parts = [jnp.asarray(rng.standard_normal((chunks, Mp, n * Q + 16)), jnp.float32)
+                 for n in (H, K, K)]
+        biases = [jnp.asarray(rng.standard_normal(n * Q), jnp.float32) if bias else None
+                  for n in (H, K, K)]
+        positions = rng.integers(0, 500, T)
+        freqs = 1.0 / 10000 ** (np.arange(Q // 2) * 2 / Q)
+        angles = positions[:, None] * freqs[None, :]
+        cos, sin = (jnp.asarray(f(angles), jnp.float32) for f in (np.cos, np.sin))
+        index = jnp.asarray(rng.permutation(pages * page_size)[:T], jnp.int32)
+        caches = [jnp.asarray(rng.standard_normal((pages, page_size, K, Q)), dtype)
+                  for _ in range(2)]
+        want = jax.jit(xla_way, static_argnums=(7, 8))(parts, biases, cos, sin, index,
+                                                       *caches, (H, K), neox)
+        got = pr.rope_write(*parts, biases, cos, sin, index, *caches, (H, K), neox)
+        for g, w, what in zip(got, want, ("q", "k cache", "v cache")):
+            assert g.shape == w.shape and g.dtype == w.dtype, what
+            assert np.asarray(g).tobytes() == np.asarray(w).tobytes(), (what, T)
+
+
+def test_what_it_takes():
+    assert pr.supported(128, 128, jnp.float16) and pr.supported(64, 64, jnp.bfloat16)
+    assert not pr.supported(128, 64, jnp.float16)      # partial rotary: XLA's
+    assert not pr.supported(96, 96, jnp.float16)       # a head Triton cannot block
+    assert not pr.supported(128, 128, jnp.uint8)       # q8_0: quantized (and rotated)
