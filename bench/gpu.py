@@ -144,16 +144,23 @@ def invariance(bench: Bench, ids: np.ndarray, others: np.ndarray, streams: list[
     return {B: feed(B) == alone for B in streams if B > 1}
 
 
+def write_shape(path: str, spec: dict, qtype: str, tiny: bool = False) -> int:
+    """A random-weight GGUF of a SHAPES spec (TINY's sizes over it with tiny) at path, in
+    qtype; returns its layers (module docstring: tests/tiny_models.py's random_weights)."""
+    from tests.tiny_models import write_tiny_model
+    shape = {**spec, **(TINY if tiny else {})}
+    arch = shape.pop("arch")
+    write_tiny_model(path, arch, qtype=qtype, context_length=2048, random_weights=True,
+                     **shape)
+    return shape["n_layer"]
+
+
 def measure(name: str, spec: dict, qtype: str, args, bandwidth: float, folder: str) -> dict:
     import jax
 
     from kinetic.model.loader import load_model
-    from tests.tiny_models import write_tiny_model
     path = os.path.join(folder, f"{name}-{qtype}.gguf")
-    shape = {**spec, **(TINY if args.tiny else {})}
-    arch = shape.pop("arch")
-    write_tiny_model(path, arch, qtype=qtype, context_length=2048, random_weights=True,
-                     **shape)
+    write_shape(path, spec, qtype, args.tiny)
     row = {"model": name, "qtype": qtype, "tiny": args.tiny}
     model = load_model(path, kernel="pallas")
     row["weight_bytes"] = weight_bytes(model)

@@ -144,15 +144,11 @@ def launches(hlo: str) -> dict:
 def write_model(folder: str, name: str, qtype: str) -> tuple[str, int]:
     """(path, layers) of a random-weight GGUF: bench/gpu.py's shape `name` or the tiny
     model of family `name`."""
-    from bench.gpu import SHAPES
+    from bench.gpu import SHAPES, write_shape
     from tests.tiny_models import write_tiny_model
     path = os.path.join(folder, f"{name}-{qtype}.gguf")
     if name in SHAPES:
-        spec = dict(SHAPES[name])
-        arch = spec.pop("arch")
-        write_tiny_model(path, arch, qtype=qtype, context_length=2048, random_weights=True,
-                         **spec)
-        return path, spec["n_layer"]
+        return path, write_shape(path, SHAPES[name], qtype)
     write_tiny_model(path, name, qtype=qtype, context_length=256)
     return path, 2
 

@@ -132,12 +132,13 @@ def capture_modules(folder: str, shapes: list[str], qtypes: list[str]) -> list[d
                     lower(f"{shape} {qtype} {wname} [{N}, {K}] M={M} (bn {t.bn}, bk {t.bk}, "
                           f"{t.chunks} chunks)", pm.matmul,
                           jax.ShapeDtypeStruct((M, K), jnp.float32), w)
-                pm.DECODE_ROWS = 1    # the one-row dots' kernel (pallas_matmul.dot_rows)
+                # the one-row dots' kernel (pallas_matmul.dot_rows)
+                before, pm.DECODE_ROWS = pm.DECODE_ROWS, 1
                 try:
                     lower(f"{shape} {qtype} {wname} [{N}, {K}] M=1, 1-row dots", pm.matmul,
                           jax.ShapeDtypeStruct((1, K), jnp.float32), w)
                 finally:
-                    pm.DECODE_ROWS = 16
+                    pm.DECODE_ROWS = before
             if d % 256 and T[qtype] in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K):
                 continue
             # the weights layers.linear_many multiplies in one launch (matmul_many)

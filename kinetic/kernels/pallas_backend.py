@@ -8,6 +8,7 @@ every call names it: `options` gives the keyword arguments of a pallas_call for 
 
 from __future__ import annotations
 
+from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from kinetic.kernels import target
@@ -16,6 +17,17 @@ from kinetic.kernels import target
 def interpreted(interpret: bool | None) -> bool:
     """interpret=None: interpreted unless the step is traced for a GPU (kernels/target.py)."""
     return target.backend() != "gpu" if interpret is None else bool(interpret)
+
+
+def load_sum(ref, at: tuple, mask):
+    """Inside a kernel: the sum of ref's blocks at `at` over its first axis (a matmul's
+    partial sums over the chunks of its K: pallas_matmul's partials), added in order, as
+    pallas_matmul.summed adds them, the positions off `mask` zeros (not read)."""
+    total = None
+    for c in range(ref.shape[0]):
+        part = pltriton.load(ref.at[(pl.ds(c, 1), *at)], mask=mask[None], other=0.0)[0]
+        total = part if total is None else total + part
+    return total
 
 
 def options(interpret: bool, num_warps: int = 4, num_stages: int = 2) -> dict:

@@ -591,12 +591,15 @@ def _matmul(x, qs: tuple, planes: tuple, specs: tuple, interpret: bool, tiles: t
     )(*(xp if glu else xp * len(x_specs)), *arrays)
     if partials:
         return ys
-    out = []
-    for y in ys:
-        total = y[0]
-        for s in range(1, y.shape[0]):       # the chunks' partial sums, in order
-            total = total + y[s]
-        out.append(total[:M])
+    return [summed(y)[:M] for y in ys]
+
+
+def summed(parts: jax.Array) -> jax.Array:
+    """The product from its partial sums [chunks, ...]: chunk 0's plus chunk 1's plus ...,
+    in that order (the chunks are the weight's tiling's, so every row's order is the same)."""
+    out = parts[0]
+    for c in range(1, parts.shape[0]):
+        out = out + parts[c]
     return out
 
 
@@ -676,10 +679,7 @@ class _Part:
                   if in_place else (pl.ds(d * R, R), pl.ds(i * BK, BK)))
             if len(x_ref) == 1:
                 return pltriton.load(x_ref[0].at[at], mask=live, other=0.0)
-            gate, up = ([pltriton.load(ref.at[(pl.ds(c, 1), *at)], mask=live[None],
-                                       other=0.0)[0] for c in range(ref.shape[0])]
-                        for ref in x_ref)
-            gate, up = (functools.reduce(lambda a, b: a + b, p) for p in (gate, up))
+            gate, up = (pallas_backend.load_sum(ref, at, live) for ref in x_ref)
             return jax.nn.silu(gate) * up
 
         kind, n_bits, _, group, _ = self.spec

@@ -134,11 +134,7 @@ def _norm(x, w, b, eps: float, interpret: bool, in_place: bool, parts=None, add_
             v = x_ref[...]
         if adds:
             # the partial sums in order, then the bias, then the residual: XLA's order
-            total = None
-            for c in range(p_ref.shape[0]):
-                part = pltriton.load(p_ref.at[(pl.ds(c, 1), *at)], mask=live[None],
-                                     other=0.0)[0]
-                total = part if total is None else total + part
+            total = pallas_backend.load_sum(p_ref, at, live)
             if add_ref is not None:
                 total = total + vector(add_ref)
             v = v + total

@@ -78,10 +78,10 @@ def _rope_write(q_parts, k_parts, v_parts, biases, cos, sin, index, k_cache, v_c
     half = (1, Q // 2) if neox else (Q // 2, 1)       # the [*pairs] block of a or of b
     a_at = (pl.ds(0, half[0]), pl.ds(0, half[1]))
     b_at = ((pl.ds(1, 1), pl.ds(0, half[1])) if neox else (pl.ds(0, half[0]), pl.ds(1, 1)))
-    bias_list = [b for b in biases if b is not None]
     has_bias = tuple(b is not None for b in biases)
+    # q's and k's by pairs as their rows, v's by head
     bias_views = [b.reshape(-1, P0, P1) if i < 2 else b.reshape(-1, Q)
-                  for i, b in zip([i for i, h in enumerate(has_bias) if h], bias_list)]
+                  for i, b in enumerate(biases) if b is not None]
 
     def whole(a):
         return pl.BlockSpec(a.shape, lambda t: (0,) * a.ndim)
@@ -108,11 +108,7 @@ def _rope_write(q_parts, k_parts, v_parts, biases, cos, sin, index, k_cache, v_c
             heads = pl.ds(0, pl.next_power_of_2(n))
             shape = tuple(s.size for s in at)
             live = mask(n, shape)
-            total = None
-            for c in range(ref.shape[0]):
-                part = pltriton.load(ref.at[(pl.ds(c, 1), row, heads, *at)],
-                                     mask=live[None], other=0.0)[0]
-                total = part if total is None else total + part
+            total = pallas_backend.load_sum(ref, (row, heads, *at), live)
             if bias_ref is not None:
                 total = total + pltriton.load(bias_ref.at[(heads, *at)], mask=live[0],
                                               other=0.0)[None]

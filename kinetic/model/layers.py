@@ -201,10 +201,8 @@ class Pending:
     bias: jax.Array | None = None
 
     def value(self) -> jax.Array:
-        total = self.parts[0]
-        for c in range(1, self.parts.shape[0]):   # in order, as pallas_matmul adds them
-            total = total + self.parts[c]
-        y = total[:self.rows, :self.cols]
+        from kinetic.kernels import pallas_matmul
+        y = pallas_matmul.summed(self.parts)[:self.rows, :self.cols]
         return y if self.bias is None else y + self.bias
 
 

@@ -33,12 +33,10 @@ def attention_block(x: jax.Array, w: dict, kv: tuple[jax.Array, jax.Array], step
     T = x.shape[0]
     fused = None if cfg.attn_temp_scale else rope_write(x, w, cfg, kv, step, cos, sin, neox)
     if fused is not None:   # (a GPU's step: one launch, the cache written)
-        q, kv = fused
-        a, kv = cached_attention(q, None, None, kv, step, cfg.q_scale, cfg.kernel)
-        return linear(a.reshape(T, -1), w["attn_output"], w.get("attn_output.bias"),
-                      pending=True), kv
-    q, k, v = qkv(x, w, cfg)
-    q, k = apply_rope(q, cos, sin, neox), apply_rope(k, cos, sin, neox)
+        (q, kv), k, v = fused, None, None
+    else:
+        q, k, v = qkv(x, w, cfg)
+        q, k = apply_rope(q, cos, sin, neox), apply_rope(k, cos, sin, neox)
     if cfg.attn_temp_scale:   # Mistral 3's attention temperature, growing with the position
         periods = jnp.floor(step.positions.astype(jnp.float32) / cfg.attn_temp_floor)
         q = q * (jnp.log(periods + 1.0) * cfg.attn_temp_scale + 1.0)[:, None, None]
