@@ -79,6 +79,8 @@ SHAPES = {
                         head_dim=64, d_ffn=4864, tied=True),
     "qwen25-1.5b": dict(arch="qwen2", d_model=1536, n_layer=28, n_head=12, n_kv_head=2,
                         head_dim=128, d_ffn=8960, tied=True),
+    "qwen3-1.7b": dict(arch="qwen3", d_model=2048, n_layer=28, n_head=16, n_kv_head=8,
+                       head_dim=128, d_ffn=6144, tied=True),
 }
 TINY = dict(n_layer=2, d_model=256, d_ffn=512, n_head=4, n_kv_head=2, head_dim=64)
 PROMPT_LEN, DECODE_AT, PAGE = 512, 512, 16

@@ -186,6 +186,12 @@ def capture_modules(folder: str, shapes: list[str], qtypes: list[str]) -> list[d
                   lambda qp, kp, vp, b, c, s_, i, kc, vc, neox=neox: pallas_rope.rope_write(
                       qp, kp, vp, b, c, s_, i, kc, vc, (H, K), neox),
                   *parts, biases, angle, angle, rows, cache, cache)
+        # with each head of q and k RMS-normalized first (Qwen3's, no biases)
+        norm = jax.ShapeDtypeStruct((hd,), jnp.float32)
+        lower(f"{shape} head norms + rotary + cache writes ({H}/{K} heads of {hd}, neox)",
+              lambda qp, kp, vp, c, s_, i, kc, vc, qw, kw: pallas_rope.rope_write(
+                  qp, kp, vp, (None,) * 3, c, s_, i, kc, vc, (H, K), True, (qw, kw, 1e-6)),
+              *parts, angle, angle, rows, cache, cache, norm, norm)
     # a mixture's experts, one launch a projection over every (row, expert) pair
     # (matmul_experts), at Qwen3-30B-A3B's shape: 128 experts of [768, 2048], 8 a row
     for qtype in qtypes:

@@ -63,3 +63,60 @@ def test_what_it_takes():
     assert not pr.supported(128, 64, jnp.float16)      # partial rotary: XLA's
     assert not pr.supported(96, 96, jnp.float16)       # a head Triton cannot block
     assert not pr.supported(128, 128, jnp.uint8)       # q8_0: quantized (and rotated)
+
+
+def xla_way_normed(parts, cos, sin, index, k_cache, v_cache, q_w, k_w, heads, neox, eps):
+    """Qwen3's layer before, jitted as a step is: the chunks' sums, each head of q and k
+    RMS-normalized by the Pallas norm kernel (layers.rms_norm on a GPU), then XLA's rotary
+    and writes."""
+    from kinetic.kernels import pallas_norm
+    T = index.shape[0]
+    H, K = heads
+    Q = k_cache.shape[-1]
+    q, k, v = (layers.Pending(p, T, n * Q, None).value().reshape(T, n, Q)
+               for p, n in zip(parts, (H, K, K)))
+    q, k = pallas_norm.rms_norm(q, q_w, eps), pallas_norm.rms_norm(k, k_w, eps)
+    q, k = layers.apply_rope(q, cos, sin, neox), layers.apply_rope(k, cos, sin, neox)
+    return (q.astype(k_cache.dtype), layers.write_kv(k_cache, k, index),
+            layers.write_kv(v_cache, v, index))
+
+
+@pytest.mark.parametrize("H,K,Q,chunks,dtype,neox", [
+    (4, 2, 16, 1, jnp.float16, True),
+    (16, 8, 128, 2, jnp.bfloat16, True),     # Qwen3-1.7B's heads
+    (6, 2, 64, 3, jnp.float32, False)])
+def test_qwen3s_head_norms_in_the_kernel_are_the_norm_kernels_bits(H, K, Q, chunks, dtype,
+                                                                     neox):
+    """With norms, each head of q and k is RMS-normalized first, the bytes of the Pallas
+    norm kernel's own rows; and a row's bytes are its own whichever rows share the call."""
+    rng = np.random.default_rng(7 * H + Q)
+    pages, page_size = 4, 16
+    eps = 1e-6
+    norms = (jnp.asarray(rng.standard_normal(Q), jnp.float32),
+             jnp.asarray(rng.standard_normal(Q), jnp.float32), eps)
+    T = 17
+    parts = [jnp.asarray(rng.standard_normal((chunks, 32, n * Q)) * 3, jnp.float32)
+             for n in (H, K, K)]
+    angles = rng.integers(0, 900, T)[:, None] * (1.0 / 10000 ** (np.arange(Q // 2) * 2 / Q))
+    cos, sin = (jnp.asarray(f(angles), jnp.float32) for f in (np.cos, np.sin))
+    index = jnp.asarray(rng.permutation(pages * page_size)[:T], jnp.int32)
+    caches = [jnp.asarray(rng.standard_normal((pages, page_size, K, Q)), dtype)
+              for _ in range(2)]
+    want = jax.jit(xla_way_normed, static_argnums=(8, 9, 10))(
+        parts, cos, sin, index, *caches, *norms[:2], (H, K), neox, eps)
+    got = pr.rope_write(*parts, (None,) * 3, cos, sin, index, *caches, (H, K), neox, norms)
+    for g, w, what in zip(got, want, ("q", "k cache", "v cache")):
+        assert g.shape == w.shape and g.dtype == w.dtype, what
+        assert np.asarray(g).tobytes() == np.asarray(w).tobytes(), what
+    # rows 5 and 11 alone: their q and their cache rows the same bytes
+    pick = np.array([5, 11])
+    one = pr.rope_write(*(p[:, pick] for p in parts), (None,) * 3, cos[pick], sin[pick],
+                        index[pick], *caches, (H, K), neox, norms)
+    assert np.asarray(one[0]).tobytes() == np.asarray(got[0][pick]).tobytes()
+    flat = [np.asarray(c).reshape(pages * page_size, K, Q) for c in (*got[1:], *one[1:])]
+    rows = np.asarray(index[pick])
+    assert flat[0][rows].tobytes() == flat[2][rows].tobytes()
+    assert flat[1][rows].tobytes() == flat[3][rows].tobytes()
+    with pytest.raises(ValueError, match="biases with head norms"):
+        pr.rope_write(*parts, (jnp.zeros(H * Q), None, None), cos, sin, index, *caches,
+                      (H, K), neox, norms)

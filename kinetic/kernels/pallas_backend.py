@@ -19,13 +19,16 @@ def interpreted(interpret: bool | None) -> bool:
     return target.backend() != "gpu" if interpret is None else bool(interpret)
 
 
-def load_sum(ref, at: tuple, mask):
+def load_sum(ref, at: tuple, mask=None):
     """Inside a kernel: the sum of ref's blocks at `at` over its first axis (a matmul's
     partial sums over the chunks of its K: pallas_matmul's partials), added in order, as
-    pallas_matmul.summed adds them, the positions off `mask` zeros (not read)."""
+    pallas_matmul.summed adds them, the positions off `mask` zeros (not read; None: all
+    read)."""
     total = None
     for c in range(ref.shape[0]):
-        part = pltriton.load(ref.at[(pl.ds(c, 1), *at)], mask=mask[None], other=0.0)[0]
+        at_c = ref.at[(pl.ds(c, 1), *at)]
+        part = (at_c[...] if mask is None
+                else pltriton.load(at_c, mask=mask[None], other=0.0))[0]
         total = part if total is None else total + part
     return total
 

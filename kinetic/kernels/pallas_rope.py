@@ -26,9 +26,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as pltriton
 
 from kinetic.kernels import pallas_backend
 
@@ -41,12 +39,15 @@ def supported(head_dim: int, rot: int, cache_dtype) -> bool:
 
 
 def rope_write(q_parts, k_parts, v_parts, biases, cos, sin, write_index, k_cache, v_cache,
-               heads: tuple[int, int], neox: bool, interpret: bool | None = None):
+               heads: tuple[int, int], neox: bool, norms: tuple | None = None,
+               interpret: bool | None = None):
     """q [T, H, Q] rotated, in the cache's type (as the attention rounds it:
     kernels/pallas_attention.py), and the caches [pages, page_size, K, Q] with the T rows'
     rotated k and their v written at write_index [T]. q_parts [Cq, >= T, >= H * Q], k_parts
     and v_parts likewise for K heads; biases (q's, k's, v's: [N] or None each); cos and sin
-    [T, Q / 2]; heads (H, K)."""
+    [T, Q / 2]; heads (H, K); norms (q's weight [Q], k's weight [Q], eps) or None: each
+    head of q and of k RMS-normalized before its rotary (Qwen3's), pallas_norm.rms_norm's
+    arithmetic (`head_norm`)."""
     interpret = pallas_backend.interpreted(interpret)
     T = write_index.shape[0]
     H, K = heads
@@ -57,21 +58,41 @@ def rope_write(q_parts, k_parts, v_parts, biases, cos, sin, write_index, k_cache
     def view(a, n):   # a [C, rows, >= n * Q] as [C, rows, n, *pairs] (a bitcast)
         return a[:, :, :n * Q].reshape(a.shape[0], a.shape[1], n, *pairs)
 
+    def heads_of(a, n):   # a [C, rows, >= n * Q] as [C, rows, n, Q] (a bitcast)
+        return a[:, :, :n * Q].reshape(a.shape[0], a.shape[1], n, Q)
+
+    eps, weights = None, ()
+    if norms is not None and any(b is not None for b in biases[:2]):
+        raise ValueError("rope_write: q or k biases with head norms (no family has both)")
+    if norms is not None:   # the heads read whole too, for their sums of squares
+        *weights, eps = norms
+        weights = (heads_of(q_parts, H), heads_of(k_parts, K),
+                   *(jnp.asarray(w, jnp.float32).reshape(pairs) for w in weights))
     q_out, k_flat, v_flat = _rope_write(
-        view(q_parts, H), view(k_parts, K), v_parts[:, :, :K * Q].reshape(
-            v_parts.shape[0], v_parts.shape[1], K, Q),
+        view(q_parts, H), view(k_parts, K), heads_of(v_parts, K),
         tuple(None if b is None else jnp.asarray(b, jnp.float32) for b in biases),
         jnp.asarray(cos, jnp.float32), jnp.asarray(sin, jnp.float32),
         jnp.asarray(write_index, jnp.int32),
         k_cache.reshape(pages * page_size, K, *pairs),
-        v_cache.reshape(pages * page_size, K, Q), T, neox, interpret)
+        v_cache.reshape(pages * page_size, K, Q), weights, T, neox,
+        None if eps is None else float(eps), interpret)
     return (q_out.reshape(T, H, Q), k_flat.reshape(k_cache.shape),
             v_flat.reshape(v_cache.shape))
 
 
-@functools.partial(jax.jit, static_argnums=(9, 10, 11))
+def head_norm(total, whole, weight, eps: float):
+    """Inside a kernel: a block of heads' values `total` [1, heads, *pairs' part] normalized
+    as pallas_norm's rms_norm normalizes a row, a head being the row: the mean of the
+    squares of its values `whole` [1, heads, Q] (in order, as that kernel's row), then
+    value * (1 / sqrt(mean + eps)) * weight (weight [*part], the norm's over those values)."""
+    mean = jnp.sum(whole * whole, axis=-1, keepdims=True) / whole.shape[-1]
+    scale = 1.0 / jnp.sqrt(mean + eps)
+    return total * scale.reshape(*scale.shape[:2], *(1,) * (total.ndim - 2)) * weight[None, None]
+
+
+@functools.partial(jax.jit, static_argnums=(10, 11, 12, 13))
 def _rope_write(q_parts, k_parts, v_parts, biases, cos, sin, index, k_cache, v_cache,
-                T: int, neox: bool, interpret: bool):
+                norms: tuple, T: int, neox: bool, eps: float | None, interpret: bool):
     H, K = q_parts.shape[2], k_parts.shape[2]
     P0, P1 = q_parts.shape[3:]
     Q = P0 * P1
@@ -84,9 +105,11 @@ def _rope_write(q_parts, k_parts, v_parts, biases, cos, sin, index, k_cache, v_c
                   for i, b in enumerate(biases) if b is not None]
 
     def whole(a):
-        return pl.BlockSpec(a.shape, lambda t: (0,) * a.ndim)
+        return pl.BlockSpec(a.shape, lambda t, h: (0,) * a.ndim)
 
-    arrays = [q_parts, k_parts, v_parts, *bias_views, cos, sin, index, k_cache, v_cache]
+    # norms: q's and k's heads whole ([C, rows, n, Q]), q's and k's norm weights [*pairs]
+    arrays = [q_parts, k_parts, v_parts, *bias_views, cos, sin, index, *norms, k_cache,
+              v_cache]
     n_in = len(arrays)
 
     def kernel(*refs):
@@ -94,43 +117,44 @@ def _rope_write(q_parts, k_parts, v_parts, biases, cos, sin, index, k_cache, v_c
         bias_refs = iter(refs[3:3 + len(bias_views)])
         qb, kb, vb = (next(bias_refs) if h else None for h in has_bias)
         cos_ref, sin_ref, index_ref = refs[3 + len(bias_views):6 + len(bias_views)]
+        q_whole, k_whole, q_norm, k_norm = refs[6 + len(bias_views):n_in - 2] or (None,) * 4
         q_out, k_out, v_out = refs[n_in:]
-        t = pl.program_id(0)
-        row = pl.ds(t, 1)
-        at_row = index_ref[t]
+        t, h = pl.program_id(0), pl.program_id(1)
+        row, head = pl.ds(t, 1), pl.ds(h, 1)
+        dest = pl.ds(index_ref[t], 1)
 
-        def mask(n, shape):   # heads < n, over a block [1, heads, *shape]
-            return lax.broadcasted_iota(jnp.int32, (1, pl.next_power_of_2(n), *shape), 1) < n
-
-        def summed(ref, bias_ref, n, at):
-            """Row t's values at `at` of each head (< n): the partial sums in order, then
-            the bias."""
-            heads = pl.ds(0, pl.next_power_of_2(n))
-            shape = tuple(s.size for s in at)
-            live = mask(n, shape)
-            total = pallas_backend.load_sum(ref, (row, heads, *at), live)
+        def summed(ref, bias_ref, at):
+            """[1, 1, *at's sizes]: row t's values at `at` of head h, the partial sums in
+            order, then the bias."""
+            total = pallas_backend.load_sum(ref, (row, head, *at))
             if bias_ref is not None:
-                total = total + pltriton.load(bias_ref.at[(heads, *at)], mask=live[0],
-                                              other=0.0)[None]
-            return total, heads, live
+                total = total + bias_ref[(head, *at)][None]
+            return total
 
         c = cos_ref[row, :].reshape(1, 1, *half)      # [1, 1, *half]
         s = sin_ref[row, :].reshape(1, 1, *half)
 
-        def rotated(ref, bias_ref, n):
-            a, heads, live = summed(ref, bias_ref, n, a_at)
-            b, _, _ = summed(ref, bias_ref, n, b_at)
-            return a * c - b * s, a * s + b * c, heads, live
+        def rotated(ref, bias_ref, whole_ref, norm_ref):
+            a, b = summed(ref, bias_ref, a_at), summed(ref, bias_ref, b_at)
+            if norm_ref is not None:   # the head normalized first (Qwen3's)
+                whole = summed(whole_ref, None, (pl.ds(0, Q),))
+                a = head_norm(a, whole, norm_ref[a_at], eps)
+                b = head_norm(b, whole, norm_ref[b_at], eps)
+            return a * c - b * s, a * s + b * c
 
-        qa, qb_, heads, live = rotated(q_ref, qb, H)
-        pltriton.store(q_out.at[(row, heads, *a_at)], qa.astype(q_out.dtype), mask=live)
-        pltriton.store(q_out.at[(row, heads, *b_at)], qb_.astype(q_out.dtype), mask=live)
-        ka, kb_, heads, live = rotated(k_ref, kb, K)
-        dest = pl.ds(at_row, 1)
-        pltriton.store(k_out.at[(dest, heads, *a_at)], ka.astype(k_out.dtype), mask=live)
-        pltriton.store(k_out.at[(dest, heads, *b_at)], kb_.astype(k_out.dtype), mask=live)
-        v, heads, live = summed(v_ref, vb, K, (pl.ds(0, Q),))
-        pltriton.store(v_out.at[(dest, heads, pl.ds(0, Q))], v.astype(v_out.dtype), mask=live)
+        @pl.when(h < H)
+        def _():
+            qa, qb_ = rotated(q_ref, qb, q_whole, q_norm)
+            q_out[(row, head, *a_at)] = qa.astype(q_out.dtype)
+            q_out[(row, head, *b_at)] = qb_.astype(q_out.dtype)
+
+        @pl.when(h < K)
+        def _():
+            ka, kb_ = rotated(k_ref, kb, k_whole, k_norm)
+            k_out[(dest, head, *a_at)] = ka.astype(k_out.dtype)
+            k_out[(dest, head, *b_at)] = kb_.astype(k_out.dtype)
+            v = summed(v_ref, vb, (pl.ds(0, Q),))
+            v_out[(dest, head, pl.ds(0, Q))] = v.astype(v_out.dtype)
 
     out_shape = [jax.ShapeDtypeStruct((T, H, P0, P1), k_cache.dtype),
                  jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype),
@@ -138,7 +162,7 @@ def _rope_write(q_parts, k_parts, v_parts, biases, cos, sin, index, k_cache, v_c
     return pl.pallas_call(
         kernel,
         out_shape=out_shape,
-        grid=(T,),
+        grid=(T, max(H, K)),
         in_specs=[whole(a) for a in arrays],
         out_specs=[whole(o) for o in out_shape],
         input_output_aliases={n_in - 2: 1, n_in - 1: 2},

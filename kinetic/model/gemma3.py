@@ -12,8 +12,8 @@ import math
 import jax
 
 from kinetic.model.config import Config
-from kinetic.model.layers import (StepInput, apply_rope, cached_attention, geglu_ffn, input_rows,
-                                  linear, output_logits, qkv, rms_norm, rope_angles)
+from kinetic.model.layers import (StepInput, cached_attention, geglu_ffn, input_rows, linear,
+                                  output_logits, rms_norm, rope_angles, rotated_qkv)
 
 GLOBAL_TENSORS = ("token_embd", "output_norm")
 OPTIONAL_GLOBAL = ("output",)
@@ -50,11 +50,10 @@ def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
         cos, sin = rope_local if sliding else rope_global
         with jax.named_scope("attention"):
             h = rms_norm(x, w["attn_norm"], eps)
-            q, k, v = qkv(h, w, cfg)
-            q = apply_rope(rms_norm(q, w["attn_q_norm"], eps), cos, sin, True)
-            k = apply_rope(rms_norm(k, w["attn_k_norm"], eps), cos, sin, True)
+            q, k, v, kv = rotated_qkv(h, w, cfg, (k_cache, v_cache), step, cos, sin, True,
+                                      head_norms=True)
             a, (k_cache, v_cache) = cached_attention(
-                q, k, v, (k_cache, v_cache), step, cfg.q_scale, cfg.kernel,
+                q, k, v, kv, step, cfg.q_scale, cfg.kernel,
                 window=cfg.sliding_window if sliding else 0,
                 ends=step.attend_end)   # an image's rows see each other
             a = linear(a.reshape(T, -1), w["attn_output"])

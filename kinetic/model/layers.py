@@ -453,27 +453,49 @@ def cached_attention(q: jax.Array, k: jax.Array | None, v: jax.Array | None,
     return (hadamard(a, nv) if nv else a), kv
 
 
+def rotated_qkv(x: jax.Array, w: dict, cfg: Config, kv: tuple[jax.Array, jax.Array],
+                step: StepInput, cos: jax.Array, sin: jax.Array, neox: bool,
+                head_norms: bool = False, fuse: bool = True):
+    """A dense layer's attention inputs from its normed x [T, D]: (q [T, H, Q], k, v, kv),
+    q and k rotated, with head_norms each head of q and k RMS-normalized first (Qwen3's
+    attn_q_norm and attn_k_norm), for cached_attention. Where a GPU's step runs it (and
+    `fuse`), one launch (rope_write) has written k and v into kv already: k and v are None
+    then, and q is in the cache's type. Else qkv, rms_norm and apply_rope as XLA runs them."""
+    fused = rope_write(x, w, cfg, kv, step, cos, sin, neox, head_norms) if fuse else None
+    if fused is not None:
+        q, kv = fused
+        return q, None, None, kv
+    q, k, v = qkv(x, w, cfg)
+    if head_norms:
+        q = rms_norm(q, w["attn_q_norm"], cfg.norm_eps)
+        k = rms_norm(k, w["attn_k_norm"], cfg.norm_eps)
+    return apply_rope(q, cos, sin, neox), apply_rope(k, cos, sin, neox), v, kv
+
+
 def rope_write(x: jax.Array, w: dict, cfg: Config, kv: tuple[jax.Array, jax.Array],
-               step: StepInput, cos: jax.Array, sin: jax.Array, neox: bool):
+               step: StepInput, cos: jax.Array, sin: jax.Array, neox: bool,
+               head_norms: bool = False):
     """(q [T, H, Q] rotated, kv with the step's k rotated and v written) of a dense layer's
     normed x [T, D] in one launch where a GPU's step runs it (kernels/pallas_rope.py: q, k
     and v read as their projections' partial sums, XLA's three kernels a layer between
-    them gone), the bits of qkv, apply_rope and cached_attention's write as XLA runs them
-    here (tests/test_pallas_rope.py). None where it does not apply (the step of a CPU or
-    of a split, a quantized cache, partial rotary, a head Triton cannot block): the caller
-    runs those instead."""
+    them gone; with head_norms the heads' RMS norms too, two Pallas launches fewer), the
+    bits of qkv, rms_norm, apply_rope and cached_attention's write as a step jitted here
+    runs them (tests/test_pallas_rope.py). None where it does not apply (the step of a CPU
+    or of a split, a quantized cache, partial rotary, a head Triton cannot block, biases
+    beside head norms): the caller runs those instead (rotated_qkv)."""
     projs = [w["attn_q"], w["attn_k"], w["attn_v"]]
+    biases = [w.get(f"attn_{n}.bias") for n in "qkv"]
     from kinetic.kernels import pallas_rope
     if (step.heads is not None or cfg.v_head_dim != cfg.head_dim or not _pending(x, projs)
-            or kv[0].dtype != kv[1].dtype
+            or kv[0].dtype != kv[1].dtype or (head_norms and any(b is not None for b in biases[:2]))
             or not pallas_rope.supported(cfg.head_dim, 2 * cos.shape[-1], kv[0].dtype)):
         return None
     from kinetic.kernels import pallas_matmul
     parts = pallas_matmul.matmul_many(x, [p.data for p in projs], partials=True)
-    biases = [w.get(f"attn_{n}.bias") for n in "qkv"]
+    norms = (w["attn_q_norm"], w["attn_k_norm"], cfg.norm_eps) if head_norms else None
     q, k_cache, v_cache = pallas_rope.rope_write(
         *parts, biases, cos, sin, step.write_index, kv[0], kv[1],
-        (cfg.n_head, cfg.n_kv_head), neox)
+        (cfg.n_head, cfg.n_kv_head), neox, norms)
     return q, (k_cache, v_cache)
 
 

@@ -11,9 +11,8 @@ import jax
 import jax.numpy as jnp
 
 from kinetic.model.config import Config
-from kinetic.model.layers import (StepInput, apply_rope, cached_attention, input_rows, linear,
-                                  output_logits, qkv, residual_layers, rope_angles, rope_write,
-                                  swiglu_ffn)
+from kinetic.model.layers import (StepInput, cached_attention, input_rows, linear, output_logits,
+                                  residual_layers, rope_angles, rotated_qkv, swiglu_ffn)
 
 GLOBAL_TENSORS = ("token_embd", "output_norm")
 OPTIONAL_GLOBAL = ("output", "rope_freqs")
@@ -31,12 +30,10 @@ def attention_block(x: jax.Array, w: dict, kv: tuple[jax.Array, jax.Array], step
     """Self-attention of one layer: returns (output [T, D], updated (k_cache, v_cache)); the
     output may be Pending (layers.linear's pending: it goes into the residual's add_norm)."""
     T = x.shape[0]
-    fused = None if cfg.attn_temp_scale else rope_write(x, w, cfg, kv, step, cos, sin, neox)
-    if fused is not None:   # (a GPU's step: one launch, the cache written)
-        (q, kv), k, v = fused, None, None
-    else:
-        q, k, v = qkv(x, w, cfg)
-        q, k = apply_rope(q, cos, sin, neox), apply_rope(k, cos, sin, neox)
+    # (on a GPU one launch, the cache written: k and v None; not under Mistral 3's
+    # temperature, which scales q after its rotary)
+    q, k, v, kv = rotated_qkv(x, w, cfg, kv, step, cos, sin, neox,
+                              fuse=not cfg.attn_temp_scale)
     if cfg.attn_temp_scale:   # Mistral 3's attention temperature, growing with the position
         periods = jnp.floor(step.positions.astype(jnp.float32) / cfg.attn_temp_floor)
         q = q * (jnp.log(periods + 1.0) * cfg.attn_temp_scale + 1.0)[:, None, None]

@@ -8,9 +8,8 @@ from typing import Callable
 import jax
 
 from kinetic.model.config import Config
-from kinetic.model.layers import (StepInput, apply_rope, cached_attention, input_rows, linear,
-                                  output_logits, qkv, residual_layers, rms_norm, rope_angles,
-                                  swiglu_ffn)
+from kinetic.model.layers import (StepInput, cached_attention, input_rows, linear, output_logits,
+                                  residual_layers, rope_angles, rotated_qkv, swiglu_ffn)
 
 GLOBAL_TENSORS = ("token_embd", "output_norm")
 OPTIONAL_GLOBAL = ("output",)
@@ -48,9 +47,7 @@ def attention(x: jax.Array, w: dict, kv: tuple[jax.Array, jax.Array], step: Step
     """Self-attention of one layer with each head's q and k RMS-normalized before the
     half-split rotary (Qwen3's, and LFM2's attention layers): (output [T, D], updated
     (k_cache, v_cache)); the output may be Pending (layers.linear's pending)."""
-    T, eps = x.shape[0], cfg.norm_eps
-    q, k, v = qkv(x, w, cfg)
-    q = apply_rope(rms_norm(q, w["attn_q_norm"], eps), cos, sin, True)
-    k = apply_rope(rms_norm(k, w["attn_k_norm"], eps), cos, sin, True)
+    T = x.shape[0]
+    q, k, v, kv = rotated_qkv(x, w, cfg, kv, step, cos, sin, True, head_norms=True)
     a, kv = cached_attention(q, k, v, kv, step, cfg.q_scale, cfg.kernel)
     return linear(a.reshape(T, -1), w["attn_output"], pending=True), kv
