@@ -12,10 +12,17 @@ stored at their rows' write_index, in place (the caches are aliased to the outpu
 ran this as three kernels a layer at one row (q's rotary, and an in-place update of each
 cache with k's rotary and v inside: bench/gpu_compile.py); here it is one.
 
-One program a row: its arithmetic is its own row's alone, whatever the rows beside it. A
-head's pairs are read as a [pairs, 2] view of it (adjacent pairs, llama.cpp's normal rope)
-or a [2, pairs] one (neox's halves), never by strides (which interpret mode lacks), and
-heads padded to a power of 2 are masked off. Interpreted wherever JAX's backend is not a
+With norms (Qwen3's, Gemma 3's: q's and k's weights and eps), each head of q and of k is
+RMS-normalized before its rotary with pallas_norm's arithmetic, the head as that kernel's
+row (`head_norm`): two launches a layer fewer.
+
+One program a row and head (grid [T, H]; programs past K write no k or v): its arithmetic
+is its own row's alone, whatever the rows beside it. A head's pairs are read as a [pairs,
+2] view of it (adjacent pairs, llama.cpp's normal rope) or a [2, pairs] one (neox's
+halves), never by strides (which interpret mode lacks); a head normed is read whole too,
+for its sum of squares. (One program a row, all its heads in a block, spilled 38 KB a
+thread with the norms at sm_90a and ran a one-row step's heads on one multiprocessor:
+bench/triton_sm90.py.) Interpreted wherever JAX's backend is not a
 GPU (kernels/pallas_backend.py); tests/test_pallas_rope.py checks it there against the
 XLA formulation, bitwise.
 """
