@@ -53,8 +53,8 @@ median of --reps. The table is printed last; with --out, gpu.json and gpu.md go 
 JSON rewritten after each model so a run cut short keeps what it measured. --tiny: two
 small layers (a check of the script itself, on a CPU in Pallas' interpret mode). --quick:
 the decode figures, the loop and a row's bits alone and among B rows only, with the
-XLA_FLAGS and the decode dots' rows (KINETIC_PALLAS_DECODE_ROWS) they ran under (an A/B of
-such settings, e.g. command buffers: scripts/device_check.sh).
+XLA_FLAGS, the decode dots' rows (KINETIC_PALLAS_DECODE_ROWS) and KINETIC_GPU_NORM they ran
+under (an A/B of such settings, e.g. command buffers: scripts/device_check.sh).
 """
 
 from __future__ import annotations
@@ -226,6 +226,7 @@ def decode(row: dict, bench: Bench, rng, vocab: int, args) -> dict:
     row["xla_flags"] = os.environ.get("XLA_FLAGS", "")
     from kinetic.kernels import pallas_matmul
     row["decode_dot_rows"] = pallas_matmul.decode_rows()
+    row["gpu_norm"] = os.environ.get("KINETIC_GPU_NORM", "pallas")
     return row
 
 
@@ -498,7 +499,8 @@ def main(argv=None) -> int:
         for r in rows:
             same = all(r["bitwise"].values())
             print(f"{r['model']} {r['qtype']} XLA_FLAGS={r['xla_flags']!r}, decode dots of "
-                  f"at least {r['decode_dot_rows']} rows, a row's bits "
+                  f"at least {r['decode_dot_rows']} rows, KINETIC_GPU_NORM={r['gpu_norm']}, "
+                  "a row's bits "
                   f"{'the same' if same else 'DIFFER'} among B rows: "
                   + ", ".join(f"{B} rows {t:.0f} tok/s" for B, t in r["decode_tok_s"].items())
                   + f"; loop {r['loop_one_row_ms']:.3f} ms a step, "

@@ -147,6 +147,14 @@ def capture_modules(folder: str, shapes: list[str], qtypes: list[str]) -> list[d
                 for M in (1, 64):
                     lower(f"{shape} {qtype} {wname} in one launch M={M}", pm.matmul_many,
                           jax.ShapeDtypeStruct((M, d), jnp.float32), ws)
+                # with the residual add (the partial sums of o's or down's 3 chunks) and
+                # the norm before them inside: a decode step's (layers.Normed)
+                lower(f"{shape} {qtype} {wname} with the add + norm inside M=1",
+                      lambda x, p, w_, ws: pm.matmul_many(x, ws, partials=True,
+                                                          norm=(p, None, w_, 1e-6)),
+                      jax.ShapeDtypeStruct((1, d), jnp.float32),
+                      jax.ShapeDtypeStruct((3, 16, d), jnp.float32),
+                      jax.ShapeDtypeStruct((d,), jnp.float32), ws)
             # the feed-forward as a step runs it: gate+up, then down making silu(gate) * up
             # of the partial sums it reads (pallas_matmul.swiglu)
             gate, down = abstract(qtype, *weights["up"]), abstract(qtype, *weights["down"])

@@ -16,6 +16,7 @@
 # 4. bench/gpu.py --quick under XLA_FLAGS that put while loops into command buffers (CUDA
 #    graphs) too: the server's decode loop at Qwen2.5-1.5B's shape, beside bench.log's;
 #    then with one-row decode dots (KINETIC_PALLAS_DECODE_ROWS=1), its speed and bits;
+#    then with the norms as kernels of their own (KINETIC_GPU_NORM=kernel);
 # 5. (issue 42) bench/gpu.py --split-check: Qwen2.5-1.5B's shape through the split's code
 #    path over one device, its bytes and speed beside the unsplit path's;
 # 6. if time is left, every family's tiny model on the pallas kernel, row-bucket bits.
@@ -83,6 +84,12 @@ step=$(left 80)
 step=$(left 60)
 [ "$step" -ge 30 ] && KINETIC_PALLAS_DECODE_ROWS=1 timeout "$step" python3 bench/gpu.py --quick \
     --shape qwen25-1.5b --qtype Q4_0 --streams 1,2,16 --reps 5 2>&1 | tee -a "$OUT/graphs.log" \
+    | tail -3
+# the norms as kernels of their own (KINETIC_GPU_NORM=kernel, two launches a layer more
+# than the default's, where the projections normalize their x): the same loop, appended
+step=$(left 60)
+[ "$step" -ge 30 ] && KINETIC_GPU_NORM=kernel timeout "$step" python3 bench/gpu.py --quick \
+    --shape qwen25-1.5b --qtype Q4_0 --streams 1,16 --reps 5 2>&1 | tee -a "$OUT/graphs.log" \
     | tail -3
 # issue 42: the split's code path over one device beside the unsplit path (its figures in
 # the log: each model's JSON line and the table)

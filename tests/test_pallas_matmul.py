@@ -286,3 +286,47 @@ def test_a_smaller_decode_dot_gives_a_row_the_same_bits(qtype, K, monkeypatch):
     monkeypatch.setenv("KINETIC_PALLAS_DECODE_ROWS", "3")
     with pytest.raises(ValueError, match="1, 2, 4, 8 or 16"):
         pm.dot_rows(1)
+
+
+@pytest.mark.parametrize("M", [1, 7, 70])
+@pytest.mark.parametrize("chunks,bias", [(None, False), (1, False), (3, True)])
+def test_a_norm_inside_the_projections_launch_is_the_norm_kernels_bits(M, chunks, bias):
+    """matmul_many and swiglu with norm: the residual add and the RMS norm before a
+    layer's projections made by the projections' own programs (no launch of their own on
+    a GPU). The products and the new residual h are the bytes of pallas_norm.add_rms_norm
+    (or rms_norm, with no parts) then the projections apart, with a weight whose K is
+    split in two and one whose is whole, at the decode and the prompt variant (70 rows:
+    4 dots a program); and a row's bytes are its own whichever rows share the call."""
+    import jax.numpy as jnp
+
+    from kinetic.kernels import pallas_norm as pn
+    K, eps = 1536, 1e-6
+    rng = np.random.default_rng(M + (chunks or 0))
+    ws = [pm.repack(random_blocks(T.Q4_0, 64, K, 21), T.Q4_0, (64, K)),
+          pm.repack(random_blocks(T.Q6_K, 32, K, 22), T.Q6_K, (32, K))]
+    tiles = [pm.Tiling(32, 32, 2), pm.Tiling(32, 32, 1)]
+    x = jnp.asarray(rng.standard_normal((M, K)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal(K), jnp.float32)
+    parts = None if chunks is None else jnp.asarray(
+        rng.standard_normal((chunks, 16 * -(-M // 16), K + 32)), jnp.float32)
+    b = jnp.asarray(rng.standard_normal(K), jnp.float32) if bias else None
+    if parts is None:
+        h_want, y = x, pn.rms_norm(x, w, eps)
+    else:
+        h_want, y = pn.add_rms_norm(x, parts, b, w, eps)
+    want = [np.asarray(pm.matmul(y, v, tiles=t)) for v, t in zip(ws, tiles)]
+    got, h = pm.matmul_many(x, ws, tiles=tiles, norm=(parts, b, w, eps))
+    for g, v, wnt in zip(got, ws, want):
+        assert np.asarray(g).tobytes() == wnt.tobytes()
+    assert (h is None) == (parts is None)
+    if h is not None:
+        assert np.asarray(h).tobytes() == np.asarray(h_want).tobytes()
+    if M > 1:   # the last row alone: its own bytes
+        last = None if parts is None else parts[:, M - 1:M]
+        one, _ = pm.matmul_many(x[M - 1:], ws, tiles=tiles, norm=(last, b, w, eps))
+        assert np.asarray(one[0]).tobytes() == np.asarray(got[0])[M - 1:].tobytes()
+    gate, up = (pm.repack(random_blocks(T.Q4_0, 256, K, s), T.Q4_0, (256, K)) for s in (5, 6))
+    down = pm.repack(random_blocks(T.Q4_0, K, 256, 7), T.Q4_0, (K, 256))
+    f, h2 = pm.swiglu(x, gate, up, down, norm=(parts, b, w, eps))
+    assert np.asarray(f).tobytes() == np.asarray(pm.swiglu(y, gate, up, down)).tobytes()
+    assert (h2 is None) == (parts is None)

@@ -169,7 +169,8 @@ def test_a_gpus_fused_kernels_keep_the_bits(arch, tmp_path, monkeypatch):
     """On a GPU each residual add and the norm after it are one launch (layers.add_norm:
     pallas_norm.add_rms_norm, reading the projection's partial sums, layers.Pending), and a
     dense layer's rotary and cache writes another (layers.rope_write: pallas_rope, with
-    Qwen3's and Gemma 3's heads' norms). Run here with them on as on a GPU (the norms made
+    Qwen3's and Gemma 3's heads' norms), and the add and norm before q, k and v are made
+    inside their kernel (layers.Normed). Run here with them on as on a GPU (the norms made
     Pallas', interpreted): a step's logits are the bytes of the same step with the add and
     the Pallas norm apart and the norms, rotary and writes apart, for attention (llama's,
     qwen2's with q, k and v biases, qwen3's, gemma3's and lfm2's with head norms),
@@ -196,6 +197,10 @@ def test_a_gpus_fused_kernels_keep_the_bits(arch, tmp_path, monkeypatch):
     real_rope = pallas_rope.rope_write
     monkeypatch.setattr(pallas_rope, "rope_write",
                         lambda *a, **k: ropes.append(1) or real_rope(*a, **k))
+    inside = []   # the norms made inside the projections' kernel (layers.Normed)
+    real_took = layers.Normed.took
+    monkeypatch.setattr(layers.Normed, "took",
+                        lambda self, h: inside.append(h is not None) or real_took(self, h))
     tokens = list(range(3, 9))
 
     def logits(chunk):
@@ -211,6 +216,14 @@ def test_a_gpus_fused_kernels_keep_the_bits(arch, tmp_path, monkeypatch):
     # (Gemma 3's adds come after norms of their own: no add_norm there)
     assert any(made) == (arch != "gemma3"), "no projection's partial sums reached add_norm"
     assert bool(ropes) == (arch != "qwen35")
+    # llama's, qwen2's and qwen3's attention norms inside the q+k+v kernel (in each trace:
+    # the first layer's adding nothing, the second's a residual). Their feed-forwards' norms
+    # are add_norm's here: a CPU's step runs gate and up apart (layers.swiglu), the fused
+    # swiglu with its norm is tests/test_pallas_matmul.py's.
+    if arch in ("llama", "qwen2", "qwen3"):
+        assert inside and inside.count(True) == inside.count(False)
+    else:
+        assert not inside
     assert all(f.tobytes() == fused[0].tobytes() for f in fused)
 
     def apart(x, y, w, eps):
@@ -218,5 +231,6 @@ def test_a_gpus_fused_kernels_keep_the_bits(arch, tmp_path, monkeypatch):
         return x, pallas_norm.rms_norm(x, w, eps)
     monkeypatch.setattr(layers, "add_norm", apart)
     monkeypatch.setattr(layers, "rope_write", lambda *a, **k: None)
+    monkeypatch.setattr(layers, "norms_in_matmul", lambda rows: False)
     ropes.clear()
     assert logits(3).tobytes() == fused[0].tobytes() and not ropes

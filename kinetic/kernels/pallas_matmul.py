@@ -2,6 +2,9 @@
 
     planes = repack(data, qtype, (N, K))      once, at load: GGUF blocks -> aligned planes
     y = matmul(x, planes)                     y[M, N] = x[M, K] @ W[N, K]^T, float32
+    ys, h = matmul_many(x, [q, k, v], norm=(parts, bias, w, eps))
+                                              the products of rms_norm(x + parts' sum + bias),
+                                              the add and the norm made inside the launch
 
 The weights stay quantized on the device, GGUF's blocks split once into planes (`Planes`):
 the integer of each element in its low 4 bits, two to a byte, element 2j in byte j's low
@@ -372,12 +375,18 @@ def matmul(x: jax.Array, w: Planes, interpret: bool | None = None,
 
 
 def matmul_many(x: jax.Array, ws: list[Planes], interpret: bool | None = None,
-                tiles: list[Tiling] | None = None, partials: bool = False) -> list[jax.Array]:
+                tiles: list[Tiling] | None = None, partials: bool = False,
+                norm: tuple | None = None):
     """[matmul(x, w) for w in ws], the weights (each of K columns, in any format) in one
     kernel launch: a layer's q, k and v, or its gate and up, read one x. Each weight's
     programs are its own call's, at its own tiling, so each product is the same bits as
     its call alone (tests/test_pallas_matmul.py); a GPU launches one kernel where it would
-    launch len(ws)."""
+    launch len(ws).
+
+    norm (parts, bias, w, eps): the products are of rms_norm(h, w, eps), h = x + (parts'
+    sum + bias) (x [M, K] a residual, parts a projection's partial sums or None: h = x),
+    normalized inside the launch, pallas_norm.add_rms_norm's bits (a layer's add and norm
+    with no launch of their own); returns (the products, h, or None without parts)."""
     interpret = pallas_backend.interpreted(interpret)
     lead = x.shape[:-1]
     x = x.reshape(-1, x.shape[-1])
@@ -385,19 +394,27 @@ def matmul_many(x: jax.Array, ws: list[Planes], interpret: bool | None = None,
     M = x.shape[0]
     ys = _matmul(x, tuple(w.q for w in ws), tuple(w.planes for w in ws),
                  tuple(w.spec for w in ws), interpret, tuple(tiles), variant(M),
-                 not interpret, None, 1, dot_rows(M), 0, partials)
-    if partials:
-        return list(ys)
-    return [y[:, :w.shape[0]].reshape(*lead, w.shape[0]) for y, w in zip(ys, ws)]
+                 not interpret, None, 1, dot_rows(M), 0, partials,
+                 *_norm_args(norm))
+    ys, h = ys if norm is not None else (ys, None)
+    if not partials:
+        ys = [y[:, :w.shape[0]].reshape(*lead, w.shape[0]) for y, w in zip(ys, ws)]
+    return list(ys) if norm is None else (list(ys), h)
+
+
+def _norm_args(norm: tuple | None) -> tuple:
+    """_matmul's (norm, eps) from a public call's norm (parts, bias, w, eps)."""
+    return (None, None) if norm is None else (tuple(norm[:3]), float(norm[3]))
 
 
 def swiglu(x: jax.Array, gate: Planes, up: Planes, down: Planes,
-           interpret: bool | None = None, partials: bool = False) -> jax.Array:
+           interpret: bool | None = None, partials: bool = False, norm: tuple | None = None):
     """matmul(jax.nn.silu(matmul(x, gate)) * matmul(x, up), down), the same bits, in two
     launches: gate and up in one (matmul_many's), and down, whose programs make silu(gate)
     * up of the blocks of x they read from gate's and up's partial sums (_matmul's glu), so
     the product between has no launch (an XLA kernel a layer on a GPU:
-    bench/gpu_compile.py). partials (x [M, K]): as matmul's."""
+    bench/gpu_compile.py). partials (x [M, K]): as matmul's. norm: as matmul_many's, for
+    gate's and up's x; returns (the product, h)."""
     interpret = pallas_backend.interpreted(interpret)
     lead = x.shape[:-1]
     x = x.reshape(-1, x.shape[-1])
@@ -405,13 +422,14 @@ def swiglu(x: jax.Array, gate: Planes, up: Planes, down: Planes,
     shape = (not interpret, None, 1, dot_rows(M))
     halves = _matmul(x, (gate.q, up.q), (gate.planes, up.planes), (gate.spec, up.spec),
                      interpret, tuple(tiling(w.q.shape[0], w.shape[1]) for w in (gate, up)),
-                     variant(M), *shape, 0, True)
+                     variant(M), *shape, 0, True, *_norm_args(norm))
+    halves, h = halves if norm is not None else (halves, None)
     (y,) = _matmul(tuple(halves), (down.q,), (down.planes,), (down.spec,), interpret,
                    (tiling(down.q.shape[0], down.shape[1]),), variant(M), *shape, M,
                    partials)
-    if partials:
-        return y
-    return y[:, :down.shape[0]].reshape(*lead, down.shape[0])
+    if not partials:
+        y = y[:, :down.shape[0]].reshape(*lead, down.shape[0])
+    return y if norm is None else (y, h)
 
 
 def matmul_experts(x: jax.Array, ids: jax.Array, ws: list[Planes],
@@ -490,10 +508,11 @@ def decode_rows() -> int:
     return int(text)
 
 
-@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6, 7, 9, 10, 11, 12))
+@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6, 7, 9, 10, 11, 12, 14))
 def _matmul(x, qs: tuple, planes: tuple, specs: tuple, interpret: bool, tiles: tuple,
             dots: int, in_place: bool, groups: tuple | None = None, experts: int = 1,
-            rows: int = BLOCK_M, glu: int = 0, partials: bool = False) -> list:
+            rows: int = BLOCK_M, glu: int = 0, partials: bool = False,
+            norm: tuple | None = None, eps: float | None = None):
     """The products of x [M, K] with each weight (its q, its other planes, its spec and its
     Tiling at the same place in qs, planes, specs and tiles), [M, N_w] each, in one
     pallas_call. Its grid is (tiles over M, every weight's programs in turn): a weight's
@@ -515,6 +534,14 @@ def _matmul(x, qs: tuple, planes: tuple, specs: tuple, interpret: bool, tiles: t
     then jax.nn.silu, as XLA's, so the same values as matmul(silu(gate) * up, w).
     partials: the [chunks, rows, N_w] partial sums themselves, not their total [M, N_w].
 
+    norm (parts, bias, w), with eps: the product's x is rms_norm(h, w, eps) of h = x + (parts'
+    sum + bias) (parts [C, >= M, >= K] a projection's partial sums over its chunks, or None:
+    h = x), made by each program from the rows it reads, pallas_norm's arithmetic (its
+    sum_squares over the whole row first, then h * (1 / sqrt(mean + eps)) * w a block at a
+    time): the residual add and the norm before a layer's projections with no launch of
+    their own. x and the parts are read whole, in place; with parts, the programs of the
+    call's first (g 0) write h, the new residual. Returns (the products, h or None).
+
     in_place: x is read where it is, unpadded, each program its rows at their place in
     it and rows past M masked off (a GPU's way: no padded copy of x, a kernel launch, per
     matmul); else x is padded to whole tiles and each program gets its block (interpreted:
@@ -522,6 +549,12 @@ def _matmul(x, qs: tuple, planes: tuple, specs: tuple, interpret: bool, tiles: t
     values reach the same dots either way (tests/test_pallas_matmul.py)."""
     xs = tuple(x) if glu else (x,)
     M, K = (glu, xs[0].shape[2]) if glu else x.shape
+    norm_arrays = []
+    if norm is not None:   # read whole, in place (masked), whichever the mode
+        n_parts, n_bias, n_w = norm
+        norm_arrays = [a for a in (n_parts, n_bias, jnp.asarray(n_w, jnp.float32))
+                       if a is not None]
+        in_place = True
     BM = rows * dots
     Mp = -(-M // BM) * BM
     parts = [_Part(q.shape[0] // experts, K, spec, t, [K // p.shape[1] for p in ps],
@@ -544,6 +577,7 @@ def _matmul(x, qs: tuple, planes: tuple, specs: tuple, interpret: bool, tiles: t
         xp = [jnp.zeros((Mp, K), jnp.float32).at[:M].set(x.astype(jnp.float32))]
         x_specs = [pl.BlockSpec((BM, p.chunk), p.index_map(start, lambda j, s: s, rows_at=0))
                    for p, start in zip(parts, starts)]
+    norm_specs = [pl.BlockSpec(a.shape, lambda i, g, n=a.ndim: (0,) * n) for a in norm_arrays]
     arrays = [a for q, ps in zip(qs, planes) for a in (q, *ps)]
     if groups is None:
         w_specs = [spec for p, start in zip(parts, starts) for spec in p.in_specs(start)]
@@ -552,13 +586,19 @@ def _matmul(x, qs: tuple, planes: tuple, specs: tuple, interpret: bool, tiles: t
         w_specs = [pl.BlockSpec(groups[0].shape, lambda i, g: (0,))] * 2 + whole
         arrays = [*groups, *arrays]
 
+    writes_h = norm is not None and norm[0] is not None
+
     def kernel(*refs):
         x_refs, refs = refs[:len(x_specs)], refs[len(x_specs):]
+        norm_refs, refs = refs[:len(norm_arrays)], refs[len(norm_arrays):]
+        h_ref, refs = (refs[-1], refs[:-1]) if writes_h else (None, refs)
         # each weight's x: (x,) or (gate, up)
         x_refs = ([tuple(x_refs)] if glu else [(r,) for r in x_refs])
         x_refs = x_refs * (len(parts) // len(x_refs))
         first = pl.program_id(0) * BM        # (program ids read here, outside the loop:
         g = pl.program_id(1)                 # interpret mode has none inside it)
+        load_x = None if norm is None else _norm_prologue(
+            x_refs[0][0], norm_refs, h_ref, norm, eps, first, g, M, K, rows, dots)
         limit, expert, ok = M, None, True
         if groups is not None:
             live_ref, expert_ref, *refs = refs
@@ -573,25 +613,68 @@ def _matmul(x, qs: tuple, planes: tuple, specs: tuple, interpret: bool, tiles: t
                 expert * part.n + lax.div(g - start, part.chunks) * part.tiles.bn)
             run = functools.partial(part.program, x_ref, w_refs, o_ref, first, limit,
                                     (rows, dots), in_place, interpret,
-                                    lax.rem(g - start, part.chunks) * part.chunk, tile_at)
+                                    lax.rem(g - start, part.chunks) * part.chunk, tile_at,
+                                    load_x)
             if len(parts) == 1 and groups is None:
                 run()
             else:
                 pl.when(ok & (g >= start) & (g < starts[w + 1]))(run)
 
+    h_out = [jax.ShapeDtypeStruct((M, K), jnp.float32)] if writes_h else []
     ys = pl.pallas_call(
         kernel,
-        out_shape=[jax.ShapeDtypeStruct((p.chunks, Mp, p.n), jnp.float32) for p in parts],
+        out_shape=[jax.ShapeDtypeStruct((p.chunks, Mp, p.n), jnp.float32) for p in parts]
+        + h_out,
         grid=(Mp // BM, starts[-1]),
-        in_specs=[*x_specs, *w_specs],
+        in_specs=[*x_specs, *norm_specs, *w_specs],
         out_specs=[pl.BlockSpec((None, BM, p.tiles.bn),
                                 p.index_map(start, lambda j, s: (s, j), rows_at=1))
-                   for p, start in zip(parts, starts)],
+                   for p, start in zip(parts, starts)]
+        + [pl.BlockSpec((M, K), lambda i, g: (0, 0))] * len(h_out),
         **pallas_backend.options(interpret, num_stages=STAGES),
-    )(*(xp if glu else xp * len(x_specs)), *arrays)
-    if partials:
-        return ys
-    return [summed(y)[:M] for y in ys]
+    )(*(xp if glu else xp * len(x_specs)), *norm_arrays, *arrays)
+    ys = list(ys)
+    h = ys.pop() if writes_h else None
+    out = ys if partials else [summed(y)[:M] for y in ys]
+    return out if norm is None else (out, h)
+
+
+def _norm_prologue(x_ref, norm_refs, h_ref, norm: tuple, eps: float, first, g, M: int,
+                   K: int, R: int, dots: int):
+    """Inside _matmul's kernel, with its norm: each dot's rows' scale, pallas_norm's
+    sum_squares over the whole row and rms_scale (h written by program g 0 on the way),
+    and the function giving the product's x, h * scale * w, at dot d's R rows (R is
+    pallas_norm.NORM_ROWS: its blocks' shape) and columns c0.. (width), as _Part.program's
+    load_x: pallas_norm.rms_norm's arithmetic, a row's bits the same."""
+    from kinetic.kernels import pallas_norm
+    if R != pallas_norm.NORM_ROWS:
+        raise ValueError(f"a norm inside the matmul needs {pallas_norm.NORM_ROWS}-row dots, "
+                         f"not {R}")
+    parts, bias, _ = norm
+    refs = iter(norm_refs)
+    p_ref = next(refs) if parts is not None else None
+    b_ref = next(refs) if bias is not None else None
+    w_ref = next(refs)
+
+    def h_block(d, c0, width):
+        row = first + d * R
+        live = row + lax.broadcasted_iota(jnp.int32, (R, width), 0) < M
+        at = (pl.ds(row, R), pl.ds(c0, width))
+        return pallas_norm.residual_block(x_ref, p_ref, b_ref, at, live), at, live
+
+    def scale(d):
+        def load(c0, width):
+            h, at, live = h_block(d, c0, width)
+            if h_ref is not None:
+                pltriton.store(h_ref.at[at], h, mask=live & (g == 0))
+            return h
+        return pallas_norm.rms_scale(pallas_norm.sum_squares(load, K), K, eps)
+    scales = [scale(d) for d in range(dots)]
+
+    def load_x(d: int, c0, width: int):
+        h, at, _ = h_block(d, c0, width)
+        return h * scales[d] * w_ref[at[1]][None, :]
+    return load_x
 
 
 def summed(parts: jax.Array) -> jax.Array:
@@ -651,12 +734,13 @@ class _Part:
                 for cols in (self.q_cols, *(self.chunk // e for e in self.widths))]
 
     def program(self, x_ref, w_refs, o_ref, first, limit, block: tuple, in_place: bool,
-                interpret: bool, col, tile_at=None):
+                interpret: bool, col, tile_at=None, load_x=None):
         """One program: its [R * dots, bn] tile of this weight's chunk's partial sum (block:
         (R, dots), R rows a dot), from x's rows at `first` (those from `limit` on masked
         off; in place: columns from `col`) and the weight's tiles, in blocks of bk in order
         over the chunk. tile_at: where the weight's refs are whole (a mixture's), the first
-        of the tile's rows in them."""
+        of the tile's rows in them. load_x(d, c0, width): x's values at dot d's rows and
+        those columns, where x is made in the kernel (_matmul's norm)."""
         BN, BK = self.tiles.bn, self.tiles.bk
         R, dots = block
         q_ref, *block_refs = w_refs
@@ -674,6 +758,8 @@ class _Part:
             padded, not read: a decode step's one row reads one row of x); x_ref (gate,
             up): silu(gate) * up of them, each the sum of its partial sums in order."""
             row = first + d * R
+            if load_x is not None:
+                return load_x(d, col + i * BK, BK)
             live = row + lax.broadcasted_iota(jnp.int32, (R, BK), 0) < limit
             at = ((pl.ds(row, R), pl.ds(col + i * BK, BK))
                   if in_place else (pl.ds(d * R, R), pl.ds(i * BK, BK)))

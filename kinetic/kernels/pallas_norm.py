@@ -7,16 +7,27 @@ model/bert.py `layer_norm`).
 
 XLA computes a norm's mean as a reduction whose order it picks from the whole array's shape:
 on a CPU it gave a row other bits at 16 rows than at 1 (bench/gpu.py's row pieces measure
-the same on a GPU), which is why a CPU runs it in C++. Here, one program normalizes a block
-of rows (`block_rows`: 16, fewer for rows wider than 512): the sum of squares over D is one
-reduction of a block whose shape depends on D alone, whatever the number of rows, so a
-row's arithmetic never depends on how many rows share the call or which; the number of rows
-only sets the grid. A block's rows past the last and columns past D (it is D padded to a
-power of 2: Triton's arrays have power-of-2 sizes) are zeros, which add nothing to a sum
-of squares, and their output is dropped: on a GPU by masks on loads and stores (x and y
-stay where they are, no padded copies), interpreted by padding. Interpreted wherever JAX's
-backend is not a GPU (kernels/pallas_backend.py); tests/test_pallas_norm.py checks it
-there.
+the same on a GPU), which is why a CPU runs it in C++. Here a row's arithmetic never depends
+on how many rows share the call or which; the number of rows only sets the grid.
+
+The RMS norm: one program normalizes NORM_ROWS (16) rows, a block of norm_block(D) columns
+at a time: the sum of squares is `sum_squares`'s, each [16, nb] block's row sums added in
+order, then each block's h * (1 / sqrt(mean + eps)) * w written. The blocks have this
+shape whatever D, the row count, or the kernel: a layer's projections normalize their x
+themselves with the same function (kernels/pallas_matmul.py's norm), and so does the
+rotary kernel a head (kernels/pallas_rope.py), all three the same bits for a row (XLA's
+and Triton's row sums depend on the block's shape: interpreted here, a [4, 256] block's
+row gave other bits than a [16, 256] one's). x, the parts and y are read and written where
+they are, the rows past the last masked off.
+
+The layer norm: one program a block of rows (`block_rows`: 16, fewer for rows wider than
+512), the mean and the variance each one reduction of the block, whose shape depends on D
+alone; a block's rows past the last and columns past D (it is D padded to a power of 2:
+Triton's arrays have power-of-2 sizes) are zeros, which add nothing, and their output is
+dropped: on a GPU by masks on loads and stores (no padded copies), interpreted by padding.
+
+Interpreted wherever JAX's backend is not a GPU (kernels/pallas_backend.py);
+tests/test_pallas_norm.py checks it there.
 """
 
 from __future__ import annotations
@@ -31,19 +42,65 @@ from jax.experimental.pallas import triton as pltriton
 
 from kinetic.kernels import pallas_backend
 
-BLOCK_ELEMENTS = 8192   # a program's block: 16 rows of up to 512 values, fewer rows if wider
+BLOCK_ELEMENTS = 8192   # a layer norm's block: 16 rows of up to 512 values, fewer if wider
+NORM_ROWS = 16          # an RMS norm's rows a program (and a block of its sum of squares)
+NORM_BLOCK = 128       # the most columns of a block of the sum of squares (norm_block)
 
 
 def block_rows(Dp: int) -> int:
-    """Rows per program for rows of Dp (a power of 2) values: up to 16, fewer for wide rows
-    so that a block stays in registers (64 values a thread at 4 warps). Fixed by the width
-    alone, never by the number of rows."""
+    """The layer norm's rows per program for rows of Dp (a power of 2) values: up to 16,
+    fewer for wide rows so that a block stays in registers (64 values a thread at 4 warps).
+    Fixed by the width alone, never by the number of rows."""
     return max(1, min(16, BLOCK_ELEMENTS // Dp))
+
+
+def norm_block(D: int) -> int:
+    """The columns of each block of an RMS norm's sum of squares (`sum_squares`): the
+    largest power of 2 up to NORM_BLOCK that divides D. Fixed by the width alone."""
+    nb = NORM_BLOCK
+    while D % nb:
+        nb //= 2
+    return nb
+
+
+def sum_squares(load, D: int) -> jax.Array:
+    """Inside a kernel: [NORM_ROWS, 1], the sum of the squares of NORM_ROWS rows of D values,
+    a block of norm_block(D) columns at a time, each block's row sums added in order
+    (`load(c0, nb)`: the rows' [NORM_ROWS, nb] values at columns c0..; rows past the last
+    zeros). The RMS norm's order wherever a row is normalized (module docstring)."""
+    nb = norm_block(D)
+
+    def add(c, acc):
+        v = load(c * nb, nb)
+        return acc + jnp.sum(v * v, axis=1, keepdims=True)
+    return lax.fori_loop(0, D // nb, add, jnp.zeros((NORM_ROWS, 1), jnp.float32))
+
+
+def rms_scale(total: jax.Array, D: int, eps: float) -> jax.Array:
+    """1 / sqrt(mean + eps) from sum_squares' total: what each value is multiplied by
+    before the weight (x * scale * w)."""
+    return 1.0 / jnp.sqrt(total / D + eps)
+
+
+def residual_block(x_ref, parts_ref, bias_ref, at: tuple, live) -> jax.Array:
+    """Inside a kernel: the block `at` (rows, columns) of h = x + (parts' sum + bias), as
+    add_rms_norm adds them (XLA's order): the partial sums [C, rows, cols] in order, then
+    the bias [D] (None: none), then the residual x; parts_ref None: x alone. The positions
+    off `live` are zeros, not read."""
+    x = pltriton.load(x_ref.at[at], mask=live, other=0.0)
+    if parts_ref is None:
+        return x
+    total = pallas_backend.load_sum(parts_ref, at, live)
+    if bias_ref is not None:
+        total = total + bias_ref[at[1]][None, :]
+    return x + total
 
 
 def rms_norm(x: jax.Array, w: jax.Array, eps: float, interpret: bool | None = None) -> jax.Array:
     """x [..., D] (any float type, computed in float32), w [D] -> float32 [..., D]."""
-    return _rows(x, w, None, eps, interpret)
+    lead, D = x.shape[:-1], x.shape[-1]
+    y = _rms(x.reshape(-1, D), w, float(eps), pallas_backend.interpreted(interpret))
+    return y.reshape(*lead, D)
 
 
 def layer_norm(x: jax.Array, w: jax.Array, b: jax.Array, eps: float,
@@ -61,8 +118,7 @@ def add_rms_norm(x: jax.Array, parts: jax.Array, bias: jax.Array | None, w: jax.
     the chunks of its K (pallas_matmul's partials) or one array [1, M, D]; bias [D] or
     None. The sum is XLA's order (the chunks in order, then the bias, then x), so h is the
     bits of `x + linear(...)`, and y the bits of rms_norm(h)."""
-    interpret = pallas_backend.interpreted(interpret)
-    return _norm(x, w, None, float(eps), interpret, not interpret, parts, bias)
+    return _rms(x, w, float(eps), pallas_backend.interpreted(interpret), parts, bias)
 
 
 def _rows(x, w, b, eps: float, interpret: bool | None) -> jax.Array:
@@ -72,29 +128,68 @@ def _rows(x, w, b, eps: float, interpret: bool | None) -> jax.Array:
     return y.reshape(*lead, D)
 
 
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _rms(x, w, eps: float, interpret: bool, parts=None, bias=None):
+    """The RMS norm of x [M, D]'s rows, or with parts (add_rms_norm) of h = x + (parts' sum
+    + bias), returning (h, y). One program NORM_ROWS rows: sum_squares over them, then
+    block by block h * rms_scale * w (and h) written; everything read and written in place,
+    the rows past M masked off (module docstring)."""
+    M, D = x.shape
+    nb = norm_block(D)
+    adds = parts is not None
+    args = [x.astype(jnp.float32), jnp.asarray(w, jnp.float32)]
+    args += [parts] if adds else []
+    args += [jnp.asarray(bias, jnp.float32)] if adds and bias is not None else []
+
+    def kernel(x_ref, w_ref, *refs):
+        p_ref = refs[0] if adds else None
+        b_ref = refs[1] if adds and bias is not None else None
+        first = pl.program_id(0) * NORM_ROWS
+
+        def rows(c0, width):
+            at = (pl.ds(first, NORM_ROWS), pl.ds(c0, width))
+            live = first + lax.broadcasted_iota(jnp.int32, (NORM_ROWS, width), 0) < M
+            return residual_block(x_ref, p_ref, b_ref, at, live), at, live
+        scale = rms_scale(sum_squares(lambda c0, width: rows(c0, width)[0], D), D, eps)
+
+        def write(c, carry):
+            h, at, live = rows(c * nb, nb)
+            if adds:
+                pltriton.store(refs[-2].at[at], h, mask=live)
+            pltriton.store(refs[-1].at[at], h * scale * w_ref[at[1]][None, :], mask=live)
+            return carry
+        lax.fori_loop(0, D // nb, write, 0)
+
+    def whole(a):
+        return pl.BlockSpec(a.shape, lambda i, n=a.ndim: (0,) * n)
+    shape = jax.ShapeDtypeStruct((M, D), jnp.float32)
+    out = pl.pallas_call(
+        kernel,
+        out_shape=[shape, shape] if adds else shape,
+        grid=(-(-M // NORM_ROWS),),
+        in_specs=[whole(a) for a in args],
+        out_specs=[whole(shape), whole(shape)] if adds else whole(shape),
+        **pallas_backend.options(interpret),
+    )(*args)
+    return tuple(out) if adds else out
+
+
 @functools.partial(jax.jit, static_argnums=(3, 4, 5))
-def _norm(x, w, b, eps: float, interpret: bool, in_place: bool, parts=None, add_bias=None):
-    """b None: the RMS norm; else the layer norm, b its bias. parts (add_rms_norm): x is a
-    residual, the rows normed are h = x + (parts' sum + add_bias), and (h, y) are returned.
-    in_place: x, w, b and y are
-    read and written where they are, unpadded, each program its rows at their place and
-    the padding masked off (a GPU's way: no padded copies, kernels of their own, around
-    each norm); else they are padded to whole blocks (interpreted: a masked load there pads
-    the array it reads). The same values reach the same arithmetic either way
-    (tests/test_pallas_norm.py)."""
+def _norm(x, w, b, eps: float, interpret: bool, in_place: bool):
+    """The layer norm of x [M, D]'s rows. in_place: x, w, b and y are read and written
+    where they are, unpadded, each program its rows at their place and the padding masked
+    off (a GPU's way: no padded copies, kernels of their own, around each norm); else they
+    are padded to whole blocks (interpreted: a masked load there pads the array it reads).
+    The same values reach the same arithmetic either way (tests/test_pallas_norm.py)."""
     M, D = x.shape
     Dp = pl.next_power_of_2(D)
     BM = block_rows(Dp)
     Mp = -(-M // BM) * BM
-    centre = b is not None
-    adds = parts is not None
-    vectors = [w, b] if centre else [w]
-    vectors += [add_bias] if add_bias is not None else []
+    vectors = [w, b]
     if in_place:
         args = [x.astype(jnp.float32), *(jnp.asarray(v, jnp.float32) for v in vectors)]
         rows_spec = pl.BlockSpec((M, D), lambda i: (0, 0))        # the whole of x, of y
         vector_spec = pl.BlockSpec((D,), lambda i: (0,))
-        parts_spec = None if not adds else pl.BlockSpec(parts.shape, lambda i: (0, 0, 0))
         out_shape = (M, D)
     else:
         def row(v):   # a [D] vector as [1, Dp], zeros past D
@@ -103,20 +198,9 @@ def _norm(x, w, b, eps: float, interpret: bool, in_place: bool, parts=None, add_
                 *map(row, vectors)]
         rows_spec = pl.BlockSpec((BM, Dp), lambda i: (i, 0))      # a program's block
         vector_spec = pl.BlockSpec((1, Dp), lambda i: (0, 0))
-        if adds:
-            parts = jnp.zeros((parts.shape[0], Mp, Dp), jnp.float32).at[:, :M, :D].set(
-                parts[:, :M, :D].astype(jnp.float32))
-            parts_spec = pl.BlockSpec((parts.shape[0], BM, Dp), lambda i: (0, i, 0))
         out_shape = (Mp, Dp)
-    if adds:
-        args.append(parts)
 
-    def kernel(x_ref, w_ref, *refs):
-        if adds:      # the residual's: h's output before y's, the parts after the vectors
-            *refs, p_ref, h_ref, o_ref = refs
-            *b_ref, add_ref = refs if add_bias is not None else (*refs, None)
-        else:
-            *b_ref, o_ref = refs              # b_ref: [the bias] for the layer norm, else []
+    def kernel(x_ref, w_ref, b_ref, o_ref):
         first = pl.program_id(0) * BM
         cols = lax.broadcasted_iota(jnp.int32, (BM, Dp), 1)
         live = (first + lax.broadcasted_iota(jnp.int32, (BM, Dp), 0) < M) & (cols < D)
@@ -127,28 +211,13 @@ def _norm(x, w, b, eps: float, interpret: bool, in_place: bool, parts=None, add_
             inside = lax.broadcasted_iota(jnp.int32, (Dp,), 0) < D
             return pltriton.load(ref.at[pl.ds(0, Dp)], mask=inside, other=0.0)[None, :]
         if in_place:
-            at = (pl.ds(first, BM), pl.ds(0, Dp))
-            v = pltriton.load(x_ref.at[at], mask=live, other=0.0)
+            v = pltriton.load(x_ref.at[pl.ds(first, BM), pl.ds(0, Dp)], mask=live, other=0.0)
         else:
-            at = (pl.ds(0, BM), pl.ds(0, Dp))
             v = x_ref[...]
-        if adds:
-            # the partial sums in order, then the bias, then the residual: XLA's order
-            total = pallas_backend.load_sum(p_ref, at, live)
-            if add_ref is not None:
-                total = total + vector(add_ref)
-            v = v + total
-            if in_place:
-                pltriton.store(h_ref.at[at], v, mask=live)
-            else:
-                h_ref[...] = v
-        if centre:
-            # (the padding's x - mean would be -mean: times 0 it adds nothing to the variance)
-            v = (v - jnp.sum(v, axis=1, keepdims=True) / D) * (cols < D).astype(jnp.float32)
+        # (the padding's x - mean would be -mean: times 0 it adds nothing to the variance)
+        v = (v - jnp.sum(v, axis=1, keepdims=True) / D) * (cols < D).astype(jnp.float32)
         var = jnp.sum(v * v, axis=1, keepdims=True) / D
-        y = v * (1.0 / jnp.sqrt(var + eps)) * vector(w_ref)
-        if centre:
-            y = y + vector(b_ref[0])
+        y = v * (1.0 / jnp.sqrt(var + eps)) * vector(w_ref) + vector(b_ref)
         if in_place:
             pltriton.store(o_ref.at[pl.ds(first, BM), pl.ds(0, Dp)], y, mask=live)
         else:
@@ -157,12 +226,10 @@ def _norm(x, w, b, eps: float, interpret: bool, in_place: bool, parts=None, add_
     shape = jax.ShapeDtypeStruct(out_shape, jnp.float32)
     out = pl.pallas_call(
         kernel,
-        out_shape=[shape, shape] if adds else shape,
+        out_shape=shape,
         grid=(Mp // BM,),
-        in_specs=[rows_spec] + [vector_spec] * len(vectors) + ([parts_spec] if adds else []),
-        out_specs=[rows_spec, rows_spec] if adds else rows_spec,
+        in_specs=[rows_spec] + [vector_spec] * len(vectors),
+        out_specs=rows_spec,
         **pallas_backend.options(interpret),
     )(*args)
-    if adds:
-        return out[0][:M, :D], out[1][:M, :D]
     return out[:M, :D]

@@ -14,7 +14,7 @@ cache with k's rotary and v inside: bench/gpu_compile.py); here it is one.
 
 With norms (Qwen3's, Gemma 3's: q's and k's weights and eps), each head of q and of k is
 RMS-normalized before its rotary with pallas_norm's arithmetic, the head as that kernel's
-row (`head_norm`): two launches a layer fewer.
+row (`head_scale`): two launches a layer fewer.
 
 One program a row and head (grid [T, H]; programs past K write no k or v): its arithmetic
 is its own row's alone, whatever the rows beside it. A head's pairs are read as a [pairs,
@@ -33,6 +33,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental import pallas as pl
 
 from kinetic.kernels import pallas_backend
@@ -54,7 +55,7 @@ def rope_write(q_parts, k_parts, v_parts, biases, cos, sin, write_index, k_cache
     and v_parts likewise for K heads; biases (q's, k's, v's: [N] or None each); cos and sin
     [T, Q / 2]; heads (H, K); norms (q's weight [Q], k's weight [Q], eps) or None: each
     head of q and of k RMS-normalized before its rotary (Qwen3's), pallas_norm.rms_norm's
-    arithmetic (`head_norm`)."""
+    arithmetic (`head_scale`)."""
     interpret = pallas_backend.interpreted(interpret)
     T = write_index.shape[0]
     H, K = heads
@@ -87,14 +88,23 @@ def rope_write(q_parts, k_parts, v_parts, biases, cos, sin, write_index, k_cache
             v_flat.reshape(v_cache.shape))
 
 
-def head_norm(total, whole, weight, eps: float):
-    """Inside a kernel: a block of heads' values `total` [1, heads, *pairs' part] normalized
-    as pallas_norm's rms_norm normalizes a row, a head being the row: the mean of the
-    squares of its values `whole` [1, heads, Q] (in order, as that kernel's row), then
-    value * (1 / sqrt(mean + eps)) * weight (weight [*part], the norm's over those values)."""
-    mean = jnp.sum(whole * whole, axis=-1, keepdims=True) / whole.shape[-1]
-    scale = 1.0 / jnp.sqrt(mean + eps)
-    return total * scale.reshape(*scale.shape[:2], *(1,) * (total.ndim - 2)) * weight[None, None]
+def head_scale(whole_ref, row, h, Q: int, eps: float) -> jax.Array:
+    """Inside a kernel: [1, 1], head h of row `row`'s 1 / sqrt(mean of its squares + eps)
+    from its values whole_ref[C, rows, heads, Q] (the partial sums added in order), as
+    pallas_norm's RMS norm makes a row's: the head read as row 0 of a [NORM_ROWS, Q] block
+    (the rows after it masked off, zeros), pallas_norm.sum_squares and rms_scale, the
+    block's shape the norm kernel's (its blocks' shape sets a row's bits); then row 0's
+    sum taken out exactly (the rest are zeros)."""
+    from kinetic.kernels import pallas_norm
+    R = pallas_norm.NORM_ROWS
+
+    def load(c0, width):
+        live = lax.broadcasted_iota(jnp.int32, (1, R, width), 1) == 0
+        block = pallas_backend.load_sum(whole_ref, (row, pl.ds(h, R), pl.ds(c0, width)),
+                                        live)
+        return block.reshape(R, width)
+    total = jnp.sum(pallas_norm.sum_squares(load, Q), axis=0, keepdims=True)
+    return pallas_norm.rms_scale(total, Q, eps)
 
 
 @functools.partial(jax.jit, static_argnums=(10, 11, 12, 13))
@@ -144,9 +154,9 @@ def _rope_write(q_parts, k_parts, v_parts, biases, cos, sin, index, k_cache, v_c
         def rotated(ref, bias_ref, whole_ref, norm_ref):
             a, b = summed(ref, bias_ref, a_at), summed(ref, bias_ref, b_at)
             if norm_ref is not None:   # the head normalized first (Qwen3's)
-                whole = summed(whole_ref, None, (pl.ds(0, Q),))
-                a = head_norm(a, whole, norm_ref[a_at], eps)
-                b = head_norm(b, whole, norm_ref[b_at], eps)
+                scale = head_scale(whole_ref, row, h, Q, eps).reshape(1, 1, 1, 1)
+                a = a * scale * norm_ref[a_at][None, None]
+                b = b * scale * norm_ref[b_at][None, None]
             return a * c - b * s, a * s + b * c
 
         @pl.when(h < H)

@@ -109,7 +109,32 @@ def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
 def pallas_norms() -> bool:
     """Whether a step's norms are the Pallas kernel's (kernels/pallas_norm.py): when it is
     traced for a GPU, unless KINETIC_GPU_NORM=xla. Decided at each trace."""
-    return target.backend() == "gpu" and os.environ.get("KINETIC_GPU_NORM", "pallas") != "xla"
+    return target.backend() == "gpu" and _gpu_norm() != "xla"
+
+
+def norms_in_matmul(rows: int) -> bool:
+    """Whether a pre-norm layer's residual add and norm, in a step of `rows` rows, are made
+    inside the projections' kernel after them (Normed: pallas_matmul's norm) rather than a
+    norm kernel of their own: on a GPU unless KINETIC_GPU_NORM=kernel (or xla), in a
+    decode step's few rows (pallas_matmul.variant 1: each program then reads the rows'
+    residual and partial sums whole, which costs little at a few rows and too much at
+    many: a prompt's norms stay kernels of their own, the same arithmetic, so a row's bits
+    are the same either way), while a dot has 16 rows (the norm's blocks:
+    KINETIC_PALLAS_DECODE_ROWS unset or 16). Decided at each trace."""
+    if not pallas_norms() or _gpu_norm() != "pallas":
+        return False
+    from kinetic.kernels import pallas_matmul, pallas_norm
+    return (pallas_matmul.variant(rows) == 1
+            and pallas_matmul.decode_rows() == pallas_norm.NORM_ROWS)
+
+
+def _gpu_norm() -> str:
+    """KINETIC_GPU_NORM: pallas (the default: norms inside the projections where they can
+    be, else Pallas kernels of their own), kernel (always kernels of their own) or xla."""
+    text = os.environ.get("KINETIC_GPU_NORM", "pallas")
+    if text not in ("pallas", "kernel", "xla"):
+        raise ValueError(f"KINETIC_GPU_NORM={text!r}: pallas, kernel or xla")
+    return text
 
 
 def xla_rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
@@ -206,9 +231,62 @@ class Pending:
         return y if self.bias is None else y + self.bias
 
 
-def value(y: jax.Array | Pending) -> jax.Array:
-    """y itself, or a Pending's array."""
-    return y.value() if isinstance(y, Pending) else y
+def value(y) -> jax.Array:
+    """y itself, or a Pending's or a Normed's array."""
+    return y.value() if isinstance(y, (Pending, Normed)) else y
+
+
+@dataclass
+class Normed:
+    """rms_norm(x + y, w, eps) not yet computed: a pre-norm layer's input as residual_layers
+    hands it to a mixer or a feed-forward that takes it whole (rotated_qkv, swiglu), whose
+    projections' kernel adds and normalizes its x itself (pallas_matmul's norm:
+    pallas_norm's bits, and no launch of its own on a GPU). x: the residual [T, D]; y: what
+    is added to it (Pending, an array, or None: nothing, the first layer's norm). Anything
+    else takes `value()` (add_norm's or rms_norm's result). Either way `residual()` is then
+    x + y, the next add's x."""
+
+    x: jax.Array
+    y: Any
+    w: jax.Array
+    eps: float
+    _residual: jax.Array | None = None
+    _value: jax.Array | None = None
+
+    @property
+    def shape(self) -> tuple:
+        return self.x.shape
+
+    @property
+    def ndim(self) -> int:
+        return self.x.ndim
+
+    def value(self) -> jax.Array:
+        if self._value is None:
+            if self.y is None:
+                self._residual, self._value = self.x, rms_norm(self.x, self.w, self.eps)
+            else:
+                self._residual, self._value = add_norm(self.x, self.y, self.w, self.eps)
+        return self._value
+
+    def norm(self) -> tuple:
+        """pallas_matmul's norm: (parts, bias, w, eps)."""
+        if self.y is None:
+            return None, None, self.w, self.eps
+        parts, bias = ((self.y.parts, self.y.bias) if isinstance(self.y, Pending)
+                       else (self.y[None], None))
+        return parts, bias, self.w, self.eps
+
+    def took(self, h: jax.Array | None) -> None:
+        """A projections' kernel normalized it and wrote h, x + y (None: x, nothing added)."""
+        if self._residual is None:
+            self._residual = self.x if h is None else h
+
+    def residual(self) -> jax.Array:
+        """x + y (computed with the norm if no kernel took it)."""
+        if self._residual is None:
+            self.value()
+        return self._residual
 
 
 def add_norm(x: jax.Array, y: jax.Array | Pending, w: jax.Array,
@@ -456,7 +534,8 @@ def cached_attention(q: jax.Array, k: jax.Array | None, v: jax.Array | None,
 def rotated_qkv(x: jax.Array, w: dict, cfg: Config, kv: tuple[jax.Array, jax.Array],
                 step: StepInput, cos: jax.Array, sin: jax.Array, neox: bool,
                 head_norms: bool = False, fuse: bool = True):
-    """A dense layer's attention inputs from its normed x [T, D]: (q [T, H, Q], k, v, kv),
+    """A dense layer's attention inputs from its normed x [T, D] (or a Normed, made in the
+    projections' kernel where rope_write runs): (q [T, H, Q], k, v, kv),
     q and k rotated, with head_norms each head of q and k RMS-normalized first (Qwen3's
     attn_q_norm and attn_k_norm), for cached_attention. Where a GPU's step runs it (and
     `fuse`), one launch (rope_write) has written k and v into kv already: k and v are None
@@ -465,7 +544,7 @@ def rotated_qkv(x: jax.Array, w: dict, cfg: Config, kv: tuple[jax.Array, jax.Arr
     if fused is not None:
         q, kv = fused
         return q, None, None, kv
-    q, k, v = qkv(x, w, cfg)
+    q, k, v = qkv(value(x), w, cfg)
     if head_norms:
         q = rms_norm(q, w["attn_q_norm"], cfg.norm_eps)
         k = rms_norm(k, w["attn_k_norm"], cfg.norm_eps)
@@ -491,7 +570,12 @@ def rope_write(x: jax.Array, w: dict, cfg: Config, kv: tuple[jax.Array, jax.Arra
             or not pallas_rope.supported(cfg.head_dim, 2 * cos.shape[-1], kv[0].dtype)):
         return None
     from kinetic.kernels import pallas_matmul
-    parts = pallas_matmul.matmul_many(x, [p.data for p in projs], partials=True)
+    data = [p.data for p in projs]
+    if isinstance(x, Normed):   # its add and norm made by this kernel too
+        parts, h = pallas_matmul.matmul_many(x.x, data, partials=True, norm=x.norm())
+        x.took(h)
+    else:
+        parts = pallas_matmul.matmul_many(x, data, partials=True)
     norms = (w["attn_q_norm"], w["attn_k_norm"], cfg.norm_eps) if head_norms else None
     q, k_cache, v_cache = pallas_rope.rope_write(
         *parts, biases, cos, sin, step.write_index, kv[0], kv[1],
@@ -592,21 +676,37 @@ def paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, step: 
 
 
 def residual_layers(x: jax.Array, weights: dict, cache: list, eps: float, mixer, ffn,
-                    ffn_norm: str = "ffn_norm") -> tuple[jax.Array, list]:
+                    ffn_norm: str = "ffn_norm",
+                    take_normed: tuple[bool, bool] = (False, False)) -> tuple[jax.Array, list]:
     """A pre-norm decoder's layers over x [T, D]: per layer i, x += mixer(i, attn_norm(x), w,
     the layer's cache) (which returns its output and the layer's new cache: attention, or a
     hybrid's other mixer) then x += ffn(i, ffn_norm(x), w). Returns (x, the new cache).
     Each add and the norm after it (the next layer's attn_norm after the ffn's add) are one
-    add_norm; the mixer's and the ffn's output may be Pending (linear's pending)."""
+    add_norm; the mixer's and the ffn's output may be Pending (linear's pending).
+    take_normed (the mixer's, the ffn's): whether it takes its input as a Normed, whose
+    add and norm its projections' kernel makes (where norms_in_matmul)."""
     blocks, new_cache = weights["blk"], []
-    h = rms_norm(x, blocks[0]["attn_norm"], eps) if len(blocks) else None
+    fused = [t and norms_in_matmul(x.shape[0]) for t in take_normed]
+
+    def normed(x, y, w, who: int):
+        """(x + y or None, its norm or a Normed of it, for the mixer (0) or the ffn (1))."""
+        if fused[who]:
+            return None, Normed(x, y, w, eps)
+        return (x, rms_norm(x, w, eps)) if y is None else add_norm(x, y, w, eps)
+
+    def residual(x, h):
+        return h.residual() if isinstance(h, Normed) else x
+
+    if len(blocks):
+        x, h = normed(x, None, blocks[0]["attn_norm"], 0)
     for i, (w, layer_cache) in enumerate(zip(blocks, cache)):
         y, layer_cache = mixer(i, h, w, layer_cache)
-        x, h = add_norm(x, y, w[ffn_norm], eps)
+        x, h = normed(residual(x, h), y, w[ffn_norm], 1)
         with jax.named_scope("ffn"):
             f = ffn(i, h, w)
+            x = residual(x, h)
             if i + 1 < len(blocks):
-                x, h = add_norm(x, f, blocks[i + 1]["attn_norm"], eps)
+                x, h = normed(x, f, blocks[i + 1]["attn_norm"], 0)
             else:
                 x = x + value(f)
         new_cache.append(layer_cache)
@@ -625,16 +725,20 @@ def swiglu(x: jax.Array, gate_w: Proj, up_w: Proj, down_w: Proj,
            pending: bool = False) -> jax.Array | Pending:
     """down(silu(gate(x)) * up(x)): a SwiGLU feed-forward (a layer's, or an expert's). The
     pallas kernel's weights, unsplit, where the step is not the CPU's (silu_times): two
-    launches, the product made inside the second (pallas_matmul.swiglu). pending: as
-    linear's."""
+    launches, the product made inside the second (pallas_matmul.swiglu), x's add and norm
+    inside the first where x is a Normed. pending: as linear's."""
     projs = (gate_w, up_w, down_w)
     if not _native_rows() and all(p.fmt == PLANES and p.mesh is None for p in projs):
         from kinetic.kernels import pallas_matmul
         data = [p.data for p in projs]
-        if pending and _pending(x, projs):
-            return Pending(pallas_matmul.swiglu(x, *data, partials=True), x.shape[0],
-                           down_w.shape[1])
-        return pallas_matmul.swiglu(x, *data)
+        partials = bool(pending and _pending(x, projs))
+        if isinstance(x, Normed):   # its add and norm made by gate's and up's kernel
+            y, h = pallas_matmul.swiglu(x.x, *data, partials=partials, norm=x.norm())
+            x.took(h)
+        else:
+            y = pallas_matmul.swiglu(x, *data, partials=partials)
+        return Pending(y, x.shape[0], down_w.shape[1]) if partials else y
+    x = value(x)
     gate, up = linear_many(x, [gate_w, up_w])
     return linear(silu_times(gate, up), down_w)
 

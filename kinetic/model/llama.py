@@ -51,5 +51,6 @@ def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
         with jax.named_scope("attention"):
             return attention_block(h, w, kv, step, cfg, cos, sin, cfg.rope_neox)
     x, new_cache = residual_layers(x, weights, cache, cfg.norm_eps, mixer,
-                                   lambda i, h, w: swiglu_ffn(h, w, pending=True))
+                                   lambda i, h, w: swiglu_ffn(h, w, pending=True),
+                                   take_normed=(True, True))
     return output_logits(x, step, weights["output_norm"], weights["output"], cfg.norm_eps), new_cache

@@ -24,13 +24,14 @@ def configure(cfg: Config, meta: dict) -> Config:
 
 def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
     """Logits [T, V] for the step's rows, and the cache with their K/V written."""
-    return decoder(weights, cfg, cache, step, partial(swiglu_ffn, pending=True))
+    return decoder(weights, cfg, cache, step, partial(swiglu_ffn, pending=True), True)
 
 
 def decoder(weights: dict, cfg: Config, cache: list, step: StepInput,
-            ffn: Callable[[jax.Array, dict], jax.Array]):
+            ffn: Callable[[jax.Array, dict], jax.Array], ffn_takes_normed: bool = False):
     """Qwen3's layers with `ffn(normed x, layer weights)` as the feed-forward block (a dense
-    SwiGLU, or Qwen3-MoE's mixture of experts)."""
+    SwiGLU, or Qwen3-MoE's mixture of experts; ffn_takes_normed: whether it takes a
+    layers.Normed, as swiglu_ffn does)."""
     eps = cfg.norm_eps
     cos, sin = rope_angles(step.positions, cfg, cfg.rope_base)
 
@@ -38,7 +39,8 @@ def decoder(weights: dict, cfg: Config, cache: list, step: StepInput,
         with jax.named_scope("attention"):
             return attention(h, w, kv, step, cfg, cos, sin)
     x, new_cache = residual_layers(input_rows(step, weights["token_embd"]), weights, cache,
-                                   eps, mixer, lambda i, h, w: ffn(h, w))
+                                   eps, mixer, lambda i, h, w: ffn(h, w),
+                                   take_normed=(True, ffn_takes_normed))
     return output_logits(x, step, weights["output_norm"], weights["output"], eps), new_cache
 
 
