@@ -200,6 +200,12 @@ def capture_modules(folder: str, shapes: list[str], qtypes: list[str]) -> list[d
               lambda qp, kp, vp, c, s_, i, kc, vc, qw, kw: pallas_rope.rope_write(
                   qp, kp, vp, (None,) * 3, c, s_, i, kc, vc, (H, K), True, (qw, kw, 1e-6)),
               *parts, angle, angle, rows, cache, cache, norm, norm)
+    # the decode loop's greedy draw: a row's blocks of the vocabulary to their maxima
+    from kinetic.kernels import pallas_greedy
+    for rows in (1, 64):
+        lower(f"greedy draw's blocks, {rows} rows of 151936",
+              lambda x: pallas_greedy._blocks(x, False),
+              jax.ShapeDtypeStruct((rows, 151936), jnp.float32))
     # a mixture's experts, one launch a projection over every (row, expert) pair
     # (matmul_experts), at Qwen3-30B-A3B's shape: 128 experts of [768, 2048], 8 a row
     for qtype in qtypes:

@@ -210,3 +210,19 @@ def test_a_one_row_steps_cache_write_is_an_update_in_place():
             layers.write_kv, cache, new[:rows], index[:rows])))
         assert ("stablehlo.scatter" in ops) == (rows > 1)
         assert ("stablehlo.dynamic_update_slice" in ops) == (rows == 1)
+
+
+def test_the_decode_loops_greedy_draw_is_a_triton_kernel_on_a_gpu():
+    """sample_device.greedy_tokens without a mask (Runner.decode_steps' draw) traced for a
+    GPU: the blocks' maxima in one Triton kernel (kernels/pallas_greedy.py) around one
+    scatter of the bias and one reduction, where sampler.greedy's XLA passes were about
+    eight kernels; traced for a CPU it stays XLA's (no pallas call)."""
+    from kinetic.engine import sample_device, sampler
+    logits = jnp.zeros((4, 20000), jnp.float32)
+    bias = sampler.Sparse(jnp.full((4, 8), -1, jnp.int32), jnp.zeros((4, 8), jnp.float32))
+
+    def draw(x, b):
+        return sample_device.greedy_tokens(x, b, None, exact=False)
+    text = cuda_text(draw, logits, bias)
+    assert re.findall(r"custom_call @([\w$.]+)", text) == [TRITON]
+    assert "pallas_call" not in str(jax.make_jaxpr(draw)(logits, bias))

@@ -32,6 +32,7 @@ from kinetic.engine.sample_batch import (SampleBatch, SampleShape, full_mask, pa
                                          row_fields)
 from kinetic.engine.sampling_params import SamplingParams, history_rows
 from kinetic.kernels import ffi as native
+from kinetic.kernels import target
 from kinetic.memory import release_memory
 
 
@@ -49,9 +50,15 @@ def greedy_tokens(logits: jax.Array, bias: sampler.Sparse, mask: jax.Array | Non
     """sampler.greedy's tokens: the first index of each row's maximum after the mask (None:
     every token allowed) and the bias pairs, NaN read as -inf, -1 where the row allows no
     token. exact (the C++ kernels run): from one C++ pass over each row
-    (kinetic/kernels/csrc/argmax.h), else from sampler.greedy's XLA passes."""
+    (kinetic/kernels/csrc/argmax.h); traced for a GPU without a mask (the decode loop's):
+    from a Pallas kernel over blocks of each row (kinetic/kernels/pallas_greedy.py: three
+    kernels where XLA's passes are about eight); else from sampler.greedy's XLA passes.
+    The same tokens every way."""
     if exact:
         return native.row_argmax(logits, bias.ids, bias.values, mask)
+    if mask is None and bias.spill is None and target.backend() == "gpu":
+        from kinetic.kernels import pallas_greedy
+        return pallas_greedy.greedy(logits, bias.ids, bias.values)
     if mask is None:
         mask = jnp.full((logits.shape[0], -(-logits.shape[1] // 32)), -1, jnp.int32)
     return sampler.greedy(logits, bias, mask)

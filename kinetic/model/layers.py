@@ -307,7 +307,7 @@ def linear(x: jax.Array, p: Proj, b: jax.Array | None = None,
     """x [..., K] . W^T -> [..., N] float32: the one swap point between the C++ kernel
     (packed weights) and XLA's dot (dense ones). live [T] (x [T, K]): the rows wanted; the
     others are unspecified (the C++ kernel neither computes nor writes them; XLA's dot gives
-    0). pending (a residual's projection, x [T, K]): a Pending where the pallas kernel's
+    0; the pallas kernel computes them). pending (a residual's projection, x [T, K]): a Pending where the pallas kernel's
     output goes into the next norm's kernel (add_norm), else the array."""
     if pending and _pending(x, [p]) and live is None:
         from kinetic.kernels import pallas_matmul
@@ -322,8 +322,8 @@ def linear(x: jax.Array, p: Proj, b: jax.Array | None = None,
         else:
             x = quantize_activations(x, p.act_quant)
             y = jnp.dot(x.astype(p.data.dtype), p.data, preferred_element_type=jnp.float32)
-        if live is not None:
-            y = jnp.where(live[:, None] != 0, y, 0.0)
+        if live is not None and p.fmt == DENSE:   # (the pallas kernel's are left as they
+            y = jnp.where(live[:, None] != 0, y, 0.0)   # are: a pass over [T, N] saved)
     elif p.mesh is not None:
         (y,) = device_split.linear_many(x, p.data, [(p.fmt, p.offset, p.n)], p.k, p.mesh,
                                         live, p.owner, [p.rows])
