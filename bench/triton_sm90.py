@@ -182,6 +182,12 @@ def capture_modules(folder: str, shapes: list[str], qtypes: list[str]) -> list[d
               jax.ShapeDtypeStruct((5, d), jnp.float32),
               jax.ShapeDtypeStruct((3, 16, d), jnp.float32),
               jax.ShapeDtypeStruct((d,), jnp.float32), jax.ShapeDtypeStruct((d,), jnp.float32))
+        # a norm after the projection, the residual add and the next norm (Gemma 3's)
+        lower(f"{shape} norm + residual add + rms norm, width {d}",
+              lambda x, p, wp, w: pallas_norm.post_add_rms_norm(x, p, None, wp, w, 1e-6),
+              jax.ShapeDtypeStruct((5, d), jnp.float32),
+              jax.ShapeDtypeStruct((3, 16, d), jnp.float32),
+              jax.ShapeDtypeStruct((d,), jnp.float32), jax.ShapeDtypeStruct((d,), jnp.float32))
         # rotary and the cache writes of q, k and v (two partial sums each, biases)
         H, K = s["n_head"], s["n_kv_head"]
         cache = jax.ShapeDtypeStruct((64, 16, K, hd), jnp.float16)

@@ -330,3 +330,24 @@ def test_a_norm_inside_the_projections_launch_is_the_norm_kernels_bits(M, chunks
     f, h2 = pm.swiglu(x, gate, up, down, norm=(parts, b, w, eps))
     assert np.asarray(f).tobytes() == np.asarray(pm.swiglu(y, gate, up, down)).tobytes()
     assert (h2 is None) == (parts is None)
+
+
+def test_geglu_in_two_launches_is_its_parts_bits():
+    """pallas_matmul.swiglu with act "gelu" (layers.geglu_ffn on a GPU: Gemma's
+    feed-forward): the down projection's programs make gelu_tanh(gate) * up of the partial
+    sums they read, the same bytes as the three matmuls with layers.gelu_tanh between, at
+    the decode and the prompt variant."""
+    import jax.numpy as jnp
+
+    from kinetic.model import layers
+    D = F = 1024
+    gate, up = (pm.repack(random_blocks(T.Q8_0, F, D, s), T.Q8_0, (F, D)) for s in (1, 2))
+    down = pm.repack(random_blocks(T.Q4_0, D, F, 3), T.Q4_0, (D, F))
+    x = np.random.default_rng(5).standard_normal((70, D)).astype(np.float32)
+    for M in (1, 7, 70):
+        want = jax.jit(lambda x: pm.matmul(layers.gelu_tanh(pm.matmul(x, gate))
+                                           * pm.matmul(x, up), down))(jnp.asarray(x[:M]))
+        got = pm.swiglu(x[:M], gate, up, down, act="gelu")
+        assert np.asarray(got).tobytes() == np.asarray(want).tobytes(), M
+        silu = pm.swiglu(x[:M], gate, up, down)
+        assert np.asarray(silu).tobytes() != np.asarray(got).tobytes()

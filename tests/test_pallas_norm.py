@@ -118,3 +118,33 @@ def test_a_residual_add_and_its_norm_in_one_kernel_are_both_apart(D, chunks, bia
         h, y = pn.add_rms_norm(x, parts, b, w, 1e-6)
         assert np.asarray(h).tobytes() == np.asarray(h_want).tobytes(), M
         assert np.asarray(y).tobytes() == np.asarray(y_want).tobytes(), M
+
+
+@pytest.mark.parametrize("D,chunks,bias", [(640, 2, False), (1152, 1, True)])
+def test_a_norm_after_the_projection_the_add_and_the_next_norm_in_one_kernel(D, chunks,
+                                                                             bias):
+    """post_add_rms_norm (layers.post_add_norm on a GPU: Gemma 3's norm after its mixer's
+    and its feed-forward's output, the residual add, the next pre-norm): h = x +
+    rms_norm(parts' sum + bias, w_post) and y = rms_norm(h, w). The add may be contracted
+    with the norm's last product into one FMA (one rounding where apart there are two:
+    XLA's CPU compiler does so here, Triton by default), so h is within the added term's
+    rounding of the partial sums' add, the two norm kernels and the add apart, and y is
+    rms_norm(h)'s bytes; a row's bytes are its own at 1, 7 and 17 rows."""
+    import jax.numpy as jnp
+    rng = np.random.default_rng(D)
+    w_post, w = (rng.standard_normal(D).astype(np.float32) for _ in range(2))
+    b = jnp.asarray(rng.standard_normal(D), jnp.float32) if bias else None
+    for M in (1, 7, 17):
+        x = jnp.asarray(rng.standard_normal((M, D)), jnp.float32)
+        parts = jnp.asarray(rng.standard_normal((chunks, 16 * -(-M // 16), D + 32)) * 4,
+                            jnp.float32)
+        y = layers.Pending(parts, M, D, b).value()
+        added = np.asarray(pn.rms_norm(y, w_post, 1e-6))
+        h_want = np.asarray(x) + added
+        h, got = pn.post_add_rms_norm(x, parts, b, w_post, w, 1e-6)
+        h = np.asarray(h)
+        # (the added term's rounding, half an ulp of it, and the sum's)
+        assert (np.abs(h - h_want) <= np.spacing(np.abs(added)) + np.spacing(np.abs(h))).all()
+        assert np.asarray(got).tobytes() == np.asarray(pn.rms_norm(h, w, 1e-6)).tobytes()
+        alone = pn.post_add_rms_norm(x[-1:], parts[:, M - 1:M], b, w_post, w, 1e-6)
+        assert np.asarray(alone[0]).tobytes() == h[-1:].tobytes(), M

@@ -82,6 +82,9 @@ _STORED = {T.Q4_0: (8, 0), T.Q4_1: (0, 0), T.Q5_0: (16, 1), T.Q5_1: (0, 1), T.Q2
 _FLOATS = {T.F32: np.float32, T.F16: np.float16, T.BF16: None}
 # the formats whose scale (and minimum) is a half float of the file's: planes keep it so
 HALF_SCALES = (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1)
+# a gated feed-forward's activation of its gate, made by the down projection's programs
+# (swiglu's act): SwiGLU's, and GeGLU's (model/layers.py gelu_tanh's, Gemma's)
+GLU = {"silu": jax.nn.silu, "gelu": lambda g: jax.nn.gelu(g, approximate=True)}
 FORMATS = (T.Q8_0, *_STORED, *_FLOATS)
 
 
@@ -408,13 +411,15 @@ def _norm_args(norm: tuple | None) -> tuple:
 
 
 def swiglu(x: jax.Array, gate: Planes, up: Planes, down: Planes,
-           interpret: bool | None = None, partials: bool = False, norm: tuple | None = None):
+           interpret: bool | None = None, partials: bool = False, norm: tuple | None = None,
+           act: str = "silu"):
     """matmul(jax.nn.silu(matmul(x, gate)) * matmul(x, up), down), the same bits, in two
     launches: gate and up in one (matmul_many's), and down, whose programs make silu(gate)
     * up of the blocks of x they read from gate's and up's partial sums (_matmul's glu), so
     the product between has no launch (an XLA kernel a layer on a GPU:
     bench/gpu_compile.py). partials (x [M, K]): as matmul's. norm: as matmul_many's, for
-    gate's and up's x; returns (the product, h)."""
+    gate's and up's x; returns (the product, h). act "gelu": a GeGLU, gelu_tanh(gate) * up
+    (GLU's)."""
     interpret = pallas_backend.interpreted(interpret)
     lead = x.shape[:-1]
     x = x.reshape(-1, x.shape[-1])
@@ -426,7 +431,7 @@ def swiglu(x: jax.Array, gate: Planes, up: Planes, down: Planes,
     halves, h = halves if norm is not None else (halves, None)
     (y,) = _matmul(tuple(halves), (down.q,), (down.planes,), (down.spec,), interpret,
                    (tiling(down.q.shape[0], down.shape[1]),), variant(M), *shape, M,
-                   partials)
+                   partials, None, None, act)
     if not partials:
         y = y[:, :down.shape[0]].reshape(*lead, down.shape[0])
     return y if norm is None else (y, h)
@@ -508,11 +513,11 @@ def decode_rows() -> int:
     return int(text)
 
 
-@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6, 7, 9, 10, 11, 12, 14))
+@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6, 7, 9, 10, 11, 12, 14, 15))
 def _matmul(x, qs: tuple, planes: tuple, specs: tuple, interpret: bool, tiles: tuple,
             dots: int, in_place: bool, groups: tuple | None = None, experts: int = 1,
             rows: int = BLOCK_M, glu: int = 0, partials: bool = False,
-            norm: tuple | None = None, eps: float | None = None):
+            norm: tuple | None = None, eps: float | None = None, act: str = "silu"):
     """The products of x [M, K] with each weight (its q, its other planes, its spec and its
     Tiling at the same place in qs, planes, specs and tiles), [M, N_w] each, in one
     pallas_call. Its grid is (tiles over M, every weight's programs in turn): a weight's
@@ -531,7 +536,8 @@ def _matmul(x, qs: tuple, planes: tuple, specs: tuple, interpret: bool, tiles: t
     each, as partials=True returns them) and the product's x is silu(gate) * up of their
     first glu rows, made by each program from the blocks it reads (swiglu: no launch of
     its own): each partial sum added in order, as the call returning the total adds them,
-    then jax.nn.silu, as XLA's, so the same values as matmul(silu(gate) * up, w).
+    then jax.nn.silu, as XLA's, so the same values as matmul(silu(gate) * up, w); act
+    "gelu": gelu_tanh(gate) * up instead (a GeGLU, Gemma's: layers.gelu_tanh's jnp code).
     partials: the [chunks, rows, N_w] partial sums themselves, not their total [M, N_w].
 
     norm (parts, bias, w), with eps: the product's x is rms_norm(h, w, eps) of h = x + (parts'
@@ -614,7 +620,7 @@ def _matmul(x, qs: tuple, planes: tuple, specs: tuple, interpret: bool, tiles: t
             run = functools.partial(part.program, x_ref, w_refs, o_ref, first, limit,
                                     (rows, dots), in_place, interpret,
                                     lax.rem(g - start, part.chunks) * part.chunk, tile_at,
-                                    load_x)
+                                    load_x, act)
             if len(parts) == 1 and groups is None:
                 run()
             else:
@@ -734,7 +740,7 @@ class _Part:
                 for cols in (self.q_cols, *(self.chunk // e for e in self.widths))]
 
     def program(self, x_ref, w_refs, o_ref, first, limit, block: tuple, in_place: bool,
-                interpret: bool, col, tile_at=None, load_x=None):
+                interpret: bool, col, tile_at=None, load_x=None, act: str = "silu"):
         """One program: its [R * dots, bn] tile of this weight's chunk's partial sum (block:
         (R, dots), R rows a dot), from x's rows at `first` (those from `limit` on masked
         off; in place: columns from `col`) and the weight's tiles, in blocks of bk in order
@@ -766,7 +772,7 @@ class _Part:
             if len(x_ref) == 1:
                 return pltriton.load(x_ref[0].at[at], mask=live, other=0.0)
             gate, up = (pallas_backend.load_sum(ref, at, live) for ref in x_ref)
-            return jax.nn.silu(gate) * up
+            return GLU[act](gate) * up
 
         kind, n_bits, _, group, _ = self.spec
 

@@ -82,18 +82,28 @@ def rms_scale(total: jax.Array, D: int, eps: float) -> jax.Array:
     return 1.0 / jnp.sqrt(total / D + eps)
 
 
-def residual_block(x_ref, parts_ref, bias_ref, at: tuple, live) -> jax.Array:
+def residual_block(x_ref, parts_ref, bias_ref, at: tuple, live, post=None) -> jax.Array:
     """Inside a kernel: the block `at` (rows, columns) of h = x + (parts' sum + bias), as
     add_rms_norm adds them (XLA's order): the partial sums [C, rows, cols] in order, then
-    the bias [D] (None: none), then the residual x; parts_ref None: x alone. The positions
-    off `live` are zeros, not read."""
+    the bias [D] (None: none), then the residual x; parts_ref None: x alone. post (scale
+    [rows, 1], w_ref): what is added is normalized first, (sum + bias) * scale * w (a
+    norm after the projection: post_add_rms_norm). The positions off `live` are zeros,
+    not read."""
     x = pltriton.load(x_ref.at[at], mask=live, other=0.0)
     if parts_ref is None:
         return x
-    total = pallas_backend.load_sum(parts_ref, at, live)
-    if bias_ref is not None:
-        total = total + bias_ref[at[1]][None, :]
+    total = partials_block(parts_ref, bias_ref, at, live)
+    if post is not None:
+        scale, w_ref = post
+        total = total * scale * w_ref[at[1]][None, :]
     return x + total
+
+
+def partials_block(parts_ref, bias_ref, at: tuple, live) -> jax.Array:
+    """Inside a kernel: the block `at` of a projection's output from its partial sums, added
+    in order, then its bias (layers.Pending.value's order)."""
+    total = pallas_backend.load_sum(parts_ref, at, live)
+    return total if bias_ref is None else total + bias_ref[at[1]][None, :]
 
 
 def rms_norm(x: jax.Array, w: jax.Array, eps: float, interpret: bool | None = None) -> jax.Array:
@@ -121,6 +131,16 @@ def add_rms_norm(x: jax.Array, parts: jax.Array, bias: jax.Array | None, w: jax.
     return _rms(x, w, float(eps), pallas_backend.interpreted(interpret), parts, bias)
 
 
+def post_add_rms_norm(x: jax.Array, parts: jax.Array, bias: jax.Array | None,
+                      w_post: jax.Array, w: jax.Array, eps: float,
+                      interpret: bool | None = None) -> tuple[jax.Array, jax.Array]:
+    """(h, rms_norm(h, w, eps)), h = x + rms_norm(parts' sum + bias, w_post, eps): a norm
+    after a projection, the residual add and the next norm in one launch (Gemma 3's layers:
+    model/layers.py `post_add_norm`), where they were the partial sums' add, two norm
+    kernels and XLA's add. The bits of those apart (each norm pallas_norm's arithmetic)."""
+    return _rms(x, w, float(eps), pallas_backend.interpreted(interpret), parts, bias, w_post)
+
+
 def _rows(x, w, b, eps: float, interpret: bool | None) -> jax.Array:
     lead, D = x.shape[:-1], x.shape[-1]
     interpret = pallas_backend.interpreted(interpret)
@@ -129,27 +149,39 @@ def _rows(x, w, b, eps: float, interpret: bool | None) -> jax.Array:
 
 
 @functools.partial(jax.jit, static_argnums=(2, 3))
-def _rms(x, w, eps: float, interpret: bool, parts=None, bias=None):
+def _rms(x, w, eps: float, interpret: bool, parts=None, bias=None, post=None):
     """The RMS norm of x [M, D]'s rows, or with parts (add_rms_norm) of h = x + (parts' sum
-    + bias), returning (h, y). One program NORM_ROWS rows: sum_squares over them, then
-    block by block h * rms_scale * w (and h) written; everything read and written in place,
-    the rows past M masked off (module docstring)."""
+    + bias), returning (h, y); with post too (post_add_rms_norm), of h = x + rms_norm(parts'
+    sum + bias, post). One program NORM_ROWS rows: sum_squares over them, then block by
+    block h * rms_scale * w (and h) written; everything read and written in place, the rows
+    past M masked off (module docstring)."""
     M, D = x.shape
     nb = norm_block(D)
     adds = parts is not None
+    extra = [bias, post] if adds else []
     args = [x.astype(jnp.float32), jnp.asarray(w, jnp.float32)]
     args += [parts] if adds else []
-    args += [jnp.asarray(bias, jnp.float32)] if adds and bias is not None else []
+    args += [jnp.asarray(a, jnp.float32) for a in extra if a is not None]
 
     def kernel(x_ref, w_ref, *refs):
         p_ref = refs[0] if adds else None
-        b_ref = refs[1] if adds and bias is not None else None
+        ins = iter(refs[1:])
+        b_ref, post_ref = (next(ins) if a is not None else None for a in (extra or [None] * 2))
         first = pl.program_id(0) * NORM_ROWS
 
-        def rows(c0, width):
+        def at_live(c0, width):
             at = (pl.ds(first, NORM_ROWS), pl.ds(c0, width))
-            live = first + lax.broadcasted_iota(jnp.int32, (NORM_ROWS, width), 0) < M
-            return residual_block(x_ref, p_ref, b_ref, at, live), at, live
+            return at, first + lax.broadcasted_iota(jnp.int32, (NORM_ROWS, width), 0) < M
+        post_scale = None
+        if post_ref is not None:   # the projection's output normalized before the add
+            post_scale = rms_scale(sum_squares(
+                lambda c0, width: partials_block(p_ref, b_ref, *at_live(c0, width)), D),
+                D, eps)
+
+        def rows(c0, width):
+            at, live = at_live(c0, width)
+            post = None if post_ref is None else (post_scale, post_ref)
+            return residual_block(x_ref, p_ref, b_ref, at, live, post), at, live
         scale = rms_scale(sum_squares(lambda c0, width: rows(c0, width)[0], D), D, eps)
 
         def write(c, carry):

@@ -13,7 +13,8 @@ import jax
 
 from kinetic.model.config import Config
 from kinetic.model.layers import (StepInput, cached_attention, geglu_ffn, input_rows, linear,
-                                  output_logits, rms_norm, rope_angles, rotated_qkv)
+                                  output_logits, post_add_norm, rms_norm, rope_angles,
+                                  rotated_qkv, value)
 
 GLOBAL_TENSORS = ("token_embd", "output_norm")
 OPTIONAL_GLOBAL = ("output",)
@@ -45,21 +46,27 @@ def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
     rope_global = rope_angles(step.positions, cfg, cfg.rope_base)
     rope_local = rope_angles(step.positions, cfg.replace(rope_freq_scale=1.0),
                              cfg.rope_base_local or cfg.rope_base)
-    new_cache = []
-    for w, (k_cache, v_cache), sliding in zip(weights["blk"], cache, cfg.sliding_layers):
+    new_cache, blocks = [], weights["blk"]
+    h = rms_norm(x, blocks[0]["attn_norm"], eps) if blocks else None
+    for i, (w, (k_cache, v_cache), sliding) in enumerate(zip(blocks, cache,
+                                                             cfg.sliding_layers)):
         cos, sin = rope_local if sliding else rope_global
         with jax.named_scope("attention"):
-            h = rms_norm(x, w["attn_norm"], eps)
             q, k, v, kv = rotated_qkv(h, w, cfg, (k_cache, v_cache), step, cos, sin, True,
                                       head_norms=True)
             a, (k_cache, v_cache) = cached_attention(
                 q, k, v, kv, step, cfg.q_scale, cfg.kernel,
                 window=cfg.sliding_window if sliding else 0,
                 ends=step.attend_end)   # an image's rows see each other
-            a = linear(a.reshape(T, -1), w["attn_output"])
-            x = x + rms_norm(a, w["post_attention_norm"], eps)
+            a = linear(a.reshape(T, -1), w["attn_output"], pending=True)
+            # x + post_attention_norm(a), and the ffn's norm of it: one launch on a GPU
+            x, h = post_add_norm(x, a, w["post_attention_norm"], w["ffn_norm"], eps)
         with jax.named_scope("ffn"):
-            f = geglu_ffn(rms_norm(x, w["ffn_norm"], eps), w)
-            x = x + rms_norm(f, w["post_ffw_norm"], eps)
+            f = geglu_ffn(h, w, pending=True)
+            if i + 1 < len(blocks):
+                x, h = post_add_norm(x, f, w["post_ffw_norm"], blocks[i + 1]["attn_norm"],
+                                     eps)
+            else:
+                x = x + rms_norm(value(f), w["post_ffw_norm"], eps)
         new_cache.append((k_cache, v_cache))
     return output_logits(x, step, weights["output_norm"], weights["output"], eps), new_cache

@@ -302,13 +302,29 @@ def add_norm(x: jax.Array, y: jax.Array | Pending, w: jax.Array,
     return x, rms_norm(x, w, eps)
 
 
+def post_add_norm(x: jax.Array, y, w_post: jax.Array, w: jax.Array,
+                  eps: float) -> tuple[jax.Array, jax.Array]:
+    """(h, rms_norm(h, w, eps)), h = x + rms_norm(y, w_post, eps): a norm after a
+    projection, the residual add and the next norm (Gemma 3's). Where the norms are the
+    Pallas kernel's (a GPU), one launch (pallas_norm.post_add_rms_norm) reading y's partial
+    sums itself (y Pending: linear's pending), h within the added term's rounding of the
+    ops apart (the add may be an FMA there)."""
+    if pallas_norms():
+        from kinetic.kernels import pallas_norm
+        parts, bias = (y.parts, y.bias) if isinstance(y, Pending) else (y[None], None)
+        return pallas_norm.post_add_rms_norm(x, parts, bias, w_post, w, eps)
+    x = x + rms_norm(value(y), w_post, eps)
+    return x, rms_norm(x, w, eps)
+
+
 def linear(x: jax.Array, p: Proj, b: jax.Array | None = None,
            live: jax.Array | None = None, pending: bool = False) -> jax.Array | Pending:
     """x [..., K] . W^T -> [..., N] float32: the one swap point between the C++ kernel
     (packed weights) and XLA's dot (dense ones). live [T] (x [T, K]): the rows wanted; the
     others are unspecified (the C++ kernel neither computes nor writes them; XLA's dot gives
-    0; the pallas kernel computes them). pending (a residual's projection, x [T, K]): a Pending where the pallas kernel's
-    output goes into the next norm's kernel (add_norm), else the array."""
+    0; the pallas kernel computes them). pending (a residual's projection, x [T, K]): a
+    Pending where the pallas kernel's output goes into the next norm's kernel (add_norm),
+    else the array."""
     if pending and _pending(x, [p]) and live is None:
         from kinetic.kernels import pallas_matmul
         return Pending(pallas_matmul.matmul(x, p.data, partials=True), x.shape[0],
@@ -566,7 +582,8 @@ def rope_write(x: jax.Array, w: dict, cfg: Config, kv: tuple[jax.Array, jax.Arra
     biases = [w.get(f"attn_{n}.bias") for n in "qkv"]
     from kinetic.kernels import pallas_rope
     if (step.heads is not None or cfg.v_head_dim != cfg.head_dim or not _pending(x, projs)
-            or kv[0].dtype != kv[1].dtype or (head_norms and any(b is not None for b in biases[:2]))
+            or kv[0].dtype != kv[1].dtype
+            or (head_norms and any(b is not None for b in biases[:2]))
             or not pallas_rope.supported(cfg.head_dim, 2 * cos.shape[-1], kv[0].dtype)):
         return None
     from kinetic.kernels import pallas_matmul
@@ -722,25 +739,27 @@ def swiglu_ffn(x: jax.Array, w: dict, pending: bool = False) -> jax.Array | Pend
 
 
 def swiglu(x: jax.Array, gate_w: Proj, up_w: Proj, down_w: Proj,
-           pending: bool = False) -> jax.Array | Pending:
-    """down(silu(gate(x)) * up(x)): a SwiGLU feed-forward (a layer's, or an expert's). The
-    pallas kernel's weights, unsplit, where the step is not the CPU's (silu_times): two
-    launches, the product made inside the second (pallas_matmul.swiglu), x's add and norm
-    inside the first where x is a Normed. pending: as linear's."""
+           pending: bool = False, act: str = "silu") -> jax.Array | Pending:
+    """down(silu(gate(x)) * up(x)): a SwiGLU feed-forward (a layer's, or an expert's); act
+    "gelu": gelu_tanh(gate(x)) * up(x), a GeGLU (Gemma's). The pallas kernel's weights,
+    unsplit, where the step is not the CPU's (silu_times): two launches, the product made
+    inside the second (pallas_matmul.swiglu), x's add and norm inside the first where x is
+    a Normed. pending: as linear's."""
     projs = (gate_w, up_w, down_w)
     if not _native_rows() and all(p.fmt == PLANES and p.mesh is None for p in projs):
         from kinetic.kernels import pallas_matmul
         data = [p.data for p in projs]
         partials = bool(pending and _pending(x, projs))
         if isinstance(x, Normed):   # its add and norm made by gate's and up's kernel
-            y, h = pallas_matmul.swiglu(x.x, *data, partials=partials, norm=x.norm())
+            y, h = pallas_matmul.swiglu(x.x, *data, partials=partials, norm=x.norm(),
+                                        act=act)
             x.took(h)
         else:
-            y = pallas_matmul.swiglu(x, *data, partials=partials)
+            y = pallas_matmul.swiglu(x, *data, partials=partials, act=act)
         return Pending(y, x.shape[0], down_w.shape[1]) if partials else y
     x = value(x)
     gate, up = linear_many(x, [gate_w, up_w])
-    return linear(silu_times(gate, up), down_w)
+    return linear(silu_times(gate, up) if act == "silu" else gelu_tanh(gate) * up, down_w)
 
 
 def silu_times(gate: jax.Array, up: jax.Array) -> jax.Array:
@@ -752,9 +771,9 @@ def silu_times(gate: jax.Array, up: jax.Array) -> jax.Array:
     return jax.nn.silu(gate) * up
 
 
-def geglu_ffn(x: jax.Array, w: dict) -> jax.Array:
-    gate, up = linear_many(x, [w["ffn_gate"], w["ffn_up"]])
-    return linear(gelu_tanh(gate) * up, w["ffn_down"])
+def geglu_ffn(x: jax.Array, w: dict, pending: bool = False) -> jax.Array | Pending:
+    """down(gelu_tanh(gate(x)) * up(x)): Gemma's feed-forward (swiglu's, act "gelu")."""
+    return swiglu(x, w["ffn_gate"], w["ffn_up"], w["ffn_down"], pending, act="gelu")
 
 
 def qkv(x: jax.Array, w: dict, cfg: Config) -> tuple[jax.Array, jax.Array, jax.Array]:
