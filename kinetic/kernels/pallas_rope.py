@@ -79,7 +79,8 @@ def rope_write(q_parts, k_parts, v_parts, biases, cos, sin, write_index, k_cache
     q_out, k_flat, v_flat = _rope_write(
         view(q_parts, H), view(k_parts, K), heads_of(v_parts, K),
         tuple(None if b is None else jnp.asarray(b, jnp.float32) for b in biases),
-        jnp.asarray(cos, jnp.float32), jnp.asarray(sin, jnp.float32),
+        # (cos and sin as one operand: XLA computes them in one kernel, not one each)
+        jnp.stack([jnp.asarray(cos, jnp.float32), jnp.asarray(sin, jnp.float32)], axis=1),
         jnp.asarray(write_index, jnp.int32),
         k_cache.reshape(pages * page_size, K, *pairs),
         v_cache.reshape(pages * page_size, K, Q), weights, T, neox,
@@ -107,8 +108,8 @@ def head_scale(whole_ref, row, h, Q: int, eps: float) -> jax.Array:
     return pallas_norm.rms_scale(total, Q, eps)
 
 
-@functools.partial(jax.jit, static_argnums=(10, 11, 12, 13))
-def _rope_write(q_parts, k_parts, v_parts, biases, cos, sin, index, k_cache, v_cache,
+@functools.partial(jax.jit, static_argnums=(9, 10, 11, 12))
+def _rope_write(q_parts, k_parts, v_parts, biases, angles, index, k_cache, v_cache,
                 norms: tuple, T: int, neox: bool, eps: float | None, interpret: bool):
     H, K = q_parts.shape[2], k_parts.shape[2]
     P0, P1 = q_parts.shape[3:]
@@ -125,7 +126,7 @@ def _rope_write(q_parts, k_parts, v_parts, biases, cos, sin, index, k_cache, v_c
         return pl.BlockSpec(a.shape, lambda t, h: (0,) * a.ndim)
 
     # norms: q's and k's heads whole ([C, rows, n, Q]), q's and k's norm weights [*pairs]
-    arrays = [q_parts, k_parts, v_parts, *bias_views, cos, sin, index, *norms, k_cache,
+    arrays = [q_parts, k_parts, v_parts, *bias_views, angles, index, *norms, k_cache,
               v_cache]
     n_in = len(arrays)
 
@@ -133,8 +134,8 @@ def _rope_write(q_parts, k_parts, v_parts, biases, cos, sin, index, k_cache, v_c
         q_ref, k_ref, v_ref = refs[:3]
         bias_refs = iter(refs[3:3 + len(bias_views)])
         qb, kb, vb = (next(bias_refs) if h else None for h in has_bias)
-        cos_ref, sin_ref, index_ref = refs[3 + len(bias_views):6 + len(bias_views)]
-        q_whole, k_whole, q_norm, k_norm = refs[6 + len(bias_views):n_in - 2] or (None,) * 4
+        angles_ref, index_ref = refs[3 + len(bias_views):5 + len(bias_views)]
+        q_whole, k_whole, q_norm, k_norm = refs[5 + len(bias_views):n_in - 2] or (None,) * 4
         q_out, k_out, v_out = refs[n_in:]
         t, h = pl.program_id(0), pl.program_id(1)
         row, head = pl.ds(t, 1), pl.ds(h, 1)
@@ -148,8 +149,8 @@ def _rope_write(q_parts, k_parts, v_parts, biases, cos, sin, index, k_cache, v_c
                 total = total + bias_ref[(head, *at)][None]
             return total
 
-        c = cos_ref[row, :].reshape(1, 1, *half)      # [1, 1, *half]
-        s = sin_ref[row, :].reshape(1, 1, *half)
+        c = angles_ref[row, pl.ds(0, 1), :].reshape(1, 1, *half)      # [1, 1, *half]
+        s = angles_ref[row, pl.ds(1, 1), :].reshape(1, 1, *half)
 
         def rotated(ref, bias_ref, whole_ref, norm_ref):
             a, b = summed(ref, bias_ref, a_at), summed(ref, bias_ref, b_at)
