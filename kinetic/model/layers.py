@@ -231,6 +231,12 @@ class Pending:
         return y if self.bias is None else y + self.bias
 
 
+def partial_sums(y: jax.Array | Pending) -> tuple[jax.Array, jax.Array | None]:
+    """(parts, bias) of what a norm's kernel adds: a Pending's partial sums and bias, or
+    an array as one part [1, M, N] and no bias."""
+    return (y.parts, y.bias) if isinstance(y, Pending) else (y[None], None)
+
+
 def value(y) -> jax.Array:
     """y itself, or a Pending's or a Normed's array."""
     return y.value() if isinstance(y, (Pending, Normed)) else y
@@ -273,9 +279,7 @@ class Normed:
         """pallas_matmul's norm: (parts, bias, w, eps)."""
         if self.y is None:
             return None, None, self.w, self.eps
-        parts, bias = ((self.y.parts, self.y.bias) if isinstance(self.y, Pending)
-                       else (self.y[None], None))
-        return parts, bias, self.w, self.eps
+        return (*partial_sums(self.y), self.w, self.eps)
 
     def took(self, h: jax.Array | None) -> None:
         """A projections' kernel normalized it and wrote h, x + y (None: x, nothing added)."""
@@ -296,8 +300,7 @@ def add_norm(x: jax.Array, y: jax.Array | Pending, w: jax.Array,
     y's partial sums itself (y Pending), the same bits as the add and the norm apart."""
     if pallas_norms():
         from kinetic.kernels import pallas_norm
-        parts, bias = (y.parts, y.bias) if isinstance(y, Pending) else (y[None], None)
-        return pallas_norm.add_rms_norm(x, parts, bias, w, eps)
+        return pallas_norm.add_rms_norm(x, *partial_sums(y), w, eps)
     x = x + value(y)
     return x, rms_norm(x, w, eps)
 
@@ -311,8 +314,7 @@ def post_add_norm(x: jax.Array, y, w_post: jax.Array, w: jax.Array,
     ops apart (the add may be an FMA there)."""
     if pallas_norms():
         from kinetic.kernels import pallas_norm
-        parts, bias = (y.parts, y.bias) if isinstance(y, Pending) else (y[None], None)
-        return pallas_norm.post_add_rms_norm(x, parts, bias, w_post, w, eps)
+        return pallas_norm.post_add_rms_norm(x, *partial_sums(y), w_post, w, eps)
     x = x + rms_norm(value(y), w_post, eps)
     return x, rms_norm(x, w, eps)
 
