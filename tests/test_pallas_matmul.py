@@ -229,8 +229,9 @@ def test_experts_pairs_get_each_experts_own_bits(qtype, N, monkeypatch):
     """matmul_experts: every (row, chosen expert) pair's product in one launch is the bytes
     of that row alone times that expert alone (matmul of Planes.expert), whether its
     expert was chosen once, by more than a block of 16 pairs (the first expert: 20 rows) or
-    not at all, in place (a GPU's way) and interpreted; K split in two chunks; 40 rows a
-    weight: each expert padded to 48 and stacked."""
+    not at all; the pairs sorted into blocks by expert, and each its own block (a decode
+    step's few pairs: PAIR_BLOCKS); K split in two chunks; 40 rows a weight: each expert
+    padded to 48 and stacked."""
     E, K = 5, 1024
     raw = np.concatenate([random_blocks(qtype, N, K, 20 + e) for e in range(E)])
     w = pm.repack_experts(raw, qtype, (E, N, K))
@@ -239,16 +240,50 @@ def test_experts_pairs_get_each_experts_own_bits(qtype, N, monkeypatch):
     ids = np.stack([rng.permutation([0, 1, 2, 4])[:2] for _ in range(23)]).astype(np.int32)
     ids[:20, 0] = 0         # expert 0 chosen by 20 rows, expert 3 by none
     x = rng.standard_normal((23, K)).astype(np.float32)
-    real = pm._matmul
-    for interpret_in_place in (False, True):
-        if interpret_in_place:   # the kernel as a GPU runs it, x and the weights in place
-            monkeypatch.setattr(pm, "_matmul", lambda *a: real(*a[:7], True, *a[8:]))
+    alone = [[np.asarray(pm.matmul(x[r:r + 1], w.expert(int(ids[r, s]))))[0]
+              for s in range(2)] for r in range(23)]
+    for each_alone in (False, True):
+        monkeypatch.setattr(pm, "PAIR_BLOCKS", 64 if each_alone else 0)
+        assert (pm.pair_blocks(ids, E).rows is None) == each_alone
         got = np.asarray(pm.matmul_experts(x, ids, [w])[0])
         assert got.shape == (23, 2, N)
         for r in range(23):
             for s in range(2):
-                alone = np.asarray(pm.matmul(x[r:r + 1], w.expert(int(ids[r, s]))))[0]
-                assert got[r, s].tobytes() == alone.tobytes(), (r, s, interpret_in_place)
+                assert got[r, s].tobytes() == alone[r][s].tobytes(), (r, s, each_alone)
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.F16])
+def test_experts_swiglu_is_each_experts_own_swiglu(qtype, monkeypatch):
+    """swiglu_experts: every pair's down(silu(gate) * up) in two launches (the product made
+    inside down's programs) is the bytes of swiglu of that row alone with that expert's
+    three weights alone, the pairs in blocks by expert and each its own block; and the
+    decode-sized call (3 rows of 2 pairs) needs no sort and no gather."""
+    E, D, F = 4, 512, 64
+    rng = np.random.default_rng(5)
+
+    def stacked(N, K, seed):
+        if qtype == T.F16:
+            raw = rng.standard_normal((E * N, K)).astype(np.float16) * 0.1
+        else:
+            raw = np.concatenate([random_blocks(qtype, N, K, seed + e) for e in range(E)])
+        return pm.repack_experts(raw, qtype, (E, N, K))
+    gate, up, down = stacked(F, D, 1), stacked(F, D, 9), stacked(D, F, 17)
+    ids = np.array([[1, 3], [1, 0], [2, 1]] * 4, np.int32)      # 12 rows, 24 pairs
+    x = rng.standard_normal((12, D)).astype(np.float32)
+    alone = [[np.asarray(pm.swiglu(x[r:r + 1], *(w.expert(int(ids[r, s]))
+                                                   for w in (gate, up, down))))[0]
+              for s in range(2)] for r in range(12)]
+    for each_alone in (False, True):
+        monkeypatch.setattr(pm, "PAIR_BLOCKS", 64 if each_alone else 0)
+        got = np.asarray(pm.swiglu_experts(x, ids, gate, up, down))
+        assert got.shape == (12, 2, D)
+        for r in range(12):
+            for s in range(2):
+                assert got[r, s].tobytes() == alone[r][s].tobytes(), (r, s, each_alone)
+    monkeypatch.setattr(pm, "PAIR_BLOCKS", 32)
+    text = jax.jit(lambda x, ids: pm.swiglu_experts(x, ids, gate, up, down)).lower(
+        x[:3], ids[:3]).as_text()
+    assert pm.pair_blocks(ids[:3], E).rows is None and "stablehlo.sort" not in text
 
 
 @pytest.mark.parametrize("qtype,K", [(T.Q4_0, 1024), (T.Q6_K, 256), (T.F16, 256)])

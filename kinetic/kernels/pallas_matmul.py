@@ -444,17 +444,86 @@ def matmul_experts(x: jax.Array, ids: jax.Array, ws: list[Planes],
     experts of [N_w, K]). Returns [R, S, N_w] per weight: pair (r, s) is
     matmul(x[r], ws[w].expert(ids[r, s])), the same bits (tests/test_pallas_matmul.py).
 
-    The pairs are put in order of expert (a stable sort) and each expert's cut into blocks
-    of 16 rows, at most ceil(R * S / 16) + min(E, R * S) blocks in all (a static grid;
-    blocks past the last are skipped); x's rows are gathered in that order, and a block's
-    programs multiply its rows by its expert's tiles at the expert's own tiling, the
-    arithmetic of a call of that expert alone, so a pair's bits depend neither on the rows
-    beside it nor on how many chose its expert. Each chosen expert's weights are read
-    once per block of its rows, and no expert has a launch or a branch of its own."""
+    The pairs run in blocks of 16 rows (`pair_blocks`), a block's programs multiplying its
+    rows by its expert's tiles at the expert's own tiling, the arithmetic of a call of that
+    expert alone, so a pair's bits depend neither on the rows beside it nor on how many
+    chose its expert; no expert has a launch or a branch of its own."""
     interpret = pallas_backend.interpreted(interpret)
+    blocks = pair_blocks(ids, ws[0].experts)
+    ys = _matmul(blocks.x(x), tuple(w.q for w in ws), tuple(w.planes for w in ws),
+                 tuple(w.spec for w in ws), interpret, _expert_tiles(ws), 1, True,
+                 blocks.groups, ws[0].experts)
+    return [blocks.pairs(y, w.shape[0], ids.shape) for y, w in zip(ys, ws)]
+
+
+def swiglu_experts(x: jax.Array, ids: jax.Array, gate: Planes, up: Planes, down: Planes,
+                   interpret: bool | None = None, act: str = "silu") -> jax.Array:
+    """[R, S, D]: each (row, chosen expert) pair's SwiGLU, down(silu(gate(x)) * up(x)) with
+    that expert's stacked weights (act "gelu": a GeGLU), in two launches: gate and up over
+    every pair (matmul_experts'), then down, whose programs make silu(gate) * up of the
+    block rows they read from gate's and up's partial sums (_matmul's glu, as swiglu's), the
+    same blocks in the same places, so nothing runs between. A pair's bits are those of
+    swiglu(x[r], each weight's expert alone) (tests/test_pallas_matmul.py)."""
+    interpret = pallas_backend.interpreted(interpret)
+    E = gate.experts
+    blocks = pair_blocks(ids, E)
+    halves = _matmul(blocks.x(x), (gate.q, up.q), (gate.planes, up.planes),
+                     (gate.spec, up.spec), interpret, _expert_tiles([gate, up]), 1, True,
+                     blocks.groups, E, BLOCK_M, 0, True)
+    rows = blocks.live.shape[0] * BLOCK_M
+    # down's block b reads its rows where gate's and up's block b wrote them
+    own = (blocks.live, blocks.expert, jnp.arange(0, rows, BLOCK_M, dtype=jnp.int32))
+    (y,) = _matmul(tuple(halves), (down.q,), (down.planes,), (down.spec,), interpret,
+                   _expert_tiles([down]), 1, True, own, E, BLOCK_M, rows, False, None,
+                   None, act)
+    return blocks.pairs(y, down.shape[0], ids.shape)
+
+
+PAIR_BLOCKS = 32     # a mixture's launch gives each pair a block of its own up to this many
+
+
+@dataclass(frozen=True)
+class PairBlocks:
+    """Where a mixture's launch (matmul_experts, swiglu_experts) puts its (row, expert)
+    pairs: B blocks of 16 rows, block b's first live[b] rows (none: skipped) being pairs
+    of expert[b] whose x rows start at row first[b] of the launch's x; pair p's product at
+    row slot[p] of its output [B * 16, N]. rows: the pairs' x rows gathered in block
+    order (the launch's x; None: x itself).
+
+    At most PAIR_BLOCKS pairs (a decode step's), each pair is a block (live 1, its own
+    row of x in place: nothing to sort or gather, no XLA kernel); else the pairs are put
+    in order of expert (a stable sort), each expert's cut into blocks of 16, at most
+    ceil(P / 16) + min(E, P) blocks in all (a static grid; those past the last skipped),
+    their x rows gathered: each chosen expert's weights read once per block of its rows.
+    A row's bits are the same either way (a block format's arithmetic is elementwise in
+    the rows; a float weight's dot has 16 rows in both)."""
+
+    rows: jax.Array | None
+    live: jax.Array
+    expert: jax.Array
+    first: jax.Array
+    slot: jax.Array
+
+    @property
+    def groups(self) -> tuple:
+        return self.live, self.expert, self.first
+
+    def x(self, x: jax.Array) -> jax.Array:
+        return x if self.rows is None else jnp.take(x, self.rows, axis=0)
+
+    def pairs(self, y: jax.Array, n: int, shape: tuple) -> jax.Array:
+        """The pairs' rows of a launch's output y [B * 16, >= n], as [R, S, n]."""
+        return jnp.take(y, self.slot, axis=0)[:, :n].reshape(*shape, n)
+
+
+def pair_blocks(ids: jax.Array, E: int) -> PairBlocks:
+    """The blocks of ids [R, S]'s pairs among E experts (PairBlocks)."""
     R, S = ids.shape
-    E, P = ws[0].experts, R * S
+    P = R * S
     chosen = ids.reshape(P).astype(jnp.int32)
+    if P <= PAIR_BLOCKS:
+        p = jnp.arange(P, dtype=jnp.int32)
+        return PairBlocks(None, jnp.ones(P, jnp.int32), chosen, p // S, p * BLOCK_M)
     hit = (chosen[:, None] == jnp.arange(E, dtype=jnp.int32)[None, :]).astype(jnp.int32)
     counts = jnp.sum(hit, axis=0)                              # [E] pairs per expert
     rank = jnp.sum(jnp.cumsum(hit, axis=0) * hit, axis=1) - 1  # a pair's place among its
@@ -471,13 +540,12 @@ def matmul_experts(x: jax.Array, ids: jax.Array, ws: list[Planes],
     order = jnp.argsort(chosen, stable=True)                   # the pairs by expert
     at = (firsts[expert] + local * BLOCK_M)[:, None] + jnp.arange(BLOCK_M)[None, :]
     rows = order[jnp.clip(at, 0, P - 1)].reshape(-1) // S      # each block row's x row
-    tiles = tuple(tiling(w.q.shape[0] // E, w.shape[1]) for w in ws)
-    ys = _matmul(jnp.take(x, rows, axis=0), tuple(w.q for w in ws),
-                 tuple(w.planes for w in ws), tuple(w.spec for w in ws), interpret, tiles, 1,
-                 not interpret, (live, expert), E)
-    slot = starts[chosen] * BLOCK_M + rank                     # each pair's row of ys
-    return [jnp.take(y, slot, axis=0)[:, :w.shape[0]].reshape(R, S, w.shape[0])
-            for y, w in zip(ys, ws)]
+    return PairBlocks(rows, live, expert, b * BLOCK_M, starts[chosen] * BLOCK_M + rank)
+
+
+def _expert_tiles(ws: list[Planes]) -> tuple:
+    """Each stacked weight's tiling: one expert's, as a call of that expert alone."""
+    return tuple(tiling(w.q.shape[0] // w.experts, w.shape[1]) for w in ws)
 
 
 def variant(M: int) -> int:
@@ -525,10 +593,12 @@ def _matmul(x, qs: tuple, planes: tuple, specs: tuple, interpret: bool, tiles: t
     would number them, and each runs that weight's code alone (a GPU branches once a
     program, on its id).
 
-    groups (a mixture's experts, matmul_experts): (live [B], expert [B]) int32, x's rows
-    being B blocks of 16, block b's first live[b] rows for the expert `expert[b]` (none:
-    the block is skipped), and each weight `experts` experts', stacked (Planes.experts):
-    a block's programs read their expert's tiles, at the weight's offset of that expert.
+    groups (a mixture's experts: PairBlocks.groups): (live [B], expert [B], first [B])
+    int32, the grid's tiles over M being B blocks of 16 rows (the output's [B * 16]), block
+    b's first live[b] rows for the expert `expert[b]` (none: the block is skipped), read
+    from x's rows first[b].. (in place), and each weight `experts` experts', stacked
+    (Planes.experts): a block's programs read their expert's tiles, at the weight's
+    offset of that expert.
 
     rows: each dot's rows (dot_rows), a program's dots * rows of x.
 
@@ -563,6 +633,8 @@ def _matmul(x, qs: tuple, planes: tuple, specs: tuple, interpret: bool, tiles: t
         in_place = True
     BM = rows * dots
     Mp = -(-M // BM) * BM
+    if groups is not None:   # a block's rows anywhere in x: read in place
+        in_place, Mp = True, groups[0].shape[0] * BM
     parts = [_Part(q.shape[0] // experts, K, spec, t, [K // p.shape[1] for p in ps],
                    len(qs) == 1) for q, ps, spec, t in zip(qs, planes, specs, tiles)]
     starts = np.cumsum([0] + [p.programs for p in parts]).tolist()
@@ -589,7 +661,7 @@ def _matmul(x, qs: tuple, planes: tuple, specs: tuple, interpret: bool, tiles: t
         w_specs = [spec for p, start in zip(parts, starts) for spec in p.in_specs(start)]
     else:           # whole: a program finds its expert's tiles itself
         whole = [pl.BlockSpec(a.shape, lambda i, g: (0, 0)) for a in arrays]
-        w_specs = [pl.BlockSpec(groups[0].shape, lambda i, g: (0,))] * 2 + whole
+        w_specs = [pl.BlockSpec(groups[0].shape, lambda i, g: (0,))] * 3 + whole
         arrays = [*groups, *arrays]
 
     writes_h = norm is not None and norm[0] is not None
@@ -606,10 +678,12 @@ def _matmul(x, qs: tuple, planes: tuple, specs: tuple, interpret: bool, tiles: t
         load_x = None if norm is None else _norm_prologue(
             x_refs[0][0], norm_refs, h_ref, norm, eps, first, g, M, K, rows, dots)
         limit, expert, ok = M, None, True
-        if groups is not None:
-            live_ref, expert_ref, *refs = refs
-            limit = first + live_ref[pl.program_id(0)]
-            expert, ok = expert_ref[pl.program_id(0)], limit > first
+        if groups is not None:   # block b's rows of x at first[b]
+            live_ref, expert_ref, first_ref, *refs = refs
+            b = pl.program_id(0)
+            first = first_ref[b]
+            limit = first + live_ref[b]
+            expert, ok = expert_ref[b], live_ref[b] > 0
         o_refs = refs[-len(parts):]
         at = 0
         for w, (part, start, x_ref, o_ref) in enumerate(zip(parts, starts, x_refs, o_refs)):
@@ -641,7 +715,7 @@ def _matmul(x, qs: tuple, planes: tuple, specs: tuple, interpret: bool, tiles: t
     )(*(xp if glu else xp * len(x_specs)), *norm_arrays, *arrays)
     ys = list(ys)
     h = ys.pop() if writes_h else None
-    out = ys if partials else [summed(y)[:M] for y in ys]
+    out = ys if partials else [summed(y)[:M if groups is None else Mp] for y in ys]
     return out if norm is None else (out, h)
 
 

@@ -17,8 +17,9 @@ a row the same bits whatever else chose it. With the C++ kernel the
 experts run as one call per projection over every (row, chosen expert) pair
 (`_pairs_swiglu`, as llama.cpp's mul_mat_id): nothing per expert is compiled, and each
 chosen expert's blocks are read once per step. The pallas kernel (a GPU's) does the same
-with its experts stacked (kernels/pallas_matmul.py matmul_experts): one launch for gate and
-up, one for down, no branch or launch per expert.
+with its experts stacked (kernels/pallas_matmul.py swiglu_experts): one launch for gate and
+up, one for down, no branch or launch per expert, and in a decode step (a few pairs) no
+sort or gather either.
 """
 
 from __future__ import annotations
@@ -70,14 +71,22 @@ def route(logits: jax.Array, cfg: Config,
 def moe_ffn(x: jax.Array, w: dict, cfg: Config) -> jax.Array:
     """The mixture's output [T, D] for the normed hidden states x [T, D]."""
     T, D = x.shape
-    chosen, weights = route(linear(x, w["ffn_gate_inp"]), cfg, w.get("exp_probs_b.bias"))
+    router, bias = w["ffn_gate_inp"], w.get("exp_probs_b.bias")
     experts = (w["ffn_gate_exps"], w["ffn_up_exps"], w["ffn_down_exps"])
     if all(isinstance(p, Proj) and p.fmt == PLANES for p in experts):
-        # the pallas kernel's stacked experts: every pair in one launch a projection
-        from kinetic.kernels import pallas_matmul
-        ys = _pairs_swiglu(x, chosen, [p.data for p in experts], [()] * 3,
-                           lambda x, ids, ws, rows, k: pallas_matmul.matmul_experts(x, ids, ws))
+        # the pallas kernel's: the routing one launch (its router's sum in it), the
+        # stacked experts one for every pair's gate and up, one for down (silu(gate) * up
+        # made inside it)
+        from kinetic.kernels import pallas_matmul, pallas_route
+        if router.fmt == PLANES and router.mesh is None:
+            chosen, weights = pallas_route.route(
+                pallas_matmul.matmul(x, router.data, partials=True), T, cfg.n_expert,
+                cfg.n_expert_used, cfg.expert_gating, cfg.expert_weights_norm, bias)
+        else:
+            chosen, weights = route(linear(x, router), cfg, bias)
+        ys = pallas_matmul.swiglu_experts(x, chosen, *(p.data for p in experts))
         return _weighted(ys, weights, cfg)
+    chosen, weights = route(linear(x, router), cfg, bias)
     stacked = [_stacked(projs) for projs in experts]
     first = experts[0][0]
     if all(stacked) and all(p[0].data is first.data for p in experts):
