@@ -14,8 +14,8 @@ distinct weight, [N, K], at one row and at 64 (the decode and the prompt variant
 kernels/pallas_matmul.py `variant`; and at one row with one-row dots, `dot_rows`), q, k
 and v in one launch and gate and up in one (matmul_many, as layers.linear_many runs
 them), the paged attention at the model's heads, the RMS norm at d_model and at a head,
-and a mixture's experts, gate+up and down over every chosen pair (matmul_experts) at
-Qwen3-30B-A3B's shape, it prints the registers a thread uses, the bytes it spills to local
+a mixture's experts, gate+up and down over every chosen pair (swiglu_experts) at
+Qwen3-30B-A3B's shape, and its routing (pallas_route), it prints the registers a thread uses, the bytes it spills to local
 memory, the shared memory a program takes, and how many tensor-core (mma, wgmma)
 instructions its PTX has: the block formats' int8 dots are the tensor cores' integer MMA;
 a float32 dot at precision HIGHEST (float weights, the attention) is Triton's IEEE dot,
@@ -213,7 +213,7 @@ def capture_modules(folder: str, shapes: list[str], qtypes: list[str]) -> list[d
               lambda x: pallas_greedy._blocks(x, False),
               jax.ShapeDtypeStruct((rows, 151936), jnp.float32))
     # a mixture's experts, one launch a projection over every (row, expert) pair
-    # (matmul_experts), at Qwen3-30B-A3B's shape: 128 experts of [768, 2048], 8 a row
+    # (swiglu_experts), at Qwen3-30B-A3B's shape: 128 experts of [768, 2048], 8 a row
     for qtype in qtypes:
         E, F, d = 128, 768, 2048
 
@@ -222,12 +222,18 @@ def capture_modules(folder: str, shapes: list[str], qtypes: list[str]) -> list[d
             return type(w)(w.q, w.d, w.m, w.bits, w.offset, w.group, N, E)
         for rows in (1, 64):
             ids = jax.ShapeDtypeStruct((rows, 8), jnp.int32)
-            lower(f"qwen3moe-30b-a3b {qtype} experts gate+up, {rows} rows x 8",
-                  pm.matmul_experts, jax.ShapeDtypeStruct((rows, d), jnp.float32), ids,
-                  [stacked(F, d), stacked(F, d)])
-            lower(f"qwen3moe-30b-a3b {qtype} experts down, {rows} rows x 8",
-                  lambda x, ids, w: pm.matmul_experts(x, ids.reshape(-1, 1), [w]),
-                  jax.ShapeDtypeStruct((rows * 8, F), jnp.float32), ids, stacked(d, F))
+            # gate+up, then down with silu(gate) * up inside (swiglu_experts: a decode
+            # step's pairs each a block of its own, a prompt's sorted into blocks)
+            lower(f"qwen3moe-30b-a3b {qtype} experts gate+up, down, {rows} rows x 8",
+                  lambda x, ids, g, u, dn: pm.swiglu_experts(x, ids, g, u, dn, False),
+                  jax.ShapeDtypeStruct((rows, d), jnp.float32), ids, stacked(F, d),
+                  stacked(F, d), stacked(d, F))
+    # a mixture's routing (pallas_route): the router's partial sums to each row's experts
+    from kinetic.kernels import pallas_route
+    for E, K in ((128, 8), (512, 10)):
+        lower(f"routing, {E} experts, {K} a row, 1 row",
+              lambda p: pallas_route.route(p, 1, E, K, "softmax", True, None, False),
+              jax.ShapeDtypeStruct((2, 16, E), jnp.float32))
     return jobs
 
 

@@ -367,6 +367,35 @@ def test_a_norm_inside_the_projections_launch_is_the_norm_kernels_bits(M, chunks
     assert (h2 is None) == (parts is None)
 
 
+@pytest.mark.parametrize("M", [1, 7])
+def test_a_post_norm_inside_the_projections_launch_is_the_norm_kernels_bits(M):
+    """matmul_many and swiglu with norm's w_post (Gemma 3's norm after a projection): h = x +
+    rms_norm(parts' sum, w_post), and the products of rms_norm(h, w), made by the
+    projections' programs, are the bytes of pallas_norm.post_add_rms_norm (the launch a
+    prompt step makes) then the projections apart; a row's bytes its own."""
+    import jax.numpy as jnp
+
+    from kinetic.kernels import pallas_norm as pn
+    K, eps = 1536, 1e-6
+    rng = np.random.default_rng(40 + M)
+    ws = [pm.repack(random_blocks(T.Q4_0, 64, K, 31), T.Q4_0, (64, K))]
+    x = jnp.asarray(rng.standard_normal((M, K)), jnp.float32)
+    w, w_post = (jnp.asarray(rng.standard_normal(K), jnp.float32) for _ in range(2))
+    parts = jnp.asarray(rng.standard_normal((2, 16, K + 32)), jnp.float32)
+    h_want, y = pn.post_add_rms_norm(x, parts, None, w_post, w, eps)
+    got, h = pm.matmul_many(x, ws, norm=(parts, None, w, eps, w_post))
+    assert np.asarray(h).tobytes() == np.asarray(h_want).tobytes()
+    assert np.asarray(got[0]).tobytes() == np.asarray(pm.matmul(y, ws[0])).tobytes()
+    one, _ = pm.matmul_many(x[M - 1:], ws, norm=(parts[:, M - 1:M], None, w, eps, w_post))
+    assert np.asarray(one[0]).tobytes() == np.asarray(got[0])[M - 1:].tobytes()
+    gate, up = (pm.repack(random_blocks(T.Q8_0, 256, K, s), T.Q8_0, (256, K)) for s in (5, 6))
+    down = pm.repack(random_blocks(T.Q4_0, K, 256, 7), T.Q4_0, (K, 256))
+    f, h2 = pm.swiglu(x, gate, up, down, norm=(parts, None, w, eps, w_post), act="gelu")
+    assert np.asarray(h2).tobytes() == np.asarray(h_want).tobytes()
+    want = pm.swiglu(y, gate, up, down, act="gelu")
+    assert np.asarray(f).tobytes() == np.asarray(want).tobytes()
+
+
 def test_geglu_in_two_launches_is_its_parts_bits():
     """pallas_matmul.swiglu with act "gelu" (layers.geglu_ffn on a GPU: Gemma's
     feed-forward): the down projection's programs make gelu_tanh(gate) * up of the partial

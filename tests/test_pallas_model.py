@@ -171,7 +171,8 @@ def test_a_gpus_fused_kernels_keep_the_bits(arch, tmp_path, monkeypatch):
     dense layer's rotary and cache writes another (layers.rope_write: pallas_rope, with
     Qwen3's and Gemma 3's heads' norms), the add and norm before q, k and v are made
     inside their kernel (layers.Normed), and Gemma 3's norm after a projection, its add and
-    the next norm are one launch (layers.post_add_norm). Run here with them on as on a GPU
+    the next norm are one launch (layers.post_add_norm), or inside the q+k+v kernel too
+    (Normed.post). Run here with them on as on a GPU
     (the norms made Pallas', interpreted): a step's logits are the bytes of the same step
     with the add and the Pallas norm apart and the norms, rotary and writes apart (Gemma
     3's within rounding: its add may be an FMA), for attention (llama's, qwen2's with q, k
@@ -218,11 +219,12 @@ def test_a_gpus_fused_kernels_keep_the_bits(arch, tmp_path, monkeypatch):
     # (Gemma 3's adds come after norms of their own: no add_norm there)
     assert any(made) == (arch != "gemma3"), "no projection's partial sums reached add_norm"
     assert bool(ropes) == (arch != "qwen35")
-    # llama's, qwen2's and qwen3's attention norms inside the q+k+v kernel (in each trace:
-    # the first layer's adding nothing, the second's a residual). Their feed-forwards' norms
-    # are add_norm's here: a CPU's step runs gate and up apart (layers.swiglu), the fused
-    # swiglu with its norm is tests/test_pallas_matmul.py's.
-    if arch in ("llama", "qwen2", "qwen3"):
+    # llama's, qwen2's, qwen3's and gemma3's attention norms inside the q+k+v kernel (in
+    # each trace: the first layer's adding nothing, the second's a residual; Gemma 3's
+    # normalized first, Normed.post). Their feed-forwards' norms are add_norm's here: a
+    # CPU's step runs gate and up apart (layers.swiglu), the fused swiglu with its norm is
+    # tests/test_pallas_matmul.py's.
+    if arch in ("llama", "qwen2", "qwen3", "gemma3"):
         assert inside and inside.count(True) == inside.count(False)
     else:
         assert not inside

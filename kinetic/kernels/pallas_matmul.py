@@ -389,7 +389,9 @@ def matmul_many(x: jax.Array, ws: list[Planes], interpret: bool | None = None,
     norm (parts, bias, w, eps): the products are of rms_norm(h, w, eps), h = x + (parts'
     sum + bias) (x [M, K] a residual, parts a projection's partial sums or None: h = x),
     normalized inside the launch, pallas_norm.add_rms_norm's bits (a layer's add and norm
-    with no launch of their own); returns (the products, h, or None without parts)."""
+    with no launch of their own); returns (the products, h, or None without parts). norm
+    (parts, bias, w, eps, w_post): h = x + rms_norm(parts' sum + bias, w_post, eps), the
+    norm after a projection too (Gemma 3's), pallas_norm.post_add_rms_norm's bits."""
     interpret = pallas_backend.interpreted(interpret)
     lead = x.shape[:-1]
     x = x.reshape(-1, x.shape[-1])
@@ -406,8 +408,11 @@ def matmul_many(x: jax.Array, ws: list[Planes], interpret: bool | None = None,
 
 
 def _norm_args(norm: tuple | None) -> tuple:
-    """_matmul's (norm, eps) from a public call's norm (parts, bias, w, eps)."""
-    return (None, None) if norm is None else (tuple(norm[:3]), float(norm[3]))
+    """_matmul's (norm, eps) from a public call's norm (parts, bias, w, eps[, w_post])."""
+    if norm is None:
+        return None, None
+    parts, bias, w, eps, *post = norm
+    return (parts, bias, w, post[0] if post else None), float(eps)
 
 
 def swiglu(x: jax.Array, gate: Planes, up: Planes, down: Planes,
@@ -452,7 +457,8 @@ def matmul_experts(x: jax.Array, ids: jax.Array, ws: list[Planes],
     blocks = pair_blocks(ids, ws[0].experts)
     ys = _matmul(blocks.x(x), tuple(w.q for w in ws), tuple(w.planes for w in ws),
                  tuple(w.spec for w in ws), interpret, _expert_tiles(ws), 1, True,
-                 blocks.groups, ws[0].experts)
+                 blocks.groups, ws[0].experts, BLOCK_M, 0, False, None, None, "silu",
+                 blocks.pair_rows)
     return [blocks.pairs(y, w.shape[0], ids.shape) for y, w in zip(ys, ws)]
 
 
@@ -469,13 +475,12 @@ def swiglu_experts(x: jax.Array, ids: jax.Array, gate: Planes, up: Planes, down:
     blocks = pair_blocks(ids, E)
     halves = _matmul(blocks.x(x), (gate.q, up.q), (gate.planes, up.planes),
                      (gate.spec, up.spec), interpret, _expert_tiles([gate, up]), 1, True,
-                     blocks.groups, E, BLOCK_M, 0, True)
-    rows = blocks.live.shape[0] * BLOCK_M
-    # down's block b reads its rows where gate's and up's block b wrote them
-    own = (blocks.live, blocks.expert, jnp.arange(0, rows, BLOCK_M, dtype=jnp.int32))
+                     blocks.groups, E, BLOCK_M, 0, True, None, None, "silu",
+                     blocks.pair_rows)
+    # down's block b reads its rows where gate's and up's block b wrote them (pair_rows 0)
     (y,) = _matmul(tuple(halves), (down.q,), (down.planes,), (down.spec,), interpret,
-                   _expert_tiles([down]), 1, True, own, E, BLOCK_M, rows, False, None,
-                   None, act)
+                   _expert_tiles([down]), 1, True, blocks.groups, E, BLOCK_M,
+                   blocks.expert.shape[0] * BLOCK_M, False, None, None, act)
     return blocks.pairs(y, down.shape[0], ids.shape)
 
 
@@ -486,12 +491,12 @@ PAIR_BLOCKS = 32     # a mixture's launch gives each pair a block of its own up 
 class PairBlocks:
     """Where a mixture's launch (matmul_experts, swiglu_experts) puts its (row, expert)
     pairs: B blocks of 16 rows, block b's first live[b] rows (none: skipped) being pairs
-    of expert[b] whose x rows start at row first[b] of the launch's x; pair p's product at
-    row slot[p] of its output [B * 16, N]. rows: the pairs' x rows gathered in block
-    order (the launch's x; None: x itself).
+    of expert[b]; pair p's product at row slot[p] of its output [B * 16, N]. rows: the
+    pairs' x rows gathered in block order, block b's at rows 16 b.. of the launch's x; or
+    (rows and live None, pair_rows S) each block one pair, its x row b // S of x itself.
 
-    At most PAIR_BLOCKS pairs (a decode step's), each pair is a block (live 1, its own
-    row of x in place: nothing to sort or gather, no XLA kernel); else the pairs are put
+    At most PAIR_BLOCKS pairs (a decode step's), each pair is a block (its row of x read
+    in place, nothing to sort or gather: no XLA kernel but the choice); else the pairs are put
     in order of expert (a stable sort), each expert's cut into blocks of 16, at most
     ceil(P / 16) + min(E, P) blocks in all (a static grid; those past the last skipped),
     their x rows gathered: each chosen expert's weights read once per block of its rows.
@@ -499,14 +504,15 @@ class PairBlocks:
     the rows; a float weight's dot has 16 rows in both)."""
 
     rows: jax.Array | None
-    live: jax.Array
+    live: jax.Array | None
     expert: jax.Array
-    first: jax.Array
     slot: jax.Array
+    pair_rows: int = 0
 
     @property
     def groups(self) -> tuple:
-        return self.live, self.expert, self.first
+        """_matmul's groups."""
+        return self.live, self.expert
 
     def x(self, x: jax.Array) -> jax.Array:
         return x if self.rows is None else jnp.take(x, self.rows, axis=0)
@@ -522,8 +528,7 @@ def pair_blocks(ids: jax.Array, E: int) -> PairBlocks:
     P = R * S
     chosen = ids.reshape(P).astype(jnp.int32)
     if P <= PAIR_BLOCKS:
-        p = jnp.arange(P, dtype=jnp.int32)
-        return PairBlocks(None, jnp.ones(P, jnp.int32), chosen, p // S, p * BLOCK_M)
+        return PairBlocks(None, None, chosen, jnp.arange(P, dtype=jnp.int32) * BLOCK_M, S)
     hit = (chosen[:, None] == jnp.arange(E, dtype=jnp.int32)[None, :]).astype(jnp.int32)
     counts = jnp.sum(hit, axis=0)                              # [E] pairs per expert
     rank = jnp.sum(jnp.cumsum(hit, axis=0) * hit, axis=1) - 1  # a pair's place among its
@@ -540,7 +545,7 @@ def pair_blocks(ids: jax.Array, E: int) -> PairBlocks:
     order = jnp.argsort(chosen, stable=True)                   # the pairs by expert
     at = (firsts[expert] + local * BLOCK_M)[:, None] + jnp.arange(BLOCK_M)[None, :]
     rows = order[jnp.clip(at, 0, P - 1)].reshape(-1) // S      # each block row's x row
-    return PairBlocks(rows, live, expert, b * BLOCK_M, starts[chosen] * BLOCK_M + rank)
+    return PairBlocks(rows, live, expert, starts[chosen] * BLOCK_M + rank)
 
 
 def _expert_tiles(ws: list[Planes]) -> tuple:
@@ -581,11 +586,12 @@ def decode_rows() -> int:
     return int(text)
 
 
-@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6, 7, 9, 10, 11, 12, 14, 15))
+@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6, 7, 9, 10, 11, 12, 14, 15, 16))
 def _matmul(x, qs: tuple, planes: tuple, specs: tuple, interpret: bool, tiles: tuple,
             dots: int, in_place: bool, groups: tuple | None = None, experts: int = 1,
             rows: int = BLOCK_M, glu: int = 0, partials: bool = False,
-            norm: tuple | None = None, eps: float | None = None, act: str = "silu"):
+            norm: tuple | None = None, eps: float | None = None, act: str = "silu",
+            pair_rows: int = 0):
     """The products of x [M, K] with each weight (its q, its other planes, its spec and its
     Tiling at the same place in qs, planes, specs and tiles), [M, N_w] each, in one
     pallas_call. Its grid is (tiles over M, every weight's programs in turn): a weight's
@@ -593,12 +599,12 @@ def _matmul(x, qs: tuple, planes: tuple, specs: tuple, interpret: bool, tiles: t
     would number them, and each runs that weight's code alone (a GPU branches once a
     program, on its id).
 
-    groups (a mixture's experts: PairBlocks.groups): (live [B], expert [B], first [B])
-    int32, the grid's tiles over M being B blocks of 16 rows (the output's [B * 16]), block
-    b's first live[b] rows for the expert `expert[b]` (none: the block is skipped), read
-    from x's rows first[b].. (in place), and each weight `experts` experts', stacked
-    (Planes.experts): a block's programs read their expert's tiles, at the weight's
-    offset of that expert.
+    groups (a mixture's experts: PairBlocks.groups): (live [B] or None, expert [B]) int32,
+    the grid's tiles over M being B blocks of 16 rows (the output's [B * 16]), block b's
+    first live[b] rows (None: 1; 0: the block is skipped) for the expert `expert[b]`, read
+    in place from x's rows 16 b.., or with pair_rows S > 0 from its row b // S (a pair a
+    block: PairBlocks); each weight `experts` experts', stacked (Planes.experts): a
+    block's programs read their expert's tiles, at the weight's offset of that expert.
 
     rows: each dot's rows (dot_rows), a program's dots * rows of x.
 
@@ -610,9 +616,10 @@ def _matmul(x, qs: tuple, planes: tuple, specs: tuple, interpret: bool, tiles: t
     "gelu": gelu_tanh(gate) * up instead (a GeGLU, Gemma's: layers.gelu_tanh's jnp code).
     partials: the [chunks, rows, N_w] partial sums themselves, not their total [M, N_w].
 
-    norm (parts, bias, w), with eps: the product's x is rms_norm(h, w, eps) of h = x + (parts'
-    sum + bias) (parts [C, >= M, >= K] a projection's partial sums over its chunks, or None:
-    h = x), made by each program from the rows it reads, pallas_norm's arithmetic (its
+    norm (parts, bias, w, w_post), with eps: the product's x is rms_norm(h, w, eps) of h = x
+    + (parts' sum + bias) (parts [C, >= M, >= K] a projection's partial sums over its chunks,
+    or None: h = x; w_post not None: what is added normalized first, rms_norm(parts' sum +
+    bias, w_post, eps)), made by each program from the rows it reads, pallas_norm's arithmetic (its
     sum_squares over the whole row first, then h * (1 / sqrt(mean + eps)) * w a block at a
     time): the residual add and the norm before a layer's projections with no launch of
     their own. x and the parts are read whole, in place; with parts, the programs of the
@@ -627,14 +634,16 @@ def _matmul(x, qs: tuple, planes: tuple, specs: tuple, interpret: bool, tiles: t
     M, K = (glu, xs[0].shape[2]) if glu else x.shape
     norm_arrays = []
     if norm is not None:   # read whole, in place (masked), whichever the mode
-        n_parts, n_bias, n_w = norm
-        norm_arrays = [a for a in (n_parts, n_bias, jnp.asarray(n_w, jnp.float32))
+        n_parts, n_bias, n_w, n_post = norm
+        norm_arrays = [a for a in (n_parts, n_bias, jnp.asarray(n_w, jnp.float32),
+                                   None if n_post is None else jnp.asarray(n_post, jnp.float32))
                        if a is not None]
         in_place = True
     BM = rows * dots
     Mp = -(-M // BM) * BM
+    group_arrays = [a for a in groups or () if a is not None]
     if groups is not None:   # a block's rows anywhere in x: read in place
-        in_place, Mp = True, groups[0].shape[0] * BM
+        in_place, Mp = True, groups[1].shape[0] * BM
     parts = [_Part(q.shape[0] // experts, K, spec, t, [K // p.shape[1] for p in ps],
                    len(qs) == 1) for q, ps, spec, t in zip(qs, planes, specs, tiles)]
     starts = np.cumsum([0] + [p.programs for p in parts]).tolist()
@@ -661,8 +670,8 @@ def _matmul(x, qs: tuple, planes: tuple, specs: tuple, interpret: bool, tiles: t
         w_specs = [spec for p, start in zip(parts, starts) for spec in p.in_specs(start)]
     else:           # whole: a program finds its expert's tiles itself
         whole = [pl.BlockSpec(a.shape, lambda i, g: (0, 0)) for a in arrays]
-        w_specs = [pl.BlockSpec(groups[0].shape, lambda i, g: (0,))] * 3 + whole
-        arrays = [*groups, *arrays]
+        w_specs = [pl.BlockSpec(a.shape, lambda i, g: (0,)) for a in group_arrays] + whole
+        arrays = [*group_arrays, *arrays]
 
     writes_h = norm is not None and norm[0] is not None
 
@@ -678,12 +687,15 @@ def _matmul(x, qs: tuple, planes: tuple, specs: tuple, interpret: bool, tiles: t
         load_x = None if norm is None else _norm_prologue(
             x_refs[0][0], norm_refs, h_ref, norm, eps, first, g, M, K, rows, dots)
         limit, expert, ok = M, None, True
-        if groups is not None:   # block b's rows of x at first[b]
-            live_ref, expert_ref, first_ref, *refs = refs
+        if groups is not None:
+            live_ref, refs = (None, refs) if groups[0] is None else (refs[0], refs[1:])
+            expert_ref, *refs = refs
             b = pl.program_id(0)
-            first = first_ref[b]
-            limit = first + live_ref[b]
-            expert, ok = expert_ref[b], live_ref[b] > 0
+            live = 1 if live_ref is None else live_ref[b]
+            if pair_rows:   # a pair a block: its row of x
+                first = lax.div(b, pair_rows)
+            limit = first + live
+            expert, ok = expert_ref[b], live_ref is None or live > 0
         o_refs = refs[-len(parts):]
         at = 0
         for w, (part, start, x_ref, o_ref) in enumerate(zip(parts, starts, x_refs, o_refs)):
@@ -730,17 +742,26 @@ def _norm_prologue(x_ref, norm_refs, h_ref, norm: tuple, eps: float, first, g, M
     if R != pallas_norm.NORM_ROWS:
         raise ValueError(f"a norm inside the matmul needs {pallas_norm.NORM_ROWS}-row dots, "
                          f"not {R}")
-    parts, bias, _ = norm
+    parts, bias, _, post = norm
     refs = iter(norm_refs)
     p_ref = next(refs) if parts is not None else None
     b_ref = next(refs) if bias is not None else None
     w_ref = next(refs)
+    post_ref = next(refs) if post is not None else None
 
-    def h_block(d, c0, width):
+    def at_live(d, c0, width):
         row = first + d * R
         live = row + lax.broadcasted_iota(jnp.int32, (R, width), 0) < M
-        at = (pl.ds(row, R), pl.ds(c0, width))
-        return pallas_norm.residual_block(x_ref, p_ref, b_ref, at, live), at, live
+        return (pl.ds(row, R), pl.ds(c0, width)), live
+    # the projection's output normalized before the add (pallas_norm._rms's order)
+    post_scales = [None if post_ref is None else pallas_norm.rms_scale(pallas_norm.sum_squares(
+        lambda c0, width, d=d: pallas_norm.partials_block(p_ref, b_ref, *at_live(d, c0, width)),
+        K), K, eps) for d in range(dots)]
+
+    def h_block(d, c0, width):
+        at, live = at_live(d, c0, width)
+        post = None if post_ref is None else (post_scales[d], post_ref)
+        return pallas_norm.residual_block(x_ref, p_ref, b_ref, at, live, post), at, live
 
     def scale(d):
         def load(c0, width):

@@ -12,9 +12,9 @@ import math
 import jax
 
 from kinetic.model.config import Config
-from kinetic.model.layers import (StepInput, cached_attention, geglu_ffn, input_rows, linear,
-                                  output_logits, post_add_norm, rms_norm, rope_angles,
-                                  rotated_qkv, value)
+from kinetic.model.layers import (Normed, StepInput, cached_attention, geglu_ffn, input_rows,
+                                  linear, norms_in_matmul, output_logits, post_add_norm,
+                                  residual, rms_norm, rope_angles, rotated_qkv, value)
 
 GLOBAL_TENSORS = ("token_embd", "output_norm")
 OPTIONAL_GLOBAL = ("output",)
@@ -47,25 +47,39 @@ def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
     rope_local = rope_angles(step.positions, cfg.replace(rope_freq_scale=1.0),
                              cfg.rope_base_local or cfg.rope_base)
     new_cache, blocks = [], weights["blk"]
-    h = rms_norm(x, blocks[0]["attn_norm"], eps) if blocks else None
+    # a decode step's norms inside the projections after them (layers.Normed; its post: the
+    # norm after the projection before the add), else one launch each (post_add_norm)
+    fused = norms_in_matmul(T)
+
+    def normed(x, y, w_post, w):
+        """(x + rms_norm(y, w_post) or None, its norm or a Normed of it)."""
+        if fused:
+            return None, Normed(x, y, w, eps, w_post)
+        if y is None:
+            return x, rms_norm(x, w, eps)
+        return post_add_norm(x, y, w_post, w, eps)
+    if blocks:
+        x, h = normed(x, None, None, blocks[0]["attn_norm"])
     for i, (w, (k_cache, v_cache), sliding) in enumerate(zip(blocks, cache,
                                                              cfg.sliding_layers)):
         cos, sin = rope_local if sliding else rope_global
         with jax.named_scope("attention"):
             q, k, v, kv = rotated_qkv(h, w, cfg, (k_cache, v_cache), step, cos, sin, True,
                                       head_norms=True)
+            x = residual(x, h)
             a, (k_cache, v_cache) = cached_attention(
                 q, k, v, kv, step, cfg.q_scale, cfg.kernel,
                 window=cfg.sliding_window if sliding else 0,
                 ends=step.attend_end)   # an image's rows see each other
             a = linear(a.reshape(T, -1), w["attn_output"], pending=True)
             # x + post_attention_norm(a), and the ffn's norm of it: one launch on a GPU
-            x, h = post_add_norm(x, a, w["post_attention_norm"], w["ffn_norm"], eps)
+            # (in gate's and up's in a decode step)
+            x, h = normed(x, a, w["post_attention_norm"], w["ffn_norm"])
         with jax.named_scope("ffn"):
             f = geglu_ffn(h, w, pending=True)
+            x = residual(x, h)
             if i + 1 < len(blocks):
-                x, h = post_add_norm(x, f, w["post_ffw_norm"], blocks[i + 1]["attn_norm"],
-                                     eps)
+                x, h = normed(x, f, w["post_ffw_norm"], blocks[i + 1]["attn_norm"])
             else:
                 x = x + rms_norm(value(f), w["post_ffw_norm"], eps)
         new_cache.append((k_cache, v_cache))

@@ -250,12 +250,14 @@ class Normed:
     pallas_norm's bits, and no launch of its own on a GPU). x: the residual [T, D]; y: what
     is added to it (Pending, an array, or None: nothing, the first layer's norm). Anything
     else takes `value()` (add_norm's or rms_norm's result). Either way `residual()` is then
-    x + y, the next add's x."""
+    x + y, the next add's x. post (Gemma 3's norm after a projection): y is normalized
+    with it before the add (post_add_norm's), x + rms_norm(y, post, eps)."""
 
     x: jax.Array
     y: Any
     w: jax.Array
     eps: float
+    post: jax.Array | None = None
     _residual: jax.Array | None = None
     _value: jax.Array | None = None
 
@@ -271,15 +273,19 @@ class Normed:
         if self._value is None:
             if self.y is None:
                 self._residual, self._value = self.x, rms_norm(self.x, self.w, self.eps)
+            elif self.post is not None:
+                self._residual, self._value = post_add_norm(self.x, self.y, self.post,
+                                                            self.w, self.eps)
             else:
                 self._residual, self._value = add_norm(self.x, self.y, self.w, self.eps)
         return self._value
 
     def norm(self) -> tuple:
-        """pallas_matmul's norm: (parts, bias, w, eps)."""
+        """pallas_matmul's norm: (parts, bias, w, eps[, post])."""
         if self.y is None:
             return None, None, self.w, self.eps
-        return (*partial_sums(self.y), self.w, self.eps)
+        post = () if self.post is None else (self.post,)
+        return (*partial_sums(self.y), self.w, self.eps, *post)
 
     def took(self, h: jax.Array | None) -> None:
         """A projections' kernel normalized it and wrote h, x + y (None: x, nothing added)."""
@@ -291,6 +297,12 @@ class Normed:
         if self._residual is None:
             self.value()
         return self._residual
+
+
+def residual(x: jax.Array | None, h) -> jax.Array:
+    """The residual after h, a layer's normed input, was used: x, or where h is a Normed
+    (x None then), the x + y that its kernel made."""
+    return h.residual() if isinstance(h, Normed) else x
 
 
 def add_norm(x: jax.Array, y: jax.Array | Pending, w: jax.Array,
@@ -712,9 +724,6 @@ def residual_layers(x: jax.Array, weights: dict, cache: list, eps: float, mixer,
         if fused[who]:
             return None, Normed(x, y, w, eps)
         return (x, rms_norm(x, w, eps)) if y is None else add_norm(x, y, w, eps)
-
-    def residual(x, h):
-        return h.residual() if isinstance(h, Normed) else x
 
     if len(blocks):
         x, h = normed(x, None, blocks[0]["attn_norm"], 0)
