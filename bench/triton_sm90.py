@@ -155,6 +155,13 @@ def capture_modules(folder: str, shapes: list[str], qtypes: list[str]) -> list[d
                       jax.ShapeDtypeStruct((1, d), jnp.float32),
                       jax.ShapeDtypeStruct((3, 16, d), jnp.float32),
                       jax.ShapeDtypeStruct((d,), jnp.float32), ws)
+                # Gemma 3's: the projection's output normalized before the add too
+                lower(f"{shape} {qtype} {wname} with norm + add + norm inside M=1",
+                      lambda x, p, w_, ws: pm.matmul_many(x, ws, partials=True,
+                                                          norm=(p, None, w_, 1e-6, w_)),
+                      jax.ShapeDtypeStruct((1, d), jnp.float32),
+                      jax.ShapeDtypeStruct((3, 16, d), jnp.float32),
+                      jax.ShapeDtypeStruct((d,), jnp.float32), ws)
             # the feed-forward as a step runs it: gate+up, then down making silu(gate) * up
             # of the partial sums it reads (pallas_matmul.swiglu)
             gate, down = abstract(qtype, *weights["up"]), abstract(qtype, *weights["down"])
