@@ -2,7 +2,7 @@
 shapes, beside the bandwidth bound and XLA's dense bf16 path (issue 38's device check;
 scripts/device_check.sh runs it on the device machine).
 
-    python bench/gpu.py [--shape smollm2-135m|qwen25-0.5b|qwen25-1.5b]... [--qtype Q4_0]...
+    python bench/gpu.py [--shape smollm2-135m|qwen25-0.5b|qwen25-1.5b|...]... [--qtype Q4_0]...
                         [--streams 1,2,7,8,16,64,256] [--reps 10] [--out DIR] [--tiny]
                         [--split-check] [--llama-cpp DIR] [--quick]
 
@@ -11,8 +11,11 @@ block bytes (`random_weights`: no quantizing, seconds even at 1.5B) and a real t
 (the vocab-only files in tests/data): SmolLM2-135M's shape (llama, d 576, 30 layers, 9/3
 heads of 64, ffn 1536; GPT-2's 50257 tokens, close to its 49152), Qwen2.5-0.5B's (qwen2,
 d 896, 24 layers, 14/2 heads of 64, ffn 4864, 151936 tokens) and Qwen2.5-1.5B's (d 1536, 28
-layers, 12/2 heads of 128, ffn 8960). K-quants need rows that are whole 256-blocks, so they
-are written only for the shapes whose d_model is a multiple of 256 (Qwen2.5-1.5B).
+layers, 12/2 heads of 128, ffn 8960); also Qwen3-1.7B's, and two of Qwen3-30B-A3B's 48 layers
+(qwen3moe, d 2048, 32/4 heads of 128, 128 experts of 768, 8 a token: a mixture's launches
+a layer, bench/gpu_compile.py). K-quants need rows that are whole 256-blocks, so they
+are written only for the shapes whose d_model is a multiple of 256 (Qwen2.5-1.5B's and
+those after it).
 
 For each model and each row count B of --streams, on kernel "pallas":
 - bitwise: the logits of one row (slot 0's 16 prompt tokens, one per step) alone, and as
@@ -81,6 +84,10 @@ SHAPES = {
                         head_dim=128, d_ffn=8960, tied=True),
     "qwen3-1.7b": dict(arch="qwen3", d_model=2048, n_layer=28, n_head=16, n_kv_head=8,
                        head_dim=128, d_ffn=6144, tied=True),
+    # Qwen3-30B-A3B's layers, 2 of its 48 (a mixture's launches a layer; ~1 GB in Q4_0)
+    "qwen3-30b-a3b-2l": dict(arch="qwen3moe", d_model=2048, n_layer=2, n_head=32,
+                             n_kv_head=4, head_dim=128, d_ffn=6144, n_expert=128,
+                             n_expert_used=8, d_ffn_expert=768),
 }
 TINY = dict(n_layer=2, d_model=256, d_ffn=512, n_head=4, n_kv_head=2, head_dim=64)
 PROMPT_LEN, DECODE_AT, PAGE = 512, 512, 16

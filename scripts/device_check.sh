@@ -52,7 +52,8 @@ pn.rms_norm(np.ones((3, 576), np.float32), np.ones(576, np.float32), 1e-6).block
 timeout 150 python3 -m pytest -q -n 0 -p no:cacheprovider -m "not real_model" \
     -k "not every_family" \
     tests/test_pallas_matmul.py tests/test_pallas_attention.py tests/test_pallas_norm.py \
-    tests/test_pallas_greedy.py tests/test_pallas_lowering.py tests/test_pallas_model.py 2>&1 | tee "$OUT/tests.log" | tail -15
+    tests/test_pallas_greedy.py tests/test_pallas_route.py tests/test_pallas_lowering.py \
+    tests/test_pallas_model.py 2>&1 | tee "$OUT/tests.log" | tail -15
 # the anchor: llama.cpp built for sm_90, its cuBLAS the image's (JAX's CUDA wheels)
 ANCHOR=""
 if [ -f .anchor/llama-cuda.tar.xz ]; then
