@@ -235,6 +235,14 @@ def capture_modules(folder: str, shapes: list[str], qtypes: list[str]) -> list[d
                   lambda x, ids, g, u, dn: pm.swiglu_experts(x, ids, g, u, dn, False),
                   jax.ShapeDtypeStruct((rows, d), jnp.float32), ids, stacked(F, d),
                   stacked(F, d), stacked(d, F))
+        # its router at one row, the residual add and norm inside, the normed rows written
+        # for the experts (experts.moe_ffn with a layers.Normed)
+        lower(f"qwen3moe-30b-a3b {qtype} router with the add + norm inside, normed out, M=1",
+              lambda x, p, w_, r: pm.matmul_many(x, [r], partials=True,
+                                                 norm=(p, None, w_, 1e-6), normed=True),
+              jax.ShapeDtypeStruct((1, d), jnp.float32),
+              jax.ShapeDtypeStruct((3, 16, d), jnp.float32),
+              jax.ShapeDtypeStruct((d,), jnp.float32), abstract(qtype, E, d))
     # a mixture's routing (pallas_route): the router's partial sums to each row's experts
     from kinetic.kernels import pallas_route
     for E, K in ((128, 8), (512, 10)):

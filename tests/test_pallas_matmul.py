@@ -328,8 +328,8 @@ def test_a_smaller_decode_dot_gives_a_row_the_same_bits(qtype, K, monkeypatch):
 def test_a_norm_inside_the_projections_launch_is_the_norm_kernels_bits(M, chunks, bias):
     """matmul_many and swiglu with norm: the residual add and the RMS norm before a
     layer's projections made by the projections' own programs (no launch of their own on
-    a GPU). The products and the new residual h are the bytes of pallas_norm.add_rms_norm
-    (or rms_norm, with no parts) then the projections apart, with a weight whose K is
+    a GPU). The products, the new residual h and (normed) the normalized x are the bytes of
+    pallas_norm.add_rms_norm (or rms_norm, with no parts) then the projections apart, with a weight whose K is
     split in two and one whose is whole, at the decode and the prompt variant (70 rows:
     4 dots a program); and a row's bytes are its own whichever rows share the call."""
     import jax.numpy as jnp
@@ -356,6 +356,12 @@ def test_a_norm_inside_the_projections_launch_is_the_norm_kernels_bits(M, chunks
     assert (h is None) == (parts is None)
     if h is not None:
         assert np.asarray(h).tobytes() == np.asarray(h_want).tobytes()
+    # normed: the call's first program writes the normalized x too (a mixture's router
+    # hands it to the experts), the norm kernel's bytes
+    got2, h2, y2 = pm.matmul_many(x, ws, tiles=tiles, norm=(parts, b, w, eps), normed=True)
+    assert np.asarray(y2).tobytes() == np.asarray(y).tobytes()
+    assert np.asarray(got2[0]).tobytes() == np.asarray(got[0]).tobytes()
+    assert (h2 is None) == (parts is None)
     if M > 1:   # the last row alone: its own bytes
         last = None if parts is None else parts[:, M - 1:M]
         one, _ = pm.matmul_many(x[M - 1:], ws, tiles=tiles, norm=(last, b, w, eps))

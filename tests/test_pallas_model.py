@@ -164,7 +164,8 @@ def test_embeddings_and_ranking_on_the_pallas_kernel(tmp_path, pooling):
         assert (cos > 0.9999).all(), cos
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3", "lfm2", "qwen35"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3", "lfm2", "qwen35",
+                                  "qwen3moe"])
 def test_a_gpus_fused_kernels_keep_the_bits(arch, tmp_path, monkeypatch):
     """On a GPU each residual add and the norm after it are one launch (layers.add_norm:
     pallas_norm.add_rms_norm, reading the projection's partial sums, layers.Pending), a
@@ -177,7 +178,8 @@ def test_a_gpus_fused_kernels_keep_the_bits(arch, tmp_path, monkeypatch):
     with the add and the Pallas norm apart and the norms, rotary and writes apart (Gemma
     3's within rounding: its add may be an FMA), for attention (llama's, qwen2's with q, k
     and v biases, qwen3's, gemma3's and lfm2's with head norms), short-convolution and
-    Gated DeltaNet mixers and SwiGLU feed-forwards; and a row's bytes are its own at 1, 3
+    Gated DeltaNet mixers, SwiGLU feed-forwards and a mixture (Qwen3-MoE's: its add and
+    norm in the router's launch, which writes the normed rows for the experts); and a row's bytes are its own at 1, 3
     and 6 rows a step."""
     import functools
 
@@ -216,8 +218,10 @@ def test_a_gpus_fused_kernels_keep_the_bits(arch, tmp_path, monkeypatch):
         return np.concatenate(feed(runner, {0: tokens}, chunk)[0])
 
     fused = [logits(chunk) for chunk in (1, 3, 6)]
-    # (Gemma 3's adds come after norms of their own: no add_norm there)
-    assert any(made) == (arch != "gemma3"), "no projection's partial sums reached add_norm"
+    # (Gemma 3's adds come after norms of their own: no add_norm there; Qwen3-MoE's are
+    # all inside its projections' launches, its mixture's in the router's)
+    assert any(made) == (arch not in ("gemma3", "qwen3moe")), \
+        "no projection's partial sums reached add_norm"
     assert bool(ropes) == (arch != "qwen35")
     # llama's, qwen2's, qwen3's and gemma3's attention norms inside the q+k+v kernel (in
     # each trace: the first layer's adding nothing, the second's a residual; Gemma 3's
@@ -226,6 +230,8 @@ def test_a_gpus_fused_kernels_keep_the_bits(arch, tmp_path, monkeypatch):
     # tests/test_pallas_matmul.py's.
     if arch in ("llama", "qwen2", "qwen3", "gemma3"):
         assert inside and inside.count(True) == inside.count(False)
+    elif arch == "qwen3moe":   # the mixture's too, in its router's launch (experts.moe_ffn)
+        assert inside and inside.count(True) == 3 * inside.count(False)
     else:
         assert not inside
     assert all(f.tobytes() == fused[0].tobytes() for f in fused)

@@ -379,7 +379,7 @@ def matmul(x: jax.Array, w: Planes, interpret: bool | None = None,
 
 def matmul_many(x: jax.Array, ws: list[Planes], interpret: bool | None = None,
                 tiles: list[Tiling] | None = None, partials: bool = False,
-                norm: tuple | None = None):
+                norm: tuple | None = None, normed: bool = False):
     """[matmul(x, w) for w in ws], the weights (each of K columns, in any format) in one
     kernel launch: a layer's q, k and v, or its gate and up, read one x. Each weight's
     programs are its own call's, at its own tiling, so each product is the same bits as
@@ -391,7 +391,10 @@ def matmul_many(x: jax.Array, ws: list[Planes], interpret: bool | None = None,
     normalized inside the launch, pallas_norm.add_rms_norm's bits (a layer's add and norm
     with no launch of their own); returns (the products, h, or None without parts). norm
     (parts, bias, w, eps, w_post): h = x + rms_norm(parts' sum + bias, w_post, eps), the
-    norm after a projection too (Gemma 3's), pallas_norm.post_add_rms_norm's bits."""
+    norm after a projection too (Gemma 3's), pallas_norm.post_add_rms_norm's bits. normed
+    (with norm): the normalized x too, rms_norm(h, w, eps) [M, K], written by the call's
+    first program, the norm kernel's bits (for what else reads it: a mixture's experts);
+    returns (the products, h, it)."""
     interpret = pallas_backend.interpreted(interpret)
     lead = x.shape[:-1]
     x = x.reshape(-1, x.shape[-1])
@@ -400,11 +403,11 @@ def matmul_many(x: jax.Array, ws: list[Planes], interpret: bool | None = None,
     ys = _matmul(x, tuple(w.q for w in ws), tuple(w.planes for w in ws),
                  tuple(w.spec for w in ws), interpret, tuple(tiles), variant(M),
                  not interpret, None, 1, dot_rows(M), 0, partials,
-                 *_norm_args(norm))
-    ys, h = ys if norm is not None else (ys, None)
+                 *_norm_args(norm), "silu", 0, normed)
+    ys, *made = ys if norm is not None else (ys,)
     if not partials:
         ys = [y[:, :w.shape[0]].reshape(*lead, w.shape[0]) for y, w in zip(ys, ws)]
-    return list(ys) if norm is None else (list(ys), h)
+    return list(ys) if norm is None else (list(ys), *made)
 
 
 def _norm_args(norm: tuple | None) -> tuple:
@@ -586,12 +589,12 @@ def decode_rows() -> int:
     return int(text)
 
 
-@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6, 7, 9, 10, 11, 12, 14, 15, 16))
+@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6, 7, 9, 10, 11, 12, 14, 15, 16, 17))
 def _matmul(x, qs: tuple, planes: tuple, specs: tuple, interpret: bool, tiles: tuple,
             dots: int, in_place: bool, groups: tuple | None = None, experts: int = 1,
             rows: int = BLOCK_M, glu: int = 0, partials: bool = False,
             norm: tuple | None = None, eps: float | None = None, act: str = "silu",
-            pair_rows: int = 0):
+            pair_rows: int = 0, normed: bool = False):
     """The products of x [M, K] with each weight (its q, its other planes, its spec and its
     Tiling at the same place in qs, planes, specs and tiles), [M, N_w] each, in one
     pallas_call. Its grid is (tiles over M, every weight's programs in turn): a weight's
@@ -622,7 +625,8 @@ def _matmul(x, qs: tuple, planes: tuple, specs: tuple, interpret: bool, tiles: t
     bias, w_post, eps)), made by each program from the rows it reads, pallas_norm's arithmetic (its
     sum_squares over the whole row first, then h * (1 / sqrt(mean + eps)) * w a block at a
     time): the residual add and the norm before a layer's projections with no launch of
-    their own. x and the parts are read whole, in place; with parts, the programs of the
+    their own (normed: the call's first program writes the normalized x too, returned
+    after h). x and the parts are read whole, in place; with parts, the programs of the
     call's first (g 0) write h, the new residual. Returns (the products, h or None).
 
     in_place: x is read where it is, unpadded, each program its rows at their place in
@@ -674,10 +678,12 @@ def _matmul(x, qs: tuple, planes: tuple, specs: tuple, interpret: bool, tiles: t
         arrays = [*group_arrays, *arrays]
 
     writes_h = norm is not None and norm[0] is not None
+    writes_y = norm is not None and normed
 
     def kernel(*refs):
         x_refs, refs = refs[:len(x_specs)], refs[len(x_specs):]
         norm_refs, refs = refs[:len(norm_arrays)], refs[len(norm_arrays):]
+        y_ref, refs = (refs[-1], refs[:-1]) if writes_y else (None, refs)
         h_ref, refs = (refs[-1], refs[:-1]) if writes_h else (None, refs)
         # each weight's x: (x,) or (gate, up)
         x_refs = ([tuple(x_refs)] if glu else [(r,) for r in x_refs])
@@ -685,7 +691,7 @@ def _matmul(x, qs: tuple, planes: tuple, specs: tuple, interpret: bool, tiles: t
         first = pl.program_id(0) * BM        # (program ids read here, outside the loop:
         g = pl.program_id(1)                 # interpret mode has none inside it)
         load_x = None if norm is None else _norm_prologue(
-            x_refs[0][0], norm_refs, h_ref, norm, eps, first, g, M, K, rows, dots)
+            x_refs[0][0], norm_refs, h_ref, norm, eps, first, g, M, K, rows, dots, y_ref)
         limit, expert, ok = M, None, True
         if groups is not None:
             live_ref, refs = (None, refs) if groups[0] is None else (refs[0], refs[1:])
@@ -712,7 +718,7 @@ def _matmul(x, qs: tuple, planes: tuple, specs: tuple, interpret: bool, tiles: t
             else:
                 pl.when(ok & (g >= start) & (g < starts[w + 1]))(run)
 
-    h_out = [jax.ShapeDtypeStruct((M, K), jnp.float32)] if writes_h else []
+    h_out = [jax.ShapeDtypeStruct((M, K), jnp.float32)] * (writes_h + writes_y)
     ys = pl.pallas_call(
         kernel,
         out_shape=[jax.ShapeDtypeStruct((p.chunks, Mp, p.n), jnp.float32) for p in parts]
@@ -726,18 +732,23 @@ def _matmul(x, qs: tuple, planes: tuple, specs: tuple, interpret: bool, tiles: t
         **pallas_backend.options(interpret, num_stages=STAGES),
     )(*(xp if glu else xp * len(x_specs)), *norm_arrays, *arrays)
     ys = list(ys)
+    y = ys.pop() if writes_y else None
     h = ys.pop() if writes_h else None
     out = ys if partials else [summed(y)[:M if groups is None else Mp] for y in ys]
-    return out if norm is None else (out, h)
+    if norm is None:
+        return out
+    return (out, h, y) if normed else (out, h)
 
 
 def _norm_prologue(x_ref, norm_refs, h_ref, norm: tuple, eps: float, first, g, M: int,
-                   K: int, R: int, dots: int):
+                   K: int, R: int, dots: int, y_ref=None):
     """Inside _matmul's kernel, with its norm: each dot's rows' scale, pallas_norm's
     sum_squares over the whole row and rms_scale (h written by program g 0 on the way),
     and the function giving the product's x, h * scale * w, at dot d's R rows (R is
     pallas_norm.NORM_ROWS: its blocks' shape) and columns c0.. (width), as _Part.program's
-    load_x: pallas_norm.rms_norm's arithmetic, a row's bits the same."""
+    load_x: pallas_norm.rms_norm's arithmetic, a row's bits the same. y_ref: program g 0
+    writes the normalized rows there whole too, a block of pallas_norm.norm_block(K) at a
+    time."""
     from kinetic.kernels import pallas_norm
     if R != pallas_norm.NORM_ROWS:
         raise ValueError(f"a norm inside the matmul needs {pallas_norm.NORM_ROWS}-row dots, "
@@ -775,6 +786,15 @@ def _norm_prologue(x_ref, norm_refs, h_ref, norm: tuple, eps: float, first, g, M
     def load_x(d: int, c0, width: int):
         h, at, _ = h_block(d, c0, width)
         return h * scales[d] * w_ref[at[1]][None, :]
+    if y_ref is not None:
+        nb = pallas_norm.norm_block(K)
+        for d in range(dots):
+            def write(c, carry, d=d):
+                h, at, live = h_block(d, c * nb, nb)
+                pltriton.store(y_ref.at[at], h * scales[d] * w_ref[at[1]][None, :],
+                               mask=live & (g == 0))
+                return carry
+            lax.fori_loop(0, K // nb, write, 0)
     return load_x
 
 

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from kinetic.kernels import ffi as native
 from kinetic.model import device_split
 from kinetic.model.config import Config
-from kinetic.model.layers import PLANES, Proj, linear, silu_times, swiglu
+from kinetic.model.layers import PLANES, Normed, Proj, linear, silu_times, swiglu, value
 
 
 def _chain(columns: list[jax.Array], op) -> jax.Array:
@@ -68,8 +68,10 @@ def route(logits: jax.Array, cfg: Config,
     return chosen, weights
 
 
-def moe_ffn(x: jax.Array, w: dict, cfg: Config) -> jax.Array:
-    """The mixture's output [T, D] for the normed hidden states x [T, D]."""
+def moe_ffn(x: jax.Array | Normed, w: dict, cfg: Config) -> jax.Array:
+    """The mixture's output [T, D] for the normed hidden states x [T, D] (or a layers.Normed:
+    its add and norm made by the router's kernel, which writes the normed rows for the
+    experts, where the pallas kernel routes; else its value)."""
     T, D = x.shape
     router, bias = w["ffn_gate_inp"], w.get("exp_probs_b.bias")
     experts = (w["ffn_gate_exps"], w["ffn_up_exps"], w["ffn_down_exps"])
@@ -79,13 +81,22 @@ def moe_ffn(x: jax.Array, w: dict, cfg: Config) -> jax.Array:
         # made inside it)
         from kinetic.kernels import pallas_matmul, pallas_route
         if router.fmt == PLANES and router.mesh is None:
+            if isinstance(x, Normed):   # the add and the norm in the router's launch
+                (parts,), h, x_normed = pallas_matmul.matmul_many(
+                    x.x, [router.data], partials=True, norm=x.norm(), normed=True)
+                x.took(h)
+                x = x_normed
+            else:
+                parts = pallas_matmul.matmul(x, router.data, partials=True)
             chosen, weights = pallas_route.route(
-                pallas_matmul.matmul(x, router.data, partials=True), T, cfg.n_expert,
-                cfg.n_expert_used, cfg.expert_gating, cfg.expert_weights_norm, bias)
+                parts, T, cfg.n_expert, cfg.n_expert_used, cfg.expert_gating,
+                cfg.expert_weights_norm, bias)
         else:
+            x = value(x)
             chosen, weights = route(linear(x, router), cfg, bias)
         ys = pallas_matmul.swiglu_experts(x, chosen, *(p.data for p in experts))
         return _weighted(ys, weights, cfg)
+    x = value(x)
     chosen, weights = route(linear(x, router), cfg, bias)
     stacked = [_stacked(projs) for projs in experts]
     first = experts[0][0]

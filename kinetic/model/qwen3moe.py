@@ -22,4 +22,6 @@ def configure(cfg: Config, meta: dict) -> Config:
 
 def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
     """Logits [T, V] for the step's rows, and the cache with their K/V written."""
-    return qwen3.decoder(weights, cfg, cache, step, lambda x, w: moe_ffn(x, w, cfg))
+    # (the mixture takes its input as a layers.Normed: on a GPU's decode step the router's
+    # launch makes the add and the norm before it)
+    return qwen3.decoder(weights, cfg, cache, step, lambda x, w: moe_ffn(x, w, cfg), True)
