@@ -213,6 +213,20 @@ def capture_modules(folder: str, shapes: list[str], qtypes: list[str]) -> list[d
               lambda qp, kp, vp, c, s_, i, kc, vc, qw, kw: pallas_rope.rope_write(
                   qp, kp, vp, (None,) * 3, c, s_, i, kc, vc, (H, K), True, (qw, kw, 1e-6)),
               *parts, angle, angle, rows, cache, cache, norm, norm)
+    # Qwen3.5's gated attention: q beside its gate, head norms, a quarter of the head
+    # rotated (16/2 heads of 256, 64 rotated)
+    H, K, hd, rot = 16, 2, 256, 64
+    cache = jax.ShapeDtypeStruct((64, 16, K, hd), jnp.float16)
+    parts = [jax.ShapeDtypeStruct((2, 16, n * hd), jnp.float32) for n in (2 * H, K, K)]
+    angle = jax.ShapeDtypeStruct((5, rot // 2), jnp.float32)
+    norm = jax.ShapeDtypeStruct((hd,), jnp.float32)
+    lower(f"gated q, head norms, partial rotary + cache writes ({H}/{K} heads of {hd}, "
+          f"{rot} rotated)",
+          lambda qp, kp, vp, c, s_, i, kc, vc, qw, kw: pallas_rope.rope_write(
+              qp, kp, vp, (None,) * 3, c, s_, i, kc, vc, (H, K), True, (qw, kw, 1e-6),
+              q_gated=True),
+          *parts, angle, angle, jax.ShapeDtypeStruct((5,), jnp.int32), cache, cache, norm,
+          norm)
     # the decode loop's greedy draw: a row's blocks of the vocabulary to their maxima
     from kinetic.kernels import pallas_greedy
     for rows in (1, 64):

@@ -187,7 +187,7 @@ def test_a_gpus_fused_kernels_keep_the_bits(arch, tmp_path, monkeypatch):
 
     from kinetic.engine import runner as runner_module
     from kinetic.kernels import pallas_norm, pallas_rope
-    from kinetic.model import gemma3, layers
+    from kinetic.model import gemma3, layers, qwen35
     from tests.test_model_forward import feed
     model = load_model(str(write_tiny_model(tmp_path / f"{arch}.gguf", arch, qtype="Q4_0",
                                             context_length=256)), kernel="pallas")
@@ -222,7 +222,7 @@ def test_a_gpus_fused_kernels_keep_the_bits(arch, tmp_path, monkeypatch):
     # all inside its projections' launches, its mixture's in the router's)
     assert any(made) == (arch not in ("gemma3", "qwen3moe")), \
         "no projection's partial sums reached add_norm"
-    assert bool(ropes) == (arch != "qwen35")
+    assert ropes   # (Qwen3.5's gated q and partial rotary too)
     # llama's, qwen2's, qwen3's and gemma3's attention norms inside the q+k+v kernel (in
     # each trace: the first layer's adding nothing, the second's a residual; Gemma 3's
     # normalized first, Normed.post). Their feed-forwards' norms are add_norm's here: a
@@ -244,6 +244,7 @@ def test_a_gpus_fused_kernels_keep_the_bits(arch, tmp_path, monkeypatch):
         return x, pallas_norm.rms_norm(x, w, eps)
     monkeypatch.setattr(layers, "add_norm", apart)
     monkeypatch.setattr(layers, "rope_write", lambda *a, **k: None)
+    monkeypatch.setattr(qwen35, "rope_write", lambda *a, **k: None)
     monkeypatch.setattr(layers, "norms_in_matmul", lambda rows: False)
     monkeypatch.setattr(gemma3, "post_add_norm", post_apart)
     ropes.clear()

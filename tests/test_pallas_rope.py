@@ -60,7 +60,8 @@ def test_the_kernel_is_xlas_rotary_and_writes_bitwise(H, K, Q, chunks, bias, dty
 
 def test_what_it_takes():
     assert pr.supported(128, 128, jnp.float16) and pr.supported(64, 64, jnp.bfloat16)
-    assert not pr.supported(128, 64, jnp.float16)      # partial rotary: XLA's
+    assert pr.supported(256, 64, jnp.float16)          # partial rotary (Qwen3.5's quarter)
+    assert not pr.supported(128, 48, jnp.float16)      # a part Triton cannot block
     assert not pr.supported(96, 96, jnp.float16)       # a head Triton cannot block
     assert not pr.supported(128, 128, jnp.uint8)       # q8_0: quantized (and rotated)
 
@@ -117,6 +118,54 @@ def test_qwen3s_head_norms_in_the_kernel_are_the_norm_kernels_bits(H, K, Q, chun
     rows = np.asarray(index[pick])
     assert flat[0][rows].tobytes() == flat[2][rows].tobytes()
     assert flat[1][rows].tobytes() == flat[3][rows].tobytes()
-    with pytest.raises(ValueError, match="biases with head norms"):
+    with pytest.raises(ValueError, match="biases with head norms or a gate"):
         pr.rope_write(*parts, (jnp.zeros(H * Q), None, None), cos, sin, index, *caches,
                       (H, K), neox, norms)
+
+
+@pytest.mark.parametrize("H,K,Q,rot,neox,dtype", [
+    (4, 2, 64, 16, True, jnp.float16),
+    (8, 2, 256, 64, True, jnp.bfloat16),     # Qwen3.5's heads: a quarter rotated
+    (2, 1, 32, 8, False, jnp.float32)])
+def test_qwen35s_gated_q_and_partial_rotary_are_xlas_bits(H, K, Q, rot, neox, dtype):
+    """q_gated (Qwen3.5's q, each head's q then its gate) and a partial rotary (the first
+    rot features rotated, the rest as they are), with the heads' norms: the bytes of the
+    norm kernel, layers.apply_rope and layers.write_kv on q sliced out of the gated parts;
+    a row's bytes its own."""
+    from kinetic.kernels import pallas_norm
+    rng = np.random.default_rng(H + Q + rot)
+    pages, page_size, eps, T, chunks = 4, 16, 1e-6, 9, 2
+    q_w, k_w = (jnp.asarray(rng.standard_normal(Q), jnp.float32) for _ in range(2))
+    parts = [jnp.asarray(rng.standard_normal((chunks, 16, n * Q)) * 3, jnp.float32)
+             for n in (2 * H, K, K)]
+    angles = rng.integers(0, 900, T)[:, None] * (1.0 / 10000 ** (np.arange(rot // 2) * 2 / rot))
+    cos, sin = (jnp.asarray(f(angles), jnp.float32) for f in (np.cos, np.sin))
+    index = jnp.asarray(rng.permutation(pages * page_size)[:T], jnp.int32)
+    caches = [jnp.asarray(rng.standard_normal((pages, page_size, K, Q)), dtype)
+              for _ in range(2)]
+
+    def xla(parts, cos, sin, index, k_cache, v_cache):
+        qg, k, v = (layers.Pending(p, T, n * Q, None).value() for p, n in zip(parts, (2 * H, K, K)))
+        q = qg.reshape(T, H, 2, Q)[:, :, 0]
+        q = pallas_norm.rms_norm(q, q_w, eps)
+        k = pallas_norm.rms_norm(k.reshape(T, K, Q), k_w, eps)
+        q, k = layers.apply_rope(q, cos, sin, neox), layers.apply_rope(k, cos, sin, neox)
+        return (q.astype(k_cache.dtype), layers.write_kv(k_cache, k, index),
+                layers.write_kv(v_cache, v.reshape(T, K, Q), index))
+    want = jax.jit(xla)(parts, cos, sin, index, *caches)
+    got = pr.rope_write(*parts, (None,) * 3, cos, sin, index, *caches, (H, K), neox,
+                        (q_w, k_w, eps), q_gated=True)
+    for g, w, what in zip(got, want, ("q", "k cache", "v cache")):
+        assert g.shape == w.shape and g.dtype == w.dtype, what
+        assert np.asarray(g).tobytes() == np.asarray(w).tobytes(), what
+    pick = np.array([3])
+    one = pr.rope_write(*(p[:, pick] for p in parts), (None,) * 3, cos[pick], sin[pick],
+                        index[pick], *caches, (H, K), neox, (q_w, k_w, eps), q_gated=True)
+    assert np.asarray(one[0]).tobytes() == np.asarray(got[0][pick]).tobytes()
+    # without norms, a partial rotary alone: XLA's too
+    plain = pr.rope_write(parts[1], parts[1], parts[2], (None,) * 3, cos, sin, index,
+                          *caches, (K, K), neox)
+    k_only = jax.jit(lambda p, c, s_: layers.apply_rope(
+        layers.Pending(p, T, K * Q, None).value().reshape(T, K, Q), c, s_, neox))(
+        parts[1], cos, sin)
+    assert np.asarray(plain[0]).tobytes() == np.asarray(k_only.astype(dtype)).tobytes()

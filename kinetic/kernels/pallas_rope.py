@@ -35,55 +35,63 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
 
 from kinetic.kernels import pallas_backend
 
 
 def supported(head_dim: int, rot: int, cache_dtype) -> bool:
-    """Whether rope_write takes a layer: rotary over the whole head, a head of a power of 2
-    (Triton's blocks), a float cache (a q8_0 cache is quantized and rotated by XLA)."""
-    return (rot == head_dim and head_dim >= 4 and head_dim & (head_dim - 1) == 0
+    """Whether rope_write takes a layer: rotary over the whole head or a power-of-2 part of
+    it (the first rot features; Qwen3.5's quarter), a head of a power of 2 (Triton's
+    blocks), a float cache (a q8_0 cache is quantized and rotated by XLA)."""
+    return (head_dim >= 4 and head_dim & (head_dim - 1) == 0 and 4 <= rot <= head_dim
+            and rot & (rot - 1) == 0
             and jnp.dtype(cache_dtype) in (jnp.float16, jnp.bfloat16, jnp.float32))
 
 
 def rope_write(q_parts, k_parts, v_parts, biases, cos, sin, write_index, k_cache, v_cache,
                heads: tuple[int, int], neox: bool, norms: tuple | None = None,
-               interpret: bool | None = None):
+               interpret: bool | None = None, q_gated: bool = False):
     """q [T, H, Q] rotated, in the cache's type (as the attention rounds it:
     kernels/pallas_attention.py), and the caches [pages, page_size, K, Q] with the T rows'
     rotated k and their v written at write_index [T]. q_parts [Cq, >= T, >= H * Q], k_parts
     and v_parts likewise for K heads; biases (q's, k's, v's: [N] or None each); cos and sin
-    [T, Q / 2]; heads (H, K); norms (q's weight [Q], k's weight [Q], eps) or None: each
-    head of q and of k RMS-normalized before its rotary (Qwen3's), pallas_norm.rms_norm's
-    arithmetic (`head_scale`)."""
+    [T, rot / 2] (rot < Q: the first rot features of a head rotated, layers.apply_rope's
+    partial rotary, the rest as they are); heads (H, K); norms (q's weight [Q], k's weight
+    [Q], eps) or None: each head of q and of k RMS-normalized before its rotary (Qwen3's),
+    pallas_norm.rms_norm's arithmetic (`head_scale`). q_gated: q_parts hold each head's q
+    then its gate ([>= H * 2 * Q], Qwen3.5's gated attention); q is the first of each."""
     interpret = pallas_backend.interpreted(interpret)
     T = write_index.shape[0]
     H, K = heads
     Q = k_cache.shape[-1]
-    pages, page_size = k_cache.shape[:2]
-    pairs = (2, Q // 2) if neox else (Q // 2, 2)
+    slots = k_cache.shape[0] * k_cache.shape[1]     # the caches' rows, pages * page_size
+    rot = 2 * cos.shape[-1]
+    n = Q // rot                        # a head's chunks of rot features (the first rotated)
+    pairs = (2, rot // 2) if neox else (rot // 2, 2)
+    G = 2 if q_gated else 1
 
-    def view(a, n):   # a [C, rows, >= n * Q] as [C, rows, n, *pairs] (a bitcast)
-        return a[:, :, :n * Q].reshape(a.shape[0], a.shape[1], n, *pairs)
+    def view(a, h, g=1):   # a [C, rows, >= h * g * Q] as [C, rows, h, g, n, *pairs]
+        return a[:, :, :h * g * Q].reshape(a.shape[0], a.shape[1], h, g, n, *pairs)
 
-    def heads_of(a, n):   # a [C, rows, >= n * Q] as [C, rows, n, Q] (a bitcast)
-        return a[:, :, :n * Q].reshape(a.shape[0], a.shape[1], n, Q)
+    def heads_of(a, h):    # a [C, rows, >= h * Q] as [C, rows, h, Q] (a bitcast)
+        return a[:, :, :h * Q].reshape(a.shape[0], a.shape[1], h, Q)
 
     eps, weights = None, ()
-    if norms is not None and any(b is not None for b in biases[:2]):
-        raise ValueError("rope_write: q or k biases with head norms (no family has both)")
+    if (norms is not None or q_gated) and any(b is not None for b in biases[:2]):
+        raise ValueError("rope_write: q or k biases with head norms or a gate (no family "
+                         "has both)")
     if norms is not None:   # the heads read whole too, for their sums of squares
         *weights, eps = norms
-        weights = (heads_of(q_parts, H), heads_of(k_parts, K),
-                   *(jnp.asarray(w, jnp.float32).reshape(pairs) for w in weights))
+        weights = (heads_of(q_parts, G * H), heads_of(k_parts, K),
+                   *(jnp.asarray(w, jnp.float32).reshape(n, *pairs) for w in weights))
     q_out, k_flat, v_flat = _rope_write(
-        view(q_parts, H), view(k_parts, K), heads_of(v_parts, K),
+        view(q_parts, H, G), view(k_parts, K), heads_of(v_parts, K),
         tuple(None if b is None else jnp.asarray(b, jnp.float32) for b in biases),
         # (cos and sin as one operand: XLA computes them in one kernel, not one each)
         jnp.stack([jnp.asarray(cos, jnp.float32), jnp.asarray(sin, jnp.float32)], axis=1),
         jnp.asarray(write_index, jnp.int32),
-        k_cache.reshape(pages * page_size, K, *pairs),
-        v_cache.reshape(pages * page_size, K, Q), weights, T, neox,
+        k_cache.reshape(slots, K, n, *pairs), v_cache.reshape(slots, K, Q), weights, T, neox,
         None if eps is None else float(eps), interpret)
     return (q_out.reshape(T, H, Q), k_flat.reshape(k_cache.shape),
             v_flat.reshape(v_cache.shape))
@@ -111,21 +119,26 @@ def head_scale(whole_ref, row, h, Q: int, eps: float) -> jax.Array:
 @functools.partial(jax.jit, static_argnums=(9, 10, 11, 12))
 def _rope_write(q_parts, k_parts, v_parts, biases, angles, index, k_cache, v_cache,
                 norms: tuple, T: int, neox: bool, eps: float | None, interpret: bool):
-    H, K = q_parts.shape[2], k_parts.shape[2]
-    P0, P1 = q_parts.shape[3:]
-    Q = P0 * P1
-    half = (1, Q // 2) if neox else (Q // 2, 1)       # the [*pairs] block of a or of b
-    a_at = (pl.ds(0, half[0]), pl.ds(0, half[1]))
-    b_at = ((pl.ds(1, 1), pl.ds(0, half[1])) if neox else (pl.ds(0, half[0]), pl.ds(1, 1)))
+    H, G, n = q_parts.shape[2:5]
+    K = k_parts.shape[2]
+    P0, P1 = q_parts.shape[5:]
+    rot = P0 * P1
+    Q = n * rot
+    half = (1, rot // 2) if neox else (rot // 2, 1)   # the [*pairs] block of a or of b
+    first = (pl.ds(0, 1),) * 2                         # (q of the head, its first chunk)
+    a_at = (*first, pl.ds(0, half[0]), pl.ds(0, half[1]))
+    b_at = (*first, *((pl.ds(1, 1), pl.ds(0, half[1])) if neox
+                      else (pl.ds(0, half[0]), pl.ds(1, 1))))
+    rest_at = (pl.ds(0, 1), pl.ds(0, n), pl.ds(0, P0), pl.ds(0, P1))   # the head whole
     has_bias = tuple(b is not None for b in biases)
-    # q's and k's by pairs as their rows, v's by head
-    bias_views = [b.reshape(-1, P0, P1) if i < 2 else b.reshape(-1, Q)
+    # q's and k's as their views' [g, n, *pairs] (g 1), v's by head
+    bias_views = [b.reshape(-1, 1, n, P0, P1) if i < 2 else b.reshape(-1, Q)
                   for i, b in enumerate(biases) if b is not None]
 
     def whole(a):
         return pl.BlockSpec(a.shape, lambda t, h: (0,) * a.ndim)
 
-    # norms: q's and k's heads whole ([C, rows, n, Q]), q's and k's norm weights [*pairs]
+    # norms: q's and k's heads whole ([C, rows, n, Q]), q's and k's norm weights [n, *pairs]
     arrays = [q_parts, k_parts, v_parts, *bias_views, angles, index, *norms, k_cache,
               v_cache]
     n_in = len(arrays)
@@ -149,32 +162,48 @@ def _rope_write(q_parts, k_parts, v_parts, biases, angles, index, k_cache, v_cac
                 total = total + bias_ref[(head, *at)][None]
             return total
 
-        c = angles_ref[row, pl.ds(0, 1), :].reshape(1, 1, *half)      # [1, 1, *half]
-        s = angles_ref[row, pl.ds(1, 1), :].reshape(1, 1, *half)
+        c = angles_ref[row, pl.ds(0, 1), :].reshape(1, 1, 1, 1, *half)
+        s = angles_ref[row, pl.ds(1, 1), :].reshape(1, 1, 1, 1, *half)
 
-        def rotated(ref, bias_ref, whole_ref, norm_ref):
+        def rotated(ref, bias_ref, whole_ref, norm_ref, g: int):
+            """(a, b) rotated, and the head whole (normed) where it has features past the
+            rotary's (n > 1; else None)."""
             a, b = summed(ref, bias_ref, a_at), summed(ref, bias_ref, b_at)
+            rest = summed(ref, bias_ref, rest_at) if n > 1 else None
             if norm_ref is not None:   # the head normalized first (Qwen3's)
-                scale = head_scale(whole_ref, row, h, Q, eps).reshape(1, 1, 1, 1)
-                a = a * scale * norm_ref[a_at][None, None]
-                b = b * scale * norm_ref[b_at][None, None]
-            return a * c - b * s, a * s + b * c
+                scale = head_scale(whole_ref, row, g * h, Q, eps).reshape(1, 1, 1, 1, 1, 1)
+                a = a * scale * norm_ref[a_at[1:]][None, None, None]
+                b = b * scale * norm_ref[b_at[1:]][None, None, None]
+                if rest is not None:
+                    rest = rest * scale * norm_ref[rest_at[1:]][None, None, None]
+            return a * c - b * s, a * s + b * c, rest
+
+        def write(out, at_row, head_values, dtype):
+            """A head's values [1, 1, 1, n, *pairs] past its first chunk stored (that one
+            is the rotary's)."""
+            if head_values is None:
+                return
+            later = lax.broadcasted_iota(jnp.int32, (1, 1, n, P0, P1), 2) >= 1
+            pltriton.store(out.at[at_row, head, pl.ds(0, n), pl.ds(0, P0), pl.ds(0, P1)],
+                           head_values.reshape(1, 1, n, P0, P1).astype(dtype), mask=later)
 
         @pl.when(h < H)
         def _():
-            qa, qb_ = rotated(q_ref, qb, q_whole, q_norm)
-            q_out[(row, head, *a_at)] = qa.astype(q_out.dtype)
-            q_out[(row, head, *b_at)] = qb_.astype(q_out.dtype)
+            qa, qb_, rest = rotated(q_ref, qb, q_whole, q_norm, G)
+            q_out[(row, head, *a_at[1:])] = qa.reshape(1, 1, 1, *half).astype(q_out.dtype)
+            q_out[(row, head, *b_at[1:])] = qb_.reshape(1, 1, 1, *half).astype(q_out.dtype)
+            write(q_out, row, rest, q_out.dtype)
 
         @pl.when(h < K)
         def _():
-            ka, kb_ = rotated(k_ref, kb, k_whole, k_norm)
-            k_out[(dest, head, *a_at)] = ka.astype(k_out.dtype)
-            k_out[(dest, head, *b_at)] = kb_.astype(k_out.dtype)
+            ka, kb_, rest = rotated(k_ref, kb, k_whole, k_norm, 1)
+            k_out[(dest, head, *a_at[1:])] = ka.reshape(1, 1, 1, *half).astype(k_out.dtype)
+            k_out[(dest, head, *b_at[1:])] = kb_.reshape(1, 1, 1, *half).astype(k_out.dtype)
+            write(k_out, dest, rest, k_out.dtype)
             v = summed(v_ref, vb, (pl.ds(0, Q),))
             v_out[(dest, head, pl.ds(0, Q))] = v.astype(v_out.dtype)
 
-    out_shape = [jax.ShapeDtypeStruct((T, H, P0, P1), k_cache.dtype),
+    out_shape = [jax.ShapeDtypeStruct((T, H, n, P0, P1), k_cache.dtype),
                  jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype),
                  jax.ShapeDtypeStruct(v_cache.shape, v_cache.dtype)]
     return pl.pallas_call(

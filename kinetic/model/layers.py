@@ -583,21 +583,23 @@ def rotated_qkv(x: jax.Array, w: dict, cfg: Config, kv: tuple[jax.Array, jax.Arr
 
 def rope_write(x: jax.Array, w: dict, cfg: Config, kv: tuple[jax.Array, jax.Array],
                step: StepInput, cos: jax.Array, sin: jax.Array, neox: bool,
-               head_norms: bool = False):
+               head_norms: bool = False, q_gated: bool = False):
     """(q [T, H, Q] rotated, kv with the step's k rotated and v written) of a dense layer's
     normed x [T, D] in one launch where a GPU's step runs it (kernels/pallas_rope.py: q, k
     and v read as their projections' partial sums, XLA's three kernels a layer between
     them gone; with head_norms the heads' RMS norms too, two Pallas launches fewer), the
     bits of qkv, rms_norm, apply_rope and cached_attention's write as a step jitted here
     runs them (tests/test_pallas_rope.py). None where it does not apply (the step of a CPU
-    or of a split, a quantized cache, partial rotary, a head Triton cannot block, biases
-    beside head norms): the caller runs those instead (rotated_qkv)."""
+    or of a split, a quantized cache, a head or a rotary part Triton cannot block, biases
+    beside head norms): the caller runs those instead (rotated_qkv). q_gated (Qwen3.5's
+    attn_q: each head's q then its output gate): (q, kv, the gate [T, H * Q]), the gate
+    summed from the same partial sums by XLA where it is used."""
     projs = [w["attn_q"], w["attn_k"], w["attn_v"]]
     biases = [w.get(f"attn_{n}.bias") for n in "qkv"]
     from kinetic.kernels import pallas_rope
     if (step.heads is not None or cfg.v_head_dim != cfg.head_dim or not _pending(x, projs)
             or kv[0].dtype != kv[1].dtype
-            or (head_norms and any(b is not None for b in biases[:2]))
+            or ((head_norms or q_gated) and any(b is not None for b in biases[:2]))
             or not pallas_rope.supported(cfg.head_dim, 2 * cos.shape[-1], kv[0].dtype)):
         return None
     from kinetic.kernels import pallas_matmul
@@ -610,8 +612,12 @@ def rope_write(x: jax.Array, w: dict, cfg: Config, kv: tuple[jax.Array, jax.Arra
     norms = (w["attn_q_norm"], w["attn_k_norm"], cfg.norm_eps) if head_norms else None
     q, k_cache, v_cache = pallas_rope.rope_write(
         *parts, biases, cos, sin, step.write_index, kv[0], kv[1],
-        (cfg.n_head, cfg.n_kv_head), neox, norms)
-    return q, (k_cache, v_cache)
+        (cfg.n_head, cfg.n_kv_head), neox, norms, q_gated=q_gated)
+    if not q_gated:
+        return q, (k_cache, v_cache)
+    T, H, Q = x.shape[0], cfg.n_head, cfg.head_dim
+    gate = Pending(parts[0], T, 2 * H * Q, None).value().reshape(T, H, 2, Q)[:, :, 1]
+    return q, (k_cache, v_cache), gate.reshape(T, H * Q)
 
 
 def write_kv_pair(kv: tuple[jax.Array, jax.Array], k: jax.Array, v: jax.Array,

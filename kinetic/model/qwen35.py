@@ -24,7 +24,7 @@ from kinetic.model.config import Config, ModelConfigError
 from kinetic.model.delta_net import conv_channels, delta_net_layer
 from kinetic.model.layers import (StepInput, apply_rope, cached_attention, input_rows, linear,
                                   linear_many, output_logits, residual_layers, rms_norm,
-                                  rope_angles, swiglu_ffn)
+                                  rope_angles, rope_write, swiglu_ffn)
 
 GLOBAL_TENSORS = ("token_embd", "output_norm")
 OPTIONAL_GLOBAL = ("output",)
@@ -85,6 +85,13 @@ def attention(x: jax.Array, w: dict, kv: tuple[jax.Array, jax.Array], step: Step
     """A gated full-attention layer: (output [T, D], updated (k_cache, v_cache)); the output
     may be Pending (layers.linear's pending)."""
     T, H, Q, eps = x.shape[0], cfg.n_head, cfg.head_dim, cfg.norm_eps
+    # on a GPU one launch: q's and k's head norms, the (partial) rotary, the cache writes
+    fused = rope_write(x, w, cfg, kv, step, cos, sin, True, head_norms=True, q_gated=True)
+    if fused is not None:
+        q, kv, gate = fused
+        a, kv = cached_attention(q, None, None, kv, step, cfg.q_scale, cfg.kernel)
+        return linear(a.reshape(T, -1) * jax.nn.sigmoid(gate), w["attn_output"],
+                      pending=True), kv
     qg, k, v = linear_many(x, [w["attn_q"], w["attn_k"], w["attn_v"]])
     qg = qg.reshape(T, H, 2, Q)
     q, gate = qg[:, :, 0], qg[:, :, 1].reshape(T, H * Q)
