@@ -223,17 +223,17 @@ def test_a_gpus_fused_kernels_keep_the_bits(arch, tmp_path, monkeypatch):
     assert any(made) == (arch not in ("gemma3", "qwen3moe")), \
         "no projection's partial sums reached add_norm"
     assert ropes   # (Qwen3.5's gated q and partial rotary too)
-    # llama's, qwen2's, qwen3's and gemma3's attention norms inside the q+k+v kernel (in
-    # each trace: the first layer's adding nothing, the second's a residual; Gemma 3's
-    # normalized first, Normed.post). Their feed-forwards' norms are add_norm's here: a
+    # every family's mixer's norms inside its projections' kernel (q+k+v's, a short
+    # convolution's in_proj, a delta rule's projections; in each trace the first layer's
+    # adding nothing, the others' a residual; Gemma 3's normalized first, Normed.post). Their feed-forwards' norms are add_norm's here: a
     # CPU's step runs gate and up apart (layers.swiglu), the fused swiglu with its norm is
     # tests/test_pallas_matmul.py's.
-    if arch in ("llama", "qwen2", "qwen3", "gemma3"):
-        assert inside and inside.count(True) == inside.count(False)
+    if arch in ("llama", "qwen2", "qwen3", "gemma3", "lfm2"):   # (lfm2's short convolution's
+        assert inside and inside.count(True) == inside.count(False)   # in_proj too)
     elif arch == "qwen3moe":   # the mixture's too, in its router's launch (experts.moe_ffn)
         assert inside and inside.count(True) == 3 * inside.count(False)
-    else:
-        assert not inside
+    else:   # qwen35: its 4 mixers (delta rule's projections, gated attention's)
+        assert inside and inside.count(True) == 3 * inside.count(False)
     assert all(f.tobytes() == fused[0].tobytes() for f in fused)
 
     def apart(x, y, w, eps):

@@ -369,16 +369,23 @@ def _pending(x: jax.Array, projs) -> bool:
             and all(p.fmt == PLANES and p.mesh is None for p in projs))
 
 
-def linear_many(x: jax.Array, projs: list[Proj], biases=None) -> list[jax.Array]:
+def linear_many(x: jax.Array | Normed, projs: list[Proj], biases=None) -> list[jax.Array]:
     """[linear(x, p, b) for each p]: packed weights of one buffer go through one kernel call
     (the activations rounded once, every part's columns split over the threads together),
     which costs less than a call each, and so do the pallas kernel's planes (one launch on
     a GPU where there would be one a weight, pallas_matmul.matmul_many); the results are
-    the same bits."""
+    the same bits. x may be a Normed: its add and norm made inside that launch where the
+    norms are the Pallas kernel's (pallas_matmul's norm), else its value."""
     biases = biases or [None] * len(projs)
+    if isinstance(x, Normed) and not _pending(x, projs):
+        x = x.value()
     if all(p.fmt == PLANES and p.mesh is None for p in projs):
         from kinetic.kernels import pallas_matmul
-        ys = pallas_matmul.matmul_many(x, [p.data for p in projs])
+        if isinstance(x, Normed):   # its add and norm made by this kernel too
+            ys, h = pallas_matmul.matmul_many(x.x, [p.data for p in projs], norm=x.norm())
+            x.took(h)
+        else:
+            ys = pallas_matmul.matmul_many(x, [p.data for p in projs])
         return [y if b is None else y + b for y, b in zip(ys, biases)]
     packed = all(p.fmt >= 0 for p in projs) and len({id(p.data) for p in projs}) == 1
     if not packed or len({p.owner for p in projs}) > 1:

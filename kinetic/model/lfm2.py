@@ -22,7 +22,7 @@ import numpy as np
 from kinetic.model import qwen3
 from kinetic.model.config import Config, ModelConfigError
 from kinetic.model.experts import moe_ffn
-from kinetic.model.layers import (StepInput, input_rows, linear, output_logits,
+from kinetic.model.layers import (StepInput, input_rows, linear, linear_many, output_logits,
                                   residual_layers, rope_angles, swiglu_ffn, write_kv_pair)
 
 GLOBAL_TENSORS = ("token_embd", "token_embd_norm")   # llama.cpp's name of LFM2's final norm
@@ -67,7 +67,7 @@ def short_conv(x: jax.Array, w: dict, cache: tuple[jax.Array, jax.Array], step: 
     layers.linear's pending), and the layer's cache with the rows' gated inputs written at
     their positions."""
     D = cfg.d_model
-    bcx = linear(x, w["shortconv.in_proj"])
+    (bcx,) = linear_many(x, [w["shortconv.in_proj"]])   # (x may be a layers.Normed)
     b, c, xs = bcx[:, :D], bcx[:, D:2 * D], bcx[:, 2 * D:]
     bx = b * xs
     # written in place with the attention layers' pair writer (XLA's scatter copied the
@@ -106,7 +106,9 @@ def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
 
     def ffn(i, h, w):
         return moe_ffn(h, w, cfg) if moe_layer(cfg, i) else swiglu_ffn(h, w, pending=True)
+    # every mixer and feed-forward takes a layers.Normed (a GPU's decode step makes each
+    # add and norm inside the projections after it)
     x, new_cache = residual_layers(input_rows(step, weights["token_embd"]), weights, cache,
-                                   eps, mixer, ffn)
+                                   eps, mixer, ffn, take_normed=(True, True))
     return (output_logits(x, step, weights["token_embd_norm"], weights["output"], eps),
             new_cache)

@@ -105,12 +105,14 @@ def attention(x: jax.Array, w: dict, kv: tuple[jax.Array, jax.Array], step: Step
 
 def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
     """Logits [T, V] for the step's rows, and the cache with their rows written."""
-    return decoder(weights, cfg, cache, step, partial(swiglu_ffn, pending=True))
+    return decoder(weights, cfg, cache, step, partial(swiglu_ffn, pending=True), True)
 
 
 def decoder(weights: dict, cfg: Config, cache: list, step: StepInput,
-            ffn: Callable[[jax.Array, dict], jax.Array]):
-    """Qwen3.5's layers with `ffn(normed x, layer weights)` as the feed-forward block."""
+            ffn: Callable[[jax.Array, dict], jax.Array], ffn_takes_normed: bool = False):
+    """Qwen3.5's layers with `ffn(normed x, layer weights)` as the feed-forward block
+    (ffn_takes_normed: whether it takes a layers.Normed; the mixers, delta rule and gated
+    attention, do)."""
     eps = cfg.norm_eps
     cos, sin = rope_angles(step.positions, cfg, cfg.rope_base)
 
@@ -122,7 +124,8 @@ def decoder(weights: dict, cfg: Config, cache: list, step: StepInput,
             return attention(h, w, layer_cache, step, cfg, cos, sin)
     x, new_cache = residual_layers(input_rows(step, weights["token_embd"]), weights, cache,
                                    eps, mixer, lambda i, h, w: ffn(h, w),
-                                   ffn_norm="post_attention_norm")
+                                   ffn_norm="post_attention_norm",
+                                   take_normed=(True, ffn_takes_normed))
     return output_logits(x, step, weights["output_norm"], weights["output"], eps), new_cache
 
 
