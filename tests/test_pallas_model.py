@@ -165,7 +165,7 @@ def test_embeddings_and_ranking_on_the_pallas_kernel(tmp_path, pooling):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3", "lfm2", "qwen35",
-                                  "qwen3moe"])
+                                  "qwen3moe", "qwen35moe"])
 def test_a_gpus_fused_kernels_keep_the_bits(arch, tmp_path, monkeypatch):
     """On a GPU each residual add and the norm after it are one launch (layers.add_norm:
     pallas_norm.add_rms_norm, reading the projection's partial sums, layers.Pending), a
@@ -178,8 +178,9 @@ def test_a_gpus_fused_kernels_keep_the_bits(arch, tmp_path, monkeypatch):
     with the add and the Pallas norm apart and the norms, rotary and writes apart (Gemma
     3's within rounding: its add may be an FMA), for attention (llama's, qwen2's with q, k
     and v biases, qwen3's, gemma3's and lfm2's with head norms), short-convolution and
-    Gated DeltaNet mixers, SwiGLU feed-forwards and a mixture (Qwen3-MoE's: its add and
-    norm in the router's launch, which writes the normed rows for the experts); and a row's bytes are its own at 1, 3
+    Gated DeltaNet mixers, SwiGLU feed-forwards and mixtures (Qwen3-MoE's and Qwen3.5-MoE's:
+    the add and norm in the router's launch, which writes the normed rows for the experts
+    and the shared expert); and a row's bytes are its own at 1, 3
     and 6 rows a step."""
     import functools
 
@@ -204,8 +205,8 @@ def test_a_gpus_fused_kernels_keep_the_bits(arch, tmp_path, monkeypatch):
                         lambda *a, **k: ropes.append(1) or real_rope(*a, **k))
     inside = []   # the norms made inside the projections' kernel (layers.Normed)
     real_took = layers.Normed.took
-    monkeypatch.setattr(layers.Normed, "took",
-                        lambda self, h: inside.append(h is not None) or real_took(self, h))
+    monkeypatch.setattr(layers.Normed, "took", lambda self, h, *normed: inside.append(
+        h is not None) or real_took(self, h, *normed))
     tokens = list(range(3, 9))
 
     def logits(chunk):
@@ -220,7 +221,7 @@ def test_a_gpus_fused_kernels_keep_the_bits(arch, tmp_path, monkeypatch):
     fused = [logits(chunk) for chunk in (1, 3, 6)]
     # (Gemma 3's adds come after norms of their own: no add_norm there; Qwen3-MoE's are
     # all inside its projections' launches, its mixture's in the router's)
-    assert any(made) == (arch not in ("gemma3", "qwen3moe")), \
+    assert any(made) == (arch not in ("gemma3", "qwen3moe", "qwen35moe")), \
         "no projection's partial sums reached add_norm"
     assert ropes   # (Qwen3.5's gated q and partial rotary too)
     # every family's mixer's norms inside its projections' kernel (q+k+v's, a short
@@ -232,8 +233,10 @@ def test_a_gpus_fused_kernels_keep_the_bits(arch, tmp_path, monkeypatch):
         assert inside and inside.count(True) == inside.count(False)   # in_proj too)
     elif arch == "qwen3moe":   # the mixture's too, in its router's launch (experts.moe_ffn)
         assert inside and inside.count(True) == 3 * inside.count(False)
-    else:   # qwen35: its 4 mixers (delta rule's projections, gated attention's)
+    elif arch == "qwen35":   # its 4 mixers (delta rule's projections, gated attention's)
         assert inside and inside.count(True) == 3 * inside.count(False)
+    else:   # qwen35moe: its mixers' and its mixtures' (the shared expert reads the rows
+        assert inside and inside.count(True) == 7 * inside.count(False)   # its router made)
     assert all(f.tobytes() == fused[0].tobytes() for f in fused)
 
     def apart(x, y, w, eps):

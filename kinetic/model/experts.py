@@ -81,12 +81,13 @@ def moe_ffn(x: jax.Array | Normed, w: dict, cfg: Config) -> jax.Array:
         # made inside it)
         from kinetic.kernels import pallas_matmul, pallas_route
         if router.fmt == PLANES and router.mesh is None:
-            if isinstance(x, Normed):   # the add and the norm in the router's launch
-                (parts,), h, x_normed = pallas_matmul.matmul_many(
+            if isinstance(x, Normed) and not x.made:   # the add and the norm in the
+                (parts,), h, x_normed = pallas_matmul.matmul_many(   # router's launch
                     x.x, [router.data], partials=True, norm=x.norm(), normed=True)
-                x.took(h)
+                x.took(h, x_normed)   # (its normed rows: what else takes it reads them)
                 x = x_normed
             else:
+                x = value(x)
                 parts = pallas_matmul.matmul(x, router.data, partials=True)
             chosen, weights = pallas_route.route(
                 parts, T, cfg.n_expert, cfg.n_expert_used, cfg.expert_gating,

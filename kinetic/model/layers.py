@@ -287,10 +287,19 @@ class Normed:
         post = () if self.post is None else (self.post,)
         return (*partial_sums(self.y), self.w, self.eps, *post)
 
-    def took(self, h: jax.Array | None) -> None:
-        """A projections' kernel normalized it and wrote h, x + y (None: x, nothing added)."""
+    @property
+    def made(self) -> bool:
+        """Whether its value is computed already (a kernel wrote the normed rows, or
+        value() ran): what else takes it reads that, not another norm inside its launch."""
+        return self._value is not None
+
+    def took(self, h: jax.Array | None, normed: jax.Array | None = None) -> None:
+        """A projections' kernel normalized it and wrote h, x + y (None: x, nothing added),
+        and maybe the normed rows themselves."""
         if self._residual is None:
             self._residual = self.x if h is None else h
+        if normed is not None and self._value is None:
+            self._value = normed
 
     def residual(self) -> jax.Array:
         """x + y (computed with the norm if no kernel took it)."""
@@ -377,7 +386,7 @@ def linear_many(x: jax.Array | Normed, projs: list[Proj], biases=None) -> list[j
     the same bits. x may be a Normed: its add and norm made inside that launch where the
     norms are the Pallas kernel's (pallas_matmul's norm), else its value."""
     biases = biases or [None] * len(projs)
-    if isinstance(x, Normed) and not _pending(x, projs):
+    if isinstance(x, Normed) and (x.made or not _pending(x, projs)):
         x = x.value()
     if all(p.fmt == PLANES and p.mesh is None for p in projs):
         from kinetic.kernels import pallas_matmul
@@ -611,6 +620,8 @@ def rope_write(x: jax.Array, w: dict, cfg: Config, kv: tuple[jax.Array, jax.Arra
         return None
     from kinetic.kernels import pallas_matmul
     data = [p.data for p in projs]
+    if isinstance(x, Normed) and x.made:
+        x = x.value()
     if isinstance(x, Normed):   # its add and norm made by this kernel too
         parts, h = pallas_matmul.matmul_many(x.x, data, partials=True, norm=x.norm())
         x.took(h)
@@ -774,6 +785,8 @@ def swiglu(x: jax.Array, gate_w: Proj, up_w: Proj, down_w: Proj,
         from kinetic.kernels import pallas_matmul
         data = [p.data for p in projs]
         partials = bool(pending and _pending(x, projs))
+        if isinstance(x, Normed) and x.made:
+            x = x.value()
         if isinstance(x, Normed):   # its add and norm made by gate's and up's kernel
             y, h = pallas_matmul.swiglu(x.x, *data, partials=partials, norm=x.norm(),
                                         act=act)

@@ -29,5 +29,7 @@ def configure(cfg: Config, meta: dict) -> Config:
 
 def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
     """Logits [T, V] for the step's rows, and the cache with their rows written."""
+    # (the feed-forward takes a layers.Normed: the mixture's router makes its add and norm
+    # and writes the normed rows, which the shared expert then reads)
     return qwen35.decoder(weights, cfg, cache, step,
-                          lambda x, w: moe_ffn(x, w, cfg) + qwen35.shared_expert(x, w))
+                          lambda x, w: moe_ffn(x, w, cfg) + qwen35.shared_expert(x, w), True)
