@@ -188,7 +188,7 @@ def test_a_gpus_fused_kernels_keep_the_bits(arch, tmp_path, monkeypatch):
 
     from kinetic.engine import runner as runner_module
     from kinetic.kernels import pallas_norm, pallas_rope
-    from kinetic.model import gemma3, layers, qwen35
+    from kinetic.model import layers, qwen35
     from tests.test_model_forward import feed
     model = load_model(str(write_tiny_model(tmp_path / f"{arch}.gguf", arch, qtype="Q4_0",
                                             context_length=256)), kernel="pallas")
@@ -249,7 +249,7 @@ def test_a_gpus_fused_kernels_keep_the_bits(arch, tmp_path, monkeypatch):
     monkeypatch.setattr(layers, "rope_write", lambda *a, **k: None)
     monkeypatch.setattr(qwen35, "rope_write", lambda *a, **k: None)
     monkeypatch.setattr(layers, "norms_in_matmul", lambda rows: False)
-    monkeypatch.setattr(gemma3, "post_add_norm", post_apart)
+    monkeypatch.setattr(layers, "post_add_norm", post_apart)   # (gemma3's: add_and_norm's)
     ropes.clear()
     got = logits(3)
     assert not ropes

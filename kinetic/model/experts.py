@@ -30,7 +30,8 @@ import jax.numpy as jnp
 from kinetic.kernels import ffi as native
 from kinetic.model import device_split
 from kinetic.model.config import Config
-from kinetic.model.layers import PLANES, Normed, Proj, linear, silu_times, swiglu, value
+from kinetic.model.layers import (PLANES, Normed, Proj, linear, norm_inside, silu_times,
+                                  swiglu, value)
 
 
 def _chain(columns: list[jax.Array], op) -> jax.Array:
@@ -75,30 +76,25 @@ def moe_ffn(x: jax.Array | Normed, w: dict, cfg: Config) -> jax.Array:
     T, D = x.shape
     router, bias = w["ffn_gate_inp"], w.get("exp_probs_b.bias")
     experts = (w["ffn_gate_exps"], w["ffn_up_exps"], w["ffn_down_exps"])
-    if all(isinstance(p, Proj) and p.fmt == PLANES for p in experts):
-        # the pallas kernel's: the routing one launch (its router's sum in it), the
-        # stacked experts one for every pair's gate and up, one for down (silu(gate) * up
-        # made inside it)
+    planes = all(isinstance(p, Proj) and p.fmt == PLANES for p in experts)
+    if planes:   # the pallas kernel's stacked experts
         from kinetic.kernels import pallas_matmul, pallas_route
-        if router.fmt == PLANES and router.mesh is None:
-            if isinstance(x, Normed) and not x.made:   # the add and the norm in the
-                (parts,), h, x_normed = pallas_matmul.matmul_many(   # router's launch
-                    x.x, [router.data], partials=True, norm=x.norm(), normed=True)
-                x.took(h, x_normed)   # (its normed rows: what else takes it reads them)
-                x = x_normed
-            else:
-                x = value(x)
-                parts = pallas_matmul.matmul(x, router.data, partials=True)
-            chosen, weights = pallas_route.route(
-                parts, T, cfg.n_expert, cfg.n_expert_used, cfg.expert_gating,
-                cfg.expert_weights_norm, bias)
-        else:
-            x = value(x)
-            chosen, weights = route(linear(x, router), cfg, bias)
+    if planes and router.fmt == PLANES and router.mesh is None:
+        # the routing, one launch (its router's sum in it); a Normed's add and norm in the
+        # router's launch, which writes the normed rows (what else takes it reads them:
+        # the experts, a shared expert)
+        (parts,) = norm_inside(x, lambda x, norm: pallas_matmul.matmul_many(
+            x, [router.data], partials=True, norm=norm, normed=norm is not None))
+        x = value(x)
+        chosen, weights = pallas_route.route(
+            parts, T, cfg.n_expert, cfg.n_expert_used, cfg.expert_gating,
+            cfg.expert_weights_norm, bias)
+    else:
+        x = value(x)
+        chosen, weights = route(linear(x, router), cfg, bias)
+    if planes:   # every pair's gate and up in one launch, down in one (silu(gate) * up in it)
         ys = pallas_matmul.swiglu_experts(x, chosen, *(p.data for p in experts))
         return _weighted(ys, weights, cfg)
-    x = value(x)
-    chosen, weights = route(linear(x, router), cfg, bias)
     stacked = [_stacked(projs) for projs in experts]
     first = experts[0][0]
     if all(stacked) and all(p[0].data is first.data for p in experts):

@@ -12,8 +12,8 @@ import math
 import jax
 
 from kinetic.model.config import Config
-from kinetic.model.layers import (Normed, StepInput, cached_attention, geglu_ffn, input_rows,
-                                  linear, norms_in_matmul, output_logits, post_add_norm,
+from kinetic.model.layers import (StepInput, add_and_norm, cached_attention, geglu_ffn,
+                                  input_rows, linear, norms_in_matmul, output_logits,
                                   residual, rms_norm, rope_angles, rotated_qkv, value)
 
 GLOBAL_TENSORS = ("token_embd", "output_norm")
@@ -53,11 +53,7 @@ def forward(weights: dict, cfg: Config, cache: list, step: StepInput):
 
     def normed(x, y, w_post, w):
         """(x + rms_norm(y, w_post) or None, its norm or a Normed of it)."""
-        if fused:
-            return None, Normed(x, y, w, eps, w_post)
-        if y is None:
-            return x, rms_norm(x, w, eps)
-        return post_add_norm(x, y, w_post, w, eps)
+        return add_and_norm(x, y, w, eps, fused, w_post)
     if blocks:
         x, h = normed(x, None, None, blocks[0]["attn_norm"])
     for i, (w, (k_cache, v_cache), sliding) in enumerate(zip(blocks, cache,

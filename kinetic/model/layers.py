@@ -314,6 +314,30 @@ def residual(x: jax.Array | None, h) -> jax.Array:
     return h.residual() if isinstance(h, Normed) else x
 
 
+def add_and_norm(x: jax.Array, y, w: jax.Array, eps: float, fused: bool,
+                 post: jax.Array | None = None) -> tuple[jax.Array | None, Any]:
+    """(x + y, its norm) before a layer's next block (y None: x and its norm; post: y
+    normalized with it first, Gemma 3's), as Normed.value makes them (add_norm,
+    post_add_norm or rms_norm); fused: (None, the Normed itself), for projections that
+    make the add and the norm inside their launch (norms_in_matmul)."""
+    h = Normed(x, y, w, eps, post)
+    return (None, h) if fused else (h.residual(), h.value())
+
+
+def norm_inside(x, run):
+    """run(x, norm) of a Pallas launch whose x may be a Normed: an array (or a Normed whose
+    value is made already: that value) with norm None, returning its output; else the
+    Normed's residual x and its pallas_matmul norm, returning (output, h[, the normed
+    rows]), which the Normed takes (Normed.took). The output either way."""
+    if isinstance(x, Normed) and x.made:
+        x = x.value()
+    if not isinstance(x, Normed):
+        return run(x, None)
+    out, *made = run(x.x, x.norm())
+    x.took(*made)
+    return out
+
+
 def add_norm(x: jax.Array, y: jax.Array | Pending, w: jax.Array,
              eps: float) -> tuple[jax.Array, jax.Array]:
     """(x + y, rms_norm(x + y, w, eps)): a residual add and the norm after it. Where the
@@ -386,15 +410,12 @@ def linear_many(x: jax.Array | Normed, projs: list[Proj], biases=None) -> list[j
     the same bits. x may be a Normed: its add and norm made inside that launch where the
     norms are the Pallas kernel's (pallas_matmul's norm), else its value."""
     biases = biases or [None] * len(projs)
-    if isinstance(x, Normed) and (x.made or not _pending(x, projs)):
+    if isinstance(x, Normed) and not _pending(x, projs):
         x = x.value()
     if all(p.fmt == PLANES and p.mesh is None for p in projs):
         from kinetic.kernels import pallas_matmul
-        if isinstance(x, Normed):   # its add and norm made by this kernel too
-            ys, h = pallas_matmul.matmul_many(x.x, [p.data for p in projs], norm=x.norm())
-            x.took(h)
-        else:
-            ys = pallas_matmul.matmul_many(x, [p.data for p in projs])
+        data = [p.data for p in projs]
+        ys = norm_inside(x, lambda x, norm: pallas_matmul.matmul_many(x, data, norm=norm))
         return [y if b is None else y + b for y, b in zip(ys, biases)]
     packed = all(p.fmt >= 0 for p in projs) and len({id(p.data) for p in projs}) == 1
     if not packed or len({p.owner for p in projs}) > 1:
@@ -620,13 +641,8 @@ def rope_write(x: jax.Array, w: dict, cfg: Config, kv: tuple[jax.Array, jax.Arra
         return None
     from kinetic.kernels import pallas_matmul
     data = [p.data for p in projs]
-    if isinstance(x, Normed) and x.made:
-        x = x.value()
-    if isinstance(x, Normed):   # its add and norm made by this kernel too
-        parts, h = pallas_matmul.matmul_many(x.x, data, partials=True, norm=x.norm())
-        x.took(h)
-    else:
-        parts = pallas_matmul.matmul_many(x, data, partials=True)
+    parts = norm_inside(x, lambda x, norm: pallas_matmul.matmul_many(x, data, partials=True,
+                                                                   norm=norm))
     norms = (w["attn_q_norm"], w["attn_k_norm"], cfg.norm_eps) if head_norms else None
     q, k_cache, v_cache = pallas_rope.rope_write(
         *parts, biases, cos, sin, step.write_index, kv[0], kv[1],
@@ -744,10 +760,8 @@ def residual_layers(x: jax.Array, weights: dict, cache: list, eps: float, mixer,
     fused = [t and norms_in_matmul(x.shape[0]) for t in take_normed]
 
     def normed(x, y, w, who: int):
-        """(x + y or None, its norm or a Normed of it, for the mixer (0) or the ffn (1))."""
-        if fused[who]:
-            return None, Normed(x, y, w, eps)
-        return (x, rms_norm(x, w, eps)) if y is None else add_norm(x, y, w, eps)
+        """add_and_norm for the mixer (0) or the ffn (1)."""
+        return add_and_norm(x, y, w, eps, fused[who])
 
     if len(blocks):
         x, h = normed(x, None, blocks[0]["attn_norm"], 0)
@@ -785,14 +799,8 @@ def swiglu(x: jax.Array, gate_w: Proj, up_w: Proj, down_w: Proj,
         from kinetic.kernels import pallas_matmul
         data = [p.data for p in projs]
         partials = bool(pending and _pending(x, projs))
-        if isinstance(x, Normed) and x.made:
-            x = x.value()
-        if isinstance(x, Normed):   # its add and norm made by gate's and up's kernel
-            y, h = pallas_matmul.swiglu(x.x, *data, partials=partials, norm=x.norm(),
-                                        act=act)
-            x.took(h)
-        else:
-            y = pallas_matmul.swiglu(x, *data, partials=partials, act=act)
+        y = norm_inside(x, lambda x, norm: pallas_matmul.swiglu(
+            x, *data, partials=partials, norm=norm, act=act))
         return Pending(y, x.shape[0], down_w.shape[1]) if partials else y
     x = value(x)
     gate, up = linear_many(x, [gate_w, up_w])
