@@ -88,6 +88,11 @@ SHAPES = {
     "qwen3-30b-a3b-2l": dict(arch="qwen3moe", d_model=2048, n_layer=2, n_head=32,
                              n_kv_head=4, head_dim=128, d_ffn=6144, n_expert=128,
                              n_expert_used=8, d_ffn_expert=768),
+    # Qwen3.5-0.8B's shapes (bench/families.py's qwen35-0.8b): 18 gated delta-rule layers
+    # (16 key and 16 value heads of 128) and 6 gated attention layers; Qwen2's vocabulary
+    "qwen35-0.8b": dict(arch="qwen35", d_model=1024, n_layer=24, n_head=8, n_kv_head=2,
+                        head_dim=256, rope_dim=64, d_ffn=3584, ssm_state=128, ssm_k_heads=16,
+                        ssm_v_heads=16, full_attention_interval=4, tied=True),
 }
 TINY = dict(n_layer=2, d_model=256, d_ffn=512, n_head=4, n_kv_head=2, head_dim=64)
 PROMPT_LEN, DECODE_AT, PAGE = 512, 512, 16

@@ -15,7 +15,8 @@ kernels/pallas_matmul.py `variant`; and at one row with one-row dots, `dot_rows`
 and v in one launch and gate and up in one (matmul_many, as layers.linear_many runs
 them), the paged attention at the model's heads, the RMS norm at d_model and at a head,
 a mixture's experts, gate+up and down over every chosen pair (swiglu_experts) at
-Qwen3-30B-A3B's shape, and its routing (pallas_route), it prints the registers a thread uses, the bytes it spills to local
+Qwen3-30B-A3B's shape, and its routing (pallas_route), and Qwen3.5's delta rule
+(pallas_delta), it prints the registers a thread uses, the bytes it spills to local
 memory, the shared memory a program takes, and how many tensor-core (mma, wgmma)
 instructions its PTX has: the block formats' int8 dots are the tensor cores' integer MMA;
 a float32 dot at precision HIGHEST (float weights, the attention) is Triton's IEEE dot,
@@ -263,6 +264,24 @@ def capture_modules(folder: str, shapes: list[str], qtypes: list[str]) -> list[d
         lower(f"routing, {E} experts, {K} a row, 1 row",
               lambda p: pallas_route.route(p, 1, E, K, "softmax", True, None, False),
               jax.ShapeDtypeStruct((2, 16, E), jnp.float32))
+    # Qwen3.5's gated delta rule (pallas_delta): one program a key head (16 of width 128,
+    # 4 taps), its value heads 1, 2 or 3 (the 0.8B's 16; 32 and 48 as larger ones have)
+    from kinetic.kernels import pallas_delta
+    for H in (16, 32, 48):
+        Hk, dh, S, K1 = 16, 128, 8, 4
+        C = 2 * Hk * dh + H * dh
+        f32, i32 = jnp.float32, jnp.int32
+        for rows in (1, 64):
+            lower(f"delta rule, {H} value heads on {Hk} key heads of {dh}, {rows} rows",
+                  lambda taps, st, ev, r, rp, n: pallas_delta.delta_rule(
+                      taps, st, ev, r, rp, n, H, Hk, 1e-6, False),
+                  jax.ShapeDtypeStruct((C, 4), f32),
+                  (jax.ShapeDtypeStruct((S, 3, C), f32),
+                   jax.ShapeDtypeStruct((S, H, dh, dh), f32),
+                   jax.ShapeDtypeStruct((S - 2, K1, C + 2 * H), f32)),
+                  jax.ShapeDtypeStruct((rows, C + 2 * H), f32),
+                  jax.ShapeDtypeStruct((4, rows), i32), jax.ShapeDtypeStruct((2, 4), i32),
+                  jax.ShapeDtypeStruct((1,), i32))
     return jobs
 
 

@@ -113,7 +113,7 @@ def test_a_whole_model_step_lowers_for_cuda(tmp_path, arch, qtype):
     among them (kernels/pallas_norm.py), and no C++ FFI call left (rotary angles in XLA, as
     on a GPU), and no pad (the kernels read and write in place): dense, sliding-window and
     soft-capped, mixture-of-experts (no conditional: no branch per expert), short-convolution
-    and Gated DeltaNet families."""
+    and Gated DeltaNet families (no loop: the delta rule's recurrence one kernel)."""
     path = write_tiny_model(tmp_path / "tiny.gguf", arch, qtype=qtype, context_length=256)
     runner = Runner(load_model(str(path), kernel="pallas"),
                     RunnerConfig(step_tokens=4, num_slots=1, page_size=16, num_pages=4,
@@ -142,6 +142,8 @@ def test_a_whole_model_step_lowers_for_cuda(tmp_path, arch, qtype):
     assert "stablehlo.pad " not in seen["text"]
     # a mixture's experts are one launch a projection (matmul_experts), no branch each
     assert "stablehlo.case" not in seen["text"]
+    # a Gated DeltaNet layer's recurrence is one kernel (pallas_delta), not XLA's loop
+    assert "stablehlo.while" not in seen["text"]
     if arch in ("llama", "qwen3"):   # a layer: q+k+v (the add and the norm before them
         # inside: layers.Normed), rotary and the cache writes (pallas_rope; Qwen3's heads'
         # norms in it too), attention, o, gate+up (add and norm inside), down; then the

@@ -33,6 +33,14 @@ def load_sum(ref, at: tuple, mask=None):
     return total
 
 
+def barrier(interpret: bool) -> None:
+    """Inside a kernel: a barrier between the program's threads (Triton's debug_barrier: the
+    stores before it seen by the loads after it). Interpreted, a program is one sequence of
+    array operations, already in order: nothing to emit."""
+    if not interpret:
+        pltriton.debug_barrier()
+
+
 def options(interpret: bool, num_warps: int = 4, num_stages: int = 2) -> dict:
     """pallas_call keyword arguments: interpret mode, or Triton's lowering with these
     launch parameters (they change speed, never a row's arithmetic)."""

@@ -30,7 +30,10 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
+import os
+
 from kinetic.kernels import ffi as native
+from kinetic.kernels import pallas_delta, target
 from kinetic.model.config import Config
 from kinetic.model.layers import linear, linear_many, rms_norm
 
@@ -112,10 +115,11 @@ def _update(cfg: Config, taps: jax.Array, window: jax.Array, matrix: jax.Array,
 
 def recurrence(cfg: Config, taps: jax.Array, state: tuple, events: jax.Array, recur: Recur):
     """Run the step's replays, then its rows' events [T, E], through the recurrence; returns
-    (the rows' outputs [T, H, dv], the layer's new (window, matrix, pending) arrays)."""
-    if native.usable():   # in C++: in place, one pass a row (csrc/delta_rule.h)
-        rows = jnp.stack([recur.read, recur.write, recur.slot, recur.pend])
-        replay = jnp.stack([recur.replay_slot, recur.replay_idx])
+    (the rows' outputs [T, H, dv], the layer's new (window, matrix, pending) arrays). In C++
+    (csrc/delta_rule.h) where recurrence_kernel says "native", else XLA's loop ("pallas":
+    delta_net_layer runs the whole layer's middle in kernels/pallas_delta.py instead)."""
+    if recurrence_kernel(cfg) == "native":   # in C++: in place, one pass a row
+        rows, replay = stacked(recur)
         return native.delta_rule(taps, state, events, rows, replay, recur.n_replay,
                                  cfg.ssm_v_heads, cfg.ssm_k_heads, cfg.norm_eps)
     windows, matrices, pending = state
@@ -148,13 +152,45 @@ def recurrence(cfg: Config, taps: jax.Array, state: tuple, events: jax.Array, re
     return out[:T], (windows, matrices, pending)
 
 
+def stacked(recur: Recur) -> tuple[jax.Array, jax.Array]:
+    """recur's rows [4, T] (read, write, slot, pend) and replays [2, R] (slot, idx), as the
+    kernels take them (one XLA kernel each a step: every layer's are the same)."""
+    return (jnp.stack([recur.read, recur.write, recur.slot, recur.pend]),
+            jnp.stack([recur.replay_slot, recur.replay_idx]))
+
+
+def recurrence_kernel(cfg: Config) -> str:
+    """Which runs a step's recurrence: "native" (C++) where ffi.usable says (a CPU), "pallas"
+    (kernels/pallas_delta.py: one launch a layer, the output's norm and gate in it) where
+    the step is traced for a GPU and it runs the shape, unless KINETIC_GPU_DELTA=xla; else
+    "xla" (recurrence's loop, about ten kernels a token). Decided at each trace."""
+    if native.usable():
+        return "native"
+    choice = os.environ.get("KINETIC_GPU_DELTA", "pallas")
+    if choice not in ("pallas", "xla"):
+        raise ValueError(f"KINETIC_GPU_DELTA={choice!r}: pallas or xla")
+    if (target.backend() == "gpu" and choice == "pallas" and pallas_delta.supported(
+            cfg.ssm_v_heads, cfg.ssm_k_heads, cfg.ssm_state, cfg.ssm_conv)):
+        return "pallas"
+    return "xla"
+
+
 def delta_net_layer(x: jax.Array, w: dict, state: tuple, recur: Recur, cfg: Config):
     """A gated delta-rule layer's output [T, D] for the normed x [T, D] (may be Pending:
     layers.linear's pending), and its new state."""
     T = x.shape[0]
     H, d = cfg.ssm_v_heads, cfg.ssm_state
-    mixed, z, beta, alpha = linear_many(
-        x, [w["attn_qkv"], w["attn_gate"], w["ssm_beta"], w["ssm_alpha"]])
+    projs = [w["attn_qkv"], w["attn_gate"], w["ssm_beta"], w["ssm_alpha"]]
+    if recurrence_kernel(cfg) == "pallas":
+        # all of what follows in one launch, from the projections' partial sums, the
+        # output's norm and gate too
+        inputs = (*linear_many(x, projs, partials=True), w["ssm_dt.bias"], w["ssm_a"],
+                  w["ssm_norm"])
+        gated, state = pallas_delta.delta_rule(w["ssm_conv1d"], state, inputs,
+                                               *stacked(recur), recur.n_replay, T, H,
+                                               cfg.ssm_k_heads, cfg.norm_eps)
+        return linear(gated, w["ssm_out"], pending=True), state
+    mixed, z, beta, alpha = linear_many(x, projs)
     g = jax.nn.softplus(alpha + w["ssm_dt.bias"]) * w["ssm_a"]   # the decay's log, <= 0
     events = jnp.concatenate([mixed, g, jax.nn.sigmoid(beta)], axis=1)
     out, state = recurrence(cfg, w["ssm_conv1d"], state, events, recur)

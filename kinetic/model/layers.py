@@ -402,21 +402,28 @@ def _pending(x: jax.Array, projs) -> bool:
             and all(p.fmt == PLANES and p.mesh is None for p in projs))
 
 
-def linear_many(x: jax.Array | Normed, projs: list[Proj], biases=None) -> list[jax.Array]:
+def linear_many(x: jax.Array | Normed, projs: list[Proj], biases=None,
+                partials: bool = False) -> list[jax.Array]:
     """[linear(x, p, b) for each p]: packed weights of one buffer go through one kernel call
     (the activations rounded once, every part's columns split over the threads together),
     which costs less than a call each, and so do the pallas kernel's planes (one launch on
     a GPU where there would be one a weight, pallas_matmul.matmul_many); the results are
     the same bits. x may be a Normed: its add and norm made inside that launch where the
-    norms are the Pallas kernel's (pallas_matmul's norm), else its value."""
+    norms are the Pallas kernel's (pallas_matmul's norm), else its value. partials (x [T,
+    K], no biases): each product as partial sums [chunks, >= T, >= N] for a Pallas kernel
+    that adds them itself (pallas_backend.load_sum): the pallas kernel's own, else the
+    product as [1, T, N]."""
     biases = biases or [None] * len(projs)
     if isinstance(x, Normed) and not _pending(x, projs):
         x = x.value()
     if all(p.fmt == PLANES and p.mesh is None for p in projs):
         from kinetic.kernels import pallas_matmul
         data = [p.data for p in projs]
-        ys = norm_inside(x, lambda x, norm: pallas_matmul.matmul_many(x, data, norm=norm))
+        ys = norm_inside(x, lambda x, norm: pallas_matmul.matmul_many(
+            x, data, partials=partials, norm=norm))
         return [y if b is None else y + b for y, b in zip(ys, biases)]
+    if partials:
+        return [y[None] for y in linear_many(x, projs, biases)]
     packed = all(p.fmt >= 0 for p in projs) and len({id(p.data) for p in projs}) == 1
     if not packed or len({p.owner for p in projs}) > 1:
         return [linear(x, p, b) for p, b in zip(projs, biases)]
