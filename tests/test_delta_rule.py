@@ -22,9 +22,10 @@ S = SLOTS + 3                  # the slots, PADDING, SCRATCH, ZERO (delta_net.ex
 
 
 def case(seed: int, D: int = D):
-    """Random states and events; rows: slot 0's prompt rows (from its state, then
-    onwards), slot 1 from the zero state, a draft row into the scratch state, a padding
-    row; replays: two of slot 1's pending inputs."""
+    """Random states and events; rows: slot 0's prompt rows (from the zero state, then
+    onwards), slot 1's next row (after its replays, where there are: they change what it
+    reads), a draft row from it into the scratch state, a padding row, slot 0 again;
+    replays: two of slot 1's pending inputs."""
     C = 2 * HK * D + H * D
     E = C + 2 * H
     rng = np.random.default_rng(seed)
@@ -37,7 +38,7 @@ def case(seed: int, D: int = D):
     events[:, C:C + H] = -np.abs(events[:, C:C + H])        # g: log-decays
     events[:, C + H:] = 1 / (1 + np.exp(-events[:, C + H:]))  # beta in (0, 1)
     pending[..., C:C + H] = -np.abs(pending[..., C:C + H])
-    rows = np.array([[0, 0, 4, 1, 3, 0],                    # read
+    rows = np.array([[4, 0, 1, 1, 3, 0],                    # read (4: ZERO)
                      [0, 0, 1, 3, 2, 0],                    # write (3: SCRATCH, 2: PADDING)
                      [0, 0, 1, 1, 2, 0],                    # slot (2: padding's)
                      [-1, -1, -1, 0, -1, -1]], np.int32)    # pend (row 3 a draft)

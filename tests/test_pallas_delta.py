@@ -23,9 +23,10 @@ PAD, SCRATCH, ZERO = delta_net.extra_states(SLOTS)
 
 
 def case(seed: int, H: int, HK: int, D: int, rows=None):
-    """Random states and a layer's inputs; rows (default): slot 0's prompt rows (from its
-    state, then onwards), slot 1 from the zero state, a draft row into the scratch state, a
-    padding row, slot 0 again; replays: two of slot 1's pending inputs."""
+    """Random states and a layer's inputs; rows (default): slot 0's prompt rows (from the
+    zero state, then onwards), slot 1's next row (after its replays, where there are), a
+    draft row from it into the scratch state, a padding row, slot 0 again; replays: two of
+    slot 1's pending inputs."""
     C = 2 * HK * D + H * D
     E = C + 2 * H
     rng = np.random.default_rng(seed)
@@ -38,7 +39,7 @@ def case(seed: int, H: int, HK: int, D: int, rows=None):
     pending[..., C:C + H] = -np.abs(pending[..., C:C + H])           # g: log-decays
     pending[..., C + H:] = 1 / (1 + np.exp(-pending[..., C + H:]))   # beta in (0, 1)
     if rows is None:
-        rows = np.array([[0, 0, ZERO, 1, PAD, 0],            # read
+        rows = np.array([[ZERO, 0, 1, 1, PAD, 0],            # read
                          [0, 0, 1, SCRATCH, PAD, 0],         # write
                          [0, 0, 1, 1, SLOTS, 0],             # slot (SLOTS: padding's)
                          [-1, -1, -1, 0, -1, -1]], np.int32)  # pend (row 3 a draft)
@@ -202,3 +203,39 @@ def test_the_model_takes_it_for_a_gpu(monkeypatch):
     monkeypatch.setenv("KINETIC_GPU_DELTA", "fast")
     with target.for_gpu(), pytest.raises(ValueError, match="KINETIC_GPU_DELTA"):
         delta_net.recurrence_kernel(cfg)
+
+
+def test_whole_steps_through_the_kernel_keep_the_contract(tmp_path, monkeypatch):
+    """A tiny Qwen3.5 on kernel "pallas" with its delta-rule layers through this kernel
+    (interpreted, as a GPU would run them): a row's logits the same bits fed one row a
+    step, three, all at once and beside another sequence; and a greedy answer the same
+    tokens and log-probabilities with drafts (the model drafting for itself: accepted
+    drafts replayed through the kernel, rejected ones dropped) as without."""
+    from kinetic.engine.engine import Engine
+    from kinetic.engine.engine_config import EngineConfig
+    from kinetic.model.loader import load_model
+    from kinetic.text.tokenizer import Tokenizer
+    from tests.test_invariance import OTHERS, PROMPT, check_row_buckets, requests, run
+    from tests.tiny_models import write_tiny_model
+    calls = []
+    monkeypatch.setattr(delta_net, "recurrence_kernel",
+                        lambda cfg: calls.append(1) or "pallas")
+    model = load_model(str(write_tiny_model(tmp_path / "qwen35.gguf", "qwen35",
+                                            qtype="Q8_0", context_length=256)),
+                       kernel="pallas")
+    tok = Tokenizer.from_metadata(model.file.metadata)
+    check_row_buckets(model, tok.encode(PROMPT, add_special=True)[:6],
+                      (tok.encode(OTHERS[1]) * 2)[:6], step=8)
+    assert calls
+    request = requests(tok)["greedy"]
+    answers = []
+    for draft in (None, model):
+        engine = Engine(model, tok, EngineConfig(n_ctx=256, parallel=2,
+                                                 speculative=draft is not None), draft=draft)
+        try:
+            answers.append(run(engine, request)[:2])
+            accepted = engine.counters()["draft_accepted"]
+        finally:
+            engine.close()
+        assert (accepted > 0) == (draft is not None)
+    assert len(answers[0][0]) == 20 and answers[1] == answers[0]
