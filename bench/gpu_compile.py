@@ -15,8 +15,8 @@ fusion decisions read the compute capability and the core count from it). The st
 (kernels/target.py `for_gpu`) as the runner runs it (Runner.step_device, and with --loop
 Runner.decode_steps' loop of EngineConfig.decode_steps steps), its arguments only shapes.
 
---shape: bench/gpu.py's random-weight models of real shapes (smollm2-135m, qwen25-0.5b,
-qwen25-1.5b); --arch: tests/tiny_models.py's tiny model of a family (two layers); default
+--shape: bench/gpu.py's random-weight models of real shapes (its SHAPES: smollm2-135m,
+qwen25-0.5b, qwen25-1.5b, qwen3-1.7b, qwen3-30b-a3b-2l, qwen35-0.8b); --arch: tests/tiny_models.py's tiny model of a family (two layers); default
 both lists: every family tiny plus qwen25-1.5b. For each model, qtype and row count the
 table gives the compile's seconds and the launches of one step read from XLA's optimized
 HLO: Triton kernels (the pallas calls), XLA's own kernels (fusions, copies and the rest),

@@ -265,21 +265,25 @@ def capture_modules(folder: str, shapes: list[str], qtypes: list[str]) -> list[d
               lambda p: pallas_route.route(p, 1, E, K, "softmax", True, None, False),
               jax.ShapeDtypeStruct((2, 16, E), jnp.float32))
     # Qwen3.5's gated delta rule (pallas_delta): one program a key head (16 of width 128,
-    # 4 taps), its value heads 1, 2 or 3 (the 0.8B's 16; 32 and 48 as larger ones have)
+    # 4 taps), its value heads 1, 2 or 3 (the 0.8B's 16; 32 and 48 as larger ones have),
+    # reading the projections' partial sums (3 chunks over K, 16 rows padded)
     from kinetic.kernels import pallas_delta
     for H in (16, 32, 48):
         Hk, dh, S, K1 = 16, 128, 8, 4
         C = 2 * Hk * dh + H * dh
         f32, i32 = jnp.float32, jnp.int32
         for rows in (1, 64):
+            Mp = max(16, rows)
+            parts = [jax.ShapeDtypeStruct((3, Mp, N), f32) for N in (C, H * dh, H, H)]
             lower(f"delta rule, {H} value heads on {Hk} key heads of {dh}, {rows} rows",
-                  lambda taps, st, ev, r, rp, n: pallas_delta.delta_rule(
-                      taps, st, ev, r, rp, n, H, Hk, 1e-6, False),
+                  lambda taps, st, ins, r, rp, n: pallas_delta.delta_rule(
+                      taps, st, ins, r, rp, n, rows, H, Hk, 1e-6, False),
                   jax.ShapeDtypeStruct((C, 4), f32),
                   (jax.ShapeDtypeStruct((S, 3, C), f32),
                    jax.ShapeDtypeStruct((S, H, dh, dh), f32),
                    jax.ShapeDtypeStruct((S - 2, K1, C + 2 * H), f32)),
-                  jax.ShapeDtypeStruct((rows, C + 2 * H), f32),
+                  (*parts, jax.ShapeDtypeStruct((H,), f32), jax.ShapeDtypeStruct((H,), f32),
+                   jax.ShapeDtypeStruct((dh,), f32)),
                   jax.ShapeDtypeStruct((4, rows), i32), jax.ShapeDtypeStruct((2, 4), i32),
                   jax.ShapeDtypeStruct((1,), i32))
     return jobs

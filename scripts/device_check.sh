@@ -16,7 +16,8 @@
 # 4. bench/gpu.py --quick under XLA_FLAGS that put while loops into command buffers (CUDA
 #    graphs) too: the server's decode loop at Qwen2.5-1.5B's shape, beside bench.log's;
 #    then with one-row decode dots (KINETIC_PALLAS_DECODE_ROWS=1), its speed and bits;
-#    then with the norms as kernels of their own (KINETIC_GPU_NORM=kernel);
+#    then with the norms as kernels of their own (KINETIC_GPU_NORM=kernel); then
+#    Qwen3.5-0.8B's shape with the delta rule's Pallas kernel and with XLA's loop;
 # 5. (issue 42) bench/gpu.py --split-check: Qwen2.5-1.5B's shape through the split's code
 #    path over one device, its bytes and speed beside the unsplit path's;
 # 6. if time is left, every family's tiny model on the pallas kernel, row-bucket bits.
@@ -53,7 +54,7 @@ timeout 150 python3 -m pytest -q -n 0 -p no:cacheprovider -m "not real_model" \
     -k "not every_family" \
     tests/test_pallas_matmul.py tests/test_pallas_attention.py tests/test_pallas_norm.py \
     tests/test_pallas_greedy.py tests/test_pallas_route.py tests/test_pallas_lowering.py \
-    tests/test_pallas_model.py 2>&1 | tee "$OUT/tests.log" | tail -15
+    tests/test_pallas_delta.py tests/test_pallas_model.py 2>&1 | tee "$OUT/tests.log" | tail -15
 # the anchor: llama.cpp built for sm_90, its cuBLAS the image's (JAX's CUDA wheels)
 ANCHOR=""
 if [ -f .anchor/llama-cuda.tar.xz ]; then
@@ -92,6 +93,15 @@ step=$(left 60)
 [ "$step" -ge 30 ] && KINETIC_GPU_NORM=kernel timeout "$step" python3 bench/gpu.py --quick \
     --shape qwen25-1.5b --qtype Q4_0 --streams 1,16 --reps 5 2>&1 | tee -a "$OUT/graphs.log" \
     | tail -3
+# Qwen3.5-0.8B's shape (18 gated delta-rule layers): its decode and a row's bits with the
+# delta rule's Pallas kernel (kernels/pallas_delta.py), then with XLA's loop
+# (KINETIC_GPU_DELTA=xla, about ten kernels a token a layer), appended to graphs.log
+for delta in pallas xla; do
+    step=$(left 60)
+    [ "$step" -ge 30 ] && KINETIC_GPU_DELTA=$delta timeout "$step" python3 bench/gpu.py --quick \
+        --shape qwen35-0.8b --qtype Q4_0 --streams 1,16 --reps 5 2>&1 \
+        | tee -a "$OUT/graphs.log" | tail -3
+done
 # issue 42: the split's code path over one device beside the unsplit path (its figures in
 # the log: each model's JSON line and the table)
 step=$(left 90)

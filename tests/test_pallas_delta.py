@@ -1,5 +1,5 @@
 """Qwen3.5's gated delta rule as a Pallas kernel (kinetic/kernels/pallas_delta.py), run
-interpreted on the CPU: the numpy reference's values (kinetic/kernels/reference.py
+interpreted on the CPU (compiled on a GPU): the numpy reference's values (kinetic/kernels/reference.py
 delta_rule, the C++ kernel's bits) within float32 rounding for prompt rows, replays of
 accepted drafts, draft rows and padding; a row's outputs and its slot's state the same bits
 alone and beside other rows; the model's recurrence takes it where a step is traced for a
@@ -102,7 +102,7 @@ def run(taps, state, inputs, rows, replay, n_replay, H, HK):
     out, new = pallas_delta.delta_rule(
         jnp.asarray(taps), tuple(map(jnp.asarray, state)), as_partials(inputs, T),
         jnp.asarray(rows), jnp.asarray(replay), jnp.asarray([n_replay], np.int32), T, H, HK,
-        EPS, interpret=True)
+        EPS)   # (interpreted here; compiled on a GPU: scripts/device_check.sh)
     return np.asarray(out), tuple(map(np.asarray, new))
 
 

@@ -48,8 +48,9 @@ from jax.experimental import pallas as pl
 from kinetic.kernels import pallas_backend, pallas_norm
 
 COLUMNS = 32   # a matrix's columns a block holds (at most d): [d, 32] floats at a time
-               # (bench/triton_sm90.py at sm_90a, 16 key heads of 128: 143 registers for one
-               # value head a program, 254 for three, none spilled; 64 spilled)
+               # (bench/triton_sm90.py at sm_90a, 16 key heads of 128, one row: 168
+               # registers for one value head a program, 215 for two, none spilled; 112
+               # bytes spilled for three; 64 columns spilled at one)
 
 
 def supported(heads: int, key_heads: int, width: int, taps: int) -> bool:
