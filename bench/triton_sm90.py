@@ -15,8 +15,8 @@ kernels/pallas_matmul.py `variant`; and at one row with one-row dots, `dot_rows`
 and v in one launch and gate and up in one (matmul_many, as layers.linear_many runs
 them), the paged attention at the model's heads, the RMS norm at d_model and at a head,
 a mixture's experts, gate+up and down over every chosen pair (swiglu_experts) at
-Qwen3-30B-A3B's shape, and its routing (pallas_route), and Qwen3.5's delta rule
-(pallas_delta), it prints the registers a thread uses, the bytes it spills to local
+Qwen3-30B-A3B's shape, and its routing (pallas_route), Qwen3.5's delta rule
+(pallas_delta) and its gated attention, it prints the registers a thread uses, the bytes it spills to local
 memory, the shared memory a program takes, and how many tensor-core (mma, wgmma)
 instructions its PTX has: the block formats' int8 dots are the tensor cores' integer MMA;
 a float32 dot at precision HIGHEST (float weights, the attention) is Triton's IEEE dot,
@@ -228,6 +228,13 @@ def capture_modules(folder: str, shapes: list[str], qtypes: list[str]) -> list[d
               q_gated=True),
           *parts, angle, angle, jax.ShapeDtypeStruct((5,), jnp.int32), cache, cache, norm,
           norm)
+    # and its attention with the output gate inside, read from q's partial sums
+    lower(f"gated attention ({H}/{K} heads of {hd}, f16 cache, the gate inside)",
+          lambda q, k, v, table, slots, positions, g: pallas_attention.paged_attention(
+              q, k, v, table, slots, positions, hd ** -0.5, gate=g, interpret=False),
+          jax.ShapeDtypeStruct((5, H, hd), jnp.float16), cache, cache,
+          jax.ShapeDtypeStruct((5, 8), jnp.int32), jax.ShapeDtypeStruct((5,), jnp.int32),
+          jax.ShapeDtypeStruct((5,), jnp.int32), parts[0])
     # the decode loop's greedy draw: a row's blocks of the vocabulary to their maxima
     from kinetic.kernels import pallas_greedy
     for rows in (1, 64):

@@ -92,3 +92,32 @@ def test_reading_in_place_gives_the_padded_rows_bits(dtype, window, softcap, H):
                                         positions, 0.35, window, softcap, True, True,
                                         H // k.shape[2]))
     assert in_place.shape == padded.shape and in_place.tobytes() == padded.tobytes()
+
+
+def test_an_output_gate_inside_is_the_gate_applied_after():
+    """Qwen3.5's gated attention: the gate read from its projection's partial sums (each
+    head's q then its gate; more rows and columns than the step's) and applied in the
+    kernel, the bits of the output times sigmoid(the sums added in order) after it; read
+    in place (a GPU's way) the same bits."""
+    from kinetic.kernels import pallas_matmul
+    H, Q = 4, 8
+    k, v, table = cache(np.float32, seed=7)
+    rng = np.random.default_rng(8)
+    slots = np.array([0, 1, 2, 1, 0], np.int32)
+    positions = np.array([0, 3, 23, 9, 17], np.int32)
+    T = len(slots)
+    q = rng.standard_normal((T, H, Q)).astype(np.float32)
+    parts = rng.standard_normal((3, T + 11, 2 * H * Q + 16)).astype(np.float32)
+    got = np.asarray(paged_attention(q, k, v, table, slots, positions, 0.35, gate=parts))
+    gate = np.asarray(pallas_matmul.summed(parts))[:T, :2 * H * Q].reshape(T, H, 2, Q)[:, :, 1]
+    import jax
+    plain = paged_attention(q, k, v, table, slots, positions, 0.35)
+    want = np.asarray(plain * jax.nn.sigmoid(gate))
+    assert got.tobytes() == want.tobytes()
+    in_place = np.asarray(pa._attention(q, k, v, table.astype(np.int32), slots, positions,
+                                        positions, 0.35, 0, 0.0, True, True, H // k.shape[2],
+                                        parts))
+    assert in_place.tobytes() == got.tobytes()
+    with pytest.raises(ValueError, match="pallas kernel"):
+        layers.paged_attention(q, k, v, step(table, slots, positions), 0.35, kernel="xla",
+                               gate=parts)

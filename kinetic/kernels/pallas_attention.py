@@ -36,8 +36,13 @@ from kinetic.kernels import pallas_backend
 def paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
                     page_table: jax.Array, slots: jax.Array, positions: jax.Array,
                     scale: float, window: int = 0, softcap: float = 0.0,
-                    ends: jax.Array | None = None, interpret: bool | None = None) -> jax.Array:
-    """q [T, H, Q] against each row's slot's keys (module docstring) -> [T, H, Qv]."""
+                    ends: jax.Array | None = None, gate: jax.Array | None = None,
+                    interpret: bool | None = None) -> jax.Array:
+    """q [T, H, Q] against each row's slot's keys (module docstring) -> [T, H, Qv]. gate
+    (Qwen3.5's gated attention): the q projection's partial sums [C, >= T, >= 2 H Qv], each
+    head's q then its output gate (pallas_rope's q_gated); each head's output is then
+    multiplied by sigmoid(its gate), the partial sums added in order (layers.Pending.value's
+    order) in the program that writes it, where XLA had a kernel of its own."""
     interpret = pallas_backend.interpreted(interpret)
     positions = jnp.asarray(positions, jnp.int32)
     ends = positions if ends is None else jnp.asarray(ends, jnp.int32)
@@ -50,9 +55,12 @@ def paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
     if not in_place:   # (interpreted: each kv head's query rows padded to a block of GP)
         q = jnp.pad(q.reshape(T, K, G, Q),
                     ((0, 0), (0, 0), (0, GP - G), (0, 0))).reshape(T, K * GP, Q)
+    if gate is not None and q.shape[-1] != v_cache.shape[-1]:
+        raise ValueError("an output gate needs a value head as wide as a query head")
+    gate = None if gate is None else jnp.asarray(gate, jnp.float32)
     out = _attention(q, k_cache, v_cache, jnp.asarray(page_table, jnp.int32),
                      jnp.asarray(slots, jnp.int32), positions, ends, float(scale),
-                     int(window), float(softcap), bool(interpret), in_place, G)
+                     int(window), float(softcap), bool(interpret), in_place, G, gate)
     return out if in_place else out.reshape(T, K, GP, -1)[:, :, :G].reshape(T, H, -1)
 
 
@@ -63,9 +71,19 @@ def group_rows(G: int) -> int:
     return max(16, 1 << (G - 1).bit_length())
 
 
+def launch(width: int) -> tuple[int, int]:
+    """(warps, pipeline stages) of a program over heads `width` wide. Up to 128: 4 warps, 2
+    stages (the next page's keys and values fetched while this one's are used). Wider (256:
+    Gemma 3's, Qwen3.5's attention), 8 warps and 1 stage: at sm_90a, 16 query rows of 256
+    with 2 stages spilled 4520 bytes (32 registers, PyPI's Triton 3.9.0), with 1 stage none
+    (151 registers at 4 warps, 80 at 8; bench/triton_sm90.py). Speed only: a row's
+    arithmetic is the same code for every row count either way."""
+    return (4, 2) if width <= 128 else (8, 1)
+
+
 @functools.partial(jax.jit, static_argnums=(7, 8, 9, 10, 11, 12))
 def _attention(q, k_cache, v_cache, table, slots, positions, ends, scale, window, softcap,
-               interpret, in_place, heads):
+               interpret, in_place, heads, gate=None):
     """heads: a kv head's query heads. in_place: q [T, H, Q] is read and the output
     [T, H, Qv] written where they are, a program's GP rows from its kv head's first, the
     rows past its heads masked off (a GPU's way: no padded copy of q, no slice of the
@@ -76,7 +94,8 @@ def _attention(q, k_cache, v_cache, table, slots, positions, ends, scale, window
     _, page_size, K, Qv = v_cache.shape
     G = group_rows(heads)                       # query rows per kv head, padded
 
-    def kernel(q_ref, k_ref, v_ref, table_ref, slot_ref, pos_ref, end_ref, o_ref):
+    def kernel(q_ref, k_ref, v_ref, table_ref, slot_ref, pos_ref, end_ref, *refs):
+        gate_ref, o_ref = refs if gate is not None else (None, *refs)
         t, kh = pl.program_id(0), pl.program_id(1)
         slot, pos, end = slot_ref[t], pos_ref[t], end_ref[t]
         if in_place:
@@ -115,6 +134,14 @@ def _attention(q, k_cache, v_cache, table, slots, positions, ends, scale, window
             (jnp.full((G,), -jnp.inf, jnp.float32), jnp.zeros((G,), jnp.float32),
              jnp.zeros((G, Qv), jnp.float32)))
         out = acc / jnp.maximum(total, 1e-30)[:, None]
+        if gate_ref is not None:   # each query head's gate, a row of the block each
+            row = lax.broadcasted_iota(jnp.int32, (G, Qv), 0)
+            gates = jnp.zeros((G, Qv), jnp.float32)
+            for g in range(heads):
+                at = pl.ds((kh * heads + g) * 2 * Q + Q, Qv)   # (Q == Qv here)
+                gates = jnp.where(row == g, pallas_backend.load_sum(gate_ref, (t, at))[None],
+                                  gates)
+            out = out * jax.nn.sigmoid(gates)
         if in_place:
             pltriton.store(o_ref.at[t, pl.ds(kh * heads, G), pl.ds(0, Qv)], out,
                            mask=lax.broadcasted_iota(jnp.int32, (G, Qv), 0) < heads)
@@ -132,9 +159,10 @@ def _attention(q, k_cache, v_cache, table, slots, positions, ends, scale, window
         in_specs=[whole(q.shape) if in_place else pl.BlockSpec((1, G, Q),
                                                                 lambda t, kh: (t, kh, 0)),
                   whole(k_cache.shape), whole(v_cache.shape), whole(table.shape),
-                  whole(slots.shape), whole(positions.shape), whole(ends.shape)],
+                  whole(slots.shape), whole(positions.shape), whole(ends.shape)]
+                 + ([] if gate is None else [whole(gate.shape)]),
         out_specs=(whole((T, rows, Qv)) if in_place
                    else pl.BlockSpec((1, G, Qv), lambda t, kh: (t, kh, 0))),
-        **pallas_backend.options(interpret),
-    )(q, k_cache, v_cache, table, slots, positions, ends)
+        **pallas_backend.options(interpret, *launch(max(Q, Qv))),
+    )(q, k_cache, v_cache, table, slots, positions, ends, *([] if gate is None else [gate]))
     return out

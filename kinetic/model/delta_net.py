@@ -25,12 +25,11 @@ ZERO (never written).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
-
-import os
 
 from kinetic.kernels import ffi as native
 from kinetic.kernels import pallas_delta, target

@@ -576,12 +576,16 @@ def hadamard(x: jax.Array, n: int) -> jax.Array:
 def cached_attention(q: jax.Array, k: jax.Array | None, v: jax.Array | None,
                      kv: tuple[jax.Array, jax.Array], step: StepInput, scale: float,
                      kernel: str, window: int = 0, softcap: float = 0.0,
-                     ends: jax.Array | None = None) -> tuple[jax.Array, tuple]:
+                     ends: jax.Array | None = None,
+                     gate: jax.Array | None = None) -> tuple[jax.Array, tuple]:
     """One layer's attention over its paged cache: the step's k [T, K, Q] and v [T, K, Qv]
     written into kv (write_kv_pair), then q [T, H, Q] attends over it (paged_attention).
     Returns (out [T, H, Qv], the new kv). A quantized cache holds its keys and values
     rotated (rotation_sizes): q and k are rotated before, the output rotated back after.
-    k and v None: kv has the step's rows already (rope_write's, a float cache)."""
+    k and v None: kv has the step's rows already (rope_write's, a float cache). gate:
+    paged_attention's (kernel "pallas", no split over devices)."""
+    if gate is not None and (kernel != "pallas" or step.heads is not None):
+        raise ValueError("an output gate inside the attention is the pallas kernel's, unsplit")
     if k is None:
         nk = nv = 0
     else:
@@ -595,7 +599,7 @@ def cached_attention(q: jax.Array, k: jax.Array | None, v: jax.Array | None,
         if k is not None:
             kv = write_kv_pair(kv, k, v, step.write_index)
         return paged_attention(q, *kv, step, scale, window=window, softcap=softcap,
-                               kernel=kernel, ends=ends), kv
+                               kernel=kernel, ends=ends, gate=gate), kv
 
     if step.heads is None:
         a, kv = attend(q, k, v, kv, step, ends)
@@ -636,8 +640,9 @@ def rope_write(x: jax.Array, w: dict, cfg: Config, kv: tuple[jax.Array, jax.Arra
     runs them (tests/test_pallas_rope.py). None where it does not apply (the step of a CPU
     or of a split, a quantized cache, a head or a rotary part Triton cannot block, biases
     beside head norms): the caller runs those instead (rotated_qkv). q_gated (Qwen3.5's
-    attn_q: each head's q then its output gate): (q, kv, the gate [T, H * Q]), the gate
-    summed from the same partial sums by XLA where it is used."""
+    attn_q: each head's q then its output gate): (q, kv, the q projection's partial sums
+    [C, >= T, >= 2 H Q]), from which the paged attention's kernel reads each head's gate
+    (pallas_attention's gate)."""
     projs = [w["attn_q"], w["attn_k"], w["attn_v"]]
     biases = [w.get(f"attn_{n}.bias") for n in "qkv"]
     from kinetic.kernels import pallas_rope
@@ -656,9 +661,7 @@ def rope_write(x: jax.Array, w: dict, cfg: Config, kv: tuple[jax.Array, jax.Arra
         (cfg.n_head, cfg.n_kv_head), neox, norms, q_gated=q_gated)
     if not q_gated:
         return q, (k_cache, v_cache)
-    T, H, Q = x.shape[0], cfg.n_head, cfg.head_dim
-    gate = Pending(parts[0], T, 2 * H * Q, None).value().reshape(T, H, 2, Q)[:, :, 1]
-    return q, (k_cache, v_cache), gate.reshape(T, H * Q)
+    return q, (k_cache, v_cache), parts[0]
 
 
 def write_kv_pair(kv: tuple[jax.Array, jax.Array], k: jax.Array, v: jax.Array,
@@ -688,7 +691,8 @@ def write_kv(cache: jax.Array, new: jax.Array, write_index: jax.Array) -> jax.Ar
 
 def paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, step: StepInput,
                     scale: float, window: int = 0, softcap: float = 0.0,
-                    kernel: str = "xla", ends: jax.Array | None = None) -> jax.Array:
+                    kernel: str = "xla", ends: jax.Array | None = None,
+                    gate: jax.Array | None = None) -> jax.Array:
     """Attention of each row's queries q [T, H, Q] over its own sequence's keys, causal
     unless ends says otherwise.
 
@@ -707,7 +711,13 @@ def paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, step: 
     a row's bits depend neither on its slot's index nor on how many slots the step has (a
     joint (slot, key) reduction would change its order with both). Masked keys add exact
     zeros. Returns [T, H, Qv].
+
+    gate (kernel "pallas" only): Qwen3.5's output gate as its projection's partial sums,
+    each head's output multiplied by sigmoid(its gate) inside the kernel
+    (pallas_attention's gate).
     """
+    if gate is not None and kernel != "pallas":
+        raise ValueError("an output gate inside the attention is the pallas kernel's")
     if kernel == "ffi":
         return native_attention.paged_attention(q, k_cache, v_cache, step, scale, window, softcap,
                                                 ends)
@@ -716,7 +726,8 @@ def paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, step: 
             raise ValueError("the pallas kernel reads float caches (f32, f16, bf16), not q8_0")
         from kinetic.kernels import pallas_attention
         return pallas_attention.paged_attention(q, k_cache, v_cache, step.page_table, step.slots,
-                                                step.positions, scale, window, softcap, ends)
+                                                step.positions, scale, window, softcap, ends,
+                                                gate)
     T, H, Q = q.shape
     S, P = step.page_table.shape
     page_size, K = k_cache.shape[1], k_cache.shape[2]

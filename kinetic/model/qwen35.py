@@ -87,11 +87,10 @@ def attention(x: jax.Array, w: dict, kv: tuple[jax.Array, jax.Array], step: Step
     T, H, Q, eps = x.shape[0], cfg.n_head, cfg.head_dim, cfg.norm_eps
     # on a GPU one launch: q's and k's head norms, the (partial) rotary, the cache writes
     fused = rope_write(x, w, cfg, kv, step, cos, sin, True, head_norms=True, q_gated=True)
-    if fused is not None:
+    if fused is not None:   # and the output gate inside the attention's launch
         q, kv, gate = fused
-        a, kv = cached_attention(q, None, None, kv, step, cfg.q_scale, cfg.kernel)
-        return linear(a.reshape(T, -1) * jax.nn.sigmoid(gate), w["attn_output"],
-                      pending=True), kv
+        a, kv = cached_attention(q, None, None, kv, step, cfg.q_scale, cfg.kernel, gate=gate)
+        return linear(a.reshape(T, -1), w["attn_output"], pending=True), kv
     qg, k, v = linear_many(x, [w["attn_q"], w["attn_k"], w["attn_v"]])
     qg = qg.reshape(T, H, 2, Q)
     q, gate = qg[:, :, 0], qg[:, :, 1].reshape(T, H * Q)
