@@ -97,12 +97,14 @@ def exact_inputs(inputs, rows):
     return tuple(summed(p)[:rows, :x.shape[1]] for p, x in zip(parts[:4], inputs)) + parts[4:]
 
 
-def run(taps, state, inputs, rows, replay, n_replay, H, HK):
+def run(taps, state, inputs, rows, replay, n_replay, H, HK, interpret=None):
+    """The kernel on a case: interpreted here, compiled on a GPU (scripts/device_check.sh)
+    unless `interpret` says."""
     T = rows.shape[1]
     out, new = pallas_delta.delta_rule(
         jnp.asarray(taps), tuple(map(jnp.asarray, state)), as_partials(inputs, T),
         jnp.asarray(rows), jnp.asarray(replay), jnp.asarray([n_replay], np.int32), T, H, HK,
-        EPS)   # (interpreted here; compiled on a GPU: scripts/device_check.sh)
+        EPS, interpret)
     return np.asarray(out), tuple(map(np.asarray, new))
 
 
@@ -195,7 +197,7 @@ def test_the_model_takes_it_for_a_gpu(monkeypatch):
         return [np.asarray(a) for a in (out, *new)]
 
     pallas, xla = step("pallas"), step("xla")
-    kernel_out, kernel = run(taps, state, inputs, rows, replay, 2, H, HK)
+    kernel_out, kernel = run(taps, state, inputs, rows, replay, 2, H, HK, interpret=True)
     for got, want in zip(pallas, (kernel_out, *kernel)):
         assert got.tobytes() == want.tobytes()
     for got, want in zip(pallas, xla):
