@@ -195,12 +195,16 @@ def measure(name: str, spec: dict, qtype: str, args, bandwidth: float, folder: s
     row["bound_ms"] = 1e3 * row["weight_bytes"] / (bandwidth / 2)   # read bandwidth
     top = max(args.streams)
     if args.quick:   # decode, and a row's bits alone and among B (a decode dot's rows
-        bench, rng = Bench(model, top, top), np.random.default_rng(0)   # may vary)
+        step = max(top, args.prompt_step) if args.prompt else top   # may vary)
+        bench, rng = Bench(model, top, step), np.random.default_rng(0)
         vocab = int(model.weights["token_embd"].shape[1])
         row["bitwise"] = {str(B): same for B, same in invariance(
             bench, rng.integers(0, vocab, 16), rng.integers(0, vocab, (top, 16)),
             args.streams).items()}
-        return decode(row, bench, rng, vocab, args)
+        decode(row, bench, rng, vocab, args)
+        if args.prompt:
+            row["prompt_tok_s"] = prompt_speed(bench, rng, vocab, args)
+        return row
     # first: on a CPU, tracing the pieces as for a GPU clears JAX's caches (target.for_gpu)
     row["row_pieces"] = row_pieces(model.config, args.streams, np.random.default_rng(1))
     bench = Bench(model, top, max(top, args.prompt_step))
@@ -211,15 +215,7 @@ def measure(name: str, spec: dict, qtype: str, args, bandwidth: float, folder: s
     row["bitwise"] = {str(B): same for B, same in
                       invariance(bench, ids, others, args.streams).items()}
     decode(row, bench, rng, vocab, args)
-    chunks = [np.arange(s, min(s + args.prompt_step, PROMPT_LEN))
-              for s in range(0, PROMPT_LEN, args.prompt_step)]
-    prompt = rng.integers(0, vocab, PROMPT_LEN)
-
-    def whole_prompt():
-        for pos in chunks:
-            out = bench.step(prompt[pos], pos, np.zeros(len(pos), int))
-        out.block_until_ready()
-    row["prompt_tok_s"] = PROMPT_LEN / timed(whole_prompt, max(3, args.reps // 3))
+    row["prompt_tok_s"] = prompt_speed(bench, rng, vocab, args)
     row["matmuls"] = matmuls(model, bandwidth, args.reps, head=not args.tiny)
     del bench
     if args.split_check:
@@ -391,6 +387,19 @@ def matmuls(model, bandwidth: float, reps: int, head: bool = True) -> dict:
     return out
 
 
+def prompt_speed(bench: Bench, rng, vocab: int, args) -> float:
+    """tok/s of one PROMPT_LEN-token prompt in steps of --prompt-step rows."""
+    chunks = [np.arange(s, min(s + args.prompt_step, PROMPT_LEN))
+              for s in range(0, PROMPT_LEN, args.prompt_step)]
+    prompt = rng.integers(0, vocab, PROMPT_LEN)
+
+    def whole_prompt():
+        for pos in chunks:
+            out = bench.step(prompt[pos], pos, np.zeros(len(pos), int))
+        out.block_until_ready()
+    return PROMPT_LEN / timed(whole_prompt, max(3, args.reps // 3))
+
+
 def loop_step_ms(bench: Bench, rng, vocab: int, reps: int) -> tuple[int, float]:
     """(N, ms a step) of one sequence's greedy decode as the server runs it when nothing
     else can come: N steps from position 512 in one device call (Runner.decode_steps, N the
@@ -494,6 +503,9 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true",
                    help="decode, the loop and the row bits only (an A/B of XLA_FLAGS, "
                         "KINETIC_PALLAS_DECODE_ROWS)")
+    p.add_argument("--prompt", action="store_true",
+                   help="with --quick: a 512-token prompt's tok/s too (Qwen3.5's delta rule "
+                        "runs a prompt's tokens one after another)")
     p.add_argument("--llama-cpp", metavar="DIR",
                    help="a folder holding llama.cpp's llama-batched-bench, run on each file")
     args = p.parse_args(argv)
@@ -531,7 +543,9 @@ def main(argv=None) -> int:
                   f"{'the same' if same else 'DIFFER'} among B rows: "
                   + ", ".join(f"{B} rows {t:.0f} tok/s" for B, t in r["decode_tok_s"].items())
                   + f"; loop {r['loop_one_row_ms']:.3f} ms a step, "
-                  f"{r['of_bound_loop']:.2f} of the bound ({r['bound_ms']:.3f} ms)")
+                  f"{r['of_bound_loop']:.2f} of the bound ({r['bound_ms']:.3f} ms)"
+                  + (f"; a {PROMPT_LEN}-token prompt {r['prompt_tok_s']:.0f} tok/s"
+                     if "prompt_tok_s" in r else ""))
         return 0
     text = table(rows, args.streams)
     pieces = [f"{r['model']} {r['qtype']} {name}: DIFFERS at {', '.join(bad)}"

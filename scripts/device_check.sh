@@ -93,13 +93,14 @@ step=$(left 60)
 [ "$step" -ge 30 ] && KINETIC_GPU_NORM=kernel timeout "$step" python3 bench/gpu.py --quick \
     --shape qwen25-1.5b --qtype Q4_0 --streams 1,16 --reps 5 2>&1 | tee -a "$OUT/graphs.log" \
     | tail -3
-# Qwen3.5-0.8B's shape (18 gated delta-rule layers): its decode and a row's bits with the
+# Qwen3.5-0.8B's shape (18 gated delta-rule layers): its decode, a 512-token prompt (the
+# delta rule takes a prompt's tokens one after another) and a row's bits with the
 # delta rule's Pallas kernel (kernels/pallas_delta.py), then with XLA's loop
 # (KINETIC_GPU_DELTA=xla, about ten kernels a token a layer), appended to graphs.log
 for delta in pallas xla; do
     step=$(left 60)
     [ "$step" -ge 30 ] && KINETIC_GPU_DELTA=$delta timeout "$step" python3 bench/gpu.py --quick \
-        --shape qwen35-0.8b --qtype Q4_0 --streams 1,16 --reps 5 2>&1 \
+        --shape qwen35-0.8b --qtype Q4_0 --streams 1,16 --reps 5 --prompt 2>&1 \
         | tee -a "$OUT/graphs.log" | tail -3
 done
 # issue 42: the split's code path over one device beside the unsplit path (its figures in
