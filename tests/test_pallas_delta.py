@@ -213,15 +213,28 @@ def test_whole_steps_through_the_kernel_keep_the_contract(tmp_path, monkeypatch)
     step, three, all at once and beside another sequence; and a greedy answer the same
     tokens and log-probabilities with drafts (the model drafting for itself: accepted
     drafts replayed through the kernel, rejected ones dropped) as without."""
+    calls = []
+    monkeypatch.setattr(delta_net, "recurrence_kernel",
+                        lambda cfg: calls.append(1) or "pallas")
+    # traced afresh (a step another test compiled on the C++ recurrence is kept by
+    # kinetic's compile cache and JAX's, keyed by what does not see this patch), and not
+    # kept for the tests after
+    from kinetic import compile_cache
+    monkeypatch.setitem(compile_cache._state, "enabled", False)
+    jax.clear_caches()
+    try:
+        check_whole_steps(tmp_path, calls)
+    finally:
+        jax.clear_caches()
+
+
+def check_whole_steps(tmp_path, calls):
     from kinetic.engine.engine import Engine
     from kinetic.engine.engine_config import EngineConfig
     from kinetic.model.loader import load_model
     from kinetic.text.tokenizer import Tokenizer
     from tests.test_invariance import OTHERS, PROMPT, check_row_buckets, requests, run
     from tests.tiny_models import write_tiny_model
-    calls = []
-    monkeypatch.setattr(delta_net, "recurrence_kernel",
-                        lambda cfg: calls.append(1) or "pallas")
     model = load_model(str(write_tiny_model(tmp_path / "qwen35.gguf", "qwen35",
                                             qtype="Q8_0", context_length=256)),
                        kernel="pallas")
