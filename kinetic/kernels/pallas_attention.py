@@ -89,7 +89,8 @@ def _attention(q, k_cache, v_cache, table, slots, positions, ends, scale, window
     rows past its heads masked off (a GPU's way: no padded copy of q, no slice of the
     output, kernels of their own, around each layer's attention); else q is [T, K * GP, Q],
     each kv head's rows padded (interpreted: a masked load there pads the array it reads).
-    The same values reach the same arithmetic either way (tests/test_pallas_attention.py)."""
+    The same values reach the same arithmetic either way (tests/test_pallas_attention.py).
+    gate: paged_attention's (q's projection's partial sums), or None."""
     T, _, Q = q.shape
     _, page_size, K, Qv = v_cache.shape
     G = group_rows(heads)                       # query rows per kv head, padded
