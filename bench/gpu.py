@@ -154,8 +154,9 @@ class Bench:
         state = self.runner.state
         if state is None:
             return
-        for r, (s, p) in enumerate(zip(np.ravel(slots), np.ravel(positions))):
-            if r == 0 or s != np.ravel(slots)[r - 1]:
+        slots, positions = np.ravel(slots), np.ravel(positions)
+        for r, (s, p) in enumerate(zip(slots, positions)):
+            if r == 0 or s != slots[r - 1]:   # the slot's first row
                 state.committed[int(s)], state.pending[int(s)] = int(p), 0
 
 

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kinetic.kernels import pallas_delta, reference, target
+from kinetic.kernels import pallas_delta, pallas_matmul, reference, target
 from kinetic.model import delta_net
 
 TAPS, SLOTS, PENDING, EPS = 4, 2, 3, 1e-6
@@ -83,18 +83,12 @@ def as_partials(inputs, rows: int):
     return (*out, *inputs[4:])
 
 
-def summed(parts):
-    """What the kernel adds: the partial sums in order (pallas_backend.load_sum)."""
-    total = parts[0]
-    for p in parts[1:]:
-        total = total + p
-    return total
-
-
 def exact_inputs(inputs, rows):
-    """inputs made exactly what their partial sums add up to."""
+    """inputs made exactly what their partial sums add up to (in the kernel's order:
+    pallas_backend.load_sum's, pallas_matmul.summed's)."""
     parts = as_partials(inputs, rows)
-    return tuple(summed(p)[:rows, :x.shape[1]] for p, x in zip(parts[:4], inputs)) + parts[4:]
+    return (*(pallas_matmul.summed(p)[:rows, :x.shape[1]]
+              for p, x in zip(parts[:4], inputs)), *parts[4:])
 
 
 def run(taps, state, inputs, rows, replay, n_replay, H, HK, interpret=None):
