@@ -157,9 +157,48 @@ class _Compiled(Exception):
     pass
 
 
-def compile_step(path: str, rows: int, loop: bool, sharding) -> tuple[float, str]:
-    """(seconds, optimized HLO text) of the runner's step (or decode loop) at `rows` rows,
-    compiled for the GPU that `sharding`'s device is."""
+def graphs(thunks: str, counted_loops: bool = True) -> dict:
+    """What one run of an executable's thunk sequence (XLA's dump of it after its thunk
+    passes, `*.thunk_sequence_after_thunk_passes.txt`) replays as CUDA graphs: {"graphs"
+    (command buffers), "nodes" (the thunks inside them), "outside" (Counter of the thunks
+    run one by one, each its own launch or copy), "whiles"}. A while loop counts one
+    iteration, as `launches` does: its body, and its condition unless `counted_loops` (XLA
+    runs a loop of a known trip count, as the HLO's while says, without its condition: no
+    predicate read back to the host)."""
+    count = {"graphs": 0, "nodes": 0, "outside": Counter(), "whiles": 0}
+    stack = []                  # (indent, kind) of the thunks enclosing this line's
+    in_condition = False
+    for line in thunks.splitlines():
+        if line.strip() in ("condition:", "body:"):
+            in_condition = line.strip() == "condition:"
+            continue
+        m = re.match(r"( *)\d+: (k\w+)", line)
+        if not m:
+            continue
+        depth, kind = len(m.group(1)), m.group(2)
+        while stack and stack[-1][0] >= depth:
+            stack.pop()
+        kinds = [k for _, k in stack]
+        stack.append((depth, kind))
+        if not kinds:
+            in_condition = False
+        if in_condition and counted_loops:
+            continue
+        if "kCommandBuffer" in kinds:
+            count["nodes"] += kinds[-1] == "kCommandBuffer"   # not a node's own parts
+        elif kind == "kCommandBuffer":
+            count["graphs"] += 1
+        elif kind == "kWhile":
+            count["whiles"] += 1
+        elif kind != "kSequential" and all(k in ("kWhile", "kSequential") for k in kinds):
+            count["outside"][kind] += 1     # a thunk's own parts (a dynamic-slice
+                                            # fusion's copy) are not counted again
+    return count
+
+
+def compile_step(path: str, rows: int, loop: bool, sharding) -> tuple[float, str, str]:
+    """(seconds, optimized HLO text, thunk sequence) of the runner's step (or decode loop)
+    at `rows` rows, compiled for the GPU that `sharding`'s device is."""
     import jax
 
     from kinetic.engine.runner import Runner, RunnerConfig
@@ -183,9 +222,18 @@ def compile_step(path: str, rows: int, loop: bool, sharding) -> tuple[float, str
         args = [a if i in statics else jax.tree.map(abstract, a) for i, a in enumerate(args)]
         with target.for_gpu():
             start = time.perf_counter()
-            compiled = jitted.trace(*args).lower().compile()
-            out["seconds"] = time.perf_counter() - start
-            out["hlo"] = compiled.as_text()
+            with tempfile.TemporaryDirectory() as dump:
+                compiled = jitted.trace(*args).lower().compile(
+                    compiler_options={"xla_dump_to": dump, "xla_dump_hlo_pass_re": "NONE"})
+                out["seconds"] = time.perf_counter() - start
+                out["hlo"] = compiled.as_text()
+                # after XLA's thunk passes (which make the command buffers), or as
+                # emitted where no pass changed it
+                files = sorted(os.listdir(dump))
+                name = next((f for f in files
+                             if f.endswith(".thunk_sequence_after_thunk_passes.txt")),
+                            next(f for f in files if f.endswith(".thunk_sequence.txt")))
+                out["thunks"] = open(os.path.join(dump, name)).read()
         raise _Compiled
 
     slots = np.arange(rows)
@@ -202,7 +250,7 @@ def compile_step(path: str, rows: int, loop: bool, sharding) -> tuple[float, str
             runner.step_device(slots, np.zeros(rows, int), slots, 16 + slots, table)
     except _Compiled:
         pass
-    return out["seconds"], out["hlo"]
+    return out["seconds"], out["hlo"], out["thunks"]
 
 
 def main(argv=None) -> int:
@@ -227,8 +275,9 @@ def main(argv=None) -> int:
     rows_list = [int(r) for r in args.rows.split(",")]
     results = []
     print(f"# jax {jax.__version__}, compiled for {GPU_CONFIGS[args.gpu][1]} (deviceless)")
-    print("| model | qtype | rows | what | compile s | Triton | XLA | a layer | loops |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| model | qtype | rows | what | compile s | Triton | XLA | a layer | loops "
+          "| CUDA graphs of nodes | thunks outside a graph |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as folder:
         for name in (args.shape or []) + (args.arch or []):
             for qtype in args.qtype or ["Q4_0"]:
@@ -236,7 +285,7 @@ def main(argv=None) -> int:
                     path, layers = write_model(folder, name, qtype)
                 except Exception as e:   # a family/format the writer has no tiny model of
                     results.append({"model": name, "qtype": qtype, "error": repr(e)})
-                    print(f"| {name} | {qtype} | | | not written: {e} | | | | |")
+                    print(f"| {name} | {qtype} | | | not written: {e} | | | | | | |")
                     continue
                 for rows in rows_list:
                     for loop in (False, True) if args.loop else (False,):
@@ -244,20 +293,29 @@ def main(argv=None) -> int:
                         row = {"model": name, "qtype": qtype, "rows": rows, "what": what,
                                "layers": layers}
                         try:
-                            row["seconds"], hlo = compile_step(path, rows, loop, sharding)
+                            row["seconds"], hlo, thunks = compile_step(path, rows, loop,
+                                                                       sharding)
                             if os.environ.get("KINETIC_DUMP_HLO"):
                                 open(os.environ["KINETIC_DUMP_HLO"], "w").write(hlo)
                         except Exception as e:
                             row["error"] = f"{type(e).__name__}: {str(e)[:400]}"
                             print(f"| {name} | {qtype} | {rows} | {what} | FAILED: "
-                                  f"{row['error'][:200]} | | | | |", flush=True)
+                                  f"{row['error'][:200]} | | | | | | |", flush=True)
                             results.append(row)
                             continue
                         row.update(launches(hlo))
+                        counted = all('"known_trip_count"' in line
+                                      for line in hlo.splitlines() if " while(" in line)
+                        cuda = graphs(thunks, counted)
+                        row.update(graphs=cuda["graphs"], graph_nodes=cuda["nodes"],
+                                   outside=dict(cuda["outside"]))
                         per_layer = (row["triton"] + row["xla"]) / layers
+                        alone = ", ".join(f"{n} {k[1:]}" for k, n in
+                                          sorted(cuda["outside"].items())) or "none"
                         print(f"| {name} | {qtype} | {rows} | {what} | {row['seconds']:.1f} "
                               f"| {row['triton']} | {row['xla']} | {per_layer:.1f} "
-                              f"| {row['loops']} |", flush=True)
+                              f"| {row['loops']} | {cuda['graphs']} of {cuda['nodes']} "
+                              f"| {alone} |", flush=True)
                         results.append(row)
     if args.out:
         os.makedirs(args.out, exist_ok=True)

@@ -151,6 +151,54 @@ def test_a_whole_model_step_lowers_for_cuda(tmp_path, arch, qtype):
         assert seen["launches"] == 6 * 2 + 2   # (2 layers)
 
 
+def test_the_decode_loops_body_reads_its_step_without_a_dynamic_slice(tmp_path):
+    """Runner.decode_steps' loop (a tiny qwen35: Gated DeltaNet and attention) traced for
+    a GPU: its body takes step i's positions and write indices by a masked sum, with no
+    dynamic slice at the loop's index, which XLA's GPU compiler makes a copy run on its
+    own between the body's CUDA graphs (bench/gpu_compile.py's "thunks outside a graph").
+    Its tokens are those of steps run one by one: tests/test_invariance.py."""
+    path = write_tiny_model(tmp_path / "tiny.gguf", "qwen35", qtype="Q4_0",
+                            context_length=256)
+    runner = Runner(load_model(str(path), kernel="pallas"),
+                    RunnerConfig(step_tokens=4, num_slots=2, page_size=16, num_pages=8,
+                                 pages_per_slot=2, decode_steps=3))
+    seen = {}
+
+    def trace(*args):
+        with target.for_gpu():
+            seen["jaxpr"] = jitted.trace(*args).jaxpr
+        raise _Lowered
+
+    jitted, runner._decode = runner._decode, trace
+    N, slots = 3, np.array([0, 1])
+    with pytest.raises(_Lowered):
+        runner.decode_steps(np.array([5, 6]), np.zeros((N, 2), int) + np.arange(N)[:, None],
+                            slots, 16 + 16 * slots + np.arange(N)[:, None],
+                            np.array([[1, 2], [3, 4]]), (None, None))
+    bodies = loops(seen["jaxpr"].jaxpr)
+    assert len(bodies) == 1
+    assert "dynamic_slice" not in str(bodies[0])
+
+
+def loops(jaxpr) -> list:
+    """The bodies of a jaxpr's outermost loops (a fori_loop of static bounds is a scan),
+    inside the jitted functions it calls too, not the loops inside a kernel."""
+    from jax.extend import core
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in ("while", "scan", "pallas_call"):
+            found += {"while": [eqn.params.get("body_jaxpr")],
+                      "scan": [eqn.params.get("jaxpr")]}.get(eqn.primitive.name, [])
+            continue
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else [value]:
+                if isinstance(sub, core.ClosedJaxpr):
+                    found += loops(sub.jaxpr)
+                elif isinstance(sub, core.Jaxpr):
+                    found += loops(sub)
+    return found
+
+
 def launches(jaxpr) -> int:
     """The pallas_calls a jaxpr runs, each time it runs one (inside the jitted functions it
     calls, each call counted)."""

@@ -44,12 +44,10 @@ COMPARE = """
     import kinetic
     from kinetic.engine.engine_config import EngineConfig, Split
     from kinetic.llm import open_model
-    path, splits, stream, kernel = (sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] == "1",
-                                    sys.argv[4])
-    shares = tuple(float(t) for t in sys.argv[5].split(",")) if len(sys.argv) > 5 else ()
+    path, splits, check, kernel = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], sys.argv[4]
     out = {}
-    for name, (mode, n) in splits.items():
-        split = Split(mode, n, tensor_split=shares if mode != "none" else ())
+    for name, (mode, n, *shares) in splits.items():
+        split = Split(mode, n, tensor_split=tuple(float(t) for t in shares))
         model = open_model(path, EngineConfig(parallel=2, n_ctx=128, split=split),
                            kernel=kernel, compile=False)
         try:
@@ -60,11 +58,11 @@ COMPARE = """
                            if runner._buffer is not None else None,
                    "heads": [s.data.shape[2] for s in runner.cache[0][0].addressable_shards],
                    "output": list(getattr(runner._skeleton.get("output"), "rows", ()))}
-            if stream:
+            if check in ("stream", "receipt"):
                 got["stream"] = [(d.token_ids, [[e.token, e.logprob, e.top] for e in d.logprobs])
                                  for d in model.stream([1, 5, 9, 30, 2], max_tokens=6,
                                                        temperature=0.9, seed=3, logprobs=2)]
-                # a split answer's receipt, re-run on one device
+            if check == "receipt":   # a split answer's receipt, re-run on one device
                 receipt = model.receipt("hello there", max_tokens=6, temperature=0.9, seed=3)
                 checked = kinetic.verify_receipt(receipt, model=path)
                 got["receipt"] = [receipt["engine"]["split"], checked.status,
@@ -76,11 +74,13 @@ COMPARE = """
 """
 
 
-def compare(path, splits: dict, tmp_path: Path, stream: bool = False,
+def compare(path, splits: dict, tmp_path: Path, check: str = "logits",
             kernel: str = "ffi") -> dict:
-    """Per split name: its logits (hex), its runner's split, and its stream if asked."""
-    return run_devices(COMPARE, tmp_path, str(path), json.dumps(splits), "1" if stream else "0",
-                       kernel)
+    """Per split name (splits: name -> [mode, devices] or [mode, devices, tensor shares,
+    one per device]): its logits (hex), its runner's split, what each device holds; with
+    check "stream" a sampled stream's tokens and log-probabilities too, with "receipt" also
+    its receipt verified on one device. All in one process of four CPU devices."""
+    return run_devices(COMPARE, tmp_path, str(path), json.dumps(splits), check, kernel)
 
 
 @pytest.mark.parametrize("mode", ["row", "layer"])
@@ -89,7 +89,7 @@ def test_a_split_gives_one_devices_bits_at_1_2_and_4(mode, tmp_path):
     path = write_tiny_model(tmp_path / "llama.gguf", "llama", qtype="Q8_0", d_model=128,
                             d_ffn=256, n_kv_head=4)
     splits = {"none": ["none", 0], "1": [mode, 1], "2": [mode, 2], "4": [mode, 4]}
-    out = compare(path, splits, tmp_path, stream=True)
+    out = compare(path, splits, tmp_path, check="receipt")
     assert [out[n]["split"] for n in splits] == [
         {"mode": "none", "devices": 1}, {"mode": mode, "devices": 1},
         {"mode": mode, "devices": 2}, {"mode": mode, "devices": 4}]
@@ -115,7 +115,8 @@ def test_every_family_splits_to_the_same_logits(arch, qtype, tmp_path):
     path = write_tiny_model(tmp_path / f"{arch}.gguf", arch, qtype=qtype, d_model=128,
                             d_ffn=256, n_kv_head=4)
     splits = {"none": ["none", 0], "layer4": ["layer", 4], "row4": ["row", 4]}
-    out = compare(path, splits, tmp_path, stream=arch in ("qwen35", "qwen3moe"))
+    out = compare(path, splits, tmp_path,
+                  check="stream" if arch in ("qwen35", "qwen3moe") else "logits")
     assert len({out[name]["logits"] for name in splits}) == 1
     if "stream" in out["none"]:
         assert out["layer4"]["stream"] == out["row4"]["stream"] == out["none"]["stream"]
@@ -132,18 +133,17 @@ def test_the_pallas_kernel_splits_by_row_to_the_same_bits(arch, qtype, tmp_path)
     that proportion."""
     path = write_tiny_model(tmp_path / f"{arch}.gguf", arch, qtype=qtype, d_model=128,
                             d_ffn=256, n_kv_head=4)
-    out = compare(path, {"none": ["none", 0], "2": ["row", 2], "4": ["row", 4]}, tmp_path,
-                  stream=arch == "llama", kernel="pallas")
+    splits = {"none": ["none", 0], "2": ["row", 2], "4": ["row", 4]}
+    if arch == "llama":
+        splits["ts"] = ["row", 0, 3, 1]
+    out = compare(path, splits, tmp_path, check="stream" if arch == "llama" else "logits",
+                  kernel="pallas")
     assert len({out[name]["logits"] for name in out}) == 1
     assert out["4"]["heads"] == [1] * 4
     if arch == "llama":
-        assert out["2"]["stream"] == out["4"]["stream"] == out["none"]["stream"]
-        uneven = run_devices(COMPARE, tmp_path, str(path), json.dumps({"ts": ["row", 0]}),
-                             "1", "pallas", "3,1")["ts"]
-        assert uneven["logits"] == out["none"]["logits"]
-        assert uneven["stream"] == out["none"]["stream"]
+        assert len({str(out[name]["stream"]) for name in out}) == 1
         # the output projection's rows, in whole tiles of the unsplit weight's bn
-        (a, b), (c, d) = out["2"]["output"], uneven["output"]
+        (a, b), (c, d) = out["2"]["output"], out["ts"]["output"]
         bn = pm.tiling(a + b, 128).bn
         assert a + b == c + d and (a + b) % 16 == 0
         assert abs(a - b) <= bn and abs(c - 3 * d) <= 4 * bn and a % bn == c % bn == 0
@@ -155,12 +155,12 @@ def test_uneven_shares_and_heads_that_do_not_divide(tmp_path):
     --tensor-split 3,1 by row: each weight's rows in proportion. The same bits."""
     path = write_tiny_model(tmp_path / "m.gguf", "llama", qtype="Q8_0", d_model=128,
                             d_ffn=256, n_kv_head=2)
-    splits = {"none": ["none", 0], "layer4": ["layer", 4], "row4": ["row", 4]}
-    out = compare(path, splits, tmp_path, stream=True)
-    uneven = run_devices(COMPARE, tmp_path, str(path), json.dumps({"ts": ["row", 0]}), "1",
-                         "ffi", "3,1")
+    splits = {"none": ["none", 0], "layer4": ["layer", 4], "row4": ["row", 4],
+              "ts": ["row", 0, 3, 1]}
+    out = compare(path, splits, tmp_path, check="stream")
     assert out["layer4"]["heads"] == out["row4"]["heads"] == [2] * 4
-    for got in (out["layer4"], out["row4"], uneven["ts"]):
+    assert out["ts"]["split"]["devices"] == 2
+    for got in (out["layer4"], out["row4"], out["ts"]):
         assert got["logits"] == out["none"]["logits"]
         assert got["stream"] == out["none"]["stream"]
 

@@ -611,6 +611,15 @@ def _padded(values: np.ndarray, pad: int) -> np.ndarray:
     return np.concatenate([values, np.zeros(pad)])
 
 
+def _step_row(a: jax.Array, i) -> jax.Array:
+    """a[i] of a loop's [N, B] integers, as a sum of the rows masked to row i (exact). On a
+    GPU, XLA makes a[i] at the loop's index a dynamic-slice fusion, a copy run on its own
+    between the CUDA graphs of the loop's body (bench/gpu_compile.py counts the thunks
+    outside a graph); the masked sum is a node inside the graph."""
+    at = (jnp.arange(a.shape[0]) == i)[:, None]
+    return jnp.sum(jnp.where(at, a, 0), axis=0)
+
+
 def _decode_loop(forward, cfg, buffer, skeleton, cache, packed, bias, layout, heads):
     """Runner.decode_steps' N steps as one loop over _pack's parts: tokens and slots [B],
     positions and write_index [N, B], the page table, the recurrent state's plan, and n,
@@ -624,7 +633,8 @@ def _decode_loop(forward, cfg, buffer, skeleton, cache, packed, bias, layout, he
 
     def body(i, carry):
         cache, tok, out = carry
-        step = StepInput(tok, x["positions"][i], slots, x["write_index"][i], table, None,
+        step = StepInput(tok, _step_row(x["positions"], i), slots,
+                         _step_row(x["write_index"], i), table, None,
                          None if recurs is None else recurs(i), logit_mask=live, heads=heads)
         logits, cache = forward(weights, cfg, cache, step)
         # the loop's rows allow every token: with the C++ kernels one C++ pass over each row
