@@ -673,7 +673,6 @@ def test_more_sampled_rows_than_a_chunk_sample_four_at_a_time(make_engine, monke
     at most that many a call: a step sampling 7 rows calls it in chunks of 4 and 3 rows, a
     request sampling alone calls it for 1 row at the same size, and each request gets the
     tokens and logprobs it gets alone."""
-    from kinetic.engine import sampler
     from kinetic.engine.sample_batch import SAMPLE_CHUNK
     e = make_engine(parallel=8)
     ffi_row_buckets(e)
@@ -690,6 +689,30 @@ def test_more_sampled_rows_than_a_chunk_sample_four_at_a_time(make_engine, monke
     together = all_at_once(e, requests)
     assert [(r.tokens, r.logprobs) for r in together] == [(r.tokens, r.logprobs) for r in alone]
     assert {b for b, _ in calls} == {4} and (4, 4) in calls and (4, 3) in calls
+
+
+def test_on_a_gpu_the_chain_draws_all_rows_at_once_with_the_same_bits(make_engine,
+                                                                      monkeypatch):
+    """Where the step runs on a GPU, DeviceSampler._chain runs sampler.sample_batch (and
+    distribution_batch) in place of sample_rows' loop over the rows: the same tokens,
+    log-probabilities and post-sampling probabilities, alone and sharing steps."""
+    import types as pytypes
+
+    from kinetic.engine import sample_device, sampler
+    requests = [GenerationRequest(ids("abcab"[:2 + i % 3]), params=sampled(
+        10 + i, top_k=[0, 3, 40][i % 3], top_p=[1.0, 0.8][i % 2],
+        mirostat=2 if i == 4 else 0), max_tokens=6, logprobs=2, post_sampling=i % 2 == 0,
+        speculative=False) for i in range(6)]
+    e = make_engine(parallel=8)
+    want = [(r.tokens, r.logprobs) for r in all_at_once(e, requests)]
+    monkeypatch.setattr(sample_device, "target", pytypes.SimpleNamespace(backend=lambda: "gpu"))
+    e = make_engine(parallel=8)
+    alone = [run(e, r) for r in requests]
+    together = all_at_once(e, requests)
+    assert {fn for fn, _ in e.runner.sampler._chains} == {sampler.sample_batch,
+                                                          sampler.distribution_batch}
+    assert [(r.tokens, r.logprobs) for r in alone] == want
+    assert [(r.tokens, r.logprobs) for r in together] == want
 
 
 def test_dry_rows_past_the_pair_width_give_the_same_tokens(make_engine, monkeypatch):

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 import tests.sampler_reference as ref
-from kinetic.engine.sampler import (Sparse, _uniforms, distribution, distribution_rows,
-                                    full_mask, greedy, logprobs, make_row_params, pack_pairs,
-                                    sample, sample_rows)
+from kinetic.engine.sampler import (Sparse, _uniforms, distribution, distribution_batch,
+                                    distribution_rows, full_mask, greedy, logprobs,
+                                    make_row_params, pack_pairs, sample, sample_batch,
+                                    sample_rows)
 from kinetic.engine.sampling_params import (MAX_LOGIT_BIAS, DryBreakers, SamplingParams, bias_pairs,
                                             bias_row, dry_pairs, dry_row, from_gguf_defaults,
                                             history_rows)
@@ -48,6 +49,15 @@ def run(params, logits=LOGITS, histories=HISTORIES, bias=None, dry=None, mask=No
                                   np.asarray(mu)[:n].view(np.uint32))
     np.testing.assert_array_equal(np.asarray(dist_r)[:n].view(np.uint32),
                                   np.asarray(dist)[:n].view(np.uint32))
+    # and the chain's form on a GPU (all rows at once, sample_rows' arguments): the same
+    # bits for every row, those past the count too (-1, mu kept, zeros)
+    tok_b, mu_b = sample_batch(lg, rows, hist, bias, mask, dry, count, max_candidates=k)
+    dist_b = distribution_batch(lg, rows, hist, bias, mask, dry, count, max_candidates=k)
+    np.testing.assert_array_equal(np.asarray(tok_b), np.asarray(tok_r))
+    np.testing.assert_array_equal(np.asarray(mu_b).view(np.uint32),
+                                  np.asarray(mu_r).view(np.uint32))
+    np.testing.assert_array_equal(np.asarray(dist_b).view(np.uint32),
+                                  np.asarray(dist_r).view(np.uint32))
     return np.asarray(tok)[:n], np.asarray(mu)[:n], np.asarray(dist)[:n]
 
 

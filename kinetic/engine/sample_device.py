@@ -7,7 +7,8 @@ receipt verification) becomes device arrays here and is drawn from:
   each row where the C++ kernels run (kernel "ffi": native.row_argmax), sampler.greedy's XLA
   passes elsewhere. The decode-step loop (engine/runner.py) draws with the same function;
 - other rows take the whole chain (sampler.sample_rows: one row at a time, at one compiled
-  size), keyed per row by (seed, position);
+  size; on a GPU sampler.sample_batch, all the rows at once, the same bits), keyed per row
+  by (seed, position);
 - rows that ask get log-probabilities of the raw logits (sampler.logprobs), or of the
   distribution drawn from (post-sampling: sampler.distribution_rows over the chain's
   arguments).
@@ -84,6 +85,12 @@ def _zeros(shape: tuple[int, ...], dtype) -> jax.Array:
 # 0.89 ms at top_k 40 over Qwen2.5's 151,936 tokens) and a full-vocabulary one (top_k 0)
 # 12% (docs/performance.md, issue 40).
 CHAIN_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
+
+
+# the chain's form on a GPU: all rows at once, where sample_rows' loop over the rows reads a
+# flag back to the host at each row and each branch it may skip (sampler.sample_batch)
+ON_GPU = {sampler.sample_rows: sampler.sample_batch,
+          sampler.distribution_rows: sampler.distribution_batch}
 
 
 def _chain_executable(fn, args: tuple, max_candidates: int):
@@ -191,7 +198,10 @@ class DeviceSampler:
 
     def _chain(self, fn, shape: SampleShape):
         """fn (sampler.sample_rows or distribution_rows) compiled once for `shape`'s chain
-        bucket, on CPU with CHAIN_OPTIONS: the one executable every chain call runs."""
+        bucket, on CPU with CHAIN_OPTIONS: the one executable every chain call runs. On a
+        GPU its whole-batch form (`ON_GPU`), the same bits a row."""
+        if target.backend() == "gpu":
+            fn = ON_GPU.get(fn, fn)
         key = (fn, shape)
         with self._chains_lock:
             exe = self._chains.get(key)

@@ -5,7 +5,9 @@
 
 The engine draws through `sample_rows`, the same chain one row at a time in a loop over the
 rows a call has, compiled at one size (kinetic/engine/sample_device.py); `sample` and
-`distribution` are the chain over the whole batch at once, with the same per-row results.
+`distribution` are the chain over the whole batch at once, with the same per-row results,
+and `sample_batch` / `distribution_batch` those with sample_rows' arguments, the chain's form
+on a GPU (where a skipped branch or a loop's turn costs a round trip to the host).
 
 Order and meaning follow llama.cpp's default chain: grammar mask, logit bias, repeat penalty
 (divide positive logits / multiply negative ones for tokens in the window), presence and
@@ -230,6 +232,35 @@ def distribution_rows(logits: jax.Array, params: RowParams, history: jax.Array,
         return out.at[i].set(_distribution(*rows, max_candidates=max_candidates)[0])
 
     return lax.fori_loop(0, n, one, jnp.zeros((B, V), jnp.float32))
+
+
+@functools.partial(compile_cache.jit, name="sample_batch", static_argnames=("max_candidates",))
+def sample_batch(logits: jax.Array, params: RowParams, history: jax.Array,
+                 bias: Sparse | jax.Array, mask: jax.Array, dry: Sparse | jax.Array | None,
+                 n: jax.Array, *, max_candidates: int = MAX_CANDIDATES
+                 ) -> tuple[jax.Array, jax.Array]:
+    """sample_rows' result (rows from n on: token -1, mu kept) from `sample` over all B
+    rows at once: the same bits for each row (a row's draw depends on its own inputs;
+    tests/test_sampler.py compares the two). The chain's form on a GPU
+    (sample_device.DeviceSampler): there each branch the chain may skip (lax.cond) and each
+    turn of a loop of a traced length reads a flag back to the host before going on, once a
+    call here, once a row in sample_rows' loop; rows past n are computed and dropped."""
+    tok, mu = _sample(logits, params, history, bias, mask, dry, max_candidates=max_candidates)
+    real = jnp.arange(logits.shape[0]) < n
+    return jnp.where(real, tok, -1), jnp.where(real, mu, params.mu)
+
+
+@functools.partial(compile_cache.jit, name="distribution_batch",
+                   static_argnames=("max_candidates",))
+def distribution_batch(logits: jax.Array, params: RowParams, history: jax.Array,
+                       bias: Sparse | jax.Array, mask: jax.Array,
+                       dry: Sparse | jax.Array | None, n: jax.Array, *,
+                       max_candidates: int = MAX_CANDIDATES) -> jax.Array:
+    """distribution_rows' result (zeros from row n on) from `distribution` over all B rows
+    at once, as sample_batch draws them."""
+    out = _distribution(logits, params, history, bias, mask, dry,
+                        max_candidates=max_candidates)
+    return jnp.where((jnp.arange(logits.shape[0]) < n)[:, None], out, 0.0)
 
 
 def _per_row(need: jax.Array, fn, default: tuple, *operands):
