@@ -251,6 +251,7 @@ def decode(row: dict, bench: Bench, rng, vocab: int, args) -> dict:
     row["decode_dot_rows"] = pallas_matmul.decode_rows()
     row["gpu_norm"] = os.environ.get("KINETIC_GPU_NORM", "pallas")
     row["gpu_delta"] = os.environ.get("KINETIC_GPU_DELTA", "pallas")
+    row["gpu_attention"] = os.environ.get("KINETIC_GPU_ATTENTION", "split")
     return row
 
 
@@ -540,7 +541,8 @@ def main(argv=None) -> int:
             same = all(r["bitwise"].values())
             print(f"{r['model']} {r['qtype']} XLA_FLAGS={r['xla_flags']!r}, decode dots of "
                   f"at least {r['decode_dot_rows']} rows, KINETIC_GPU_NORM={r['gpu_norm']}, "
-                  f"KINETIC_GPU_DELTA={r['gpu_delta']}, a row's bits "
+                  f"KINETIC_GPU_DELTA={r['gpu_delta']}, "
+                  f"KINETIC_GPU_ATTENTION={r['gpu_attention']}, a row's bits "
                   f"{'the same' if same else 'DIFFER'} among B rows: "
                   + ", ".join(f"{B} rows {t:.0f} tok/s" for B, t in r["decode_tok_s"].items())
                   + f"; loop {r['loop_one_row_ms']:.3f} ms a step, "

@@ -16,7 +16,8 @@
 # 4. bench/gpu.py --quick under XLA_FLAGS that put while loops into command buffers (CUDA
 #    graphs) too: the server's decode loop at Qwen2.5-1.5B's shape, beside bench.log's;
 #    then with one-row decode dots (KINETIC_PALLAS_DECODE_ROWS=1), its speed and bits;
-#    then with the norms as kernels of their own (KINETIC_GPU_NORM=kernel); then
+#    then with the norms as kernels of their own (KINETIC_GPU_NORM=kernel); then with
+#    one program walking a row's keys (KINETIC_GPU_ATTENTION=whole); then
 #    Qwen3.5-0.8B's shape with the delta rule's Pallas kernel and with XLA's loop;
 # 5. (issue 42) bench/gpu.py --split-check: Qwen2.5-1.5B's shape through the split's code
 #    path over one device, its bytes and speed beside the unsplit path's;
@@ -91,6 +92,13 @@ step=$(left 60)
 # than the default's, where the projections normalize their x): the same loop, appended
 step=$(left 60)
 [ "$step" -ge 30 ] && KINETIC_GPU_NORM=kernel timeout "$step" python3 bench/gpu.py --quick \
+    --shape qwen25-1.5b --qtype Q4_0 --streams 1,16 --reps 5 2>&1 | tee -a "$OUT/graphs.log" \
+    | tail -3
+# a row's keys walked by one program a kv head (KINETIC_GPU_ATTENTION=whole) where the
+# default takes them in chunks of 4 pages, a program each, merged in a second kernel
+# (kernels/pallas_attention.py _split_attention): the same loop at position 512, appended
+step=$(left 60)
+[ "$step" -ge 30 ] && KINETIC_GPU_ATTENTION=whole timeout "$step" python3 bench/gpu.py --quick \
     --shape qwen25-1.5b --qtype Q4_0 --streams 1,16 --reps 5 2>&1 | tee -a "$OUT/graphs.log" \
     | tail -3
 # Qwen3.5-0.8B's shape (18 gated delta-rule layers): its decode, a 512-token prompt (the

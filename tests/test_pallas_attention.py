@@ -30,53 +30,64 @@ def step(table, slots, positions):
                             np.asarray(slots, np.int32), np.zeros(n, np.int32), table)
 
 
+# split: a row's keys walked by one program (0), or in chunks of 2 pages merged in order
+# (pallas_attention._split_attention, a GPU's default; 3 chunks a slot here)
+SPLITS = (0, 2)
+
+
+@pytest.mark.parametrize("split", SPLITS)
 @pytest.mark.parametrize("dtype,window,softcap,H", [
     (np.float32, 0, 0.0, 4), (np.float16, 0, 0.0, 2), (np.float32, 5, 0.0, 4),
     (np.float32, 0, 30.0, 6)])
-def test_it_is_the_xla_paths_within_rounding(dtype, window, softcap, H):
+def test_it_is_the_xla_paths_within_rounding(dtype, window, softcap, H, split):
     k, v, table = cache(dtype)
     rng = np.random.default_rng(1)
     slots = np.array([0, 1, 2, 1, 0, 2, 0])
     positions = np.array([0, 3, 23, 9, 17, 4, 12])
     q = rng.standard_normal((len(slots), H, 8)).astype(np.float32)
-    got = np.asarray(paged_attention(q, k, v, table, slots, positions, 0.35, window, softcap))
+    got = np.asarray(paged_attention(q, k, v, table, slots, positions, 0.35, window, softcap,
+                                     split=split))
     want = np.asarray(layers.paged_attention(q, k, v, step(table, slots, positions), 0.35,
                                              window, softcap, kernel="xla"))
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
 
 
-def test_rows_that_see_each_other_both_ways():
+@pytest.mark.parametrize("split", SPLITS)
+def test_rows_that_see_each_other_both_ways(split):
     k, v, table = cache(np.float32)
     q = np.random.default_rng(2).standard_normal((3, 4, 8)).astype(np.float32)
     slots, positions, ends = np.array([1, 1, 1]), np.array([5, 6, 7]), np.array([7, 7, 7])
-    got = np.asarray(paged_attention(q, k, v, table, slots, positions, 0.35, ends=ends))
+    got = np.asarray(paged_attention(q, k, v, table, slots, positions, 0.35, ends=ends,
+                                     split=split))
     want = np.asarray(layers.paged_attention(q, k, v, step(table, slots, positions), 0.35,
                                              kernel="xla", ends=ends))
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
 
 
-def test_a_rows_bits_do_not_depend_on_its_step():
+@pytest.mark.parametrize("split", SPLITS)
+def test_a_rows_bits_do_not_depend_on_its_step(split):
     k, v, table = cache(np.float32, seed=3)
     rng = np.random.default_rng(4)
     T = 64
     slots = rng.integers(0, S, T)
     positions = rng.integers(0, P * PS, T)
     q = rng.standard_normal((T, 4, 8)).astype(np.float32)
-    whole = np.asarray(paged_attention(q, k, v, table, slots, positions, 0.35))
+    whole = np.asarray(paged_attention(q, k, v, table, slots, positions, 0.35, split=split))
     for r in (0, 9, 63):
         alone = np.asarray(paged_attention(q[r:r + 1], k, v, table, slots[r:r + 1],
-                                           positions[r:r + 1], 0.35))
+                                           positions[r:r + 1], 0.35, split=split))
         assert alone.tobytes() == whole[r:r + 1].tobytes(), r
         pair = [r, (r + 7) % T]
-        wider = np.pad(table, ((0, 0), (0, 3)))   # a wider page table: the same bits
+        wider = np.pad(table, ((0, 0), (0, 3)))   # a wider page table (more chunks): the
         two = np.asarray(paged_attention(q[pair[::-1]], k, v, wider, slots[pair[::-1]],
-                                         positions[pair[::-1]], 0.35))
+                                         positions[pair[::-1]], 0.35, split=split))   # same
         assert two[1:].tobytes() == alone.tobytes(), r
 
 
+@pytest.mark.parametrize("split", SPLITS)
 @pytest.mark.parametrize("dtype,window,softcap,H", [
     (np.float32, 0, 0.0, 6), (np.float16, 5, 30.0, 2), (np.float32, 0, 0.0, 4)])
-def test_reading_in_place_gives_the_padded_rows_bits(dtype, window, softcap, H):
+def test_reading_in_place_gives_the_padded_rows_bits(dtype, window, softcap, H, split):
     """A GPU reads q and writes the output where they are, [T, H, *], a kv head's query
     heads masked to its own (in_place); interpreted, each kv head's rows are padded to a
     block. Both run here, interpreted: every byte the same."""
@@ -86,11 +97,11 @@ def test_reading_in_place_gives_the_padded_rows_bits(dtype, window, softcap, H):
     positions = np.array([0, 3, 23, 9, 17], np.int32)
     q = rng.standard_normal((len(slots), H, 8)).astype(np.float32)
     padded = np.asarray(paged_attention(q, k, v, table, slots, positions, 0.35, window,
-                                        softcap))
+                                        softcap, split=split))
     q = np.asarray(q.astype(dtype), np.float32)
-    in_place = np.asarray(pa._attention(q, k, v, table.astype(np.int32), slots, positions,
-                                        positions, 0.35, window, softcap, True, True,
-                                        H // k.shape[2]))
+    args = (q, k, v, table.astype(np.int32), slots, positions, positions, 0.35, window,
+            softcap, True, True, H // k.shape[2])
+    in_place = np.asarray(pa._split_attention(*args, split) if split else pa._attention(*args))
     assert in_place.shape == padded.shape and in_place.tobytes() == padded.tobytes()
 
 
@@ -121,6 +132,31 @@ def test_an_output_gate_inside_is_the_gate_applied_after():
                                         positions, 0.35, 0, 0.0, True, True, H // k.shape[2],
                                         parts))
     assert in_place.tobytes() == got.tobytes()
+    # the keys in chunks (a GPU's default): the gate applied by the merging program
+    split = np.asarray(paged_attention(q, k, v, table, slots, positions, 0.35, gate=parts,
+                                       interpret=True, split=2))
+    plain = paged_attention(q, k, v, table, slots, positions, 0.35, interpret=True, split=2)
+    assert split.tobytes() == np.asarray(plain * jax.nn.sigmoid(gate)).tobytes()
+    in_place = np.asarray(pa._split_attention(q, k, v, table.astype(np.int32), slots,
+                                              positions, positions, 0.35, 0, 0.0, True, True,
+                                              H // k.shape[2], 2, parts))
+    assert in_place.tobytes() == split.tobytes()
     with pytest.raises(ValueError, match="pallas kernel"):
         layers.paged_attention(q, k, v, step(table, slots, positions), 0.35, kernel="xla",
                                gate=parts)
+
+
+def test_a_gpu_splits_a_rows_keys_unless_told_whole(monkeypatch):
+    """KINETIC_GPU_ATTENTION: a GPU's attention takes a row's keys in chunks of SPLIT_PAGES
+    pages by default (more programs for a decode step's few rows), interpreted one program
+    walks them all, either when the variable says so; anything else is one clear error."""
+    monkeypatch.delenv("KINETIC_GPU_ATTENTION", raising=False)
+    assert pa.split_pages(interpret=False) == pa.SPLIT_PAGES > 0
+    assert pa.split_pages(interpret=True) == 0
+    monkeypatch.setenv("KINETIC_GPU_ATTENTION", "whole")
+    assert pa.split_pages(interpret=False) == 0
+    monkeypatch.setenv("KINETIC_GPU_ATTENTION", "split")
+    assert pa.split_pages(interpret=True) == pa.SPLIT_PAGES
+    monkeypatch.setenv("KINETIC_GPU_ATTENTION", "chunks")
+    with pytest.raises(ValueError, match="KINETIC_GPU_ATTENTION='chunks'"):
+        pa.split_pages(interpret=False)

@@ -65,16 +65,20 @@ def test_the_variants_and_split_k_lower_through_triton(qtype):
     (12, 2, 128, jnp.bfloat16),   # Qwen2.5-1.5B: 6
     (4, 4, 256, jnp.float32)])    # one query head a kv head
 @pytest.mark.parametrize("window,softcap", [(0, 0.0), (512, 50.0)])
+@pytest.mark.parametrize("split", [None, 0])
 def test_paged_attention_lowers_through_triton(heads, kv_heads, head_dim, dtype, window,
-                                               softcap):
+                                               softcap, split):
+    """A GPU's default (None: a row's keys in chunks, then their merge, two kernels) and
+    one program over all of a row's keys (0)."""
     pages = jnp.zeros((40, 16, kv_heads, head_dim), dtype)
     rows = jnp.zeros((5,), jnp.int32)
 
     def f(q, k, v, table, slots, positions):
-        return pa.paged_attention(q, k, v, table, slots, positions, 0.125, window, softcap)
+        return pa.paged_attention(q, k, v, table, slots, positions, 0.125, window, softcap,
+                                  split=split)
     text = cuda_text(f, jnp.zeros((5, heads, head_dim)), pages, pages,
                      jnp.zeros((4, 8), jnp.int32), rows, rows)
-    assert text.count(TRITON) == 1
+    assert text.count(TRITON) == (1 if split == 0 else 2)
 
 
 @pytest.mark.parametrize("width", [576, 896, 1536, 64, 128])
@@ -146,9 +150,9 @@ def test_a_whole_model_step_lowers_for_cuda(tmp_path, arch, qtype):
     assert "stablehlo.while" not in seen["text"]
     if arch in ("llama", "qwen3"):   # a layer: q+k+v (the add and the norm before them
         # inside: layers.Normed), rotary and the cache writes (pallas_rope; Qwen3's heads'
-        # norms in it too), attention, o, gate+up (add and norm inside), down; then the
-        # final norm and the output
-        assert seen["launches"] == 6 * 2 + 2   # (2 layers)
+        # norms in it too), attention (a row's keys in chunks, then their merge), o,
+        # gate+up (add and norm inside), down; then the final norm and the output
+        assert seen["launches"] == 7 * 2 + 2   # (2 layers)
 
 
 def test_the_decode_loops_body_reads_its_step_without_a_dynamic_slice(tmp_path):

@@ -257,3 +257,50 @@ def test_a_gpus_fused_kernels_keep_the_bits(arch, tmp_path, monkeypatch):
         np.testing.assert_allclose(got, fused[0], rtol=1e-4, atol=1e-4)
     else:
         assert got.tobytes() == fused[0].tobytes()
+
+
+def test_a_gpus_attention_in_chunks_keeps_a_rows_bits(monkeypatch, tmp_path):
+    """A GPU's default attention (pallas_attention._split_attention: a row's keys in chunks,
+    merged in order), here one page of 4 keys a chunk: a tiny llama's logits the same bits
+    fed one row a step, 5 and all 12 at once, and beside another sequence; within float32
+    rounding of one program walking all of a row's keys (another grouping of the sums)."""
+    import functools
+
+    import jax
+
+    from kinetic import compile_cache
+    from kinetic.engine import runner as runner_module
+    from kinetic.kernels import pallas_attention as pa
+    from tests.test_model_forward import feed
+    model = load_model(str(write_tiny_model(tmp_path / "llama.gguf", "llama", qtype="Q8_0",
+                                            context_length=256)), kernel="pallas")
+    monkeypatch.setattr(pa, "SPLIT_PAGES", 1)
+    chunked = []
+    real = pa._split_attention
+    monkeypatch.setattr(pa, "_split_attention", lambda *a: chunked.append(a[13]) or real(*a))
+    # traced here each time, not served by kinetic's compile cache (keyed by what does not
+    # see the variable once a process has read its environment)
+    monkeypatch.setitem(compile_cache._state, "enabled", False)
+    tokens, other = list(range(3, 15)), list(range(40, 52))
+
+    def logits(chunk, split, both=False):
+        monkeypatch.setenv("KINETIC_GPU_ATTENTION", split)
+        jax.clear_caches()
+        runner = Runner(model, RunnerConfig(step_tokens=16, num_slots=2, page_size=4,
+                                            num_pages=9, pages_per_slot=4))
+        runner._step = jax.jit(functools.partial(runner_module._forward, model.arch.forward,
+                                                 model.config),
+                               donate_argnums=(2,), static_argnums=(4, 5))
+        return feed(runner, {0: tokens, **({1: other} if both else {})}, chunk)[0]
+
+    try:
+        runs = [logits(1, "split"), logits(5, "split"), logits(12, "split"),
+                logits(6, "split", both=True)]
+        assert chunked and set(chunked) == {1}
+        assert all(r.tobytes() == runs[0].tobytes() for r in runs)
+        chunked.clear()
+        whole = logits(12, "whole")
+        assert not chunked
+        np.testing.assert_allclose(whole, runs[0], rtol=1e-4, atol=1e-5)
+    finally:
+        jax.clear_caches()

@@ -37,12 +37,15 @@ def paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
                     page_table: jax.Array, slots: jax.Array, positions: jax.Array,
                     scale: float, window: int = 0, softcap: float = 0.0,
                     ends: jax.Array | None = None, gate: jax.Array | None = None,
-                    interpret: bool | None = None) -> jax.Array:
+                    interpret: bool | None = None, split: int | None = None) -> jax.Array:
     """q [T, H, Q] against each row's slot's keys (module docstring) -> [T, H, Qv]. gate
     (Qwen3.5's gated attention): the q projection's partial sums [C, >= T, >= 2 H Qv], each
     head's q then its output gate (pallas_rope's q_gated); each head's output is then
     multiplied by sigmoid(its gate), the partial sums added in order (layers.Pending.value's
-    order) in the program that writes it, where XLA had a kernel of its own."""
+    order) in the program that writes it, where XLA had a kernel of its own. split: the
+    keys in chunks of that many pages, each chunk a program of its own, the chunks then
+    merged in order (`_split_attention`); 0 one program walks them all; None
+    `split_pages(interpret)`."""
     interpret = pallas_backend.interpreted(interpret)
     positions = jnp.asarray(positions, jnp.int32)
     ends = positions if ends is None else jnp.asarray(ends, jnp.int32)
@@ -58,9 +61,12 @@ def paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
     if gate is not None and q.shape[-1] != v_cache.shape[-1]:
         raise ValueError("an output gate needs a value head as wide as a query head")
     gate = None if gate is None else jnp.asarray(gate, jnp.float32)
-    out = _attention(q, k_cache, v_cache, jnp.asarray(page_table, jnp.int32),
-                     jnp.asarray(slots, jnp.int32), positions, ends, float(scale),
-                     int(window), float(softcap), bool(interpret), in_place, G, gate)
+    args = (q, k_cache, v_cache, jnp.asarray(page_table, jnp.int32),
+            jnp.asarray(slots, jnp.int32), positions, ends, float(scale), int(window),
+            float(softcap), bool(interpret), in_place, G)
+    chunk = split_pages(interpret) if split is None else split
+    out = (_attention(*args, gate) if not chunk
+           else _split_attention(*args, chunk, gate))
     return out if in_place else out.reshape(T, K, GP, -1)[:, :, :G].reshape(T, H, -1)
 
 
@@ -81,6 +87,170 @@ def launch(width: int) -> tuple[int, int]:
     return (4, 2) if width <= 128 else (8, 1)
 
 
+SPLIT_PAGES = 4   # a chunk of keys a program on a GPU: 4 pages of 16, 64 keys
+
+
+def split_pages(interpret: bool) -> int:
+    """Pages of keys a program takes on a GPU (`_split_attention`), 0 for one program over
+    all of a row's keys (`_attention`). KINETIC_GPU_ATTENTION: `split` (the default) or
+    `whole`; interpreted (a CPU), `whole` unless the variable says `split`. Decided at each
+    trace. A decode step's row has a kv head's keys walked by one program otherwise: at
+    Qwen2.5-1.5B's shape 2 programs a layer, 33 pages in a chain at position 512, on a GPU
+    of 132 multiprocessors."""
+    import os
+    text = os.environ.get("KINETIC_GPU_ATTENTION")
+    if text not in (None, "split", "whole"):
+        raise ValueError(f"KINETIC_GPU_ATTENTION={text!r}: split or whole")
+    return SPLIT_PAGES if (text or ("whole" if interpret else "split")) == "split" else 0
+
+
+def _query(q_ref, t, kh, heads, G, Q, scale, in_place):
+    """A program's query rows [G, Q] in float32, scaled (rows past its heads zeros)."""
+    if in_place:
+        live = lax.broadcasted_iota(jnp.int32, (G, Q), 0) < heads
+        return pltriton.load(q_ref.at[t, pl.ds(kh * heads, G), pl.ds(0, Q)], mask=live,
+                             other=0.0).astype(jnp.float32) * scale
+    return q_ref[0].astype(jnp.float32) * scale
+
+
+def _pages(qs, k_ref, v_ref, table_ref, slot, kh, first, end, lo, hi, page_size, softcap):
+    """(running maximum [G], sum [G], weighted values [G, Qv]) of the online softmax over
+    the slot's pages lo .. hi - 1 in order, keys first .. end visible."""
+    G, Qv = qs.shape[0], v_ref.shape[-1]
+
+    def page(i, carry):
+        m, total, acc = carry
+        at = table_ref[slot, i]
+        keys = k_ref[at, :, kh, :].astype(jnp.float32)          # [page_size, Q]
+        vals = v_ref[at, :, kh, :].astype(jnp.float32)          # [page_size, Qv]
+        s = lax.dot_general(qs, keys, (((1,), (1,)), ((), ())),
+                            precision=lax.Precision.HIGHEST,
+                            preferred_element_type=jnp.float32)  # [G, page_size]
+        if softcap:
+            s = softcap * jnp.tanh(s / softcap)
+        key = i * page_size + lax.broadcasted_iota(jnp.int32, (1, page_size), 1)
+        s = jnp.where((key <= end) & (key >= first), s, -jnp.inf)
+        new_m = jnp.maximum(m, jnp.max(s, axis=1))
+        safe = jnp.where(jnp.isfinite(new_m), new_m, 0.0)
+        p = jnp.exp(s - safe[:, None])
+        keep = jnp.exp(m - safe)
+        total = total * keep + jnp.sum(p, axis=1)
+        acc = acc * keep[:, None] + lax.dot_general(
+            p, vals, (((1,), (0,)), ((), ())), precision=lax.Precision.HIGHEST,
+            preferred_element_type=jnp.float32)
+        return new_m, total, acc
+
+    return lax.fori_loop(lo, hi, page, (jnp.full((G,), -jnp.inf, jnp.float32),
+                                        jnp.zeros((G,), jnp.float32),
+                                        jnp.zeros((G, Qv), jnp.float32)))
+
+
+def _finish(out, gate_ref, o_ref, t, kh, heads, G, Q, Qv, in_place):
+    """Store a program's output rows [G, Qv], each head's multiplied by sigmoid(its gate)
+    first where there is a gate (a row of the block each)."""
+    if gate_ref is not None:
+        row = lax.broadcasted_iota(jnp.int32, (G, Qv), 0)
+        gates = jnp.zeros((G, Qv), jnp.float32)
+        for g in range(heads):
+            at = pl.ds((kh * heads + g) * 2 * Q + Q, Qv)   # (Q == Qv here)
+            gates = jnp.where(row == g, pallas_backend.load_sum(gate_ref, (t, at))[None],
+                              gates)
+        out = out * jax.nn.sigmoid(gates)
+    if in_place:
+        pltriton.store(o_ref.at[t, pl.ds(kh * heads, G), pl.ds(0, Qv)], out,
+                       mask=lax.broadcasted_iota(jnp.int32, (G, Qv), 0) < heads)
+    else:
+        o_ref[0] = out
+
+
+@functools.partial(jax.jit, static_argnums=(7, 8, 9, 10, 11, 12, 13))
+def _split_attention(q, k_cache, v_cache, table, slots, positions, ends, scale, window,
+                     softcap, interpret, in_place, heads, chunk, gate=None):
+    """_attention's result with a row's keys in chunks of `chunk` pages (flash decoding):
+    a program per (row, kv head, chunk) makes its chunk's running maximum, sum and weighted
+    values (empty past the row's visible keys), and a program per (row, kv head) merges the
+    row's chunks in order, first to last. The chunks are fixed by key position, so a row's
+    arithmetic depends on its own position and keys alone, never on T, the other rows or
+    the page table's width (its chunks past the row's keys are not read): the same bits
+    for a row at every row count, decode or prompt (tests/test_pallas_attention.py), not
+    _attention's bits (the sums are grouped by chunk). Two launches, T x K x chunks
+    programs for the first, where _attention's T x K each walk every page in a chain."""
+    T, _, Q = q.shape
+    _, page_size, K, Qv = v_cache.shape
+    G = group_rows(heads)
+    C = -(-table.shape[1] // chunk)
+
+    def part(q_ref, k_ref, v_ref, table_ref, slot_ref, pos_ref, end_ref, m_ref, l_ref,
+             a_ref):
+        t, kh, c = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+        slot, pos, end = slot_ref[t], pos_ref[t], end_ref[t]
+        qs = _query(q_ref, t, kh, heads, G, Q, scale, in_place)
+        first = jnp.maximum(pos - window + 1, 0) if window else 0
+        lo = jnp.maximum(first // page_size, c * chunk)
+        hi = jnp.minimum(end // page_size + 1, (c + 1) * chunk)
+        m, total, acc = _pages(qs, k_ref, v_ref, table_ref, slot, kh, first, end, lo, hi,
+                               page_size, softcap)
+        m_ref[0, 0, 0] = m
+        l_ref[0, 0, 0] = total
+        a_ref[0, 0, 0] = acc
+
+    def whole(shape):
+        return pl.BlockSpec(shape, lambda *ids: (0,) * len(shape))
+
+    def mine(shape):   # a (row, kv head, chunk)'s block of a [T, K, C, ...] array
+        return pl.BlockSpec((1, 1, 1, *shape), lambda t, kh, c: (t, kh, c) + (0,) * len(shape))
+
+    m, total, acc = pl.pallas_call(
+        part,
+        out_shape=(jax.ShapeDtypeStruct((T, K, C, G), jnp.float32),
+                   jax.ShapeDtypeStruct((T, K, C, G), jnp.float32),
+                   jax.ShapeDtypeStruct((T, K, C, G, Qv), jnp.float32)),
+        grid=(T, K, C),
+        in_specs=[whole(q.shape) if in_place else pl.BlockSpec(
+                      (1, G, Q), lambda t, kh, c: (t, kh, 0)),
+                  whole(k_cache.shape), whole(v_cache.shape), whole(table.shape),
+                  whole(slots.shape), whole(positions.shape), whole(ends.shape)],
+        out_specs=(mine((G,)), mine((G,)), mine((G, Qv))),
+        **pallas_backend.options(interpret, *launch(max(Q, Qv))),
+    )(q, k_cache, v_cache, table, slots, positions, ends)
+
+    def merge(pos_ref, end_ref, m_ref, l_ref, a_ref, *refs):
+        gate_ref, o_ref = refs if gate is not None else (None, *refs)
+        t, kh = pl.program_id(0), pl.program_id(1)
+        pos, end = pos_ref[t], end_ref[t]
+        first = jnp.maximum(pos - window + 1, 0) if window else 0
+
+        def one(c, carry):
+            mm, ll, aa = carry
+            m_c = m_ref[t, kh, pl.ds(c, 1)][0]
+            l_c = l_ref[t, kh, pl.ds(c, 1)][0]
+            a_c = a_ref[t, kh, pl.ds(c, 1)][0]
+            new = jnp.maximum(mm, m_c)
+            safe = jnp.where(jnp.isfinite(new), new, 0.0)
+            old, this = jnp.exp(mm - safe), jnp.exp(m_c - safe)
+            return new, ll * old + l_c * this, aa * old[:, None] + a_c * this[:, None]
+
+        mm, ll, aa = lax.fori_loop(
+            first // page_size // chunk, end // page_size // chunk + 1, one,
+            (jnp.full((G,), -jnp.inf, jnp.float32), jnp.zeros((G,), jnp.float32),
+             jnp.zeros((G, Qv), jnp.float32)))
+        _finish(aa / jnp.maximum(ll, 1e-30)[:, None], gate_ref, o_ref, t, kh, heads, G, Q,
+                Qv, in_place)
+
+    rows = q.shape[1] if in_place else K * G
+    return pl.pallas_call(
+        merge,
+        out_shape=jax.ShapeDtypeStruct((T, rows, Qv), jnp.float32),
+        grid=(T, K),
+        in_specs=[whole(positions.shape), whole(ends.shape), whole(m.shape),
+                  whole(total.shape), whole(acc.shape)]
+                 + ([] if gate is None else [whole(gate.shape)]),
+        out_specs=(whole((T, rows, Qv)) if in_place
+                   else pl.BlockSpec((1, G, Qv), lambda t, kh: (t, kh, 0))),
+        **pallas_backend.options(interpret, *launch(Qv)),
+    )(positions, ends, m, total, acc, *([] if gate is None else [gate]))
+
+
 @functools.partial(jax.jit, static_argnums=(7, 8, 9, 10, 11, 12))
 def _attention(q, k_cache, v_cache, table, slots, positions, ends, scale, window, softcap,
                interpret, in_place, heads, gate=None):
@@ -99,55 +269,12 @@ def _attention(q, k_cache, v_cache, table, slots, positions, ends, scale, window
         gate_ref, o_ref = refs if gate is not None else (None, *refs)
         t, kh = pl.program_id(0), pl.program_id(1)
         slot, pos, end = slot_ref[t], pos_ref[t], end_ref[t]
-        if in_place:
-            live = lax.broadcasted_iota(jnp.int32, (G, Q), 0) < heads
-            qs = pltriton.load(q_ref.at[t, pl.ds(kh * heads, G), pl.ds(0, Q)], mask=live,
-                               other=0.0).astype(jnp.float32) * scale   # [G, Q]
-        else:
-            qs = q_ref[0].astype(jnp.float32) * scale                   # [G, Q]
+        qs = _query(q_ref, t, kh, heads, G, Q, scale, in_place)
         first = jnp.maximum(pos - window + 1, 0) if window else 0   # first visible key
-
-        def page(i, carry):
-            m, total, acc = carry
-            at = table_ref[slot, i]
-            keys = k_ref[at, :, kh, :].astype(jnp.float32)          # [page_size, Q]
-            vals = v_ref[at, :, kh, :].astype(jnp.float32)          # [page_size, Qv]
-            s = lax.dot_general(qs, keys, (((1,), (1,)), ((), ())),
-                                precision=lax.Precision.HIGHEST,
-                                preferred_element_type=jnp.float32)  # [G, page_size]
-            if softcap:
-                s = softcap * jnp.tanh(s / softcap)
-            key = i * page_size + lax.broadcasted_iota(jnp.int32, (1, page_size), 1)
-            s = jnp.where((key <= end) & (key >= first), s, -jnp.inf)
-            new_m = jnp.maximum(m, jnp.max(s, axis=1))
-            safe = jnp.where(jnp.isfinite(new_m), new_m, 0.0)
-            p = jnp.exp(s - safe[:, None])
-            keep = jnp.exp(m - safe)
-            total = total * keep + jnp.sum(p, axis=1)
-            acc = acc * keep[:, None] + lax.dot_general(
-                p, vals, (((1,), (0,)), ((), ())), precision=lax.Precision.HIGHEST,
-                preferred_element_type=jnp.float32)
-            return new_m, total, acc
-
-        start = first // page_size
-        m, total, acc = lax.fori_loop(
-            start, end // page_size + 1, page,
-            (jnp.full((G,), -jnp.inf, jnp.float32), jnp.zeros((G,), jnp.float32),
-             jnp.zeros((G, Qv), jnp.float32)))
-        out = acc / jnp.maximum(total, 1e-30)[:, None]
-        if gate_ref is not None:   # each query head's gate, a row of the block each
-            row = lax.broadcasted_iota(jnp.int32, (G, Qv), 0)
-            gates = jnp.zeros((G, Qv), jnp.float32)
-            for g in range(heads):
-                at = pl.ds((kh * heads + g) * 2 * Q + Q, Qv)   # (Q == Qv here)
-                gates = jnp.where(row == g, pallas_backend.load_sum(gate_ref, (t, at))[None],
-                                  gates)
-            out = out * jax.nn.sigmoid(gates)
-        if in_place:
-            pltriton.store(o_ref.at[t, pl.ds(kh * heads, G), pl.ds(0, Qv)], out,
-                           mask=lax.broadcasted_iota(jnp.int32, (G, Qv), 0) < heads)
-        else:
-            o_ref[0] = out
+        m, total, acc = _pages(qs, k_ref, v_ref, table_ref, slot, kh, first, end,
+                               first // page_size, end // page_size + 1, page_size, softcap)
+        _finish(acc / jnp.maximum(total, 1e-30)[:, None], gate_ref, o_ref, t, kh, heads, G,
+                Q, Qv, in_place)
 
     def whole(shape):
         return pl.BlockSpec(shape, lambda t, kh: (0,) * len(shape))
