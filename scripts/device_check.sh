@@ -95,7 +95,7 @@ step=$(left 60)
     --shape qwen25-1.5b --qtype Q4_0 --streams 1,16 --reps 5 2>&1 | tee -a "$OUT/graphs.log" \
     | tail -3
 # a row's keys walked by one program a kv head (KINETIC_GPU_ATTENTION=whole) where the
-# default takes them in chunks of 4 pages, a program each, merged in a second kernel
+# default takes them in 8 lanes, a program each, merged in a second kernel
 # (kernels/pallas_attention.py _split_attention): the same loop at position 512, appended
 step=$(left 60)
 [ "$step" -ge 30 ] && KINETIC_GPU_ATTENTION=whole timeout "$step" python3 bench/gpu.py --quick \

@@ -30,9 +30,9 @@ def step(table, slots, positions):
                             np.asarray(slots, np.int32), np.zeros(n, np.int32), table)
 
 
-# split: a row's keys walked by one program (0), or in chunks of 2 pages merged in order
-# (pallas_attention._split_attention, a GPU's default; 3 chunks a slot here)
-SPLITS = (0, 2)
+# split: a row's keys walked by one program (0), or in 3 lanes (page i in lane i % 3) merged
+# in order (pallas_attention._split_attention, a GPU's default, of 8 lanes)
+SPLITS = (0, 3)
 
 
 @pytest.mark.parametrize("split", SPLITS)
@@ -78,9 +78,9 @@ def test_a_rows_bits_do_not_depend_on_its_step(split):
                                            positions[r:r + 1], 0.35, split=split))
         assert alone.tobytes() == whole[r:r + 1].tobytes(), r
         pair = [r, (r + 7) % T]
-        wider = np.pad(table, ((0, 0), (0, 3)))   # a wider page table (more chunks): the
+        wider = np.pad(table, ((0, 0), (0, 3)))   # a wider page table: the same bits
         two = np.asarray(paged_attention(q[pair[::-1]], k, v, wider, slots[pair[::-1]],
-                                         positions[pair[::-1]], 0.35, split=split))   # same
+                                         positions[pair[::-1]], 0.35, split=split))
         assert two[1:].tobytes() == alone.tobytes(), r
 
 
@@ -132,14 +132,14 @@ def test_an_output_gate_inside_is_the_gate_applied_after():
                                         positions, 0.35, 0, 0.0, True, True, H // k.shape[2],
                                         parts))
     assert in_place.tobytes() == got.tobytes()
-    # the keys in chunks (a GPU's default): the gate applied by the merging program
+    # the keys in lanes (a GPU's default): the gate applied by the merging program
     split = np.asarray(paged_attention(q, k, v, table, slots, positions, 0.35, gate=parts,
-                                       interpret=True, split=2))
-    plain = paged_attention(q, k, v, table, slots, positions, 0.35, interpret=True, split=2)
+                                       interpret=True, split=3))
+    plain = paged_attention(q, k, v, table, slots, positions, 0.35, interpret=True, split=3)
     assert split.tobytes() == np.asarray(plain * jax.nn.sigmoid(gate)).tobytes()
     in_place = np.asarray(pa._split_attention(q, k, v, table.astype(np.int32), slots,
                                               positions, positions, 0.35, 0, 0.0, True, True,
-                                              H // k.shape[2], 2, parts))
+                                              H // k.shape[2], 3, parts))
     assert in_place.tobytes() == split.tobytes()
     with pytest.raises(ValueError, match="pallas kernel"):
         layers.paged_attention(q, k, v, step(table, slots, positions), 0.35, kernel="xla",
@@ -147,16 +147,16 @@ def test_an_output_gate_inside_is_the_gate_applied_after():
 
 
 def test_a_gpu_splits_a_rows_keys_unless_told_whole(monkeypatch):
-    """KINETIC_GPU_ATTENTION: a GPU's attention takes a row's keys in chunks of SPLIT_PAGES
-    pages by default (more programs for a decode step's few rows), interpreted one program
-    walks them all, either when the variable says so; anything else is one clear error."""
+    """KINETIC_GPU_ATTENTION: a GPU's attention takes a row's keys in SPLIT_LANES lanes by
+    default (more programs for a decode step's few rows), interpreted one program walks
+    them all, either when the variable says so; anything else is one clear error."""
     monkeypatch.delenv("KINETIC_GPU_ATTENTION", raising=False)
-    assert pa.split_pages(interpret=False) == pa.SPLIT_PAGES > 0
-    assert pa.split_pages(interpret=True) == 0
+    assert pa.split_lanes(interpret=False) == pa.SPLIT_LANES > 1
+    assert pa.split_lanes(interpret=True) == 0
     monkeypatch.setenv("KINETIC_GPU_ATTENTION", "whole")
-    assert pa.split_pages(interpret=False) == 0
+    assert pa.split_lanes(interpret=False) == 0
     monkeypatch.setenv("KINETIC_GPU_ATTENTION", "split")
-    assert pa.split_pages(interpret=True) == pa.SPLIT_PAGES
+    assert pa.split_lanes(interpret=True) == pa.SPLIT_LANES
     monkeypatch.setenv("KINETIC_GPU_ATTENTION", "chunks")
     with pytest.raises(ValueError, match="KINETIC_GPU_ATTENTION='chunks'"):
-        pa.split_pages(interpret=False)
+        pa.split_lanes(interpret=False)

@@ -260,8 +260,8 @@ def test_a_gpus_fused_kernels_keep_the_bits(arch, tmp_path, monkeypatch):
 
 
 def test_a_gpus_attention_in_chunks_keeps_a_rows_bits(monkeypatch, tmp_path):
-    """A GPU's default attention (pallas_attention._split_attention: a row's keys in chunks,
-    merged in order), here one page of 4 keys a chunk: a tiny llama's logits the same bits
+    """A GPU's default attention (pallas_attention._split_attention: a row's keys in lanes,
+    merged in order), here 2 lanes of pages of 4 keys: a tiny llama's logits the same bits
     fed one row a step, 5 and all 12 at once, and beside another sequence; within float32
     rounding of one program walking all of a row's keys (another grouping of the sums)."""
     import functools
@@ -274,7 +274,7 @@ def test_a_gpus_attention_in_chunks_keeps_a_rows_bits(monkeypatch, tmp_path):
     from tests.test_model_forward import feed
     model = load_model(str(write_tiny_model(tmp_path / "llama.gguf", "llama", qtype="Q8_0",
                                             context_length=256)), kernel="pallas")
-    monkeypatch.setattr(pa, "SPLIT_PAGES", 1)
+    monkeypatch.setattr(pa, "SPLIT_LANES", 2)
     chunked = []
     real = pa._split_attention
     monkeypatch.setattr(pa, "_split_attention", lambda *a: chunked.append(a[13]) or real(*a))
@@ -296,7 +296,7 @@ def test_a_gpus_attention_in_chunks_keeps_a_rows_bits(monkeypatch, tmp_path):
     try:
         runs = [logits(1, "split"), logits(5, "split"), logits(12, "split"),
                 logits(6, "split", both=True)]
-        assert chunked and set(chunked) == {1}
+        assert chunked and set(chunked) == {2}
         assert all(r.tobytes() == runs[0].tobytes() for r in runs)
         chunked.clear()
         whole = logits(12, "whole")

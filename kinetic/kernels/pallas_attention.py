@@ -9,7 +9,10 @@ One program per (row, kv head), its query heads padded to `group_rows`, walks th
 own visible keys, page by page of its slot in order, with an online softmax (running
 maximum, sum and weighted values in float32, one dot per page of the same shape): a row's
 arithmetic depends only on its own query, position and slot's keys, never on T, on the
-other rows, or on the page table's width. Its bits are not the XLA path's
+other rows, or on the page table's width. On a GPU (`split_lanes`) a row's pages are
+dealt to 8 lanes instead (page i to lane i mod 8), a program per (row, kv head, lane), and
+a second kernel merges the lanes in order (`_split_attention`): the same property, more
+programs for a decode step's few rows. Its bits are not the XLA path's
 (layers.paged_attention kernel "xla" normalises once over all keys), so it is checked
 against that within float32 rounding, and bitwise against itself alone and in
 larger steps (tests/test_pallas_attention.py, Pallas in interpret mode on CPU).
@@ -42,10 +45,10 @@ def paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
     (Qwen3.5's gated attention): the q projection's partial sums [C, >= T, >= 2 H Qv], each
     head's q then its output gate (pallas_rope's q_gated); each head's output is then
     multiplied by sigmoid(its gate), the partial sums added in order (layers.Pending.value's
-    order) in the program that writes it, where XLA had a kernel of its own. split: the
-    keys in chunks of that many pages, each chunk a program of its own, the chunks then
-    merged in order (`_split_attention`); 0 one program walks them all; None
-    `split_pages(interpret)`."""
+    order) in the program that writes it, where XLA had a kernel of its own. split: a row's
+    keys in that many lanes (page i in lane i % split), a program each, the lanes then
+    merged in order (`_split_attention`); 0: one program walks them all; None:
+    `split_lanes(interpret)`."""
     interpret = pallas_backend.interpreted(interpret)
     positions = jnp.asarray(positions, jnp.int32)
     ends = positions if ends is None else jnp.asarray(ends, jnp.int32)
@@ -64,9 +67,9 @@ def paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
     args = (q, k_cache, v_cache, jnp.asarray(page_table, jnp.int32),
             jnp.asarray(slots, jnp.int32), positions, ends, float(scale), int(window),
             float(softcap), bool(interpret), in_place, G)
-    chunk = split_pages(interpret) if split is None else split
-    out = (_attention(*args, gate) if not chunk
-           else _split_attention(*args, chunk, gate))
+    lanes = split_lanes(interpret) if split is None else split
+    out = (_attention(*args, gate) if not lanes
+           else _split_attention(*args, lanes, gate))
     return out if in_place else out.reshape(T, K, GP, -1)[:, :, :G].reshape(T, H, -1)
 
 
@@ -87,11 +90,11 @@ def launch(width: int) -> tuple[int, int]:
     return (4, 2) if width <= 128 else (8, 1)
 
 
-SPLIT_PAGES = 4   # a chunk of keys a program on a GPU: 4 pages of 16, 64 keys
+SPLIT_LANES = 8   # a GPU's programs a row and kv head: page i of a row's keys in lane i % 8
 
 
-def split_pages(interpret: bool) -> int:
-    """Pages of keys a program takes on a GPU (`_split_attention`), 0 for one program over
+def split_lanes(interpret: bool) -> int:
+    """Programs a row and kv head take on a GPU (`_split_attention`), 0 for one program over
     all of a row's keys (`_attention`). KINETIC_GPU_ATTENTION: `split` (the default) or
     `whole`; interpreted (a CPU), `whole` unless the variable says `split`. Decided at each
     trace. A decode step's row has a kv head's keys walked by one program otherwise: at
@@ -101,7 +104,7 @@ def split_pages(interpret: bool) -> int:
     text = os.environ.get("KINETIC_GPU_ATTENTION")
     if text not in (None, "split", "whole"):
         raise ValueError(f"KINETIC_GPU_ATTENTION={text!r}: split or whole")
-    return SPLIT_PAGES if (text or ("whole" if interpret else "split")) == "split" else 0
+    return SPLIT_LANES if (text or ("whole" if interpret else "split")) == "split" else 0
 
 
 def _query(q_ref, t, kh, heads, G, Q, scale, in_place):
@@ -113,13 +116,15 @@ def _query(q_ref, t, kh, heads, G, Q, scale, in_place):
     return q_ref[0].astype(jnp.float32) * scale
 
 
-def _pages(qs, k_ref, v_ref, table_ref, slot, kh, first, end, lo, hi, page_size, softcap):
+def _pages(qs, k_ref, v_ref, table_ref, slot, kh, first, end, lo, n, page_size, softcap,
+           stride=1):
     """(running maximum [G], sum [G], weighted values [G, Qv]) of the online softmax over
-    the slot's pages lo .. hi - 1 in order, keys first .. end visible."""
+    the slot's pages lo, lo + stride, ... (n of them) in order, keys first .. end visible."""
     G, Qv = qs.shape[0], v_ref.shape[-1]
 
-    def page(i, carry):
+    def page(k, carry):
         m, total, acc = carry
+        i = lo + k * stride
         at = table_ref[slot, i]
         keys = k_ref[at, :, kh, :].astype(jnp.float32)          # [page_size, Q]
         vals = v_ref[at, :, kh, :].astype(jnp.float32)          # [page_size, Qv]
@@ -140,7 +145,7 @@ def _pages(qs, k_ref, v_ref, table_ref, slot, kh, first, end, lo, hi, page_size,
             preferred_element_type=jnp.float32)
         return new_m, total, acc
 
-    return lax.fori_loop(lo, hi, page, (jnp.full((G,), -jnp.inf, jnp.float32),
+    return lax.fori_loop(0, n, page, (jnp.full((G,), -jnp.inf, jnp.float32),
                                         jnp.zeros((G,), jnp.float32),
                                         jnp.zeros((G, Qv), jnp.float32)))
 
@@ -165,31 +170,33 @@ def _finish(out, gate_ref, o_ref, t, kh, heads, G, Q, Qv, in_place):
 
 @functools.partial(jax.jit, static_argnums=(7, 8, 9, 10, 11, 12, 13))
 def _split_attention(q, k_cache, v_cache, table, slots, positions, ends, scale, window,
-                     softcap, interpret, in_place, heads, chunk, gate=None):
-    """_attention's result with a row's keys in chunks of `chunk` pages (flash decoding):
-    a program per (row, kv head, chunk) makes its chunk's running maximum, sum and weighted
-    values (empty past the row's visible keys), and a program per (row, kv head) merges the
-    row's chunks in order, first to last. The chunks are fixed by key position, so a row's
-    arithmetic depends on its own position and keys alone, never on T, the other rows or
-    the page table's width (its chunks past the row's keys are not read): the same bits
-    for a row at every row count, decode or prompt (tests/test_pallas_attention.py), not
-    _attention's bits (the sums are grouped by chunk). Two launches, T x K x chunks
-    programs for the first, where _attention's T x K each walk every page in a chain."""
+                     softcap, interpret, in_place, heads, lanes, gate=None):
+    """_attention's result with a row's keys in `lanes` lanes (flash decoding): page i of
+    the row's visible keys goes to lane i % lanes, a program per (row, kv head, lane) makes
+    its lane's running maximum, sum and weighted values over its pages in order (empty
+    where the row has none), and a program per (row, kv head) merges the lanes in order,
+    first to last. The lanes are fixed by page index, so a row's arithmetic depends on its
+    own position and keys alone, never on T, the other rows or the page table's width: the
+    same bits for a row at every row count, decode or prompt
+    (tests/test_pallas_attention.py), not _attention's (the sums are grouped by lane). Two
+    launches; the lanes' partial results are T x K x lanes x G x (Qv + 2) float32, whatever
+    the context (a chunk of fixed length a program would grow them with it)."""
     T, _, Q = q.shape
     _, page_size, K, Qv = v_cache.shape
     G = group_rows(heads)
-    C = -(-table.shape[1] // chunk)
+    L = lanes
 
     def part(q_ref, k_ref, v_ref, table_ref, slot_ref, pos_ref, end_ref, m_ref, l_ref,
              a_ref):
-        t, kh, c = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+        t, kh, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         slot, pos, end = slot_ref[t], pos_ref[t], end_ref[t]
         qs = _query(q_ref, t, kh, heads, G, Q, scale, in_place)
         first = jnp.maximum(pos - window + 1, 0) if window else 0
-        lo = jnp.maximum(first // page_size, c * chunk)
-        hi = jnp.minimum(end // page_size + 1, (c + 1) * chunk)
-        m, total, acc = _pages(qs, k_ref, v_ref, table_ref, slot, kh, first, end, lo, hi,
-                               page_size, softcap)
+        p0, p1 = first // page_size, end // page_size + 1     # the row's pages
+        lo = p0 + (j - p0 % L + L) % L                         # its first in lane j
+        n = jnp.maximum(p1 - lo + L - 1, 0) // L
+        m, total, acc = _pages(qs, k_ref, v_ref, table_ref, slot, kh, first, end, lo, n,
+                               page_size, softcap, stride=L)
         m_ref[0, 0, 0] = m
         l_ref[0, 0, 0] = total
         a_ref[0, 0, 0] = acc
@@ -197,43 +204,41 @@ def _split_attention(q, k_cache, v_cache, table, slots, positions, ends, scale, 
     def whole(shape):
         return pl.BlockSpec(shape, lambda *ids: (0,) * len(shape))
 
-    def mine(shape):   # a (row, kv head, chunk)'s block of a [T, K, C, ...] array
-        return pl.BlockSpec((1, 1, 1, *shape), lambda t, kh, c: (t, kh, c) + (0,) * len(shape))
+    def mine(shape):   # a (row, kv head, lane)'s block of a [T, K, L, ...] array
+        return pl.BlockSpec((1, 1, 1, *shape), lambda t, kh, j: (t, kh, j) + (0,) * len(shape))
 
     m, total, acc = pl.pallas_call(
         part,
-        out_shape=(jax.ShapeDtypeStruct((T, K, C, G), jnp.float32),
-                   jax.ShapeDtypeStruct((T, K, C, G), jnp.float32),
-                   jax.ShapeDtypeStruct((T, K, C, G, Qv), jnp.float32)),
-        grid=(T, K, C),
+        out_shape=(jax.ShapeDtypeStruct((T, K, L, G), jnp.float32),
+                   jax.ShapeDtypeStruct((T, K, L, G), jnp.float32),
+                   jax.ShapeDtypeStruct((T, K, L, G, Qv), jnp.float32)),
+        grid=(T, K, L),
         in_specs=[whole(q.shape) if in_place else pl.BlockSpec(
-                      (1, G, Q), lambda t, kh, c: (t, kh, 0)),
+                      (1, G, Q), lambda t, kh, j: (t, kh, 0)),
                   whole(k_cache.shape), whole(v_cache.shape), whole(table.shape),
                   whole(slots.shape), whole(positions.shape), whole(ends.shape)],
         out_specs=(mine((G,)), mine((G,)), mine((G, Qv))),
         **pallas_backend.options(interpret, *launch(max(Q, Qv))),
     )(q, k_cache, v_cache, table, slots, positions, ends)
 
-    def merge(pos_ref, end_ref, m_ref, l_ref, a_ref, *refs):
+    def merge(m_ref, l_ref, a_ref, *refs):
         gate_ref, o_ref = refs if gate is not None else (None, *refs)
         t, kh = pl.program_id(0), pl.program_id(1)
-        pos, end = pos_ref[t], end_ref[t]
-        first = jnp.maximum(pos - window + 1, 0) if window else 0
-
-        def one(c, carry):
+        def one(j, carry):   # in order; an empty lane (-inf, 0, 0) changes nothing
             mm, ll, aa = carry
-            m_c = m_ref[t, kh, pl.ds(c, 1)][0]
-            l_c = l_ref[t, kh, pl.ds(c, 1)][0]
-            a_c = a_ref[t, kh, pl.ds(c, 1)][0]
-            new = jnp.maximum(mm, m_c)
+            m_j = m_ref[t, kh, pl.ds(j, 1)][0]
+            l_j = l_ref[t, kh, pl.ds(j, 1)][0]
+            a_j = a_ref[t, kh, pl.ds(j, 1)][0]
+            new = jnp.maximum(mm, m_j)
             safe = jnp.where(jnp.isfinite(new), new, 0.0)
-            old, this = jnp.exp(mm - safe), jnp.exp(m_c - safe)
-            return new, ll * old + l_c * this, aa * old[:, None] + a_c * this[:, None]
+            old, this = jnp.exp(mm - safe), jnp.exp(m_j - safe)
+            return new, ll * old + l_j * this, aa * old[:, None] + a_j * this[:, None]
 
-        mm, ll, aa = lax.fori_loop(
-            first // page_size // chunk, end // page_size // chunk + 1, one,
-            (jnp.full((G,), -jnp.inf, jnp.float32), jnp.zeros((G,), jnp.float32),
-             jnp.zeros((G, Qv), jnp.float32)))
+        # (a loop, not unrolled: one body whose arithmetic the compiler treats alike in
+        # every program and every caller's kernel)
+        mm, ll, aa = lax.fori_loop(0, L, one, (jnp.full((G,), -jnp.inf, jnp.float32),
+                                              jnp.zeros((G,), jnp.float32),
+                                              jnp.zeros((G, Qv), jnp.float32)))
         _finish(aa / jnp.maximum(ll, 1e-30)[:, None], gate_ref, o_ref, t, kh, heads, G, Q,
                 Qv, in_place)
 
@@ -242,13 +247,12 @@ def _split_attention(q, k_cache, v_cache, table, slots, positions, ends, scale, 
         merge,
         out_shape=jax.ShapeDtypeStruct((T, rows, Qv), jnp.float32),
         grid=(T, K),
-        in_specs=[whole(positions.shape), whole(ends.shape), whole(m.shape),
-                  whole(total.shape), whole(acc.shape)]
+        in_specs=[whole(m.shape), whole(total.shape), whole(acc.shape)]
                  + ([] if gate is None else [whole(gate.shape)]),
         out_specs=(whole((T, rows, Qv)) if in_place
                    else pl.BlockSpec((1, G, Qv), lambda t, kh: (t, kh, 0))),
         **pallas_backend.options(interpret, *launch(Qv)),
-    )(positions, ends, m, total, acc, *([] if gate is None else [gate]))
+    )(m, total, acc, *([] if gate is None else [gate]))
 
 
 @functools.partial(jax.jit, static_argnums=(7, 8, 9, 10, 11, 12))
@@ -271,8 +275,9 @@ def _attention(q, k_cache, v_cache, table, slots, positions, ends, scale, window
         slot, pos, end = slot_ref[t], pos_ref[t], end_ref[t]
         qs = _query(q_ref, t, kh, heads, G, Q, scale, in_place)
         first = jnp.maximum(pos - window + 1, 0) if window else 0   # first visible key
-        m, total, acc = _pages(qs, k_ref, v_ref, table_ref, slot, kh, first, end,
-                               first // page_size, end // page_size + 1, page_size, softcap)
+        lo = first // page_size
+        m, total, acc = _pages(qs, k_ref, v_ref, table_ref, slot, kh, first, end, lo,
+                               end // page_size + 1 - lo, page_size, softcap)
         _finish(acc / jnp.maximum(total, 1e-30)[:, None], gate_ref, o_ref, t, kh, heads, G,
                 Q, Qv, in_place)
 
