@@ -180,7 +180,7 @@ def _split_attention(q, k_cache, v_cache, table, slots, positions, ends, scale, 
     same bits for a row at every row count, decode or prompt
     (tests/test_pallas_attention.py), not _attention's (the sums are grouped by lane). Two
     launches; the lanes' partial results are T x K x lanes x G x (Qv + 2) float32, whatever
-    the context (a chunk of fixed length a program would grow them with it)."""
+    the context (chunks of a fixed length would grow them with it)."""
     T, _, Q = q.shape
     _, page_size, K, Qv = v_cache.shape
     G = group_rows(heads)
@@ -224,6 +224,7 @@ def _split_attention(q, k_cache, v_cache, table, slots, positions, ends, scale, 
     def merge(m_ref, l_ref, a_ref, *refs):
         gate_ref, o_ref = refs if gate is not None else (None, *refs)
         t, kh = pl.program_id(0), pl.program_id(1)
+
         def one(j, carry):   # in order; an empty lane (-inf, 0, 0) changes nothing
             mm, ll, aa = carry
             m_j = m_ref[t, kh, pl.ds(j, 1)][0]
