@@ -20,9 +20,11 @@ qwen25-0.5b, qwen25-1.5b, qwen3-1.7b, qwen3-30b-a3b-2l, qwen35-0.8b); --arch: te
 both lists: every family tiny plus qwen25-1.5b. For each model, qtype and row count the
 table gives the compile's seconds and the launches of one step read from XLA's optimized
 HLO: Triton kernels (the pallas calls), XLA's own kernels (fusions, copies and the rest),
-and per layer (all of them over the model's layers, the embedding and head included). A
-loop's figures are one iteration's (its body and condition). A compile that fails is a
-row with its error. The JSON (--out) keeps every row and the opcodes counted.
+and per layer (all of them over the model's layers, the embedding and head included); and,
+from XLA's thunk sequence (dumped with the compile, after the thunk passes that make its
+command buffers), the CUDA graphs a run replays, their nodes and the thunks run one by one
+outside a graph (`graphs`). A loop's figures are one iteration's (its body and condition).
+A compile that fails is a row with its error. The JSON (--out) keeps every row and the opcodes counted.
 """
 
 from __future__ import annotations
@@ -157,12 +159,12 @@ class _Compiled(Exception):
     pass
 
 
-def graphs(thunks: str, counted_loops: bool = True) -> dict:
+def graphs(thunks: str, known_trips: bool = True) -> dict:
     """What one run of an executable's thunk sequence (XLA's dump of it after its thunk
     passes, `*.thunk_sequence_after_thunk_passes.txt`) replays as CUDA graphs: {"graphs"
     (command buffers), "nodes" (the thunks inside them), "outside" (Counter of the thunks
     run one by one, each its own launch or copy), "whiles"}. A while loop counts one
-    iteration, as `launches` does: its body, and its condition unless `counted_loops` (XLA
+    iteration, as `launches` does: its body, and its condition unless `known_trips` (XLA
     runs a loop of a known trip count, as the HLO's while says, without its condition: no
     predicate read back to the host)."""
     count = {"graphs": 0, "nodes": 0, "outside": Counter(), "whiles": 0}
@@ -182,7 +184,7 @@ def graphs(thunks: str, counted_loops: bool = True) -> dict:
         stack.append((depth, kind))
         if not kinds:
             in_condition = False
-        if in_condition and counted_loops:
+        if in_condition and known_trips:
             continue
         if "kCommandBuffer" in kinds:
             count["nodes"] += kinds[-1] == "kCommandBuffer"   # not a node's own parts
