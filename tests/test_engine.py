@@ -696,8 +696,6 @@ def test_on_a_gpu_the_chain_draws_all_rows_at_once_with_the_same_bits(make_engin
     """Where the step runs on a GPU, DeviceSampler._chain runs sampler.sample_batch (and
     distribution_batch) in place of sample_rows' loop over the rows: the same tokens,
     log-probabilities and post-sampling probabilities, alone and sharing steps."""
-    import types as pytypes
-
     from kinetic.engine import sample_device, sampler
     requests = [GenerationRequest(ids("abcab"[:2 + i % 3]), params=sampled(
         10 + i, top_k=[0, 3, 40][i % 3], top_p=[1.0, 0.8][i % 2],
@@ -705,7 +703,7 @@ def test_on_a_gpu_the_chain_draws_all_rows_at_once_with_the_same_bits(make_engin
         speculative=False) for i in range(6)]
     e = make_engine(parallel=8)
     want = [(r.tokens, r.logprobs) for r in all_at_once(e, requests)]
-    monkeypatch.setattr(sample_device, "target", pytypes.SimpleNamespace(backend=lambda: "gpu"))
+    monkeypatch.setattr(sample_device, "target", types.SimpleNamespace(backend=lambda: "gpu"))
     e = make_engine(parallel=8)
     alone = [run(e, r) for r in requests]
     together = all_at_once(e, requests)

@@ -187,38 +187,35 @@ def test_the_decode_loops_body_reads_its_step_without_a_dynamic_slice(tmp_path):
 def loops(jaxpr) -> list:
     """The bodies of a jaxpr's outermost loops (a fori_loop of static bounds is a scan),
     inside the jitted functions it calls too, not the loops inside a kernel."""
-    from jax.extend import core
     found = []
     for eqn in jaxpr.eqns:
         if eqn.primitive.name in ("while", "scan", "pallas_call"):
             found += {"while": [eqn.params.get("body_jaxpr")],
                       "scan": [eqn.params.get("jaxpr")]}.get(eqn.primitive.name, [])
             continue
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, (tuple, list)) else [value]:
-                if isinstance(sub, core.ClosedJaxpr):
-                    found += loops(sub.jaxpr)
-                elif isinstance(sub, core.Jaxpr):
-                    found += loops(sub)
+        for sub in inner_jaxprs(eqn):
+            found += loops(sub)
     return found
 
 
 def launches(jaxpr) -> int:
     """The pallas_calls a jaxpr runs, each time it runs one (inside the jitted functions it
     calls, each call counted)."""
+    return sum(1 if eqn.primitive.name == "pallas_call"
+               else sum(launches(sub) for sub in inner_jaxprs(eqn)) for eqn in jaxpr.eqns)
+
+
+def inner_jaxprs(eqn) -> list:
+    """The jaxprs an equation calls (a jitted function's, a loop's body, a branch)."""
     from jax.extend import core
-    n = 0
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "pallas_call":
-            n += 1
-            continue
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, (tuple, list)) else [value]:
-                if isinstance(sub, core.ClosedJaxpr):
-                    n += launches(sub.jaxpr)
-                elif isinstance(sub, core.Jaxpr):
-                    n += launches(sub)
-    return n
+    found = []
+    for value in eqn.params.values():
+        for sub in value if isinstance(value, (tuple, list)) else [value]:
+            if isinstance(sub, core.ClosedJaxpr):
+                found.append(sub.jaxpr)
+            elif isinstance(sub, core.Jaxpr):
+                found.append(sub)
+    return found
 
 
 class _Lowered(Exception):

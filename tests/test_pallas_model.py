@@ -182,11 +182,6 @@ def test_a_gpus_fused_kernels_keep_the_bits(arch, tmp_path, monkeypatch):
     the add and norm in the router's launch, which writes the normed rows for the experts
     and the shared expert); and a row's bytes are its own at 1 and 6 rows a step fused,
     and at 3 apart (three row buckets: 1, 8 and 4)."""
-    import functools
-
-    import jax
-
-    from kinetic.engine import runner as runner_module
     from kinetic.kernels import pallas_norm, pallas_rope
     from kinetic.model import layers, qwen35
     from tests.test_model_forward import feed
@@ -209,13 +204,9 @@ def test_a_gpus_fused_kernels_keep_the_bits(arch, tmp_path, monkeypatch):
         h is not None) or real_took(self, h, *normed))
     tokens = list(range(3, 9))
 
-    def logits(chunk):
-        runner = Runner(model, RunnerConfig(step_tokens=8, num_slots=1, page_size=16,
-                                            num_pages=4, pages_per_slot=2))
-        # traced here each time (not the compiled step other tests keep), add_norm as set
-        runner._step = jax.jit(functools.partial(runner_module._forward, model.arch.forward,
-                                                 model.config),
-                               donate_argnums=(2,), static_argnums=(4, 5))
+    def logits(chunk):   # add_norm as set
+        runner = traced_runner(model, RunnerConfig(step_tokens=8, num_slots=1, page_size=16,
+                                                   num_pages=4, pages_per_slot=2))
         return np.concatenate(feed(runner, {0: tokens}, chunk)[0])
 
     fused = [logits(chunk) for chunk in (1, 6)]
@@ -264,12 +255,6 @@ def test_a_gpus_attention_in_chunks_keeps_a_rows_bits(monkeypatch, tmp_path):
     merged in order), here 2 lanes of pages of 4 keys: a tiny llama's logits the same bits
     fed one row a step, 5 and all 12 at once, and beside another sequence; within float32
     rounding of one program walking all of a row's keys (another grouping of the sums)."""
-    import functools
-
-    import jax
-
-    from kinetic import compile_cache
-    from kinetic.engine import runner as runner_module
     from kinetic.kernels import pallas_attention as pa
     from tests.test_model_forward import feed
     model = load_model(str(write_tiny_model(tmp_path / "llama.gguf", "llama", qtype="Q8_0",
@@ -278,29 +263,34 @@ def test_a_gpus_attention_in_chunks_keeps_a_rows_bits(monkeypatch, tmp_path):
     chunked = []
     real = pa._split_attention
     monkeypatch.setattr(pa, "_split_attention", lambda *a: chunked.append(a[13]) or real(*a))
-    # traced here each time, not served by kinetic's compile cache (keyed by what does not
-    # see the variable once a process has read its environment)
-    monkeypatch.setitem(compile_cache._state, "enabled", False)
     tokens, other = list(range(3, 15)), list(range(40, 52))
 
-    def logits(chunk, split, both=False):
+    def logits(chunk, split, both=False):   # KINETIC_GPU_ATTENTION read at each trace
         monkeypatch.setenv("KINETIC_GPU_ATTENTION", split)
-        jax.clear_caches()
-        runner = Runner(model, RunnerConfig(step_tokens=16, num_slots=2, page_size=4,
-                                            num_pages=9, pages_per_slot=4))
-        runner._step = jax.jit(functools.partial(runner_module._forward, model.arch.forward,
-                                                 model.config),
-                               donate_argnums=(2,), static_argnums=(4, 5))
+        runner = traced_runner(model, RunnerConfig(step_tokens=16, num_slots=2, page_size=4,
+                                                   num_pages=9, pages_per_slot=4))
         return feed(runner, {0: tokens, **({1: other} if both else {})}, chunk)[0]
 
-    try:
-        runs = [logits(1, "split"), logits(5, "split"), logits(12, "split"),
-                logits(6, "split", both=True)]
-        assert chunked and set(chunked) == {2}
-        assert all(r.tobytes() == runs[0].tobytes() for r in runs)
-        chunked.clear()
-        whole = logits(12, "whole")
-        assert not chunked
-        np.testing.assert_allclose(whole, runs[0], rtol=1e-4, atol=1e-5)
-    finally:
-        jax.clear_caches()
+    runs = [logits(1, "split"), logits(5, "split"), logits(12, "split"),
+            logits(6, "split", both=True)]
+    assert chunked and set(chunked) == {2}
+    assert all(r.tobytes() == runs[0].tobytes() for r in runs)
+    chunked.clear()
+    whole = logits(12, "whole")
+    assert not chunked
+    np.testing.assert_allclose(whole, runs[0], rtol=1e-4, atol=1e-5)
+
+
+def traced_runner(model, config: RunnerConfig) -> Runner:
+    """A Runner whose step is jitted here, so traced afresh with what a test has set (not a
+    compiled step other tests keep, nor kinetic's compile cache)."""
+    import functools
+
+    import jax
+
+    from kinetic.engine import runner as runner_module
+    runner = Runner(model, config)
+    runner._step = jax.jit(functools.partial(runner_module._forward, model.arch.forward,
+                                             model.config),
+                           donate_argnums=(2,), static_argnums=(4, 5))
+    return runner

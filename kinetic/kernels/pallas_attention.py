@@ -26,6 +26,7 @@ makes it.
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -100,11 +101,15 @@ def split_lanes(interpret: bool) -> int:
     trace. A decode step's row has a kv head's keys walked by one program otherwise: at
     Qwen2.5-1.5B's shape 2 programs a layer, 33 pages in a chain at position 512, on a GPU
     of 132 multiprocessors."""
-    import os
     text = os.environ.get("KINETIC_GPU_ATTENTION")
     if text not in (None, "split", "whole"):
         raise ValueError(f"KINETIC_GPU_ATTENTION={text!r}: split or whole")
     return SPLIT_LANES if (text or ("whole" if interpret else "split")) == "split" else 0
+
+
+def _whole(shape) -> pl.BlockSpec:
+    """A pallas_call operand every program reads whole, whatever its grid."""
+    return pl.BlockSpec(shape, lambda *ids: (0,) * len(shape))
 
 
 def _query(q_ref, t, kh, heads, G, Q, scale, in_place):
@@ -201,9 +206,6 @@ def _split_attention(q, k_cache, v_cache, table, slots, positions, ends, scale, 
         l_ref[0, 0, 0] = total
         a_ref[0, 0, 0] = acc
 
-    def whole(shape):
-        return pl.BlockSpec(shape, lambda *ids: (0,) * len(shape))
-
     def mine(shape):   # a (row, kv head, lane)'s block of a [T, K, L, ...] array
         return pl.BlockSpec((1, 1, 1, *shape), lambda t, kh, j: (t, kh, j) + (0,) * len(shape))
 
@@ -213,10 +215,10 @@ def _split_attention(q, k_cache, v_cache, table, slots, positions, ends, scale, 
                    jax.ShapeDtypeStruct((T, K, L, G), jnp.float32),
                    jax.ShapeDtypeStruct((T, K, L, G, Qv), jnp.float32)),
         grid=(T, K, L),
-        in_specs=[whole(q.shape) if in_place else pl.BlockSpec(
+        in_specs=[_whole(q.shape) if in_place else pl.BlockSpec(
                       (1, G, Q), lambda t, kh, j: (t, kh, 0)),
-                  whole(k_cache.shape), whole(v_cache.shape), whole(table.shape),
-                  whole(slots.shape), whole(positions.shape), whole(ends.shape)],
+                  _whole(k_cache.shape), _whole(v_cache.shape), _whole(table.shape),
+                  _whole(slots.shape), _whole(positions.shape), _whole(ends.shape)],
         out_specs=(mine((G,)), mine((G,)), mine((G, Qv))),
         **pallas_backend.options(interpret, *launch(max(Q, Qv))),
     )(q, k_cache, v_cache, table, slots, positions, ends)
@@ -248,9 +250,9 @@ def _split_attention(q, k_cache, v_cache, table, slots, positions, ends, scale, 
         merge,
         out_shape=jax.ShapeDtypeStruct((T, rows, Qv), jnp.float32),
         grid=(T, K),
-        in_specs=[whole(m.shape), whole(total.shape), whole(acc.shape)]
-                 + ([] if gate is None else [whole(gate.shape)]),
-        out_specs=(whole((T, rows, Qv)) if in_place
+        in_specs=[_whole(m.shape), _whole(total.shape), _whole(acc.shape)]
+                 + ([] if gate is None else [_whole(gate.shape)]),
+        out_specs=(_whole((T, rows, Qv)) if in_place
                    else pl.BlockSpec((1, G, Qv), lambda t, kh: (t, kh, 0))),
         **pallas_backend.options(interpret, *launch(Qv)),
     )(m, total, acc, *([] if gate is None else [gate]))
@@ -282,20 +284,17 @@ def _attention(q, k_cache, v_cache, table, slots, positions, ends, scale, window
         _finish(acc / jnp.maximum(total, 1e-30)[:, None], gate_ref, o_ref, t, kh, heads, G,
                 Q, Qv, in_place)
 
-    def whole(shape):
-        return pl.BlockSpec(shape, lambda t, kh: (0,) * len(shape))
-
     rows = q.shape[1] if in_place else K * G
     out = pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct((T, rows, Qv), jnp.float32),
         grid=(T, K),
-        in_specs=[whole(q.shape) if in_place else pl.BlockSpec((1, G, Q),
+        in_specs=[_whole(q.shape) if in_place else pl.BlockSpec((1, G, Q),
                                                                 lambda t, kh: (t, kh, 0)),
-                  whole(k_cache.shape), whole(v_cache.shape), whole(table.shape),
-                  whole(slots.shape), whole(positions.shape), whole(ends.shape)]
-                 + ([] if gate is None else [whole(gate.shape)]),
-        out_specs=(whole((T, rows, Qv)) if in_place
+                  _whole(k_cache.shape), _whole(v_cache.shape), _whole(table.shape),
+                  _whole(slots.shape), _whole(positions.shape), _whole(ends.shape)]
+                 + ([] if gate is None else [_whole(gate.shape)]),
+        out_specs=(_whole((T, rows, Qv)) if in_place
                    else pl.BlockSpec((1, G, Qv), lambda t, kh: (t, kh, 0))),
         **pallas_backend.options(interpret, *launch(max(Q, Qv))),
     )(q, k_cache, v_cache, table, slots, positions, ends, *([] if gate is None else [gate]))

@@ -583,8 +583,8 @@ def cached_attention(q: jax.Array, k: jax.Array | None, v: jax.Array | None,
     Returns (out [T, H, Qv], the new kv). A quantized cache holds its keys and values
     rotated (rotation_sizes): q and k are rotated before, the output rotated back after.
     k and v None: kv has the step's rows already (rope_write's, a float cache). gate:
-    paged_attention's (kernel "pallas", no split over devices)."""
-    if gate is not None and (kernel != "pallas" or step.heads is not None):
+    paged_attention's (kernel "pallas", which checks it, and no split over devices)."""
+    if gate is not None and step.heads is not None:
         raise ValueError("an output gate inside the attention is the pallas kernel's, unsplit")
     if k is None:
         nk = nv = 0
