@@ -651,8 +651,8 @@ def count_chain_calls(monkeypatch, calls: list) -> None:
     from kinetic.engine.sample_device import DeviceSampler
     real = DeviceSampler._chain
 
-    def chain(self, fn, shape):
-        exe = real(self, fn, shape)
+    def chain(self, fn, shape, B):
+        exe = real(self, fn, shape, B)
         if fn is not sampler.sample_rows:
             return exe
         return lambda logits, *a: calls.append((logits.shape[0], int(a[-1]))) or exe(logits, *a)
@@ -693,22 +693,33 @@ def test_more_sampled_rows_than_a_chunk_sample_four_at_a_time(make_engine, monke
 
 def test_on_a_gpu_the_chain_draws_all_rows_at_once_with_the_same_bits(make_engine,
                                                                       monkeypatch):
-    """Where the step runs on a GPU, DeviceSampler._chain runs sampler.sample_batch (and
-    distribution_batch) in place of sample_rows' loop over the rows: the same tokens,
-    log-probabilities and post-sampling probabilities, alone and sharing steps."""
-    from kinetic.engine import sample_device, sampler
+    """Where the step runs on a GPU (SampleShape.whole_batch), DeviceSampler._chain runs
+    sampler.sample_batch (and distribution_batch) in place of sample_rows' loop over the
+    rows, at the smallest bucket that holds a call's rows and up to GPU_SAMPLE_CHUNK rows a
+    call: the same tokens, log-probabilities and post-sampling probabilities, alone and
+    sharing steps."""
+    from kinetic.engine import runner, sample_device, sampler
     requests = [GenerationRequest(ids("abcab"[:2 + i % 3]), params=sampled(
         10 + i, top_k=[0, 3, 40][i % 3], top_p=[1.0, 0.8][i % 2],
         mirostat=2 if i == 4 else 0), max_tokens=6, logprobs=2, post_sampling=i % 2 == 0,
         speculative=False) for i in range(6)]
     e = make_engine(parallel=8)
     want = [(r.tokens, r.logprobs) for r in all_at_once(e, requests)]
-    monkeypatch.setattr(sample_device, "target", types.SimpleNamespace(backend=lambda: "gpu"))
+    gpu = types.SimpleNamespace(backend=lambda: "gpu")
+    monkeypatch.setattr(sample_device, "target", gpu)
+    monkeypatch.setattr(runner, "target", gpu)
     e = make_engine(parallel=8)
+    ffi_row_buckets(e)
+    assert e.sample_shape.whole_batch and e.sample_shape.chain_buckets == (1, 4, 16)
+    calls = []   # (compiled rows, rows counted) of each chain call
+    count_chain_calls(monkeypatch, calls)
     alone = [run(e, r) for r in requests]
+    assert set(calls) == {(1, 1)}   # a row alone at the 1-row bucket
+    calls.clear()
     together = all_at_once(e, requests)
-    assert {fn for fn, _ in e.runner.sampler._chains} == {sampler.sample_batch,
-                                                          sampler.distribution_batch}
+    assert (16, 6) in calls and {b for b, _ in calls} <= {1, 4, 16}   # 6 rows in one call
+    assert {fn for fn, *_ in e.runner.sampler._chains} == {sampler.sample_batch,
+                                                           sampler.distribution_batch}
     assert [(r.tokens, r.logprobs) for r in alone] == want
     assert [(r.tokens, r.logprobs) for r in together] == want
 

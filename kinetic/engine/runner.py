@@ -28,6 +28,7 @@ import numpy as np
 from kinetic import compile_cache
 from kinetic.kernels import REPACK16
 from kinetic.kernels import ffi as native
+from kinetic.kernels import target
 from kinetic.engine.recurrent_state import RecurrentState, StateSnapshot
 from kinetic.engine.sample_batch import SampleBatch, SampleShape
 from kinetic.engine.sample_device import DeviceSampler, Drawn, greedy_tokens
@@ -390,9 +391,11 @@ class Runner:
         return file_pages(os.path.realpath(f.path), base + w.offset, size)
 
     def sample_shape(self, eog_ids=()) -> SampleShape:
-        """The shape of this runner's sampler calls, for a tokenizer with `eog_ids`."""
+        """The shape of this runner's sampler calls, for a tokenizer with `eog_ids`; on a GPU
+        the chain draws a call's rows at once (SampleShape.whole_batch)."""
         return SampleShape.of(self.model.config.vocab_size, self.config.max_context,
-                              self.row_buckets, eog_ids)
+                              self.row_buckets, eog_ids,
+                              whole_batch=target.backend() == "gpu")
 
     def sample(self, logits: jax.Array | np.ndarray, batch: SampleBatch) -> Drawn:
         """Draw batch's rows from `logits` (a step's, or host rows): the one place that

@@ -9,7 +9,9 @@ construction, not by two copies kept in step:
         bias and DRY pairs, its grammar's token bitmask, its penalty history;
     sample_batches(rows, shape) -> [SampleBatch]
         the rows as sampler calls: all in one call when every row is plain greedy, else
-        SAMPLE_CHUNK rows a call, each at the smallest sampler bucket that holds it.
+        shape.chain_size a call (SAMPLE_CHUNK, on a GPU GPU_SAMPLE_CHUNK), a greedy call
+        at the smallest sampler bucket that holds it, a chain call at the chain's one
+        compiled size (on a GPU the smallest bucket too: SampleShape.chain_buckets).
 
 The engine's turn (engine/turn.py) makes a row for every sampled row of a step; receipt
 verification (receipts/verify.py) makes one row per output position of the receipt's answer.
@@ -50,6 +52,11 @@ DRY_WIDTH = 256
 # this many rows, and loops over the rows it has (sampler.sample_rows): each compiled size
 # of it holds 35-70 MB of code (docs/performance.md)
 SAMPLE_CHUNK = 4
+# the same on a GPU (engine/sample_device.py chain_rows), where the chain draws all of a
+# call's rows at once (sampler.sample_batch) and each call reads about ten flags back to the
+# host (one a branch it may skip): 256 sampled streams are 4 calls a step at 64 rows, not
+# 64 at 4. A row's [V] float32 intermediates at 64 rows are 39 MB each at 151,936 tokens.
+GPU_SAMPLE_CHUNK = 64
 
 Pairs = tuple[np.ndarray, np.ndarray]   # (token ids int32, values float32), one row's
 
@@ -65,27 +72,53 @@ class SampleShape:
     history_width: int = HISTORY_WIDTH
     dry_width: int = DRY_WIDTH
     max_candidates: int = MAX_CANDIDATES
+    chain_rows: int = SAMPLE_CHUNK   # most rows one call of the chain takes
+    # the chain draws a call's rows all at once (sampler.sample_batch: on a GPU), paying
+    # for every row of its bucket, so it runs at each bucket up to chain_bucket; else it
+    # loops over the rows it has (sampler.sample_rows) at chain_bucket alone
+    whole_batch: bool = False
 
     @classmethod
     def of(cls, vocab_size: int, n_ctx: int, row_buckets: Sequence[int],
-           eog_ids: Sequence[int]) -> "SampleShape":
+           eog_ids: Sequence[int], whole_batch: bool = False) -> "SampleShape":
         """An engine's: its step's row buckets, its tokenizer's eog ids (bias pairs hold
-        MAX_LOGIT_BIAS + all of them: every request fits)."""
+        MAX_LOGIT_BIAS + all of them: every request fits), whether the chain draws a call's
+        rows at once (a GPU's: GPU_SAMPLE_CHUNK rows a call, else SAMPLE_CHUNK)."""
         eog = sum(1 for t in eog_ids if 0 <= t < vocab_size)
         return cls(vocab_size, n_ctx, tuple(sample_buckets(row_buckets)),
                    bias_width=max(BIAS_WIDTH, MAX_LOGIT_BIAS + eog),
-                   history_width=min(HISTORY_WIDTH, n_ctx))
+                   history_width=min(HISTORY_WIDTH, n_ctx),
+                   chain_rows=GPU_SAMPLE_CHUNK if whole_batch else SAMPLE_CHUNK,
+                   whole_batch=whole_batch)
 
     def bucket(self, n: int) -> int:
         """Rows of the compiled sampler that holds n rows."""
         return next(b for b in self.buckets if b >= n)
 
     @property
+    def chain_size(self) -> int:
+        """Most rows one call of the chain takes: chain_rows, or the largest bucket where
+        that is smaller (an engine of one row a step samples one a call)."""
+        return min(self.chain_rows, self.buckets[-1])
+
+    @property
     def chain_bucket(self) -> int:
-        """The one size the whole chain (sampler.sample_rows, a loop over its rows) runs at:
-        the bucket that holds SAMPLE_CHUNK rows; with XLA's kernel, whose steps run at T rows
-        only, T. Fewer rows pay only for themselves."""
-        return self.bucket(min(SAMPLE_CHUNK, self.buckets[-1]))
+        """The one size the whole chain (sampler.sample_rows, a loop over its rows; on a
+        GPU sample_batch) runs at: the bucket that holds chain_size rows; with XLA's kernel,
+        whose steps run at T rows only, T. Fewer rows pay only for themselves (on a GPU
+        sample_batch pays for the bucket's rows)."""
+        return self.bucket(self.chain_size)
+
+    @property
+    def chain_buckets(self) -> tuple[int, ...]:
+        """The sizes the chain is compiled at: chain_bucket; with whole_batch every bucket
+        up to it."""
+        top = self.chain_bucket
+        return tuple(b for b in self.buckets if b <= top) if self.whole_batch else (top,)
+
+    def chain_bucket_for(self, n: int) -> int:
+        """The size a chain call of n rows (at most chain_size) runs at."""
+        return self.bucket(n) if self.whole_batch else self.chain_bucket
 
     @property
     def mask_words(self) -> int:
@@ -237,15 +270,15 @@ class SampleBatch:
 
 def sample_batches(rows: Sequence[SampleRow], shape: SampleShape) -> list[SampleBatch]:
     """The rows as sampler calls, in order: one call when every row is plain greedy, else
-    SAMPLE_CHUNK rows a call."""
-    size = len(rows) if all(plain_greedy(r.params) for r in rows) else SAMPLE_CHUNK
+    shape.chain_size rows a call."""
+    size = len(rows) if all(plain_greedy(r.params) for r in rows) else shape.chain_size
     return [_batch(rows[lo:lo + size], shape) for lo in range(0, len(rows), size)]
 
 
 def _batch(rows: Sequence[SampleRow], shape: SampleShape) -> SampleBatch:
     greedy = all(plain_greedy(r.params) for r in rows)
     n = len(rows)
-    T = shape.bucket(n) if greedy else shape.chain_bucket   # the chain: one compiled size
+    T = shape.bucket(n) if greedy else shape.chain_bucket_for(n)
     idx = np.zeros(T, np.int32)
     idx[:n] = [r.logit_row for r in rows]
     bias = tuple(r.bias for r in rows)

@@ -7,8 +7,8 @@ receipt verification) becomes device arrays here and is drawn from:
   each row where the C++ kernels run (kernel "ffi": native.row_argmax), sampler.greedy's XLA
   passes elsewhere. The decode-step loop (engine/runner.py) draws with the same function;
 - other rows take the whole chain (sampler.sample_rows: one row at a time, at one compiled
-  size; on a GPU sampler.sample_batch, all the rows at once, the same bits), keyed per row
-  by (seed, position);
+  size; on a GPU sampler.sample_batch, all the rows at once at the bucket that holds them,
+  up to 64 a call, the same bits), keyed per row by (seed, position);
 - rows that ask get log-probabilities of the raw logits (sampler.logprobs), or of the
   distribution drawn from (post-sampling: sampler.distribution_rows over the chain's
   arguments).
@@ -87,8 +87,9 @@ def _zeros(shape: tuple[int, ...], dtype) -> jax.Array:
 CHAIN_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
 
 
-# the chain's form on a GPU: all rows at once, where sample_rows' loop over the rows reads a
-# flag back to the host at each row and each branch it may skip (sampler.sample_batch)
+# the chain's form on a GPU (SampleShape.whole_batch): all rows at once, where sample_rows'
+# loop over the rows reads a flag back to the host at each row and each branch it may skip
+# (sampler.sample_batch)
 ON_GPU = {sampler.sample_rows: sampler.sample_batch,
           sampler.distribution_rows: sampler.distribution_batch}
 
@@ -136,7 +137,7 @@ class DeviceSampler:
                     else jax.device_put(batch.history))
             chain = (picked, sampler.RowParams(**batch.params), hist, bias, mask,
                      self._dry(batch.dry, T, shape.dry_width), self._count(n))
-            tokens, mus = self._chain(sampler.sample_rows, shape)(*chain)
+            tokens, mus = self._chain(sampler.sample_rows, shape, T)(*chain)
             new_mu = [float(m) for m in np.asarray(mus)[:n]]
         entries = self._logprobs(logits, picked, batch, tokens)
         if batch.post_rows:
@@ -162,15 +163,15 @@ class DeviceSampler:
 
     def compile(self, shape: SampleShape, logit_rows: list[int]) -> None:
         """Compile the draws and log-probabilities at every sampler bucket of `shape`, as
-        `sample` calls them (the chain at its one bucket, shape.chain_bucket), and the row
+        `sample` calls them (the chain at shape.chain_buckets), and the row
         picks from each size of logits a step returns (logit_rows) into the buckets its rows
         can take (each compiled executable holds about 2 MB)."""
         for B in shape.buckets:
             # (host zeros put on the device: jnp.zeros would compile a program per shape)
             logits = _zeros((B, self.vocab_size), np.float32)
             tokens = _zeros((B,), np.int32)
-            if B == shape.chain_bucket:
-                self._chain(sampler.sample_rows, shape)   # compiled (or loaded) at once
+            if B in shape.chain_buckets:
+                self._chain(sampler.sample_rows, shape, B)   # compiled (or loaded) at once
             # logprobs run at the bucket of the rows that ask, picked from the step's logits
             _ready(sampler.logprobs, logits, tokens, MAX_LOGPROBS)
             _ready(_greedy, logits, self._bias(None, B, shape.bias_width), self._full_mask(B),
@@ -187,27 +188,28 @@ class DeviceSampler:
 
     def prepare_post_sampling(self, shape: SampleShape) -> None:
         """Compile sampler.distribution_rows (post-sampling probabilities) at the chain's
-        bucket, once (Engine.prepare_post_sampling)."""
+        buckets, once (Engine.prepare_post_sampling)."""
         with self._post_lock:
             if shape in self._post_ready:
                 return
-            jnp.log(self._chain(sampler.distribution_rows, shape)(
-                *self._warm_chain(shape, shape.chain_bucket))).block_until_ready()
+            for B in shape.chain_buckets:
+                jnp.log(self._chain(sampler.distribution_rows, shape, B)(
+                    *self._warm_chain(shape, B))).block_until_ready()
             release_memory()
             self._post_ready.add(shape)
 
-    def _chain(self, fn, shape: SampleShape):
+    def _chain(self, fn, shape: SampleShape, B: int):
         """fn (sampler.sample_rows or distribution_rows) compiled once for `shape`'s chain
-        bucket, on CPU with CHAIN_OPTIONS: the one executable every chain call runs. On a
-        GPU its whole-batch form (`ON_GPU`), the same bits a row."""
-        if target.backend() == "gpu":
+        at B rows (one of shape.chain_buckets), on CPU with CHAIN_OPTIONS. With
+        shape.whole_batch (a GPU's) its whole-batch form (`ON_GPU`), the same bits a row."""
+        if shape.whole_batch:
             fn = ON_GPU.get(fn, fn)
-        key = (fn, shape)
+        key = (fn, shape, B)
         with self._chains_lock:
             exe = self._chains.get(key)
             if exe is None:
                 exe = self._chains[key] = _chain_executable(
-                    fn, self._warm_chain(shape, shape.chain_bucket), shape.max_candidates)
+                    fn, self._warm_chain(shape, B), shape.max_candidates)
             return exe
 
     def _warm_chain(self, shape: SampleShape, B: int) -> tuple:
@@ -253,7 +255,7 @@ class DeviceSampler:
             drawn = np.asarray(tokens)
             return {i: (0.0 if drawn[i] >= 0 else float("-inf"), drawn[i:i + 1], np.zeros(1))
                     for i in batch.post_rows}
-        logp = jnp.log(self._chain(sampler.distribution_rows, batch.shape)(*chain))
+        logp = jnp.log(self._chain(sampler.distribution_rows, batch.shape, batch.T)(*chain))
         chosen, top_ids, top_lp = (np.asarray(a) for a in
                                    sampler.logprobs(logp, tokens, MAX_LOGPROBS))
         return {i: (float(chosen[i]), top_ids[i], top_lp[i]) for i in batch.post_rows}
