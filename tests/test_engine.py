@@ -695,8 +695,8 @@ def test_on_a_gpu_the_chain_draws_all_rows_at_once_with_the_same_bits(make_engin
                                                                       monkeypatch):
     """Where the step runs on a GPU (SampleShape.whole_batch), DeviceSampler._chain runs
     sampler.sample_batch (and distribution_batch) in place of sample_rows' loop over the
-    rows, at the smallest bucket that holds a call's rows and up to GPU_SAMPLE_CHUNK rows a
-    call: the same tokens, log-probabilities and post-sampling probabilities, alone and
+    rows, at the smallest bucket that holds a call's rows (and 4), up to GPU_SAMPLE_CHUNK
+    rows a call: the same tokens, log-probabilities and post-sampling probabilities, alone and
     sharing steps."""
     from kinetic.engine import runner, sample_device, sampler
     requests = [GenerationRequest(ids("abcab"[:2 + i % 3]), params=sampled(
@@ -710,14 +710,14 @@ def test_on_a_gpu_the_chain_draws_all_rows_at_once_with_the_same_bits(make_engin
     monkeypatch.setattr(runner, "target", gpu)
     e = make_engine(parallel=8)
     ffi_row_buckets(e)
-    assert e.sample_shape.whole_batch and e.sample_shape.chain_buckets == (1, 4, 16)
+    assert e.sample_shape.whole_batch and e.sample_shape.chain_buckets == (4, 16)
     calls = []   # (compiled rows, rows counted) of each chain call
     count_chain_calls(monkeypatch, calls)
     alone = [run(e, r) for r in requests]
-    assert set(calls) == {(1, 1)}   # a row alone at the 1-row bucket
+    assert set(calls) == {(4, 1)}   # a row alone at SAMPLE_CHUNK's bucket
     calls.clear()
     together = all_at_once(e, requests)
-    assert (16, 6) in calls and {b for b, _ in calls} <= {1, 4, 16}   # 6 rows in one call
+    assert (16, 6) in calls and {b for b, _ in calls} <= {4, 16}   # 6 rows in one call
     assert {fn for fn, *_ in e.runner.sampler._chains} == {sampler.sample_batch,
                                                            sampler.distribution_batch}
     assert [(r.tokens, r.logprobs) for r in alone] == want

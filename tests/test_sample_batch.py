@@ -83,28 +83,31 @@ def test_greedy_rows_are_one_call_and_others_chunks_of_four():
 
 def test_a_whole_batch_chain_takes_more_rows_a_call_at_the_bucket_that_holds_them():
     """On a GPU (whole_batch) the chain draws GPU_SAMPLE_CHUNK rows a call, each call at the
-    smallest bucket holding its rows (it pays for every row of its bucket), and is compiled
-    at each bucket up to its largest; an engine whose largest bucket is smaller takes that
-    many a call. Without whole_batch: SAMPLE_CHUNK rows at one compiled size."""
+    smallest bucket holding its rows and SAMPLE_CHUNK (it pays for every row of its bucket),
+    and is compiled at each bucket from SAMPLE_CHUNK's up to its largest; an engine whose
+    largest bucket is smaller takes that many a call. Without whole_batch: SAMPLE_CHUNK rows
+    at one compiled size."""
     gpu = SampleShape.of(V, 64, [1, 2, 4, 8, 16, 32, 64, 128, 256], eog_ids=[0],
                          whole_batch=True)
     assert GPU_SAMPLE_CHUNK == 64 and gpu.chain_rows == 64 and gpu.chain_size == 64
-    assert gpu.buckets == (1, 4, 16, 64, 256) and gpu.chain_buckets == (1, 4, 16, 64)
+    assert gpu.buckets == (1, 4, 16, 64, 256) and gpu.chain_buckets == (4, 16, 64)
     rows = [sample_row(FakeJob(SamplingParams(temperature=0.7)), i, 5, [], None, gpu)
             for i in range(150)]
     calls = sample_batches(rows, gpu)
     assert [(b.n, b.T) for b in calls] == [(64, 64), (64, 64), (22, 64)]
     assert calls[2].rows[:22].tolist() == list(range(128, 150))
-    assert [(b.n, b.T) for b in sample_batches(rows[:3], gpu)] == [(3, 4)]
+    assert [(b.n, b.T) for b in sample_batches(rows[:1], gpu)] == [(1, 4)]
+    assert [(b.n, b.T) for b in sample_batches(rows[:5], gpu)] == [(5, 16)]
     small = SampleShape.of(V, 64, [1, 2, 4, 8], eog_ids=[0], whole_batch=True)
-    assert small.chain_size == 8 and small.chain_buckets == (1, 4, 8)
+    assert small.chain_size == 8 and small.chain_buckets == (4, 8)
     assert [(b.n, b.T) for b in sample_batches(rows[:11], small)] == [(8, 8), (3, 4)]
     cpu = SampleShape.of(V, 64, [1, 2, 4, 8], eog_ids=[0])
     assert not cpu.whole_batch and cpu.chain_buckets == (4,)
     assert [(b.n, b.T) for b in sample_batches(rows[:5], cpu)] == [(4, 4), (1, 4)]
-    one = SampleShape.of(V, 64, [1], eog_ids=[0])   # one row a step: one a call
-    assert one.chain_size == 1 and [(b.n, b.T) for b in sample_batches(rows[:2], one)] == [
-        (1, 1), (1, 1)]
+    for whole in (False, True):   # one row a step: one a call
+        one = SampleShape.of(V, 64, [1], eog_ids=[0], whole_batch=whole)
+        assert one.chain_size == 1 and one.chain_buckets == (1,)
+        assert [(b.n, b.T) for b in sample_batches(rows[:2], one)] == [(1, 1), (1, 1)]
 
 
 def test_row_parameters_are_the_requests_padded_with_greedy_rows():

@@ -112,13 +112,19 @@ class SampleShape:
     @property
     def chain_buckets(self) -> tuple[int, ...]:
         """The sizes the chain is compiled at: chain_bucket; with whole_batch every bucket
-        up to it."""
+        from the one holding SAMPLE_CHUNK rows up to it (on a GPU fewer rows than that cost
+        no less: the chain's passes are launches, not bytes; each size compiled is seconds
+        of start-up)."""
         top = self.chain_bucket
-        return tuple(b for b in self.buckets if b <= top) if self.whole_batch else (top,)
+        if not self.whole_batch:
+            return (top,)
+        return tuple(b for b in self.buckets if self.chain_bucket_for(1) <= b <= top)
 
     def chain_bucket_for(self, n: int) -> int:
         """The size a chain call of n rows (at most chain_size) runs at."""
-        return self.bucket(n) if self.whole_batch else self.chain_bucket
+        if not self.whole_batch:
+            return self.chain_bucket
+        return self.bucket(max(n, min(SAMPLE_CHUNK, self.chain_size)))
 
     @property
     def mask_words(self) -> int:
