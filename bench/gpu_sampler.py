@@ -16,7 +16,8 @@ engine/sample_device.py's DeviceSampler draws each (Runner.sample's work). Forms
 Each figure is the median ms over --reps of drawing all B rows (grouping on the host
 included; compiling excluded: one warm-up first), beside the greedy draw of the same B rows;
 "same" says whether the form drew the tokens loop4 drew (a row's bits do not depend on how
-rows are grouped). One JSON line per figure as it is measured, the table last; runs on a
+rows are grouped). The header names the device and XLA_FLAGS (an A/B of XLA's command buffers:
+scripts/device_check.sh). One JSON line per figure as it is measured, the table last; runs on a
 CPU too (a check of the script: --vocab 4096 takes seconds).
 """
 
@@ -113,7 +114,8 @@ def main(argv=None) -> int:
         ap.error(f"unknown form {unknown[0]!r}; forms: {', '.join(FORMS)}")
     streams = [int(s) for s in args.streams.split(",")]
     print(f"# {jax.devices()[0].device_kind}, jax {jax.__version__}, vocab {args.vocab}, "
-          f"load {os.getloadavg()[0]:.2f}", flush=True)
+          f"load {os.getloadavg()[0]:.2f}, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}",
+          flush=True)
     rows = []
     for r in measure(args.vocab, streams, forms, args.reps):
         rows.append(r)

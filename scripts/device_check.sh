@@ -20,7 +20,8 @@
 #    one program walking a row's keys (KINETIC_GPU_ATTENTION=whole); then
 #    Qwen3.5-0.8B's shape with the delta rule's Pallas kernel and with XLA's loop; then
 #    the sampling chain's cost a step at 1, 64 and 256 sampled rows, by how rows are
-#    grouped into calls (bench/gpu_sampler.py), appended to graphs.log;
+#    grouped into calls (bench/gpu_sampler.py), and again with conditionals in the CUDA
+#    graphs, appended to graphs.log;
 # 5. (issue 42) bench/gpu.py --split-check: Qwen2.5-1.5B's shape through the split's code
 #    path over one device, its bytes and speed beside the unsplit path's;
 # 6. if time is left, every family's tiny model on the pallas kernel, row-bucket bits.
@@ -115,10 +116,16 @@ for delta in pallas xla; do
 done
 # the sampling chain at 1, 64 and 256 sampled rows of Qwen2.5's 151,936 tokens: a loop over
 # 4 rows a call (sampler.sample_rows), all 4 at once (sample_batch), and a GPU's default, up
-# to 64 rows at once (GPU_SAMPLE_CHUNK); the same tokens each way; appended to graphs.log
+# to 64 rows at once (GPU_SAMPLE_CHUNK); the same tokens each way; then the same with
+# conditionals in the CUDA graphs too (the chain's skipped stages are lax.cond: by default
+# each reads its flag back to the host), appended to graphs.log
 step=$(left 60)
 [ "$step" -ge 30 ] && timeout "$step" python3 bench/gpu_sampler.py --streams 1,64,256 \
     2>&1 | tee -a "$OUT/graphs.log" | tail -6
+step=$(left 45)
+[ "$step" -ge 30 ] && XLA_FLAGS="--xla_gpu_enable_command_buffer=$GRAPHS" timeout "$step" \
+    python3 bench/gpu_sampler.py --streams 1,64 --form loop4,batch64 2>&1 \
+    | tee -a "$OUT/graphs.log" | tail -4
 # issue 42: the split's code path over one device beside the unsplit path (its figures in
 # the log: each model's JSON line and the table)
 step=$(left 90)
