@@ -52,10 +52,11 @@ DRY_WIDTH = 256
 # this many rows, and loops over the rows it has (sampler.sample_rows): each compiled size
 # of it holds 35-70 MB of code (docs/performance.md)
 SAMPLE_CHUNK = 4
-# the same on a GPU (engine/sample_device.py chain_rows), where the chain draws all of a
-# call's rows at once (sampler.sample_batch) and each call reads about ten flags back to the
-# host (one a branch it may skip): 256 sampled streams are 4 calls a step at 64 rows, not
-# 64 at 4. A row's [V] float32 intermediates at 64 rows are 39 MB each at 151,936 tokens.
+# the same on a GPU (SampleShape.whole_batch: Runner.sample_shape), where the chain draws
+# all of a call's rows at once (sampler.sample_batch) and each call reads about ten flags
+# back to the host (one a branch it may skip): 256 sampled streams are 4 calls a step at 64
+# rows, not 64 at 4. Its [64, V] float32 intermediates are 39 MB each at 151,936 tokens
+# (185 MiB of temporaries in all, XLA's memory analysis of the compile for an H200).
 GPU_SAMPLE_CHUNK = 64
 
 Pairs = tuple[np.ndarray, np.ndarray]   # (token ids int32, values float32), one row's
