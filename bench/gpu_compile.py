@@ -25,6 +25,12 @@ from XLA's thunk sequence (dumped with the compile, after the thunk passes that 
 command buffers), the CUDA graphs a run replays, their nodes and the thunks run one by one
 outside a graph (`graphs`). A loop's figures are one iteration's (its body and condition).
 A compile that fails is a row with its error. The JSON (--out) keeps every row and the opcodes counted.
+
+--sampler V (alone, or with models): the sampling chain for a vocabulary of V tokens
+(151936: Qwen2.5's), as engine/sample_device.py's DeviceSampler compiles it: the CPU's form,
+sampler.sample_rows at its 4-row bucket, and a GPU's, sampler.sample_batch at each --rows;
+per compile its seconds, XLA's temporaries (memory_analysis), its kernels, conditionals and
+loops, and its CUDA graphs as above.
 """
 
 from __future__ import annotations
@@ -198,6 +204,59 @@ def graphs(thunks: str, known_trips: bool = True) -> dict:
     return count
 
 
+def compile_dumped(compile_) -> tuple[float, object, str]:
+    """(seconds, the compiled executable, its thunk sequence): compile_(options) run with XLA
+    dumping the thunk sequence after its thunk passes (which make the command buffers), or
+    as emitted where no pass changed it."""
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as dump:
+        compiled = compile_({"xla_dump_to": dump, "xla_dump_hlo_pass_re": "NONE"})
+        seconds = time.perf_counter() - start
+        files = sorted(os.listdir(dump))
+        name = next((f for f in files if f.endswith(".thunk_sequence_after_thunk_passes.txt")),
+                    next(f for f in files if f.endswith(".thunk_sequence.txt")))
+        return seconds, compiled, open(os.path.join(dump, name)).read()
+
+
+def sampler_table(vocab: int, rows_list: list[int], sharding) -> list[dict]:
+    """The sampling chain's compiles (module docstring, --sampler), printed as a table."""
+    import jax
+
+    from kinetic.engine import sampler
+    from kinetic.engine.sample_batch import SampleShape
+    from kinetic.engine.sample_device import DeviceSampler
+    from kinetic.kernels import target
+    shape = SampleShape.of(vocab, 4096, sorted({1, *rows_list}), [0])
+    chains = DeviceSampler(vocab, exact=False)
+    print(f"\n| chain, {vocab} tokens | rows | compile s | temporaries MiB | XLA kernels "
+          "| conditionals | loops | CUDA graphs of nodes | thunks outside a graph |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    out = []
+    for name, B in [("sample_rows", shape.chain_bucket)] + [
+            ("sample_batch", B) for B in rows_list]:
+        fn = getattr(sampler, name)
+        args = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)
+                            if isinstance(a, (jax.Array, np.ndarray)) else a,
+                            chains._warm_chain(shape, B))
+        with target.for_gpu():
+            seconds, compiled, thunks = compile_dumped(lambda options: fn.trace(
+                *args, max_candidates=shape.max_candidates).lower().compile(options))
+        hlo = compiled.as_text()
+        count = launches(hlo)
+        cuda = graphs(thunks, all('"known_trip_count"' in line
+                                  for line in hlo.splitlines() if " while(" in line))
+        row = {"chain": name, "rows": B, "seconds": seconds,
+               "temp_bytes": compiled.memory_analysis().temp_size_in_bytes, **count,
+               "graphs": cuda["graphs"], "graph_nodes": cuda["nodes"],
+               "outside": dict(cuda["outside"])}
+        alone = ", ".join(f"{n} {k[1:]}" for k, n in sorted(cuda["outside"].items())) or "none"
+        print(f"| {name} | {B} | {seconds:.1f} | {row['temp_bytes'] / 2**20:.0f} "
+              f"| {count['xla']} | {count['conditionals']} | {count['loops']} "
+              f"| {cuda['graphs']} of {cuda['nodes']} | {alone} |", flush=True)
+        out.append(row)
+    return out
+
+
 def compile_step(path: str, rows: int, loop: bool, sharding) -> tuple[float, str, str]:
     """(seconds, optimized HLO text, thunk sequence) of the runner's step (or decode loop)
     at `rows` rows, compiled for the GPU that `sharding`'s device is."""
@@ -223,19 +282,9 @@ def compile_step(path: str, rows: int, loop: bool, sharding) -> tuple[float, str
     def compile_(*args):
         args = [a if i in statics else jax.tree.map(abstract, a) for i, a in enumerate(args)]
         with target.for_gpu():
-            start = time.perf_counter()
-            with tempfile.TemporaryDirectory() as dump:
-                compiled = jitted.trace(*args).lower().compile(
-                    compiler_options={"xla_dump_to": dump, "xla_dump_hlo_pass_re": "NONE"})
-                out["seconds"] = time.perf_counter() - start
-                out["hlo"] = compiled.as_text()
-                # after XLA's thunk passes (which make the command buffers), or as
-                # emitted where no pass changed it
-                files = sorted(os.listdir(dump))
-                name = next((f for f in files
-                             if f.endswith(".thunk_sequence_after_thunk_passes.txt")),
-                            next(f for f in files if f.endswith(".thunk_sequence.txt")))
-                out["thunks"] = open(os.path.join(dump, name)).read()
+            out["seconds"], compiled, out["thunks"] = compile_dumped(
+                lambda options: jitted.trace(*args).lower().compile(options))
+            out["hlo"] = compiled.as_text()
         raise _Compiled
 
     slots = np.arange(rows)
@@ -264,9 +313,11 @@ def main(argv=None) -> int:
     p.add_argument("--loop", action="store_true",
                    help="also the server's decode loop (Runner.decode_steps)")
     p.add_argument("--gpu", default="h200", choices=sorted(GPU_CONFIGS))
+    p.add_argument("--sampler", type=int, metavar="V",
+                   help="the sampling chain for V tokens (alone unless models are named)")
     p.add_argument("--out")
     args = p.parse_args(argv)
-    if not args.shape and not args.arch:
+    if not args.shape and not args.arch and not args.sampler:
         args.shape, args.arch = ["qwen25-1.5b"], list(ARCHS)
     import jax
     from jax.experimental import topologies
@@ -277,9 +328,10 @@ def main(argv=None) -> int:
     rows_list = [int(r) for r in args.rows.split(",")]
     results = []
     print(f"# jax {jax.__version__}, compiled for {GPU_CONFIGS[args.gpu][1]} (deviceless)")
-    print("| model | qtype | rows | what | compile s | Triton | XLA | a layer | loops "
-          "| CUDA graphs of nodes | thunks outside a graph |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    if args.shape or args.arch:
+        print("| model | qtype | rows | what | compile s | Triton | XLA | a layer | loops "
+              "| CUDA graphs of nodes | thunks outside a graph |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as folder:
         for name in (args.shape or []) + (args.arch or []):
             for qtype in args.qtype or ["Q4_0"]:
@@ -319,6 +371,8 @@ def main(argv=None) -> int:
                               f"| {row['loops']} | {cuda['graphs']} of {cuda['nodes']} "
                               f"| {alone} |", flush=True)
                         results.append(row)
+    if args.sampler:
+        results += sampler_table(args.sampler, rows_list, sharding)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "gpu_compile.json"), "w") as f:
