@@ -5,7 +5,8 @@
 #   (with llama.cpp's CUDA build, the anchor: bash scripts/device_anchor.sh here first, and
 #   carry=[".whl", ".anchor/llama-cuda.tar.xz"])
 # 1. installs the carried wheels (kinetic's dependencies the image lacks) and builds
-#    kinetic's C++ CPU kernel in place with the image's compiler;
+#    kinetic's C++ CPU kernel in place with the image's compiler; runs each kernel that has
+#    a fallback once (bench/gpu_preflight.py), turning off any that fails;
 # 2. runs the pallas tests on the GPU, compiled through Triton (not interpreted);
 # 3. runs bench/gpu.py: bitwise row invariance and decode / prompt speed on random-weight
 #    models of SmolLM2-135M's, Qwen2.5-0.5B's and Qwen2.5-1.5B's shapes, beside the
@@ -26,7 +27,7 @@
 #    path over one device, its bytes and speed beside the unsplit path's;
 # 6. if time is left, every family's tiny model on the pallas kernel, row-bucket bits.
 # Eight files go to $OUT (the device tool brings back at most 8): gpu.txt (the device, the
-# build's and the norm's failures if any, the anchor's devices), tests.log, bench.log,
+# build's and the preflight's failures if any, the anchor's devices), tests.log, bench.log,
 # gpu.json, gpu.md, graphs.log, split.log, families.log; their figures go into
 # docs/performance.md, "GPU". Each step after the tests gets what is left of DEVICE_BUDGET
 # seconds (560: the script ends inside the call's 590), and a step with under 30 s left is
@@ -47,13 +48,11 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv | tee "$OUT/gpu.txt"
 python3 setup.py -q build_ext --inplace > /tmp/build.log 2>&1 || tail -5 /tmp/build.log | tee -a "$OUT/gpu.txt"
 python3 -c "import jax; print('jax', jax.__version__, jax.devices())" | tee -a "$OUT/gpu.txt"
-# the norm's Pallas kernel (kernels/pallas_norm.py) compiled here once: if Triton cannot,
-# the rest runs with XLA's norm (KINETIC_GPU_NORM=xla) and says so
-python3 -c "import numpy as np; from kinetic.kernels import pallas_norm as pn
-pn.rms_norm(np.ones((3, 576), np.float32), np.ones(576, np.float32), 1e-6).block_until_ready()" \
-    2>/tmp/norm.log || { tail -5 /tmp/norm.log >> "$OUT/gpu.txt"
-                         echo "pallas norm failed: KINETIC_GPU_NORM=xla" | tee -a "$OUT/gpu.txt"
-                         export KINETIC_GPU_NORM=xla; }
+# the kernels with a fallback (the norm's, the attention's lanes, the delta rule's), each
+# run once here (bench/gpu_preflight.py): one that fails is turned off for the rest of the
+# run (KINETIC_GPU_NORM=xla, KINETIC_GPU_ATTENTION=whole, KINETIC_GPU_DELTA=xla), which
+# gpu.txt says, with the error
+eval "$(timeout 120 python3 bench/gpu_preflight.py 2>>"$OUT/gpu.txt" | tee -a "$OUT/gpu.txt")"
 timeout 150 python3 -m pytest -q -n 0 -p no:cacheprovider -m "not real_model" \
     -k "not every_family" \
     tests/test_pallas_matmul.py tests/test_pallas_attention.py tests/test_pallas_norm.py \
