@@ -6,6 +6,9 @@ The library is compiled for baseline x86-64 (never -march=native): the AVX2 and 
 carry their own target attributes and are chosen at run time from CPUID. No -ffast-math, and
 -ffp-contract=off so that no path fuses a multiply and an add that another path rounds twice
 (DESIGN.md: the weight kernel is exact by construction).
+
+The sources compile as many at once as the machine has cores, up to 8 (`KINETIC_BUILD_JOBS`
+sets another count; setuptools compiles one extension's sources one after another).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import glob
 import importlib.util
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -29,11 +33,46 @@ def _xla_ffi_include() -> str:
     return os.path.join(list(spec.submodule_search_locations)[0], "include")
 
 
+def build_jobs() -> int:
+    """Sources compiled at once: KINETIC_BUILD_JOBS, else the cores, at most 8 (each g++ -O2
+    of a kernel source holds a few hundred MB)."""
+    text = os.environ.get("KINETIC_BUILD_JOBS", "")
+    if text.strip():
+        return max(1, int(text))
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+def parallel_compile(compiler, jobs: int):
+    """compiler.compile (distutils' CCompiler) with the sources that need it compiled `jobs`
+    at a time, each its own compiler process; the objects in the sources' order, as
+    compile returns them. Where this distutils lacks the steps it is made of, its own."""
+    if jobs < 2 or not all(hasattr(compiler, name)
+                           for name in ("_setup_compile", "_get_cc_args", "_compile")):
+        return compiler.compile
+
+    def compile_(sources, output_dir=None, macros=None, include_dirs=None, debug=0,
+                 extra_preargs=None, extra_postargs=None, depends=None):
+        macros, objects, extra, pp_opts, build = compiler._setup_compile(
+            output_dir, macros, include_dirs, sources, depends, extra_postargs)
+        cc_args = compiler._get_cc_args(pp_opts, debug, extra_preargs)
+
+        def one(obj):
+            src, ext = build[obj]
+            compiler._compile(obj, src, ext, cc_args, extra, pp_opts)
+
+        with ThreadPoolExecutor(jobs) as pool:   # (up-to-date objects are not in build)
+            list(pool.map(one, [obj for obj in objects if obj in build]))
+        return objects
+    return compile_
+
+
 class BuildKernels(build_ext):
-    """build_ext that fails with one clear line when there is no C++ compiler."""
+    """build_ext that compiles the sources in parallel (build_jobs) and fails with one clear
+    line when there is no C++ compiler."""
 
     def build_extension(self, ext):
         try:
+            self.compiler.compile = parallel_compile(self.compiler, build_jobs())
             super().build_extension(ext)
         except Exception as e:  # distutils' CompileError / LinkError, or a missing compiler
             raise SystemExit(
