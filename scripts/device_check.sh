@@ -4,6 +4,9 @@
 #   device:  run(command="bash scripts/device_check.sh", carry=[".whl"], timeout_s=590)
 #   (with llama.cpp's CUDA build, the anchor: bash scripts/device_anchor.sh here first, and
 #   carry=[".whl", ".anchor/llama-cuda.tar.xz"])
+#   The main bench (step 3) may take most of the budget; a second call on the still-warm
+#   machine, `bash scripts/device_check.sh ab` (timeout_s what is left), skips steps 2 and
+#   3 and runs the A/Bs of step 4 on (the wheels and the build are still there).
 # 1. installs the carried wheels (kinetic's dependencies the image lacks) and builds
 #    kinetic's C++ CPU kernel in place with the image's compiler; runs each kernel that has
 #    a fallback once (bench/gpu_preflight.py), turning off any that fails;
@@ -53,7 +56,8 @@ python3 -c "import jax; print('jax', jax.__version__, jax.devices())" | tee -a "
 # run (KINETIC_GPU_NORM=xla, KINETIC_GPU_ATTENTION=whole, KINETIC_GPU_DELTA=xla), which
 # gpu.txt says, with the error
 eval "$(timeout 120 python3 bench/gpu_preflight.py 2>>"$OUT/gpu.txt" | tee -a "$OUT/gpu.txt")"
-timeout 150 python3 -m pytest -q -n 0 -p no:cacheprovider -m "not real_model" \
+PART=${1:-all}   # all, or ab: the A/Bs and what follows them only
+[ "$PART" = all ] && timeout 150 python3 -m pytest -q -n 0 -p no:cacheprovider -m "not real_model" \
     -k "not every_family" \
     tests/test_pallas_matmul.py tests/test_pallas_attention.py tests/test_pallas_norm.py \
     tests/test_pallas_greedy.py tests/test_pallas_route.py tests/test_pallas_lowering.py \
@@ -74,7 +78,7 @@ print(os.path.dirname(found[0]) if found else '')")
     /tmp/anchor/llama-cuda/bin/llama-bench --list-devices 2>&1 | tail -4 | tee -a "$OUT/gpu.txt"
 fi
 step=$(left 330)
-[ "$step" -ge 30 ] && timeout "$step" python3 bench/gpu.py --out "$OUT" $ANCHOR \
+[ "$PART" = all ] && [ "$step" -ge 30 ] && timeout "$step" python3 bench/gpu.py --out "$OUT" $ANCHOR \
     --shape qwen25-1.5b --shape qwen25-0.5b --shape smollm2-135m --qtype Q4_0 --qtype Q4_K \
     2>&1 | tee "$OUT/bench.log" | tail -20
 # XLA's command buffers (CUDA graphs) around while loops too: the server's 4-step decode
