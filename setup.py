@@ -36,10 +36,12 @@ def _xla_ffi_include() -> str:
 def build_jobs() -> int:
     """Sources compiled at once: KINETIC_BUILD_JOBS, else the cores, at most 8 (each g++ -O2
     of a kernel source holds a few hundred MB)."""
-    text = os.environ.get("KINETIC_BUILD_JOBS", "")
-    if text.strip():
-        return max(1, int(text))
-    return max(1, min(8, os.cpu_count() or 1))
+    text = os.environ.get("KINETIC_BUILD_JOBS", "").strip()
+    if not text:
+        return max(1, min(8, os.cpu_count() or 1))
+    if not text.isdigit() or int(text) < 1:
+        raise SystemExit(f"KINETIC_BUILD_JOBS={text!r}: the sources to compile at once, 1 or more")
+    return int(text)
 
 
 def parallel_compile(compiler, jobs: int):
@@ -71,8 +73,8 @@ class BuildKernels(build_ext):
     line when there is no C++ compiler."""
 
     def build_extension(self, ext):
+        self.compiler.compile = parallel_compile(self.compiler, build_jobs())
         try:
-            self.compiler.compile = parallel_compile(self.compiler, build_jobs())
             super().build_extension(ext)
         except Exception as e:  # distutils' CompileError / LinkError, or a missing compiler
             raise SystemExit(
