@@ -204,6 +204,24 @@ def graphs(thunks: str, known_trips: bool = True) -> dict:
     return count
 
 
+def abstract(tree, sharding):
+    """tree with each array an abstract one of its shape and type on `sharding`'s device."""
+    import jax
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)
+                        if isinstance(a, (jax.Array, np.ndarray)) else a, tree)
+
+
+def graph_columns(hlo: str, thunks: str) -> tuple[dict, str]:
+    """An executable's CUDA graphs (`graphs`, loops counted as the HLO says their trip
+    counts are known or not) as a JSON row's fields, and its thunks outside a graph as the
+    table's text."""
+    cuda = graphs(thunks, all('"known_trip_count"' in line
+                              for line in hlo.splitlines() if " while(" in line))
+    alone = ", ".join(f"{n} {k[1:]}" for k, n in sorted(cuda["outside"].items())) or "none"
+    return {"graphs": cuda["graphs"], "graph_nodes": cuda["nodes"],
+            "outside": dict(cuda["outside"])}, alone
+
+
 def compile_dumped(compile_) -> tuple[float, object, str]:
     """(seconds, the compiled executable, its thunk sequence): compile_(options) run with XLA
     dumping the thunk sequence after its thunk passes (which make the command buffers), or
@@ -220,8 +238,6 @@ def compile_dumped(compile_) -> tuple[float, object, str]:
 
 def sampler_table(vocab: int, rows_list: list[int], sharding) -> list[dict]:
     """The sampling chain's compiles (module docstring, --sampler), printed as a table."""
-    import jax
-
     from kinetic.engine import sampler
     from kinetic.engine.sample_batch import SampleShape
     from kinetic.engine.sample_device import DeviceSampler
@@ -235,24 +251,18 @@ def sampler_table(vocab: int, rows_list: list[int], sharding) -> list[dict]:
     for name, B in [("sample_rows", shape.chain_bucket)] + [
             ("sample_batch", B) for B in rows_list]:
         fn = getattr(sampler, name)
-        args = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)
-                            if isinstance(a, (jax.Array, np.ndarray)) else a,
-                            chains._warm_chain(shape, B))
+        args = abstract(chains._warm_chain(shape, B), sharding)
         with target.for_gpu():
             seconds, compiled, thunks = compile_dumped(lambda options: fn.trace(
                 *args, max_candidates=shape.max_candidates).lower().compile(options))
         hlo = compiled.as_text()
         count = launches(hlo)
-        cuda = graphs(thunks, all('"known_trip_count"' in line
-                                  for line in hlo.splitlines() if " while(" in line))
+        cuda, alone = graph_columns(hlo, thunks)
         row = {"chain": name, "rows": B, "seconds": seconds,
-               "temp_bytes": compiled.memory_analysis().temp_size_in_bytes, **count,
-               "graphs": cuda["graphs"], "graph_nodes": cuda["nodes"],
-               "outside": dict(cuda["outside"])}
-        alone = ", ".join(f"{n} {k[1:]}" for k, n in sorted(cuda["outside"].items())) or "none"
+               "temp_bytes": compiled.memory_analysis().temp_size_in_bytes, **count, **cuda}
         print(f"| {name} | {B} | {seconds:.1f} | {row['temp_bytes'] / 2**20:.0f} "
               f"| {count['xla']} | {count['conditionals']} | {count['loops']} "
-              f"| {cuda['graphs']} of {cuda['nodes']} | {alone} |", flush=True)
+              f"| {cuda['graphs']} of {cuda['graph_nodes']} | {alone} |", flush=True)
         out.append(row)
     return out
 
@@ -260,8 +270,6 @@ def sampler_table(vocab: int, rows_list: list[int], sharding) -> list[dict]:
 def compile_step(path: str, rows: int, loop: bool, sharding) -> tuple[float, str, str]:
     """(seconds, optimized HLO text, thunk sequence) of the runner's step (or decode loop)
     at `rows` rows, compiled for the GPU that `sharding`'s device is."""
-    import jax
-
     from kinetic.engine.runner import Runner, RunnerConfig
     from kinetic.kernels import target
     from kinetic.model.loader import load_model
@@ -274,13 +282,8 @@ def compile_step(path: str, rows: int, loop: bool, sharding) -> tuple[float, str
     statics = (5, 6) if loop else (4, 5)
     out = {}
 
-    def abstract(a):
-        if isinstance(a, (jax.Array, np.ndarray)):
-            return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)
-        return a
-
     def compile_(*args):
-        args = [a if i in statics else jax.tree.map(abstract, a) for i, a in enumerate(args)]
+        args = [a if i in statics else abstract(a, sharding) for i, a in enumerate(args)]
         with target.for_gpu():
             out["seconds"], compiled, out["thunks"] = compile_dumped(
                 lambda options: jitted.trace(*args).lower().compile(options))
@@ -358,17 +361,12 @@ def main(argv=None) -> int:
                             results.append(row)
                             continue
                         row.update(launches(hlo))
-                        counted = all('"known_trip_count"' in line
-                                      for line in hlo.splitlines() if " while(" in line)
-                        cuda = graphs(thunks, counted)
-                        row.update(graphs=cuda["graphs"], graph_nodes=cuda["nodes"],
-                                   outside=dict(cuda["outside"]))
+                        cuda, alone = graph_columns(hlo, thunks)
+                        row.update(cuda)
                         per_layer = (row["triton"] + row["xla"]) / layers
-                        alone = ", ".join(f"{n} {k[1:]}" for k, n in
-                                          sorted(cuda["outside"].items())) or "none"
                         print(f"| {name} | {qtype} | {rows} | {what} | {row['seconds']:.1f} "
                               f"| {row['triton']} | {row['xla']} | {per_layer:.1f} "
-                              f"| {row['loops']} | {cuda['graphs']} of {cuda['nodes']} "
+                              f"| {row['loops']} | {cuda['graphs']} of {cuda['graph_nodes']} "
                               f"| {alone} |", flush=True)
                         results.append(row)
     if args.sampler:
