@@ -27,30 +27,13 @@ import argparse
 import dataclasses
 import json
 import os
-import statistics
 import sys
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 FORMS = {"loop4": (4, False), "batch4": (4, True), "batch64": (64, True)}   # rows, whole_batch
-
-
-class Job:
-    """What sample_row reads of an engine Job: a sampled request without bias or DRY."""
-
-    def __init__(self, params, seed: int):
-        from kinetic.engine.request import GenerationRequest
-        self.request = GenerationRequest([1], params=params)
-        self.seed, self.mu = seed, None
-
-    def bias_pairs(self, vocab_size):
-        return None
-
-    def dry_pairs(self, history, vocab_size, n_ctx):
-        return None
 
 
 def draw_all(sampler, logits, rows, shape) -> list[int]:
@@ -60,13 +43,9 @@ def draw_all(sampler, logits, rows, shape) -> list[int]:
 
 
 def median_ms(fn, reps: int) -> float:
-    fn()   # compiles at first
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
+    """bench/kernel.py's median_call of fn over `reps` calls, after a warm-up, in ms."""
+    from bench.kernel import median_call
+    return 1e3 * median_call(fn, (), 0.0, reps)
 
 
 def measure(vocab: int, streams: list[int], forms: list[str], reps: int):
@@ -75,6 +54,7 @@ def measure(vocab: int, streams: list[int], forms: list[str], reps: int):
     from kinetic.engine.sample_batch import SampleShape, sample_row
     from kinetic.engine.sample_device import DeviceSampler
     from kinetic.engine.sampling_params import SamplingParams
+    from tests.test_sample_batch import FakeJob   # what sample_row reads of a Job
     top = max(streams)
     buckets = [1 << i for i in range(top.bit_length()) if 1 << i <= top]
     buckets += [top] if buckets[-1] != top else []
@@ -85,8 +65,9 @@ def measure(vocab: int, streams: list[int], forms: list[str], reps: int):
     greedy = SamplingParams(temperature=0.0)
     for B in streams:
         logits = jax.device_put(rng.standard_normal((B, vocab), np.float32) * 4)
-        sampled = [sample_row(Job(params, 1000 + i), i, 512, (), None, base) for i in range(B)]
-        plain = [sample_row(Job(greedy, 0), i, 512, (), None, base) for i in range(B)]
+        sampled = [sample_row(FakeJob(params, 1000 + i), i, 512, (), None, base)
+                   for i in range(B)]
+        plain = [sample_row(FakeJob(greedy, 0), i, 512, (), None, base) for i in range(B)]
         yield {"streams": B, "form": "greedy", "ms": median_ms(
             lambda: draw_all(sampler, logits, plain, base), reps)}
         want = None
