@@ -104,10 +104,10 @@ class SampleShape:
 
     @property
     def chain_bucket(self) -> int:
-        """The one size the whole chain (sampler.sample_rows, a loop over its rows; on a
-        GPU sample_batch) runs at: the bucket that holds chain_size rows; with XLA's kernel,
-        whose steps run at T rows only, T. Fewer rows pay only for themselves (on a GPU
-        sample_batch pays for the bucket's rows)."""
+        """The largest size the chain runs at, the bucket that holds chain_size rows (with
+        XLA's kernel, whose steps run at T rows only, T): the only one for sampler.
+        sample_rows, a loop over its rows, where fewer rows pay only for themselves; on a
+        GPU sample_batch, which pays for its bucket's rows, runs at chain_buckets."""
         return self.bucket(self.chain_size)
 
     @property
