@@ -68,7 +68,7 @@ def test_the_variants_and_split_k_lower_through_triton(qtype):
 @pytest.mark.parametrize("split", [None, 0])
 def test_paged_attention_lowers_through_triton(heads, kv_heads, head_dim, dtype, window,
                                                softcap, split):
-    """A GPU's default (None: a row's keys in chunks, then their merge, two kernels) and
+    """A GPU's default (None: a row's keys in lanes, then their merge, two kernels) and
     one program over all of a row's keys (0)."""
     pages = jnp.zeros((40, 16, kv_heads, head_dim), dtype)
     rows = jnp.zeros((5,), jnp.int32)
@@ -150,7 +150,7 @@ def test_a_whole_model_step_lowers_for_cuda(tmp_path, arch, qtype):
     assert "stablehlo.while" not in seen["text"]
     if arch in ("llama", "qwen3"):   # a layer: q+k+v (the add and the norm before them
         # inside: layers.Normed), rotary and the cache writes (pallas_rope; Qwen3's heads'
-        # norms in it too), attention (a row's keys in chunks, then their merge), o,
+        # norms in it too), attention (a row's keys in lanes, then their merge), o,
         # gate+up (add and norm inside), down; then the final norm and the output
         assert seen["launches"] == 7 * 2 + 2   # (2 layers)
 

@@ -250,7 +250,7 @@ def test_a_gpus_fused_kernels_keep_the_bits(arch, tmp_path, monkeypatch):
         assert got.tobytes() == fused[0].tobytes()
 
 
-def test_a_gpus_attention_in_chunks_keeps_a_rows_bits(monkeypatch, tmp_path):
+def test_a_gpus_attention_in_lanes_keeps_a_rows_bits(monkeypatch, tmp_path):
     """A GPU's default attention (pallas_attention._split_attention: a row's keys in lanes,
     merged in order), here 2 lanes of pages of 4 keys: a tiny llama's logits the same bits
     fed one row a step, 5 and all 12 at once, and beside another sequence; within float32
@@ -260,9 +260,9 @@ def test_a_gpus_attention_in_chunks_keeps_a_rows_bits(monkeypatch, tmp_path):
     model = load_model(str(write_tiny_model(tmp_path / "llama.gguf", "llama", qtype="Q8_0",
                                             context_length=256)), kernel="pallas")
     monkeypatch.setattr(pa, "SPLIT_LANES", 2)
-    chunked = []
+    lanes = []   # the lanes of each _split_attention traced
     real = pa._split_attention
-    monkeypatch.setattr(pa, "_split_attention", lambda *a: chunked.append(a[13]) or real(*a))
+    monkeypatch.setattr(pa, "_split_attention", lambda *a: lanes.append(a[13]) or real(*a))
     tokens, other = list(range(3, 15)), list(range(40, 52))
 
     def logits(chunk, split, both=False):   # KINETIC_GPU_ATTENTION read at each trace
@@ -273,11 +273,11 @@ def test_a_gpus_attention_in_chunks_keeps_a_rows_bits(monkeypatch, tmp_path):
 
     runs = [logits(1, "split"), logits(5, "split"), logits(12, "split"),
             logits(6, "split", both=True)]
-    assert chunked and set(chunked) == {2}
+    assert lanes and set(lanes) == {2}
     assert all(r.tobytes() == runs[0].tobytes() for r in runs)
-    chunked.clear()
+    lanes.clear()
     whole = logits(12, "whole")
-    assert not chunked
+    assert not lanes
     np.testing.assert_allclose(whole, runs[0], rtol=1e-4, atol=1e-5)
 
 
