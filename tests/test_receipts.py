@@ -144,6 +144,120 @@ def test_unreadable_receipts_are_unusable():
         assert words in result.message
 
 
+# --- crafted receipts: refused before a model is read, or before it is re-run ----------------
+
+def bare(model: dict | None = None, engine: dict | None = None, **request) -> dict:
+    """A well-formed receipt of 3 prompt tokens and one output token, no model behind it."""
+    from kinetic.engine.request import GenerationRequest
+    from kinetic.engine.sampling_params import SamplingParams
+    rec = receipts.request_record(GenerationRequest([1, 2, 3], SamplingParams(), 4), 7, None)
+    eng = {"name": "kinetic", "version": kinetic.__version__, "backend": "cpu",
+           "device": "cpu", "kernel": "ffi", "weights": "gguf",
+           "activation_rounding": "llama.cpp", "step_tokens": 16, "n_ctx": 256,
+           "page_size": 16, "kv_dtype": "float16", "max_candidates": 256,
+           "history_width": 256, "split": {"mode": "none"}}
+    return {"version": 1, "model": model or {"name": "none.gguf", "size": 1,
+                                             "sha256": "0" * 64},
+            "engine": dict(eng, **(engine or {})), "request": dict(rec, **request),
+            "output": {"token_ids": [5], "text": "x", "finish_reason": "length"}}
+
+
+def rules(table: dict) -> dict:
+    return {"type": "rules", "rules": json.dumps(table), "sha256": "0" * 64}
+
+
+@pytest.mark.parametrize("change, words", [
+    # root ::= root <any byte>: the matcher's expansion of it would never end (it once took
+    # all the memory there was)
+    ({"grammar": rules({"root": 0, "names": ["root"], "rules": [[[[1, 0], [0, "ff"]]]]})},
+     "left recursion in rule 'root'"),
+    ({"grammar": rules({"root": 0, "names": ["root"], "rules": [[[[1, 3]]]]})},
+     "not a grammar symbol"),
+    ({"grammar": rules({"root": 0, "names": ["root"], "rules": [[[[0, 1]] * (1 << 20)]]})},
+     "too large"),
+    ({"top_k": 10**12}, "top_k must be between"),
+    ({"seed": 2**200}, "seed must be an integer from 0 to"),
+])
+def test_a_crafted_request_is_refused_before_a_model_is_read(change, words):
+    result = kinetic.verify_receipt(bare(**change))
+    assert result.status == "unusable" and words in result.message, result.message
+
+
+@pytest.mark.parametrize("name", ["/etc/passwd", "../../../etc/passwd", "a/b.gguf", "x" * 300])
+def test_a_receipts_model_name_is_a_file_name_in_the_cache(name):
+    result = kinetic.verify_receipt(bare(model={"name": name, "size": 1, "sha256": "0" * 64}))
+    assert result.status == "unusable" and "is not a file name" in result.message, \
+        result.message
+
+
+def test_a_receipts_version_is_the_integer_1():
+    for version in (True, 1.0, "1"):
+        result = kinetic.verify_receipt(dict(bare(), version=version))
+        assert result.status == "unusable" and "unknown receipt version" in result.message
+
+
+@pytest.fixture(scope="module")
+def tiny_file(tmp_path_factory):
+    from tests.tiny_models import write_tiny_model
+    path = tmp_path_factory.mktemp("tiny") / "tiny.gguf"
+    write_tiny_model(path, "llama")
+    return path
+
+
+@pytest.mark.parametrize("engine, words", [
+    ({"history_width": 10**9}, "engine.history_width must be an integer from 1 to"),
+    ({"max_candidates": 0}, "engine.max_candidates must be an integer from 1 to"),
+    ({"max_candidates": "x"}, "engine.max_candidates must be an integer"),
+    ({"split": "row"}, "engine.split must be an object"),
+    ({"weights": "int3"}, "not ones kinetic runs"),
+    ({"backend": None}, "engine.backend is missing"),
+])
+def test_engine_settings_kinetic_never_runs_are_refused_before_loading(
+        tiny_file, monkeypatch, engine, words):
+    import kinetic.model.loader as loader
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("loaded a model for a receipt it should have refused")
+    monkeypatch.setattr(loader, "load_model", no_load)
+    result = kinetic.verify_receipt(bare(receipts.model_record(tiny_file), engine),
+                                    model=str(tiny_file))
+    assert result.status == "unusable" and words in result.message, result.message
+
+
+def test_a_model_that_is_a_folder_is_refused(tmp_path):
+    result = kinetic.verify_receipt(bare(), model=str(tmp_path))
+    assert result.status == "unusable" and "is not a file" in result.message, result.message
+
+
+def test_a_signer_other_than_the_trusted_key_is_refused_before_a_rerun(tmp_path):
+    """With a trusted key, a receipt signed by another is refused as such, even when it was
+    changed after signing (which would otherwise be re-run to name the change: here no
+    model is there to re-run it, and the message is the signer's)."""
+    receipts.write_signing_key(tmp_path / "k1.pem")
+    receipt = receipts.load_signing_key(tmp_path / "k1.pem").sign(bare())
+    receipt["output"]["token_ids"] = [6]
+    other = receipts.write_signing_key(tmp_path / "k2.pem")
+    result = kinetic.verify_receipt(receipt, public_key=other)
+    assert result.status == "unusable" and "signed by another key" in result.message, \
+        result.message
+
+
+def test_a_public_key_path_that_is_no_file_says_so(tmp_path):
+    with pytest.raises(receipts.ReceiptError, match="no such file"):
+        receipts.parse_public_key(str(tmp_path / "missing.pem"))
+    with pytest.raises(receipts.ReceiptError, match="a folder"):
+        receipts.parse_public_key(str(tmp_path))
+
+
+def test_a_receipt_file_past_the_size_bound_is_not_read(tmp_path, monkeypatch):
+    from kinetic.receipts import verify
+    monkeypatch.setattr(verify, "MAX_RECEIPT_BYTES", 1000)
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps(dict(bare(), padding="x" * 2000)))
+    result = kinetic.verify_receipt(path)
+    assert result.status == "unusable" and "larger than a receipt can be" in result.message
+
+
 # --- with smollm2 ---------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -510,10 +624,18 @@ def test_a_whole_answer_must_show_the_receipts_text(setup):
                                          "receipt": True}),
                post(setup, "/completion", {"prompt": DAYS, "n_predict": 8, "temperature": 0,
                                            "receipt": True})]
+    message = answers[0]["choices"][0]["message"]
+    words = message["content"].split()
+    assert len(words) >= 3, message
     edits = [lambda a: a["choices"][0]["message"].update(content="Paris is lovely."),
              lambda a: a["choices"][0].update(text=a["choices"][0]["text"] + " (edited)"),
-             lambda a: a.update(content="Not what the model said")]
-    for answer, edit in zip(answers, edits):
+             lambda a: a.update(content="Not what the model said"),
+             # a part of the text, or none of it, is not the text: the message must be the
+             # whole text (taken apart at <think> where the model thinks)
+             lambda a: a["choices"][0]["message"].update(content=words[1]),
+             lambda a: a["choices"][0]["message"].update(content="  ")]
+    for answer, edit in zip(answers + [copy.deepcopy(answers[0])] * 2, edits):
+        answer = copy.deepcopy(answer)
         good = kinetic.verify_receipt(answer, model=setup["checker"])
         assert good.status == "verified", good.message
         edit(answer)
@@ -534,3 +656,12 @@ def test_each_of_n_choices_has_its_own_receipt(setup):
         assert r["request"]["seed"] == 5 + i
         assert r["output"]["text"] == choice["message"]["content"]
         check(setup, r)
+    # the whole answer: every choice's receipt, and the text each choice shows
+    whole = kinetic.verify_receipt(answer, model=setup["checker"])
+    assert whole.status == "verified" and "all 2 choices" in whole.message, whole.message
+    assert whole.n_tokens == sum(len(c["receipt"]["output"]["token_ids"])
+                                 for c in answer["choices"])
+    answer["choices"][1]["message"]["content"] = "Something else."
+    bad = kinetic.verify_receipt(answer, model=setup["checker"])
+    assert bad.status == "differs" and bad.message.startswith("choices[1]'s receipt: "), \
+        bad.message

@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 from kinetic.api.errors import bad_request, context_exceeded, not_supported
 from kinetic.engine.request import MAX_LOGPROBS, MAX_STOP_STRINGS
-from kinetic.engine.sampling_params import MAX_LOGIT_BIAS, SamplingParams
+from kinetic.engine.sampling_params import INT32_MAX, MAX_LOGIT_BIAS, SEED_MAX, SamplingParams
 from kinetic.grammar import (Grammar, GrammarError, UnsupportedSchema,
                              compile_gbnf, compile_json_schema)
 from kinetic.grammar.json_schema import InvalidSchema, check_types
@@ -39,8 +39,6 @@ from kinetic.text.chat_messages import MESSAGE_STRINGS
 MAX_TOKENS_LIMIT = 1 << 20      # generation also ends when the context is full
 MAX_STOP_CHARS = 1000           # per stop string
 MAX_DRY_BREAKERS = 64
-INT32_MAX = 2**31 - 1
-SEED_MAX = 2**64 - 1            # the sampler keys draws with the seed modulo 2**32
 
 # keys the server itself passes to the chat template; chat_template_kwargs may not set them
 RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "add_generation_prompt", "prefill_assistant")

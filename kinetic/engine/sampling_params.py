@@ -46,6 +46,9 @@ GGUF_SAMPLING_KEYS = {
     "general.sampling.mirostat_eta": "mirostat_eta",
 }
 
+INT32_MAX = 2**31 - 1
+SEED_MAX = 2**64 - 1   # the sampler keys draws with the seed modulo 2**32
+
 _INT_FIELDS = ("top_k", "repeat_last_n", "dry_allowed_length", "dry_penalty_last_n", "mirostat",
                "min_keep", "top_logprobs")
 
@@ -94,6 +97,9 @@ class SamplingParams:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
+            if not -INT32_MAX <= value <= INT32_MAX:   # the sampler's rows are int32
+                raise ValueError(f"{name} must be between {-INT32_MAX} and {INT32_MAX}, "
+                                 f"got {value}")
         _check_range("temperature", self.temperature, hi=100.0)
         _check_range("top_p", self.top_p, 0.0, 1.0)
         _check_range("min_p", self.min_p, 0.0, 1.0)
@@ -125,9 +131,9 @@ class SamplingParams:
         if not 0 <= self.top_logprobs <= 20:
             raise ValueError(f"top_logprobs must be between 0 and 20, got {self.top_logprobs}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
-                                      or self.seed < -1):
-            raise ValueError(f"seed must be a non-negative integer (or -1 for a fresh one), "
-                             f"got {self.seed!r}")
+                                      or not -1 <= self.seed <= SEED_MAX):
+            raise ValueError(f"seed must be an integer from 0 to {SEED_MAX} (or -1 for a "
+                             f"fresh one), got {self.seed!r}")
         if self.dry_base < 1.0:   # llama-server replaces it rather than refusing the request
             object.__setattr__(self, "dry_base", 1.75)
         object.__setattr__(self, "dry_sequence_breakers", _breakers(self.dry_sequence_breakers))

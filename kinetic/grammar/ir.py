@@ -407,48 +407,92 @@ class _Lowering:
         return out
 
     def _check_left_recursion(self) -> None:
-        rules = self.rules
-        nullable = [False] * len(rules)
-        changed = True
-        while changed:
-            changed = False
-            for r, alts in enumerate(rules):
-                if not nullable[r] and any(all(k == NONTERM and nullable[a] for k, a in syms)
-                                           for syms in alts):
-                    nullable[r] = changed = True
-        first: list[set[int]] = []   # rules that rule r can start with without consuming input
-        for alts in rules:
-            s: set[int] = set()
-            for syms in alts:
-                for k, a in syms:
-                    if k != NONTERM:
-                        break
-                    s.add(a)
-                    if not nullable[a]:
-                        break
-            first.append(s)
-        color = [0] * len(rules)   # 0 new, 1 on the path, 2 done
-        for start in range(len(rules)):
-            if color[start]:
-                continue
-            stack = [(start, iter(first[start]))]
-            color[start] = 1
-            while stack:
-                r, it = stack[-1]
-                nxt = next(it, None)
-                if nxt is None:
-                    color[r] = 2
-                    stack.pop()
-                elif color[nxt] == 1:
-                    name = self._user_name(nxt)
-                    line, col = self.b.where.get(name, (None, None))
-                    raise GrammarError(f"left recursion in rule {name!r} (a rule that can "
-                                       f"reach itself before matching any character)", line, col)
-                elif color[nxt] == 0:
-                    color[nxt] = 1
-                    stack.append((nxt, iter(first[nxt])))
+        rid = left_recursive_rule(self.rules)
+        if rid is not None:
+            name = self._user_name(rid)
+            line, col = self.b.where.get(name, (None, None))
+            raise GrammarError(f"left recursion in rule {name!r} (a rule that can reach itself "
+                               f"before matching any character)", line, col)
 
     def _user_name(self, rid: int) -> str:
         name = self.names[rid]
         base = name.rsplit("-", 1)[0] if name not in self.b.exprs else name
         return base if base in self.b.exprs else name
+
+
+def left_recursive_rule(rules: list[list[list[tuple[int, int]]]]) -> int | None:
+    """A rule that can reach itself before matching any byte (the matcher's expansion of it
+    would never end), or None. rules[r]: rule r's alternatives, each a list of (kind, arg)."""
+    nullable = [False] * len(rules)
+    changed = True
+    while changed:
+        changed = False
+        for r, alts in enumerate(rules):
+            if not nullable[r] and any(all(k == NONTERM and nullable[a] for k, a in syms)
+                                       for syms in alts):
+                nullable[r] = changed = True
+    first: list[set[int]] = []   # rules that rule r can start with without consuming input
+    for alts in rules:
+        s: set[int] = set()
+        for syms in alts:
+            for k, a in syms:
+                if k != NONTERM:
+                    break
+                s.add(a)
+                if not nullable[a]:
+                    break
+        first.append(s)
+    color = [0] * len(rules)   # 0 new, 1 on the path, 2 done
+    for start in range(len(rules)):
+        if color[start]:
+            continue
+        stack = [(start, iter(first[start]))]
+        color[start] = 1
+        while stack:
+            r, it = stack[-1]
+            nxt = next(it, None)
+            if nxt is None:
+                color[r] = 2
+                stack.pop()
+            elif color[nxt] == 1:
+                return nxt
+            elif color[nxt] == 0:
+                color[nxt] = 1
+                stack.append((nxt, iter(first[nxt])))
+    return None
+
+
+def checked_grammar(names: list, rules: list, root: int) -> Grammar:
+    """A Grammar of rules given as data (a receipt's lowered tables, not a compiler's): the
+    checks a compiler makes, made here. Raises GrammarError for rules of the wrong shape
+    (kinds, rule ids, byte masks out of range), more than MAX_SYMBOLS symbols, or left
+    recursion."""
+    def is_int(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+    if not (isinstance(names, list) and isinstance(rules, list) and len(names) == len(rules)
+            and all(isinstance(n, str) for n in names) and is_int(root)
+            and 0 <= root < len(rules)):
+        raise GrammarError("the rules must be a list of rules with a name each, and the root "
+                           "one of them")
+    size = 0
+    for alts in rules:
+        if not isinstance(alts, list):
+            raise GrammarError("a rule must be a list of alternatives")
+        for syms in alts:
+            if not isinstance(syms, list):
+                raise GrammarError("an alternative must be a list of symbols")
+            size += len(syms) + 1
+            if size > MAX_SYMBOLS:
+                raise GrammarError(f"the grammar is too large: more than {MAX_SYMBOLS} symbols")
+            for sym in syms:
+                ok = (isinstance(sym, (list, tuple)) and len(sym) == 2 and is_int(sym[1])
+                      and ((sym[0] == TERM and 0 <= sym[1] < 1 << 256)
+                           or (sym[0] == NONTERM and 0 <= sym[1] < len(rules))))
+                if not ok:
+                    raise GrammarError(f"not a grammar symbol: {str(sym)[:80]}")
+    rid = left_recursive_rule(rules)
+    if rid is not None:
+        raise GrammarError(f"left recursion in rule {names[rid]!r} (a rule that can reach "
+                           f"itself before matching any character)")
+    return Grammar(names, [[[tuple(sym) for sym in syms] for syms in alts] for alts in rules],
+                   root)

@@ -159,7 +159,7 @@ def compile_grammar(rec: dict[str, Any]):
     if it cannot be, or if it compiles to other tables than the answer followed."""
     from kinetic.chat.tool_calls import FORMATS
     from kinetic.grammar import compile_gbnf, compile_json_schema
-    from kinetic.grammar.ir import TERM, Grammar
+    from kinetic.grammar.ir import TERM, checked_grammar
     if not isinstance(rec, dict):
         raise ReceiptError("request.grammar must be null or an object")
     kind = rec.get("type")
@@ -176,10 +176,12 @@ def compile_grammar(rec: dict[str, Any]):
             grammar = fmt.grammar(json.loads(_need(rec, "tools", str, "request.grammar")),
                                   bool(rec.get("parallel")), rec.get("think"))
         elif kind == "rules":
+            # tables, not a source: checked as a compiler would check its own (shape, size,
+            # left recursion), since a crafted table can make the matcher's work endless
             low = json.loads(_need(rec, "rules", str, "request.grammar"))
-            rules = [[[(k, int(a, 16) if k == TERM else a) for k, a in alt] for alt in alts]
-                     for alts in low["rules"]]
-            grammar = Grammar(low["names"], rules, low["root"])
+            rules = [[[[k, int(a, 16) if k == TERM and isinstance(a, str) else a]
+                       for k, a in alt] for alt in alts] for alts in low["rules"]]
+            grammar = checked_grammar(low["names"], rules, low["root"])
         else:
             raise ReceiptError(f"request.grammar has an unknown type {kind!r}")
     except ReceiptError:

@@ -83,6 +83,12 @@ def parse_public_key(value: str) -> bytes:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import (Ed25519PrivateKey,
                                                                    Ed25519PublicKey)
     text = value
+    if os.path.isdir(value):
+        raise ReceiptError(f"--public-key {value}: a folder, not a key file")
+    raw = _unb64(value.strip())
+    if os.sep in value and not os.path.exists(value) and (raw is None or len(raw) != 32):
+        # a path (base64 has "/" too, so only where the value is no key itself)
+        raise ReceiptError(f"--public-key {value}: no such file")
     if os.path.isfile(value):
         try:
             text = Path(value).read_text(errors="replace")
@@ -147,6 +153,9 @@ def check_signature(receipt: dict[str, Any], public_key: bytes | None = None) ->
     if key is None or len(key) != 32 or value is None or len(value) != 64:
         raise ReceiptError("bad signature: signature.public_key and value must be base64 of "
                            "32 and 64 bytes")
+    if public_key is not None and key != public_key:   # before the signature: no re-run
+        raise ReceiptError(f"signed by another key ({sig['public_key']}), not by "
+                           f"{_b64(public_key)}")
     body = {k: v for k, v in receipt.items() if k != "signature"}
     try:
         Ed25519PublicKey.from_public_bytes(key).verify(value, canonical(body))
@@ -155,7 +164,4 @@ def check_signature(receipt: dict[str, Any], public_key: bytes | None = None) ->
                        "after signing?)") from None
     except ValueError as e:   # canonical() of a body with NaN, say
         raise ReceiptError(f"bad signature: {e}") from None
-    if public_key is not None and key != public_key:
-        raise ReceiptError(f"signed by another key ({sig['public_key']}), not by "
-                           f"{_b64(public_key)}")
     return sig["public_key"]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import threading
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -85,16 +85,35 @@ def verify_receipt(receipt: dict | str | bytes | os.PathLike, model=None, *,
     teacher-forced through the engine, re-sample every position with the recorded seed and
     parameters and re-derive the finish. Returns a Verification; never raises for a bad receipt.
 
-    receipt: the object, its JSON text (str or bytes) or a path to it (os.PathLike). model: the
-    GGUF file's path, a loaded kinetic.llm.Model (its engine is used when its settings are the
-    receipt's, else a new engine over its weights), or None: the file of the receipt's name
-    in kinetic's model cache (kinetic.fetch.cache_dir). progress(done, total) follows the
-    positions re-sampled."""
+    receipt: the object, its JSON text (str or bytes) or a path to it (os.PathLike); or a whole
+    answer that carries one (its `receipt`, or each choice's: then every choice's receipt is
+    checked, and the first that is not verified is returned). model: the GGUF file's path, a
+    loaded kinetic.llm.Model (its engine is used when its settings are the receipt's, else a new
+    engine over its weights), or None: the file of the receipt's name in kinetic's model cache
+    (kinetic.fetch.cache_dir). progress(done, total) follows the positions re-sampled."""
     try:
-        rec, shown = _parse(receipt)
+        parts = _parse(receipt)
+        key = parse_public_key(public_key) if isinstance(public_key, str) else public_key
+    except ReceiptError as e:
+        return _unusable(str(e))
+    found = []
+    for where, rec, shown in parts:
+        one = _verify_one(rec, shown, model, key, progress)
+        if where and not one.ok:
+            return dataclasses.replace(one, message=f"{where}'s receipt: {one.message}")
+        found.append(one)
+    if len(found) == 1:
+        return found[0]
+    return dataclasses.replace(found[0], n_tokens=sum(f.n_tokens for f in found), message=(
+        f"verified: the receipts of all {len(found)} choices ("
+        + "; ".join(f"{w}: {f.message.removeprefix('verified: ')}"
+                    for (w, _, _), f in zip(parts, found)) + ")"))
+
+
+def _verify_one(rec: dict[str, Any], shown: list, model, key: bytes | None,
+                progress: Progress | None) -> Verification:
+    try:
         try:
-            key = (parse_public_key(public_key) if isinstance(public_key, str)
-                   else public_key)
             signed_by = check_signature(rec, key)
         except Tampered as e:
             # changed after signing: re-run it anyway, so that a changed token is named (exit
@@ -102,8 +121,6 @@ def verify_receipt(receipt: dict | str | bytes | os.PathLike, model=None, *,
             found = _verify(rec, model, None, progress)
             if found.status == "differs":
                 return dataclasses.replace(found, message=f"{found.message} (and {e})")
-            return _unusable(str(e))
-        except ReceiptError as e:
             return _unusable(str(e))
         found = _verify(rec, model, signed_by, progress)
         if found.status == "verified":
@@ -118,70 +135,118 @@ def verify_receipt(receipt: dict | str | bytes | os.PathLike, model=None, *,
             f"sign with a key of their own); pass --public-key to check the signer",))
     except ReceiptError as e:
         return _unusable(str(e))
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError) as e:
+        # a field of a type or size no check above foresaw: still a bad receipt, not a crash
+        return _unusable(f"a field is not what kinetic writes there ({e})")
 
 
-def _parse(receipt) -> tuple[dict[str, Any], list[tuple[str, str, str]]]:
-    """(the receipt, the visible texts of the whole answer it came in: _shown)."""
+# a receipt file larger than this is refused before it is read: a receipt holds a context's
+# token ids (a few bytes each) and its request, far below this
+MAX_RECEIPT_BYTES = 64 << 20
+
+
+def _parse(receipt) -> list[tuple[str, dict[str, Any], list[tuple[str, Any, str]]]]:
+    """[(where, receipt, the visible texts of the answer it came in: _shown)]: one receipt
+    (where ""), or a whole answer's: its own, or each of its choices' (where "choices[i]")."""
     if isinstance(receipt, os.PathLike):
         try:
-            receipt = Path(receipt).read_bytes()
+            with open(receipt, "rb") as f:
+                if os.fstat(f.fileno()).st_size > MAX_RECEIPT_BYTES:
+                    raise ReceiptError(f"{receipt} is larger than a receipt can be "
+                                       f"({MAX_RECEIPT_BYTES >> 20} MiB)")
+                receipt = f.read(MAX_RECEIPT_BYTES + 1)
         except OSError as e:
             raise ReceiptError(f"cannot read {receipt}: {e.strerror or e}") from None
     if isinstance(receipt, (str, bytes)):
+        if len(receipt) > MAX_RECEIPT_BYTES:
+            raise ReceiptError(f"larger than a receipt can be ({MAX_RECEIPT_BYTES >> 20} MiB)")
         try:
             receipt = json.loads(receipt)
         except (ValueError, RecursionError) as e:
             raise ReceiptError(f"not JSON: {e}") from None
     if not isinstance(receipt, dict):
         raise ReceiptError("a receipt is a JSON object")
-    shown = []
-    if "version" not in receipt and isinstance(receipt.get("receipt"), dict):
-        shown = _shown(receipt)   # a whole answer, saved as the server sent it
-        receipt = receipt["receipt"]
-    version = receipt.get("version")
-    if version != RECEIPT_VERSION:
-        raise ReceiptError(f"unknown receipt version {version!r} (this kinetic reads version "
-                           f"{RECEIPT_VERSION})")
-    for part in ("model", "engine", "request", "output"):
-        if not isinstance(receipt.get(part), dict):
-            raise ReceiptError(f"the receipt has no {part} object")
-    return receipt, shown
+    parts = [("", receipt, [])]
+    if "version" not in receipt:   # a whole answer, saved as the server sent it
+        choices = receipt.get("choices")
+        choices = [c for c in choices if isinstance(c, dict)] if isinstance(choices,
+                                                                             list) else []
+        if isinstance(receipt.get("receipt"), dict):
+            parts = [("", receipt["receipt"], _shown(receipt))]
+        elif any(isinstance(c.get("receipt"), dict) for c in choices):
+            parts = [(f"choices[{i}]", c["receipt"], _choice_shown(i, c))
+                     for i, c in enumerate(choices)]
+    for where, rec, _ in parts:
+        if not isinstance(rec, dict):
+            raise ReceiptError(f"{where} has no receipt")
+        version = rec.get("version")
+        if not _is_int(version) or version != RECEIPT_VERSION:
+            raise ReceiptError(f"unknown receipt version {version!r} (this kinetic reads "
+                               f"version {RECEIPT_VERSION})")
+        for part in ("model", "engine", "request", "output"):
+            if not isinstance(rec.get(part), dict):
+                raise ReceiptError(f"the receipt has no {part} object")
+    return parts
 
 
-def _shown(answer: dict[str, Any]) -> list[tuple[str, str, str]]:
+def _shown(answer: dict[str, Any]) -> list[tuple[str, Any, str]]:
     """(where, text, how) of each text a whole answer shows its reader. how: "equal" (
     /completion's `content` is the receipt's text itself), "end" (a /v1/completions choice's
-    `text` ends with it: an `echo` would put the prompt first), "part" (a chat message's `content`
-    and `reasoning_content` are pieces of it, taken apart by the chat template's format)."""
+    `text` ends with it: an `echo` would put the prompt first), "chat" (a chat message: text is
+    its (reasoning_content, content, has tool calls), the receipt's text taken apart: _chat)."""
     out = []
     if isinstance(answer.get("content"), str):
         out.append(("content", answer["content"], "equal"))
     choices = answer.get("choices")
     for i, choice in enumerate(choices if isinstance(choices, list) else []):
-        if not isinstance(choice, dict):
-            continue
-        if isinstance(choice.get("text"), str):
-            out.append((f"choices[{i}].text", choice["text"], "end"))
-        message = choice.get("message")
-        for key in ("content", "reasoning_content"):
-            if isinstance(message, dict) and isinstance(message.get(key), str):
-                out.append((f"choices[{i}].message.{key}", message[key], "part"))
+        if isinstance(choice, dict):
+            out += _choice_shown(i, choice)
     return out
 
 
-def _check_shown(found: Verification, shown: list[tuple[str, str, str]],
+def _choice_shown(i: int, choice: dict[str, Any]) -> list[tuple[str, Any, str]]:
+    out = []
+    if isinstance(choice.get("text"), str):
+        out.append((f"choices[{i}].text", choice["text"], "end"))
+    message = choice.get("message")
+    if isinstance(message, dict):
+        reasoning, content = message.get("reasoning_content"), message.get("content")
+        out.append((f"choices[{i}].message", (
+            reasoning if isinstance(reasoning, str) else "",
+            content if isinstance(content, str) else "", bool(message.get("tool_calls"))),
+            "chat"))
+    return out
+
+
+def _check_shown(found: Verification, shown: list[tuple[str, Any, str]],
                  text: str) -> Verification:
     """found, or "differs" where the answer shows a text the verified receipt does not
     hold: its tokens re-derive, but a reader was shown something else."""
     for where, value, how in shown:
         ok = (value == text if how == "equal" else text.endswith(value) if how == "end"
-              else value.strip() in text)
+              else _chat(text, *value))
         if not ok:
+            seen = value if how != "chat" else value[1] or value[0]
             return dataclasses.replace(found, status="differs", message=(
                 f"the answer's {where} is not the receipt's text (its {found.n_tokens} tokens "
-                f"re-derive, but the answer shows {value[:80]!r}, the receipt's text is "
+                f"re-derive, but the answer shows {seen[:80]!r}, the receipt's text is "
                 f"{text[:80]!r})"))
     return found
+
+
+def _chat(text: str, reasoning: str, content: str, calls: bool) -> bool:
+    """Whether a chat message's reasoning and content are the receipt's text taken apart as
+    the server takes it (api/chat_reply.py): whole, or split at <think> ... </think> (the
+    prompt leaving the block open or not). With tool calls, the calls' markup was taken out of
+    the content, so the content need only be in the rest."""
+    from kinetic.chat.reasoning import ReasoningSplitter
+    splits = [("", text)]
+    for started_open in (False, True):
+        splitter = ReasoningSplitter(started_open)
+        (r1, c1), (r2, c2) = splitter.feed(text), splitter.finish()
+        splits.append((r1 + r2, c1 + c2))
+    return any(r == reasoning and (content in c if calls else c == content)
+               for r, c in splits)
 
 
 def _find_model(name: str) -> str:
@@ -189,6 +254,10 @@ def _find_model(name: str) -> str:
     from Hugging Face (the first, by path, of those with that name)."""
     from kinetic.fetch import MODELS, cache_dir
     from kinetic.hub import cached_files
+    if (os.path.basename(name) != name or "/" in name or "\\" in name or "\0" in name
+            or name in ("", ".", "..") or len(name.encode("utf-8", "replace")) > 255):
+        raise ReceiptError(f"the receipt's model name {name[:80]!r} is not a file name; give "
+                           f"its file with --model MODEL")
     path = cache_dir() / name
     if path.is_file():
         return str(path)
@@ -208,9 +277,14 @@ def _check_model_file(path: str, want: dict[str, Any]) -> None:
         st = os.stat(path)
     except OSError as e:
         raise ReceiptError(f"cannot read the model file {path}: {e.strerror or e}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ReceiptError(f"the model {path} is not a file")
     wanted = f"the receipt's model is {name} ({size} bytes, sha256 {digest})"
-    if st.st_size != size or model_record(path)["sha256"] != digest:
+    try:
         got = model_record(path)["sha256"]   # hashed once per file, as for receipts
+    except OSError as e:
+        raise ReceiptError(f"cannot read the model file {path}: {e.strerror or e}") from None
+    if st.st_size != size or got != digest:
         raise ReceiptError(f"wrong model file: {wanted}; {path} has {st.st_size} bytes, "
                            f"sha256 {got}")
 
@@ -253,6 +327,24 @@ def _verify(rec: dict[str, Any], model, signed_by: str | None,
                    signed_by, tuple(notes), progress)
 
 
+# (weights, activation_rounding) a receipt of each kernel can record (record._weights)
+_KERNEL_WEIGHTS = {"ffi": {("gguf", "llama.cpp")}, "pallas": {("gguf", "none")},
+                   "xla": {(w, r) for w in ("bfloat16", "float32", "float16")
+                           for r in ("llama.cpp", "none")}}
+
+
+def _widths(rec: dict[str, Any], n_ctx: int) -> dict[str, int]:
+    """The sampler's widths a receipt's engine record gives (this kinetic's where it gives
+    none), each at most what kinetic runs: ReceiptError otherwise."""
+    widths = {"history_width": rec.get("history_width", min(HISTORY_WIDTH, n_ctx)),
+              "max_candidates": rec.get("max_candidates", MAX_CANDIDATES)}
+    for name, most in (("history_width", HISTORY_WIDTH), ("max_candidates", MAX_CANDIDATES)):
+        if not _is_int(widths[name]) or not 1 <= widths[name] <= most:
+            raise ReceiptError(f"the receipt's engine.{name} must be an integer from 1 to "
+                               f"{most} (what kinetic runs), got {str(widths[name])[:40]}")
+    return widths
+
+
 # verification engines, kept for the next receipt of the same model and settings
 _engines: dict[tuple, Any] = {}
 _engines_lock = threading.Lock()
@@ -274,31 +366,36 @@ def _engine_for(rec: dict[str, Any], path: str, model, need_ctx: int):
     page_size = _need(rec, "page_size", int, "engine")
     kv_dtype = _need(rec, "kv_dtype", str, "engine")
     n_ctx = _need(rec, "n_ctx", int, "engine")
+    backend, device = _need(rec, "backend", str, "engine"), _need(rec, "device", str, "engine")
     # bounds of what kinetic serve runs, so that a crafted receipt cannot ask for a huge step
     if not (1 <= step_tokens <= 4096 and 1 <= page_size <= 4096 and page_size <= n_ctx
             and kv_dtype in KV_VALUE_BYTES
-            and kernel in ("ffi", "xla", "pallas")):
+            and kernel in ("ffi", "xla", "pallas")
+            and (weights, rounding) in _KERNEL_WEIGHTS[kernel]):
         raise ReceiptError(f"the receipt's engine settings are not ones kinetic runs "
-                           f"(kernel {kernel!r}, step_tokens {step_tokens}, page_size "
-                           f"{page_size}, kv_dtype {kv_dtype!r}, n_ctx {n_ctx})")
+                           f"(kernel {kernel!r}, weights {weights!r}, activation_rounding "
+                           f"{rounding!r}, step_tokens {step_tokens}, page_size {page_size}, "
+                           f"kv_dtype {kv_dtype!r}, n_ctx {n_ctx})")
+    _widths(rec, n_ctx)
+    split = rec.get("split") or {}
+    if not isinstance(split, dict):
+        raise ReceiptError("the receipt's engine.split must be an object")
     if rec.get("version") != __version__:
         notes.append(f"the receipt was made by kinetic {rec.get('version')}; this is "
                      f"{__version__}")
-    split = rec.get("split") or {}
     if split.get("mode", "none") != "none":
         notes.append(f"the answer was made split by {split['mode']} over "
                      f"{split.get('devices')} devices; it is re-run on one, which gives a "
                      f"split's bits")
     here = (jax.default_backend(), jax.devices()[0].device_kind)
-    if rec.get("backend") == "gpu" and (rec.get("backend"), rec.get("device")) != here:
+    if backend == "gpu" and (backend, device) != here:
         # a GPU's float order is its compiled kernels' (Triton's, per chip): only the same
         # kind of device re-derives the same bits
-        raise ReceiptError(f"the receipt was made on a GPU ({rec.get('device')}, kernel "
+        raise ReceiptError(f"the receipt was made on a GPU ({device}, kernel "
                            f"{kernel}); re-running it needs that kind of device, and this "
                            f"is {here[0]} ({here[1]})")
-    if rec.get("backend") != jax.default_backend() or (
-            kernel == "xla" and rec.get("device") != jax.devices()[0].device_kind):
-        notes.append(f"the receipt was made on {rec.get('backend')} ({rec.get('device')}); "
+    if backend != here[0] or device != here[1]:
+        notes.append(f"the receipt was made on {backend} ({device}); "
                      f"this is {jax.default_backend()} ({jax.devices()[0].device_kind})")
 
     def same(e) -> bool:
@@ -350,10 +447,8 @@ def _replay(engine, request, seed: int, out_ids: list[int], text: str, finish: s
     tokens = list(request.prompt) + list(out_ids)
     n, start = len(out_ids), len(request.prompt)
     # the receipt's sampler shape: its context and widths, the engine's bias width
-    shape = dataclasses.replace(
-        engine.sample_shape, n_ctx=n_ctx, buckets=(1,),
-        history_width=eng_rec.get("history_width", min(HISTORY_WIDTH, n_ctx)),
-        max_candidates=eng_rec.get("max_candidates", MAX_CANDIDATES))
+    shape = dataclasses.replace(engine.sample_shape, n_ctx=n_ctx, buckets=(1,),
+                                **_widths(eng_rec, n_ctx))
     info = _TokenInfo(engine, logits)
     base = dict(signed_by=signed_by, notes=notes)
 
@@ -375,13 +470,14 @@ def _replay(engine, request, seed: int, out_ids: list[int], text: str, finish: s
             break
         if i == n and finish == "cancelled":
             break   # a cancelled answer ends where it was cut: nothing to re-derive
-        tok, new_mu = _sample_row(engine, job, logits[pos - 1], tokens[:pos], pos, shape)
+        tok, new_mu = _budgeted(i, lambda: _sample_row(engine, job, logits[pos - 1],
+                                                       tokens[:pos], pos, shape))
         if i < n and tok != out_ids[i]:
             return differs(i, f"the receipt has {info.describe(pos - 1, out_ids[i])}; the "
                            f"engine draws {info.describe(pos - 1, tok)}",
                            info.get(pos - 1, out_ids[i]), info.get(pos - 1, tok))
         job.pending_mu = new_mu
-        keep, reason = job.take([tok], None)
+        keep, reason = _budgeted(i, lambda: job.take([tok], None))
         if progress:
             progress(min(i + 1, n), n + 1)
         if reason is not None and i + keep == n:
@@ -411,6 +507,23 @@ def _replay(engine, request, seed: int, out_ids: list[int], text: str, finish: s
     signed = f"signed by key {fingerprint(signed_by)}" if signed_by else "unsigned"
     return Verification("verified", f"verified: {n} tokens identical ({finish}; {signed})",
                         n_tokens=n, **base)
+
+
+# a position's grammar work (its mask, then the token taken): the server's budget is
+# MASK_BUDGET_SECONDS a step (engine/grammar_step.py); a verifier may be a slower machine
+VERIFY_MASK_SECONDS = 10.0
+
+
+def _budgeted(i: int, work: Callable[[], Any]) -> Any:
+    from kinetic.engine.grammar_step import MASK_BUDGET_SECONDS
+    from kinetic.grammar import MaskBudgetExceeded, mask_budget
+    try:
+        with mask_budget(VERIFY_MASK_SECONDS):
+            return work()
+    except MaskBudgetExceeded:
+        raise ReceiptError(f"the request's grammar took more than {VERIFY_MASK_SECONDS:g} s at "
+                           f"output position {i}, where kinetic serve allows "
+                           f"{MASK_BUDGET_SECONDS:g} s a step") from None
 
 
 def _why(job, tok: int) -> str:
