@@ -74,3 +74,32 @@ def test_grammar_over_its_step_budget_is_a_503_alone(app, monkeypatch):
     assert events[-1]["error"]["type"] == "unavailable_error"
     monkeypatch.undo()
     assert app.post("/completion", NORMAL)[1]["content"] == want
+
+
+@pytest.mark.parametrize("grammar, words", [
+    # a million one-byte rules: 15 s of a parse worker each before MAX_RULES
+    ('root ::= x{0,1000000}\nx ::= "a"', "more than 65536 rules"),
+    ('root ::= [a-z]{0,1000000}', "more than 65536 rules"),
+    # no text at all: an answer under it would end at once, unparsed, as a "stop"
+    ('root ::= [^\\x00-\\U0010FFFF]', "matches no text"),
+    ('root ::= [\\uD800]', "matches no text"),
+    ('root ::= "ab" [^\\x00-\\U0010FFFF]', "matches no text"),
+])
+def test_a_grammar_too_large_to_lower_or_matching_nothing_is_a_400(app, grammar, words):
+    for path, fields in (("/completion", dict(prompt="hi", n_predict=4)),
+                         ("/v1/chat/completions", dict(messages=[{"role": "user",
+                                                                  "content": "hi"}],
+                                                       max_tokens=4))):
+        status, answer = app.post(path, body(grammar=grammar, **fields))
+        assert status == 400, (path, answer)
+        assert words in assert_error_shape(status, answer, path)["message"], answer
+
+
+def test_an_alternative_that_matches_nothing_is_never_taken(app):
+    """root ::= "a" | "b" x, x matching nothing: the "b" way is cut at compile time, so
+    every answer is "a" (before, "b" was allowed and the answer ended there, unparsed)."""
+    for seed in range(4):
+        status, answer = app.post("/completion", body(
+            prompt="hi", n_predict=4, temperature=1.0, seed=seed,
+            grammar='root ::= "a" | "b" x\nx ::= [^\\x00-\\U0010FFFF]'))
+        assert status == 200 and answer["content"] == "a", answer

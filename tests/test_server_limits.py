@@ -43,6 +43,20 @@ def test_slow_body_is_cut_with_408(server):
     assert json.loads(rest)["error"]["type"] == "invalid_request_error"
 
 
+def test_an_answer_sent_before_the_body_has_come_closes_the_connection(server):
+    """/v1/embeddings on a text model is refused before its body is read: that answer says
+    Connection: close, so that no client sends its next request on a connection the server
+    then drops (a request was lost so before). Here the body never comes whole."""
+    body = b'{"input": "' + b"x" * 100_000
+    with server.connect() as sock:
+        sock.sendall(raw_request("POST", "/v1/embeddings", {
+            "Content-Type": "application/json", "Content-Length": str(len(body) + 1000)}) + body)
+        status, headers, rest = split_response(read_to_end(sock))
+    assert status == 400 and headers["connection"] == "close", (status, headers)
+    assert json.loads(rest.partition(b"HTTP/1.1")[0])["error"]["type"] == \
+        "invalid_request_error"
+
+
 def _start_stream(server):
     body = json.dumps({"messages": [{"role": "user", "content": "Tell me a story."}],
                        "max_tokens": 80, "temperature": 1.0, "seed": 1, "ignore_eos": True,

@@ -217,11 +217,24 @@ def error_response(e: APIError) -> Response:
     else:
         body = e.body()
     resp = json_response(body, e.status)
-    if e.close:
+    if e.close or not _body_received():
         resp.headers["Connection"] = "close"
     if e.status == 401:
         resp.headers["WWW-Authenticate"] = "Bearer"
     return resp
+
+
+def _body_received() -> bool:
+    """Whether the request's body, if it has one, has all come in. An answer sent before
+    it has (a 401, a 415, a route refusing the model's kind before reading the body) closes
+    the connection: HTTP/1.1 would read the rest of the body as the next request, and
+    Hypercorn drops the connection instead, with the client's next request on it."""
+    declared = (request.content_length or 0) > 0 or "chunked" in request.headers.get(
+        "Transfer-Encoding", "").lower()
+    if not declared:
+        return True
+    complete = getattr(request.body, "_complete", None)   # Quart's Body: an asyncio.Event
+    return complete.is_set() if hasattr(complete, "is_set") else False
 
 
 async def api_error(e: APIError) -> Response:

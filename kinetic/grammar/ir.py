@@ -15,6 +15,9 @@ from typing import Callable
 MAX_CODE_POINT = 0x10FFFF
 MAX_SYMBOLS = 1 << 20   # a grammar lowered to more symbols than this is refused (a client
                         # sends the grammar: x{1000000} must not take the server's memory)
+MAX_RULES = 1 << 16     # nor more rules than this: x{0,1000000} is a million small rules, and
+                        # lowering them took 15 s of a parse worker (JSONSchemaBench's largest
+                        # schema lowers to 3413 rules; 65536 take about half a second)
 
 
 class GrammarError(ValueError):
@@ -305,11 +308,20 @@ class _Lowering:
             self._id(name)
         for name, expr in list(self.b.exprs.items()):
             self.rules[self.ids[name]] = self._alts(expr, name)
+        self.rules = without_dead_ends(self.rules)
+        if not self.rules[self.ids[root]]:
+            raise GrammarError(f"the grammar matches no text: every way through rule {root!r} "
+                               f"meets a character class that holds no character (or a rule "
+                               f"made only of such)")
         self._check_left_recursion()
         return Grammar(self.names, self.rules, self.ids[root])
 
     def _id(self, name: str) -> int:
         if name not in self.ids:
+            if len(self.names) >= MAX_RULES:
+                raise GrammarError(f"the grammar is too large: it lowers to more than "
+                                   f"{MAX_RULES} rules (a repetition {{m,n}} makes one rule "
+                                   f"for each count past m)")
             self.ids[name] = len(self.names)
             self.names.append(name)
             self.rules.append(None)
@@ -420,6 +432,26 @@ class _Lowering:
         return base if base in self.b.exprs else name
 
 
+def without_dead_ends(rules: list[list[list[tuple[int, int]]]]) -> list:
+    """The rules without their alternatives that can match nothing: those holding a terminal
+    of no byte or a rule all of whose alternatives are such (an empty character class, a
+    surrogate code point UTF-8 cannot write). A matcher that entered one would find no byte
+    allowed, and the answer would end unparsed. A rule left without alternatives matches
+    nothing (the root: the grammar matches no text)."""
+    dead = [False] * len(rules)
+
+    def dead_alt(syms) -> bool:
+        return any((k == TERM and a == 0) or (k == NONTERM and dead[a]) for k, a in syms)
+
+    changed = True
+    while changed:
+        changed = False
+        for r, alts in enumerate(rules):
+            if not dead[r] and all(dead_alt(syms) for syms in alts):
+                dead[r] = changed = True
+    return [[syms for syms in alts if not dead_alt(syms)] for alts in rules]
+
+
 def left_recursive_rule(rules: list[list[list[tuple[int, int]]]]) -> int | None:
     """A rule that can reach itself before matching any byte (the matcher's expansion of it
     would never end), or None. rules[r]: rule r's alternatives, each a list of (kind, arg)."""
@@ -474,6 +506,8 @@ def checked_grammar(names: list, rules: list, root: int) -> Grammar:
             and 0 <= root < len(rules)):
         raise GrammarError("the rules must be a list of rules with a name each, and the root "
                            "one of them")
+    if len(rules) > MAX_RULES:
+        raise GrammarError(f"the grammar is too large: more than {MAX_RULES} rules")
     size = 0
     for alts in rules:
         if not isinstance(alts, list):
