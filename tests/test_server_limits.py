@@ -57,6 +57,17 @@ def test_an_answer_sent_before_the_body_has_come_closes_the_connection(server):
         "invalid_request_error"
 
 
+@pytest.mark.parametrize("size", [17_000, 40_000])
+def test_headers_past_16_kib_are_a_431_however_they_come(server, size):
+    """In one write too: h11's own limit holds only while the headers are incomplete, and
+    Hypercorn reads up to 64 KiB at a time."""
+    with server.connect() as sock:
+        sock.sendall(raw_request("GET", "/v1/models", {"X-Big": "x" * size}))
+        status, headers, rest = split_response(read_to_end(sock))
+    assert status == 431 and headers["connection"] == "close", (status, headers)
+    assert "16 KiB" in json.loads(rest)["error"]["message"]
+
+
 def _start_stream(server):
     body = json.dumps({"messages": [{"role": "user", "content": "Tell me a story."}],
                        "max_tokens": 80, "temperature": 1.0, "seed": 1, "ignore_eos": True,

@@ -64,9 +64,17 @@ def guarded_app(name: str, state, blueprints) -> Quart:
     return app
 
 
+MAX_HEADER_BYTES = 16 * 1024   # Hypercorn's h11 limit, which only holds while headers are
+                               # incomplete: headers that come in one read (up to 64 KiB) pass it
+
+
 async def guard() -> Response | None:
     state = server_state()
     g.began = time.monotonic()
+    size = sum(len(k) + len(v) + 4 for k, v in request.headers.items())
+    if size > MAX_HEADER_BYTES:
+        raise APIError(431, f"the request's headers are {size} bytes; the server takes at most "
+                       f"{MAX_HEADER_BYTES} (16 KiB)", close=True)
     if not host_allowed(state.config, request.headers.get("Host")):
         raise APIError(403, f"requests for the host {request.headers.get('Host')!r} are "
                        f"refused: this server answers for this computer's own names "
