@@ -148,13 +148,18 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 def cmd_verify_receipt(args: argparse.Namespace) -> int:
     """Exit 0 verified, 1 a token (or the finish, or the text) differs, 2 cannot check."""
     from kinetic.receipts import verify_receipt
+    from kinetic.receipts.verify import MAX_RECEIPT_BYTES
     from kinetic.store import ModelNotFound, resolve
 
     def cannot(message: str) -> int:
         print(f"kinetic verify-receipt: cannot check the receipt: {message}", file=sys.stderr)
         return 2
     try:
-        data = sys.stdin.buffer.read() if args.file == "-" else open(args.file, "rb").read()
+        if args.file == "-":
+            data = sys.stdin.buffer.read(MAX_RECEIPT_BYTES + 1)   # past the bound: refused
+        else:
+            with open(args.file, "rb") as f:
+                data = f.read(MAX_RECEIPT_BYTES + 1)
     except OSError as e:
         return cannot(f"{args.file}: {e.strerror or e}")
     model = args.model

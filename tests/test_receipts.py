@@ -249,13 +249,15 @@ def test_a_public_key_path_that_is_no_file_says_so(tmp_path):
         receipts.parse_public_key(str(tmp_path))
 
 
-def test_a_receipt_file_past_the_size_bound_is_not_read(tmp_path, monkeypatch):
+def test_a_receipt_file_past_the_size_bound_is_not_read(tmp_path, monkeypatch, capsys):
     from kinetic.receipts import verify
     monkeypatch.setattr(verify, "MAX_RECEIPT_BYTES", 1000)
     path = tmp_path / "big.json"
     path.write_text(json.dumps(dict(bare(), padding="x" * 2000)))
     result = kinetic.verify_receipt(path)
     assert result.status == "unusable" and "larger than a receipt can be" in result.message
+    code = main(["verify-receipt", str(path)])   # the command reads no more than the bound
+    assert code == 2 and "larger than a receipt can be" in capsys.readouterr().err
 
 
 # --- with smollm2 ---------------------------------------------------------------------------
