@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from kinetic.engine.engine_config import CACHE_TYPES   # -ctk / -ctv: llama-server's names
 
@@ -46,6 +47,11 @@ def serve_options(args: argparse.Namespace):
             use_signing_key(args.sign_key)
         except ReceiptError as e:
             raise SystemExit(f"kinetic serve: --sign-key {args.sign_key}: {e}") from None
+        mode = os.stat(args.sign_key).st_mode & 0o777
+        if mode & 0o077:   # as OpenSSH says of a private key others can read (it refuses it)
+            print(f"kinetic serve: warning: --sign-key {args.sign_key} can be read by others "
+                  f"(mode {mode:04o}): anyone who reads it can sign receipts as this server; "
+                  f"chmod 600 it", file=sys.stderr)
     if args.ubatch_size is not None and args.ubatch_size < 1:
         raise SystemExit("kinetic serve: -ub must be at least 1")
     if args.batch_size < 1:

@@ -93,6 +93,18 @@ def test_a_bad_signing_key_fails_at_start_in_one_line(tmp_path, content, words):
     assert "\n" not in message and words in message and str(path) in message
 
 
+def test_a_signing_key_others_can_read_is_warned_of(tmp_path, capsys):
+    from kinetic.cli import build_parser
+    from kinetic.serve_cli import serve_options
+    path = tmp_path / "key.pem"
+    receipts.write_signing_key(path)
+    for mode, warned in ((0o600, False), (0o644, True)):
+        os.chmod(path, mode)
+        serve_options(build_parser().parse_args(["serve", "smollm2", "--sign-key", str(path)]))
+        err = capsys.readouterr().err
+        assert ("can be read by others (mode 0644)" in err) == warned, err
+
+
 def test_keygen_writes_a_private_key_and_prints_the_public_one(tmp_path, capsys):
     path = tmp_path / "k.pem"
     assert main(["keygen", str(path)]) == 0
