@@ -148,6 +148,10 @@ ROUTER_DESTS = {"model", "model_flag", "host", "port", "api_key", "api_key_file"
                 "models_autoload", "func", "command"}
 
 
+PRESET_REFUSED = {"model", "model_flag", "host", "port", "api_key", "api_key_file", "alias",
+                  "models_dir", "models_max", "models_preset", "models_autoload"}
+
+
 def worker_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[str]:
     """The `kinetic serve` flags of each worker of a router: those given to the router that
     are not its own (ROUTER_DESTS), as they were given."""
@@ -206,10 +210,27 @@ def cmd_router(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         raise SystemExit(f"kinetic serve: {why}")
     if args.models_max < 0:
         raise SystemExit("kinetic serve: --models-max must be 0 (from free memory) or more")
+    presets = read_presets(args.models_preset)
+    check_presets(presets, parser, args.models_preset)
     return run_router(server_config(args), {
         "models_dir": args.models_dir, "models_max": args.models_max,
-        "presets": read_presets(args.models_preset), "autoload": args.models_autoload,
+        "presets": presets, "autoload": args.models_autoload,
         "flags": worker_flags(args, parser)})
+
+
+def check_presets(presets: dict[str, list[str]], parser: argparse.ArgumentParser,
+                  path: str | None) -> None:
+    """SystemExit in one line for a preset flag that the router sets for its workers
+    (PRESET_REFUSED: where a worker listens, its key, its model and name): a worker on
+    another port or address than the router gave it would never be reached, or would be
+    reached by anyone."""
+    options = parser._option_string_actions
+    for section, flags in presets.items():
+        for flag in flags:
+            action = options.get(flag)
+            if action is not None and action.dest in PRESET_REFUSED:
+                raise SystemExit(f"kinetic serve: --models-preset {path}: [{section}] sets "
+                                 f"{flag}, which the router sets for its workers")
 
 
 def add_weight_flags(command: argparse.ArgumentParser) -> None:
@@ -344,8 +365,26 @@ def _chat_template(args: argparse.Namespace) -> str | None:
     return source
 
 
+def die_with_router() -> None:
+    """In a router's worker (KINETIC_ROUTER_PID, set by kinetic/router/workers.py): Linux
+    sends this process SIGTERM when the router ends, by SIGKILL too, which no handler of the
+    router's sees (PR_SET_PDEATHSIG); a router already gone ends it now. Elsewhere nothing."""
+    pid = os.environ.pop("KINETIC_ROUTER_PID", None)
+    if pid is None:
+        return
+    import ctypes
+    import signal
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):   # not Linux: the router's stop still ends it
+        pass
+    if str(os.getppid()) != pid:
+        raise SystemExit("kinetic serve: the router that started this worker has ended")
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     apply_compile_cache_flag(args)
+    die_with_router()
     if args.models_dir is not None or not (args.model or args.model_flag):
         if args.coordinator:
             raise SystemExit("kinetic serve: --coordinator serves one model (give MODEL), "

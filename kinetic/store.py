@@ -32,13 +32,20 @@ class ModelNotFound(LookupError):
 def pull(name: str, progress: Progress | None = None) -> Path:
     """Bring model `name` into the cache (if it is not there yet) and return its verified
     file. FetchError, in one line, when it cannot."""
+    check_pull_name(name)
     if name.startswith(hub.PREFIX):
         return hub.pull(hub.HfName.parse(name), progress)
-    if name in MODELS:
-        return fetch_model(name, progress)
-    raise FetchError(f"{name}: not a model name; give a key of `kinetic list` "
-                     f"({', '.join(MODELS)}) or hf:OWNER/REPO[:QUANT] (a Hugging Face "
-                     f"repository)")
+    return fetch_model(name, progress)
+
+
+def check_pull_name(name: str) -> None:
+    """FetchError, in one line, where `name` is no name `pull` takes (before any download)."""
+    if name.startswith(hub.PREFIX):
+        hub.HfName.parse(name)
+    elif name not in MODELS:
+        raise FetchError(f"{name[:200]}: not a model name; give a key of `kinetic list` "
+                         f"({', '.join(MODELS)}) or hf:OWNER/REPO[:QUANT] (a Hugging Face "
+                         f"repository)")
 
 
 def resolve(name: str) -> str:
@@ -63,8 +70,9 @@ def resolve(name: str) -> str:
                    if (cache_dir() / MODELS[name].filename).exists() else " is not pulled")
             raise ModelNotFound(f"{name}{why}; run: kinetic pull {name}")
         return str(path)
-    if _copy_link(name).is_file():
-        return str(_copy_link(name))
+    link = _copy_link(name)
+    if link is not None and link.is_file():
+        return str(link)
     raise ModelNotFound(f"{name}: no such file, and not a model name (`kinetic list` shows "
                         f"them; hf:OWNER/REPO[:QUANT] names a Hugging Face repository)")
 
@@ -81,9 +89,13 @@ def copies_dir() -> Path:
     return cache_dir() / "copies"
 
 
-def _copy_link(name: str) -> Path:
-    """Where the copy `name` (`:latest` or not) lives, whether it exists or not."""
-    return copies_dir() / f"{name.removesuffix(':latest')}.gguf"
+def _copy_link(name: str) -> Path | None:
+    """Where the copy `name` (`:latest` or not) lives, whether it exists or not; None for a
+    name no copy can have (a path, `..`, an `hf:` name: nothing outside copies_dir())."""
+    name = name.removesuffix(":latest")
+    if not COPY_NAME.fullmatch(name) or name.startswith(hub.PREFIX):
+        return None
+    return copies_dir() / f"{name}.gguf"
 
 
 def copy(source: Path, name: str) -> Path:
@@ -94,6 +106,8 @@ def copy(source: Path, name: str) -> Path:
         raise ValueError(f"destination {name!r}: a model name is letters, digits, '.', '_' "
                          f"and '-' (up to 96), with an optional ':TAG'")
     dest = _copy_link(name)
+    if dest is None:
+        raise ValueError(f"destination {name!r}: {hub.PREFIX} names are Hugging Face's")
     if name in MODELS or dest.is_file():
         raise ValueError(f"destination {name!r} already names a model")
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -121,16 +135,27 @@ def entries() -> list[Entry]:
     out = []
     for key, spec in MODELS.items():
         path = model_path(key)
-        out.append(Entry(key, path, path.stat().st_size if path else None, spec.description))
+        size = _size(path) if path else None
+        out.append(Entry(key, path if size is not None else None, size, spec.description))
     for name, path in hub.cached_files():
         verified = marker_path(path).exists()
-        out.append(Entry(name, path, path.stat().st_size,
-                         "" if verified else f"unverified: kinetic pull {name} checks it"))
+        if (size := _size(path)) is not None:
+            out.append(Entry(name, path, size,
+                             "" if verified else f"unverified: kinetic pull {name} checks it"))
     if copies_dir().is_dir():
         for path in sorted(copies_dir().glob("*.gguf")):
-            if path.is_file():   # (a link whose file is gone is not a model)
-                out.append(Entry(path.stem, path, path.stat().st_size, "a copy"))
+            # (a link whose file is gone is not a model)
+            if path.is_file() and (size := _size(path)) is not None:
+                out.append(Entry(path.stem, path, size, "a copy"))
     return out
+
+
+def _size(path: Path) -> int | None:
+    """The file's size, None where it is gone (removed while the cache is listed)."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
 
 
 def remove(name: str) -> list[Path]:
@@ -147,7 +172,7 @@ def remove(name: str) -> list[Path]:
         gone = [p for p in (path, marker_path(path)) if p.exists()]
         for p in gone:
             p.unlink()
-    elif (link := _copy_link(name)).is_file() or link.is_symlink():
+    elif (link := _copy_link(name)) is not None and (link.is_file() or link.is_symlink()):
         link.unlink()   # the link only: its source stays
         gone = [link]
     else:

@@ -519,6 +519,25 @@ def test_a_copy_is_a_model_of_its_own(cache, capsys, tmp_path):
     assert main(["rm", "mine-copy"]) == 1
 
 
+def test_rm_deletes_nothing_outside_the_cache(cache, capsys, tmp_path):
+    """A name that is a path (absolute, or up out of copies/ with ..) is no copy's: rm
+    deletes nothing (it once deleted such a .gguf file), and says so in one line."""
+    (cache / "copies").mkdir(parents=True, exist_ok=True)   # as after any /api/copy
+    decoy = tmp_path / "decoys" / "victim.gguf"
+    decoy.parent.mkdir()
+    decoy.write_bytes(b"GGUF not yours")
+    up = os.path.relpath(decoy.with_suffix(""), cache / "copies")
+    for name in (str(decoy.with_suffix("")), up, "z" * 100_000, "hf:x"):
+        assert main(["rm", name]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        with pytest.raises(store.ModelNotFound):
+            store.remove(name)
+    assert decoy.read_bytes() == b"GGUF not yours"
+    with pytest.raises(ValueError):
+        store.copy(decoy, "hf:x")   # an hf: name is Hugging Face's, and rm could not take it
+
+
 # --- no other command touches the network -------------------------------------------------
 
 @pytest.fixture

@@ -208,6 +208,73 @@ def test_keep_alive_zero_unloads_after_the_answer(router):
     assert router.statuses()["beta"] == "unloaded"
 
 
+def test_a_copy_may_not_take_a_name_the_router_serves(router):
+    """A copy named like a file of the folder would have taken that name's requests (the
+    copy's weights answering for beta); an hf: name is Hugging Face's. Each is a 400, and
+    nothing is copied."""
+    for dest in ("beta", "beta:latest", "alpha.gguf", "hf:x"):
+        status, body = router.request("POST", "/api/copy", {"source": "alpha",
+                                                            "destination": dest})
+        assert status == 400 and "destination" in body["error"], (dest, body)
+    names = {m["name"] for m in router.request("GET", "/api/tags")[1]["models"]}
+    assert names == {"alpha", "beta", "broken"}
+
+
+def test_a_pull_of_no_models_name_is_a_400(router):
+    for body in ({"model": "nosuch", "stream": False}, {"model": "nosuch"},
+                 {"model": "hf:../../x"}, {"model": "x" * 100_000, "stream": False}):
+        status, answer = router.request("POST", "/api/pull", body)
+        assert status == 400 and isinstance(answer["error"], str), (status, str(answer)[:300])
+        assert "not a model name" in answer["error"] or "hf:" in answer["error"], answer
+
+
+def test_keep_alive_past_a_floats_range_and_an_encoded_path(router):
+    """keep_alive of 400 digits or 1e400 minutes is forever (as -1), NaN is not given: each
+    answers, and /api/ps lists the model after it (it answered 500 for every client). A path
+    with a space or a non-ASCII letter goes on to the worker encoded: its 404, not a 502."""
+    client = ollama.Client(host=router.url)
+    for keep in (int("9" * 400), "1e400m", "nan", "-1"):
+        status, body = router.request("POST", "/api/generate", {
+            "model": "beta", "prompt": "hi", "stream": False, "keep_alive": keep,
+            "options": {"num_predict": 1}})
+        assert status == 200, (keep, body)
+        assert [m.model for m in client.ps().models] == ["beta"]
+    for path in ("/v1/chat%20completions", "/v1/%C3%BC"):
+        status, body = router.request("POST", path, dict(CHAT, model="beta"))
+        assert status == 404 and body["error"]["type"] == "not_found_error", (path, body)
+
+
+def test_a_worker_ends_with_its_router_killed(tmp_path, hub):
+    """SIGKILL gives the router no chance to stop its workers: each ends by itself (Linux's
+    parent-death signal) instead of serving on, orphaned."""
+    models = tmp_path / "models"
+    models.mkdir()
+    write_tiny_model(models / "alpha.gguf", "llama", qtype="Q4_0")
+    r = Router(models, tmp_path / "cache", hub.url, *FLAGS)
+    try:
+        assert r.request("POST", "/models/load", {"model": "alpha"})[0] == 200
+        workers = [int(p) for p in os.listdir("/proc") if p.isdigit() and _ppid(p) == r.proc.pid]
+        assert len(workers) == 1
+        r.proc.kill()
+        r.proc.wait(30)
+        end = time.monotonic() + 60
+        while os.path.exists(f"/proc/{workers[0]}") and _ppid(str(workers[0])) != 0:
+            assert time.monotonic() < end, "the worker outlived its router"
+            time.sleep(0.2)
+    finally:
+        r.close()
+
+
+def _ppid(pid: str) -> int:
+    """A process's parent (0 where it is gone or a zombie: its run has ended)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+    return 0 if state == "Z" else int(ppid)
+
+
 @needs_browser
 def test_the_web_page_picks_a_model(router):
     """The router serves the web page; in headless Chromium it lists every model with its

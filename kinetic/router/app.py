@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -177,12 +178,17 @@ async def version():
 @blueprint.post("/api/pull")
 async def pull():
     from kinetic import store
+    from kinetic.fetch import FetchError
     body = await _body()
     name = body.get("model") or body.get("name")
     if not isinstance(name, str) or not name:
         raise bad_request("model is required: the name to pull (`kinetic list` shows them)",
                           "model")
     name = name.removesuffix(":latest")
+    try:   # a name that is no model's is the client's error (a 400), found before any pull
+        store.check_pull_name(name)
+    except FetchError as e:
+        raise bad_request(str(e), "model") from None
     loop = asyncio.get_running_loop()
     lines: asyncio.Queue = asyncio.Queue()
 
@@ -242,8 +248,13 @@ async def copy():
     rs = state()
     body = await _body()
     m = rs.find(body.get("source"), "source")
+    dest = body.get("destination")
+    if isinstance(dest, str) and dest and catalog.find(dest, rs.models()) is not None:
+        # a copy may not take a name the router already serves (a pulled model's, a file's
+        # of --models-dir): its requests would go to the copy's weights
+        raise bad_request(f"destination {dest!r} already names a model", "destination")
     try:
-        await asyncio.to_thread(store.copy, m.path, body.get("destination"))
+        await asyncio.to_thread(store.copy, m.path, dest)
     except ValueError as e:
         raise bad_request(str(e), "destination") from None
     except OSError as e:
@@ -277,29 +288,33 @@ async def route(path: str):
     return resp
 
 
+KEEP_ALIVE_MAX = 100 * 365 * 86400.0   # seconds; a longer keep_alive is forever (as -1)
+
+
 def _keep_alive(body: bytes) -> float | None:
-    """Ollama's keep_alive of a body in seconds (negative: forever), None when not given."""
+    """Ollama's keep_alive of a body in seconds (negative: forever, as is anything past
+    KEEP_ALIVE_MAX), None when not given or not a number (NaN)."""
     try:
         value = json.loads(body).get("keep_alive")
     except (ValueError, AttributeError):
         return None
     if value is None or isinstance(value, bool):
         return None
-    if isinstance(value, (int, float)):
-        return float(value)
+    scale = 1.0
     if isinstance(value, str):
         units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
-        for unit in ("ms", "s", "m", "h"):
-            if value.endswith(unit):
-                try:
-                    return float(value[:-len(unit)]) * units[unit]
-                except ValueError:
-                    return None
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None
+        unit = next((u for u in ("ms", "s", "m", "h") if value.endswith(u)), None)
+        if unit is not None:
+            value, scale = value[:-len(unit)], units[unit]
+    try:
+        seconds = float(value) * scale
+    except OverflowError:   # an integer past a float's range
+        return -1.0
+    except (TypeError, ValueError):
+        return None
+    if math.isnan(seconds):
+        return None
+    return -1.0 if seconds > KEEP_ALIVE_MAX else seconds
 
 
 # --- serving ----------------------------------------------------------------------------------

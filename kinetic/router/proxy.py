@@ -12,6 +12,7 @@ import asyncio
 import http.client
 import threading
 from typing import AsyncIterator
+from urllib.parse import quote
 
 from quart import Response, request
 
@@ -24,7 +25,11 @@ PIECE_BYTES = 64 * 1024
 
 async def forward(worker: Worker, body: bytes) -> Response:
     """`request` (its method, path, query and `body`) sent to `worker`; its answer."""
-    path = request.full_path if request.query_string else request.path
+    # the path as it came, percent-encoded again (Quart hands it on decoded: a space or a
+    # non-ASCII letter in it cannot go on an HTTP request line), and the query as it came
+    path = quote(request.path, safe="/:@!$&'()*+,;=~")
+    if request.query_string:
+        path += "?" + request.query_string.decode("latin-1")
     headers = {h: request.headers[h] for h in PASSED_HEADERS if h in request.headers}
     headers["Authorization"] = f"Bearer {worker.key}"
     method = request.method   # read here: the thread has no request context
@@ -45,7 +50,7 @@ async def forward(worker: Worker, body: bytes) -> Response:
                 if not data:
                     break
                 loop.call_soon_threadsafe(pieces.put_nowait, data)
-        except (OSError, http.client.HTTPException) as e:
+        except Exception as e:  # noqa: BLE001 - every failure is the client's 502, said
             loop.call_soon_threadsafe(pieces.put_nowait, e)
         finally:
             conn.close()

@@ -109,7 +109,9 @@ class Workers:
 
     def _start(self, model: Model) -> Worker:
         port, key = free_port(), secrets.token_urlsafe(24)
-        out = tempfile.NamedTemporaryFile(prefix=f"kinetic-worker-{model.path.stem}-",
+        # the log's name holds the model's, cut to what a file name can hold
+        stem = "".join(c if c.isalnum() or c in "._-" else "_" for c in model.path.stem)[:64]
+        out = tempfile.NamedTemporaryFile(prefix=f"kinetic-worker-{stem}-",
                                           suffix=".log", delete=False)
         # the key in a file only this user can read (mkstemp's 0600), not on the command
         # line, which every local user can see; removed once the worker has read it
@@ -120,8 +122,11 @@ class Workers:
                 "127.0.0.1", "--port", str(port), "--api-key-file", key_file,
                 "--alias", model.name,
                 *self.flags, *self.presets.get("*", []), *self.presets.get(model.name, [])]
+        # the worker ends with this process, even one killed by SIGKILL
+        # (serve_cli.die_with_router)
+        env = dict(os.environ, KINETIC_ROUTER_PID=str(os.getpid()))
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
+                                stdin=subprocess.DEVNULL, env=env)
         out.close()
         w = Worker(model, port, key, proc, Path(out.name), key_file=Path(key_file))
         self.by_name[model.name] = w
