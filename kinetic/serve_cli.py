@@ -183,8 +183,9 @@ def read_presets(path: str | None) -> dict[str, list[str]]:
     try:
         with open(path, encoding="utf-8") as f:
             ini.read_file(f)
-    except (OSError, configparser.Error) as e:
-        raise SystemExit(f"kinetic serve: --models-preset {path}: {e}") from None
+    except (OSError, ValueError, configparser.Error) as e:   # ValueError: not UTF-8
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise SystemExit(f"kinetic serve: --models-preset {path}: {first}") from None
     out = {}
     for section in ini.sections():
         flags = []

@@ -299,3 +299,27 @@ def test_the_web_page_picks_a_model(router):
         tab.reload()
         tab.wait_for_selector("#models:not([hidden])")
         assert tab.input_value("#models") == "beta"
+
+
+def test_a_preset_file_is_checked_at_start(tmp_path):
+    """Each bad --models-preset stops the start in one line naming the file: no section, not
+    UTF-8, or a flag the router sets for its workers (a worker moved off the port the router
+    waits on hung its model's load for 30 minutes; one on 0.0.0.0 served anyone)."""
+    import argparse
+
+    from kinetic.cli import build_parser
+    from kinetic.serve_cli import check_presets, read_presets
+    serve = next(a for a in build_parser()._actions
+                 if isinstance(a, argparse._SubParsersAction)).choices["serve"]
+    cases = [(b"ctx-size = 8\n", "no section headers"), (b"\xff\xfe[x]\n", "utf-8"),
+             (b"[beta]\nport = 18999\n", "sets --port"), (b"[*]\nhost = 0.0.0.0\n", "sets --host"),
+             (b"[beta]\na = other\n", "sets -a")]
+    for content, words in cases:
+        path = tmp_path / "presets.ini"
+        path.write_bytes(content)
+        with pytest.raises(SystemExit) as e:
+            check_presets(read_presets(str(path)), serve, str(path))
+        message = str(e.value)
+        assert "\n" not in message and str(path) in message and words in message, message
+    path.write_bytes(b"[*]\nctx-size = 8192\n[beta]\nswa-full = true\n")
+    check_presets(read_presets(str(path)), serve, str(path))   # worker flags pass

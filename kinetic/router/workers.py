@@ -102,7 +102,8 @@ class Workers:
                 w = self._start(model)
         await w.ready.wait()
         if w.state != "loaded":
-            raise APIError(503, f"model {model.name} failed to load: {w.error}",
+            raise APIError(503, f"model {model.name} failed to load: "
+                           f"{w.error or 'it was unloaded while it loaded'}",
                            code="model_load_failed")
         w.last_used = time.monotonic()
         return w
