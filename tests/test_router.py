@@ -146,6 +146,13 @@ def test_a_model_that_fails_to_load_fails_alone(router):
     status, body = router.request("POST", "/v1/chat/completions", dict(CHAT, model="broken"))
     assert status == 503 and "failed to load" in body["error"]["message"], body
     assert router.statuses()["broken"] == "failed"
+    # asked again at once, it says so without a process of its own each time
+    before = router.log.read_text().count("loading broken")
+    assert before >= 1, router.log.read_text()[-2000:]
+    for _ in range(3):
+        again = router.request("POST", "/v1/chat/completions", dict(CHAT, model="broken"))
+        assert again == (status, body)
+    assert router.log.read_text().count("loading broken") == before
     status, body = router.request("POST", "/v1/chat/completions", dict(CHAT, model="beta"))
     assert status == 200, body
 

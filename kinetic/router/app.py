@@ -126,7 +126,7 @@ async def _body() -> dict[str, Any]:
 async def load():
     rs = state()
     m = rs.find((await _body()).get("model"))
-    await rs.workers.get(m)
+    await rs.workers.get(m, retry=True)   # asked for by name: a failed model is tried again
     return json_response({"success": True, "model": m.name, "status": "loaded"})
 
 

@@ -32,6 +32,7 @@ UNLOAD_SECONDS = 10.0
 LOAD_TIMEOUT = 1800.0
 HEALTH_POLL = 0.03     # a loading worker's /v1/health is asked this often (s): the wait
                        # a switch adds past the worker's own start
+FAILED_RETRY_SECONDS = 30.0   # a model that failed to load is tried again after this
 RUNTIME_BYTES = 600 << 20   # a worker's memory beside its weights (JAX, compiled code, cache)
 
 
@@ -89,12 +90,19 @@ class Workers:
         w = self.by_name.get(name)
         return "unloaded" if w is None else w.state
 
-    async def get(self, model: Model) -> Worker:
+    async def get(self, model: Model, retry: bool = False) -> Worker:
         """The loaded worker of `model`, started now if need be; APIError 503 (loading
-        failed, saying why)."""
+        failed, saying why). A model that failed to load less than FAILED_RETRY_SECONDS ago
+        is not started again (its 503 at once) unless `retry`."""
         from kinetic.api.errors import APIError
         async with self._lock:
             w = self.by_name.get(model.name)
+            if (w is not None and w.state == "failed" and not retry
+                    and time.monotonic() - w.last_used < FAILED_RETRY_SECONDS):
+                # a model that just failed to load answers so at once: requests for a broken
+                # file do not start a process each
+                raise APIError(503, f"model {model.name} failed to load: {w.error}",
+                               code="model_load_failed")
             if w is None or w.state == "failed" or w.proc.poll() is not None:
                 if w is not None:
                     await self._end(w)
@@ -141,6 +149,7 @@ class Workers:
             if w.proc.poll() is not None:
                 w.state, w.error = "failed", (w.output_tail() or
                                               f"its process exited with {w.proc.returncode}")
+                w.last_used = time.monotonic()   # when it failed: FAILED_RETRY_SECONDS
                 log.error("%s failed to load: %s", w.model.name, w.error)
                 break
             if await asyncio.to_thread(_healthy, w):
@@ -149,6 +158,7 @@ class Workers:
                 break
             if time.monotonic() - began > LOAD_TIMEOUT:
                 w.state, w.error = "failed", f"not ready within {LOAD_TIMEOUT:.0f} s"
+                w.last_used = time.monotonic()
                 w.proc.kill()
                 break
             await asyncio.sleep(HEALTH_POLL)
