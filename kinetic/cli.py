@@ -62,7 +62,7 @@ def _run_with_images(model, args: argparse.Namespace) -> int:
     """kinetic run --image: each <__media__> of the prompt (none: all of them before it, as
     llama-mtmd-cli puts them) stands for the next image."""
     from kinetic.text.chat_messages import MEDIA_MARKER
-    from kinetic.vision.images import ImageError, from_bytes
+    from kinetic.vision.images import MAX_IMAGE_BYTES, ImageError, from_bytes
     text = args.prompt if MEDIA_MARKER in args.prompt else (
         MEDIA_MARKER * len(args.image) + args.prompt)
     if args.chat:
@@ -70,8 +70,8 @@ def _run_with_images(model, args: argparse.Namespace) -> int:
     try:
         images = []
         for name in args.image:
-            with open(name, "rb") as f:
-                images.append(from_bytes(f.read()))
+            with open(name, "rb") as f:   # one byte past the bound: from_bytes refuses it
+                images.append(from_bytes(f.read(MAX_IMAGE_BYTES + 1)))
         ids, rows = model.image_prompt(text, images)
     except (OSError, ImageError) as e:
         print(f"kinetic run: --image: {e}", file=sys.stderr)

@@ -147,6 +147,9 @@ def test_kinetic_run_reads_images(files, tmp_path, capsys):
     assert printed == want + "\n"
     assert main(["run", str(files[0]), "hi", "--image", str(tmp_path / "i.png")]) == 2
     assert "--mmproj" in capsys.readouterr().err
+    # a file without end is read only past the bound (it was read until memory ran out)
+    assert main(argv[:-1] + ["/dev/zero"]) == 1
+    assert "larger than 20 MiB" in capsys.readouterr().err
 
 
 def test_ollama_chat_images_and_what_the_server_says_it_reads(app):
@@ -171,6 +174,76 @@ def test_ollama_chat_images_and_what_the_server_says_it_reads(app):
     assert "vision" in models["data"][0]["capabilities"]
     status, show = app.post("/api/show", json.dumps({"model": "tiny"}).encode())
     assert "vision" in show["capabilities"]
+
+
+def test_ollama_generate_takes_images_as_its_chat_does(app):
+    """/api/generate's `images` go with the prompt, as /api/chat's message images (it said
+    the server had no --mmproj); a raw prompt has no place for them. Base64 wrapped at 76
+    columns, as `base64` writes it, is base64 too."""
+    image = png(24, 24, 11)
+    wrapped = base64.encodebytes(image).decode()   # a newline every 76 characters
+    assert "\n" in wrapped.strip()
+    options = {"temperature": 0, "num_predict": 6}
+    status, chat = app.post("/api/chat", json.dumps({
+        "model": "tiny", "stream": False, "options": options,
+        "messages": [{"role": "user", "content": "Look.", "images": [wrapped]}]}).encode())
+    assert status == 200, chat
+    status, gen = app.post("/api/generate", json.dumps({
+        "model": "tiny", "stream": False, "options": options, "prompt": "Look.",
+        "images": [base64.b64encode(image).decode()]}).encode())
+    assert status == 200, gen
+    assert gen["response"] == chat["message"]["content"]
+    status, raw = app.post("/api/generate", json.dumps({
+        "model": "tiny", "stream": False, "prompt": "Look.", "raw": True,
+        "images": [base64.b64encode(image).decode()]}).encode())
+    assert status == 400 and "raw prompt takes no images" in raw["error"], raw
+
+
+def test_requests_with_images_take_turns(app, monkeypatch):
+    """At most IMAGE_REQUESTS requests decode and lay out images at once (each image can be
+    96 MB of pixels, 16 to a request): the others wait, holding nothing, and every one
+    answers what it answers alone. A text request does not wait for them."""
+    import threading
+    from kinetic.api import offload
+    from kinetic.vision import images as vision_images
+    inside, most, lock = [0], [0], threading.Lock()
+    crowded = threading.Event()   # set when two requests decode at once
+    real = vision_images.from_bytes
+
+    def counted(data):
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+            if inside[0] > 1:
+                crowded.set()
+        try:
+            # give another request every chance to come in beside this one (ungated, the
+            # parse workers would let it): the wait ends early only if one does
+            crowded.wait(1.0)
+            return real(data)
+        finally:
+            with lock:
+                inside[0] -= 1
+    monkeypatch.setattr(vision_images, "from_bytes", counted)
+    parts = [[{"type": "image_url", "image_url": {"url": data_url(png(48, 48, 20 + i))}},
+              {"type": "text", "text": "Look."}] for i in range(3)]
+    alone = [ask(app, p) for p in parts]
+    most[0] = 0
+    answers = [None] * 3
+
+    def send(i):
+        answers[i] = ask(app, parts[i])
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    def content(answer):
+        status, body = answer
+        assert status == 200, body
+        return body["choices"][0]["message"]["content"]
+    assert [content(a) for a in answers] == [content(a) for a in alone]
+    assert 1 <= most[0] <= offload.IMAGE_REQUESTS, most[0]
 
 
 def test_the_python_api_takes_messages_with_image_parts(files):

@@ -20,11 +20,13 @@ tokenizing the rest.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, TypeVar
+from typing import Any, AsyncIterator, Callable, TypeVar
 
 from kinetic.api.errors import APIError, context_exceeded
 
@@ -59,6 +61,30 @@ async def offload(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     except asyncio.CancelledError:
         abandon.set()
         raise
+
+
+# requests whose images are decoded, resized and laid out at once (the rest wait, holding
+# nothing): a 32-megapixel image decodes to 96 MB, and 16 of them to a request, so without a
+# bound a few requests' images held gigabytes and every parse worker (text requests queued
+# behind them for tens of seconds)
+IMAGE_REQUESTS = 1
+_image_gates: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore]" = \
+    weakref.WeakKeyDictionary()
+
+
+@contextlib.asynccontextmanager
+async def image_work(has_images: bool) -> AsyncIterator[None]:
+    """Around a request's parse and plan: where it has images, at most IMAGE_REQUESTS such
+    requests are inside at once (a request cancelled while it waits leaves the queue)."""
+    if not has_images:
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    gate = _image_gates.get(loop)
+    if gate is None:
+        gate = _image_gates[loop] = asyncio.Semaphore(IMAGE_REQUESTS)
+    async with gate:
+        yield
 
 
 def check_abandoned() -> None:

@@ -70,7 +70,8 @@ def from_base64(text: str) -> Image:
     if len(text) > (MAX_IMAGE_BYTES * 4) // 3 + 4:
         raise ImageError(f"an image is larger than {MAX_IMAGE_BYTES >> 20} MiB encoded")
     try:
-        data = base64.b64decode(text.strip(), validate=True)
+        # wrapped lines (base64's 76 columns, MIME's) are whitespace base64 allows
+        data = base64.b64decode("".join(text.split()), validate=True)
     except (binascii.Error, ValueError):
         raise ImageError("an image's base64 data is not valid base64") from None
     return from_bytes(data)

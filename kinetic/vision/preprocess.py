@@ -97,33 +97,36 @@ def _resample_weights(n_in: int, n_out: int, algo: str) -> np.ndarray:
 def resample(src: np.ndarray, width: int, height: int, algo: str) -> np.ndarray:
     """Pillow's ImagingResample for uint8 RGB: a horizontal pass, then a vertical one (each
     skipped when that side keeps its size); each output is (2**21 + sum(pixel * weight))
-    >> 22, clamped to [0, 255]."""
-    img = src.astype(np.int64)
-    half = 1 << (PRECISION_BITS - 1)
+    >> 22, clamped to [0, 255] (uint8 between the passes, as Pillow's image is)."""
+    img = src
     if width != src.shape[1]:
         w = resample_weights(src.shape[1], width, algo)
-        img = np.clip((half + _int_matmul(w, img.transpose(1, 0, 2).reshape(src.shape[1], -1))
-                       .reshape(width, src.shape[0], 3).transpose(1, 0, 2)) >> PRECISION_BITS,
-                      0, 255)
+        img = _resample_pass(w, src.transpose(1, 0, 2).reshape(src.shape[1], -1)) \
+            .reshape(width, src.shape[0], 3).transpose(1, 0, 2)
     if height != src.shape[0]:
         w = resample_weights(src.shape[0], height, algo)
-        img = np.clip((half + _int_matmul(w, img.reshape(src.shape[0], -1))
-                       .reshape(height, img.shape[1], 3)) >> PRECISION_BITS, 0, 255)
-    return img.astype(np.uint8)
+        img = _resample_pass(w, np.ascontiguousarray(img).reshape(src.shape[0], -1)) \
+            .reshape(height, img.shape[1], 3)
+    return np.ascontiguousarray(img, np.uint8)
 
 
-def _int_matmul(w: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """w @ x of int64 matrices, exactly, through float64 (BLAS): every product and partial
-    sum here is an integer below 2**53 in magnitude (pixels <= 255 times weights whose
-    magnitudes sum to about 2**22 a row), so float64 holds each one exactly and the result is
-    the integer product's. numpy's integer einsum took seconds on a large image. x's columns
-    go through in slices of at most 32 MB of float64, so that a large image's copy stays small."""
+def _resample_pass(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """(2**21 + w @ x) >> 22 clamped to [0, 255], as uint8: w [n_out, n] int64 weights, x
+    [n, cols] uint8 pixels. The product is exact through float64 (BLAS): every product and
+    partial sum here is an integer below 2**53 in magnitude (pixels <= 255 times weights
+    whose magnitudes sum to about 2**22 a row), so float64 holds each one exactly and the
+    result is the integer product's (numpy's integer einsum took seconds on a large image).
+    x's columns go through in slices of at most 32 MB of float64, each shifted, clamped and
+    stored as uint8 at once: a 32-megapixel image's pass holds its own pixels and the
+    slices, where int64 copies of the whole image took 1.6 GB."""
     assert np.abs(w).sum(axis=1).max(initial=0) * 255 < 2 ** 53
     wf = w.astype(np.float64)
-    out = np.empty((w.shape[0], x.shape[1]), np.int64)
+    half = 1 << (PRECISION_BITS - 1)
+    out = np.empty((w.shape[0], x.shape[1]), np.uint8)
     step = max(1, (1 << 22) // max(1, x.shape[0]))
     for c in range(0, x.shape[1], step):
-        out[:, c:c + step] = wf @ x[:, c:c + step].astype(np.float64)
+        acc = (wf @ x[:, c:c + step].astype(np.float64)).astype(np.int64)
+        out[:, c:c + step] = np.clip((acc + half) >> PRECISION_BITS, 0, 255)
     return out
 
 

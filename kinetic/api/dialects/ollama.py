@@ -24,6 +24,7 @@ out.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from contextlib import aclosing
@@ -44,7 +45,7 @@ from kinetic.api.dialects.ollama_model import (capabilities, details, file_time,
                                                 model_info)
 from kinetic.api.errors import APIError, bad_request
 from kinetic.api.metrics import Task
-from kinetic.api.offload import input_ids, offload
+from kinetic.api.offload import image_work, input_ids, offload
 from kinetic.api.params import (MAX_LOGPROBS, ChatRequest, Options, check_prompt_fits,
                                 options as read_options, parse_chat)
 from kinetic.engine.encoder import normalize
@@ -308,8 +309,11 @@ async def chat():
         raise bad_request("messages must be a list of messages", "messages")
     if not messages:
         return json_response(_ready_answer(name, "message", body.get("keep_alive")))
-    req = await offload(chat_request, body, state, messages)
-    plan = await offload(plan_chat, state.require_model(), req)
+    has_images = any(isinstance(m, dict) and m.get("images") for m in messages)
+    async with image_work(has_images and state.require_model().projector is not None):
+        req = await offload(chat_request, body, state, messages)
+        plan = await offload(plan_chat, state.require_model(), req)
+    req = dataclasses.replace(req, images=())   # their pixels: the plan holds what it needs
     answer = Answer(state, name, "message", began, req.options, plan.reader())
     return await answer.respond(body, plan.prompt, plan.grammar,
                                 special_text=plan.calls is not None, images=plan.images)
@@ -319,14 +323,21 @@ async def chat():
 async def generate():
     began, state, body, name = await _text_request("generate")
     _refuse(body, ("suffix", "template", "context"))
-    _refuse_images(body.get("images"), "images")
+    model = state.require_model()
+    images = body.get("images")
+    if model.projector is None or _flag(body, "raw", False):
+        # with a projector, images go with the prompt through the chat template (a raw
+        # prompt has no place for them)
+        if model.projector is not None and images not in (None, []):
+            raise bad_request("images: a raw prompt takes no images (send them without "
+                              "\"raw\", or through /api/chat)", "images")
+        _refuse_images(images, "images")
     prompt, system = body.get("prompt"), body.get("system")
     for field, value in (("prompt", prompt), ("system", system)):
         if value is not None and not isinstance(value, str):
             raise bad_request(f"{field} must be a string", field)
     if not prompt:
         return json_response(_ready_answer(name, "response", body.get("keep_alive")))
-    model = state.require_model()
     if _flag(body, "raw", False):
         try:
             opts = await offload(read_options, sampling_fields(body), model.default_params,
@@ -338,11 +349,13 @@ async def generate():
                    await asyncio.to_thread(shape_grammar, model, opts.shape))
         return await Answer(state, name, "response", began, opts).respond(body, ids, grammar)
     messages = ([{"role": "system", "content": system}] if system else []) + [
-        {"role": "user", "content": prompt}]
-    req = await offload(chat_request, body, state, messages)
-    plan = await offload(plan_chat, model, req, "prompt")
+        {"role": "user", "content": prompt, **({"images": images} if images else {})}]
+    async with image_work(bool(images) and model.projector is not None):
+        req = await offload(chat_request, body, state, messages)
+        plan = await offload(plan_chat, model, req, "prompt")
+    req = dataclasses.replace(req, images=())
     answer = Answer(state, name, "response", began, req.options, plan.reader())
-    return await answer.respond(body, plan.prompt, plan.grammar)
+    return await answer.respond(body, plan.prompt, plan.grammar, images=plan.images)
 
 
 def fit_context(body: dict, prompt: list[int], limit: int | None, n_ctx: int, param: str,

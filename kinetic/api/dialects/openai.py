@@ -34,7 +34,7 @@ from kinetic.api.core import (ServerState, chat_logprobs, completion_prompt_ids,
                               shape_grammar, sse_response, token_limit)
 from kinetic.api.errors import APIError, bad_request
 from kinetic.api.metrics import Task
-from kinetic.api.offload import input_ids, offload, rank_ids
+from kinetic.api.offload import image_work, input_ids, offload, rank_ids
 from kinetic.api.chat_reply import ChatReader, plan_chat, tool_call_objects
 from kinetic.api.params import Options, check_prompt_fits, parse_chat, parse_completion
 from kinetic.api.receipt import receipt_maker
@@ -149,14 +149,26 @@ def _generation_request(state: ServerState, prompt: list[int], opts: Options, pa
         raise bad_request(str(e), param) from None
 
 
+def _has_images(body: dict) -> bool:
+    """Whether a chat body has image parts (parse_chat decodes them)."""
+    messages = body.get("messages")
+    return isinstance(messages, list) and any(
+        isinstance(m, dict) and isinstance(m.get("content"), list)
+        and any(isinstance(p, dict) and p.get("type") in ("image_url", "input_image")
+                for p in m["content"]) for m in messages)
+
+
 @blueprint.post("/v1/chat/completions")
 @blueprint.post("/chat/completions")
 async def chat_completions():
     state = server_state()
     model = require_kind(state, "text", "chat completions")
-    req = await offload(parse_chat, await json_body(), model.default_params, model.text_tokens,
-                        vision=model.projector is not None)
-    plan = await offload(plan_chat, model, req)
+    body = await json_body()
+    async with image_work(model.projector is not None and _has_images(body)):
+        req = await offload(parse_chat, body, model.default_params, model.text_tokens,
+                            vision=model.projector is not None)
+        plan = await offload(plan_chat, model, req)
+    req = dataclasses.replace(req, images=())   # their pixels: the plan holds what it needs
     check_prompt_fits(len(plan.prompt), model.n_ctx, "messages")
     gen = _generation_request(state, plan.prompt, req.options, "messages", plan.grammar,
                               special_text=plan.calls is not None, images=plan.images)
