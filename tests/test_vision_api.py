@@ -165,9 +165,12 @@ def test_ollama_chat_images_and_what_the_server_says_it_reads(app):
     status, got = app.post("/api/chat", json.dumps(body).encode())
     assert status == 200, got
     assert got["message"]["content"] == want["choices"][0]["message"]["content"]
-    body["messages"][0]["images"] = ["not base64!"]
+    body["messages"][0]["images"] = [body["messages"][0]["images"][0], "not base64!"]
     status, bad = app.post("/api/chat", json.dumps(body).encode())
     assert status == 400 and "base64" in bad["error"]
+    # named as the client sent it, once: Ollama's field, not the OpenAI part it became
+    assert bad["error"].startswith("messages[0].images[1]: ") and "content" not in \
+        bad["error"] and bad["error"].count("images[1]") == 1, bad
     status, props = app.get("/props")
     assert props["modalities"]["vision"] is True
     status, models = app.get("/v1/models")

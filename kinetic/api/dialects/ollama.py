@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import re
 import time
 from contextlib import aclosing
 from datetime import datetime, timezone
@@ -259,9 +260,22 @@ def _message(m: Any, at: str, vision: bool = False) -> Any:
     return out
 
 
+_IMAGE_PART = re.compile(r"messages\[(\d+)\]\.content\[(\d+)\](?:\.image_url)?")
+
+
 def renamed(e: APIError) -> APIError:
-    """An error of the OpenAI dialect's parser, naming the Ollama field instead."""
+    """An error of the OpenAI dialect's parser, naming the Ollama field instead. An image
+    part (`messages[i].content[j].image_url`: _image_parts puts a message's images first, in
+    order) is the message's `images[j]`."""
     param = e.param or ""
+    if _IMAGE_PART.fullmatch(param):
+        ours = _IMAGE_PART.sub(r"messages[\1].images[\2]", param)
+        # the parser's message starts with the part's place: once, as Ollama names it
+        message = _IMAGE_PART.sub(r"messages[\1].images[\2]", e.message)
+        message = message.replace(f"{ours}: {ours}: ", f"{ours}: ", 1)
+        e.message, e.param = message, ours
+        e.args = (e.message,)
+        return e
     for theirs, ours in FIELD_NAMES.items():
         if param == theirs or param.startswith((theirs + ".", theirs + "[")):
             e.message = e.message.replace(theirs, ours, 1)
