@@ -5,7 +5,6 @@ embedding rows llama-mtmd-cli computed for it (`embeddings`)."""
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 from pathlib import Path
