@@ -83,12 +83,6 @@ def parse_public_key(value: str) -> bytes:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import (Ed25519PrivateKey,
                                                                    Ed25519PublicKey)
     text = value
-    if os.path.isdir(value):
-        raise ReceiptError(f"--public-key {value}: a folder, not a key file")
-    raw = _unb64(value.strip())
-    if os.sep in value and not os.path.exists(value) and (raw is None or len(raw) != 32):
-        # a path (base64 has "/" too, so only where the value is no key itself)
-        raise ReceiptError(f"--public-key {value}: no such file")
     if os.path.isfile(value):
         try:
             text = Path(value).read_text(errors="replace")
@@ -110,6 +104,11 @@ def parse_public_key(value: str) -> bytes:
         return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     raw = _unb64(text)
     if raw is None or len(raw) != 32:
+        # no key: a path to none, said so (base64 has "/" too, so only here)
+        if os.path.isdir(value):
+            raise ReceiptError(f"--public-key {value}: a folder, not a key file")
+        if os.sep in value and not os.path.exists(value):
+            raise ReceiptError(f"--public-key {value}: no such file")
         raise ReceiptError("--public-key: not an Ed25519 public key (base64 of 32 bytes, as "
                            "kinetic keygen prints it, or a PEM file)")
     return raw

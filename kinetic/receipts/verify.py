@@ -169,13 +169,13 @@ def _parse(receipt) -> list[tuple[str, dict[str, Any], list[tuple[str, Any, str]
     parts = [("", receipt, [])]
     if "version" not in receipt:   # a whole answer, saved as the server sent it
         choices = receipt.get("choices")
-        choices = [c for c in choices if isinstance(c, dict)] if isinstance(choices,
-                                                                             list) else []
+        choices = [(i, c) for i, c in enumerate(choices if isinstance(choices, list) else [])
+                   if isinstance(c, dict)]   # each with its index in the answer
         if isinstance(receipt.get("receipt"), dict):
             parts = [("", receipt["receipt"], _shown(receipt))]
-        elif any(isinstance(c.get("receipt"), dict) for c in choices):
-            parts = [(f"choices[{i}]", c["receipt"], _choice_shown(i, c))
-                     for i, c in enumerate(choices)]
+        elif any(isinstance(c.get("receipt"), dict) for _, c in choices):
+            parts = [(f"choices[{i}]", c.get("receipt"), _choice_shown(i, c))
+                     for i, c in choices]
     for where, rec, _ in parts:
         if not isinstance(rec, dict):
             raise ReceiptError(f"{where} has no receipt")
@@ -254,7 +254,7 @@ def _find_model(name: str) -> str:
     from Hugging Face (the first, by path, of those with that name)."""
     from kinetic.fetch import MODELS, cache_dir
     from kinetic.hub import cached_files
-    if (os.path.basename(name) != name or "/" in name or "\\" in name or "\0" in name
+    if (os.path.basename(name) != name or "\\" in name or "\0" in name
             or name in ("", ".", "..") or len(name.encode("utf-8", "replace")) > 255):
         raise ReceiptError(f"the receipt's model name {name[:80]!r} is not a file name; give "
                            f"its file with --model MODEL")
@@ -313,6 +313,7 @@ def _verify(rec: dict[str, Any], model, signed_by: str | None,
     # end-of-generation token): the verifier's context is widened past the receipt's when
     # the answer filled it (the receipt's own n_ctx still rules the sampler and the finish)
     tokens = list(request.prompt) + list(out_ids)
+    widths = _widths(eng_rec, n_ctx)   # before any engine is made
     engine, notes = _engine_for(eng_rec, path, model, len(tokens) + 1)
     bad = [t for t in tokens if not 0 <= t < engine.vocab_size]
     if bad:
@@ -323,7 +324,7 @@ def _verify(rec: dict[str, Any], model, signed_by: str | None,
         logits = engine.score(tokens)   # [len(tokens), V]: row j gives token j + 1
     except (ValueError, RuntimeError) as e:
         raise ReceiptError(f"the engine cannot run the receipt's tokens: {e}") from None
-    return _replay(engine, request, seed, out_ids, text, finish, logits, eng_rec, n_ctx,
+    return _replay(engine, request, seed, out_ids, text, finish, logits, widths, n_ctx,
                    signed_by, tuple(notes), progress)
 
 
@@ -376,7 +377,6 @@ def _engine_for(rec: dict[str, Any], path: str, model, need_ctx: int):
                            f"(kernel {kernel!r}, weights {weights!r}, activation_rounding "
                            f"{rounding!r}, step_tokens {step_tokens}, page_size {page_size}, "
                            f"kv_dtype {kv_dtype!r}, n_ctx {n_ctx})")
-    _widths(rec, n_ctx)
     split = rec.get("split") or {}
     if not isinstance(split, dict):
         raise ReceiptError("the receipt's engine.split must be an object")
@@ -395,8 +395,8 @@ def _engine_for(rec: dict[str, Any], path: str, model, need_ctx: int):
                            f"{kernel}); re-running it needs that kind of device, and this "
                            f"is {here[0]} ({here[1]})")
     if backend != here[0] or device != here[1]:
-        notes.append(f"the receipt was made on {backend} ({device}); "
-                     f"this is {jax.default_backend()} ({jax.devices()[0].device_kind})")
+        notes.append(f"the receipt was made on {backend} ({device}); this is {here[0]} "
+                     f"({here[1]})")
 
     def same(e) -> bool:
         c = e.config
@@ -435,7 +435,7 @@ def _engine_for(rec: dict[str, Any], path: str, model, need_ctx: int):
 
 
 def _replay(engine, request, seed: int, out_ids: list[int], text: str, finish: str,
-            logits: np.ndarray, eng_rec: dict, n_ctx: int, signed_by: str | None,
+            logits: np.ndarray, widths: dict[str, int], n_ctx: int, signed_by: str | None,
             notes: tuple[str, ...], progress: Progress | None) -> Verification:
     """Sample every output position again as the engine did, one row at a time, through a
     Job of the request (its matcher, bias, DRY and Mirostat state, stop strings, decoder),
@@ -447,8 +447,7 @@ def _replay(engine, request, seed: int, out_ids: list[int], text: str, finish: s
     tokens = list(request.prompt) + list(out_ids)
     n, start = len(out_ids), len(request.prompt)
     # the receipt's sampler shape: its context and widths, the engine's bias width
-    shape = dataclasses.replace(engine.sample_shape, n_ctx=n_ctx, buckets=(1,),
-                                **_widths(eng_rec, n_ctx))
+    shape = dataclasses.replace(engine.sample_shape, n_ctx=n_ctx, buckets=(1,), **widths)
     info = _TokenInfo(engine, logits)
     base = dict(signed_by=signed_by, notes=notes)
 
