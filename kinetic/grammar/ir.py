@@ -422,9 +422,7 @@ class _Lowering:
         rid = left_recursive_rule(self.rules)
         if rid is not None:
             name = self._user_name(rid)
-            line, col = self.b.where.get(name, (None, None))
-            raise GrammarError(f"left recursion in rule {name!r} (a rule that can reach itself "
-                               f"before matching any character)", line, col)
+            raise left_recursion(name, *self.b.where.get(name, (None, None)))
 
     def _user_name(self, rid: int) -> str:
         name = self.names[rid]
@@ -450,6 +448,12 @@ def without_dead_ends(rules: list[list[list[tuple[int, int]]]]) -> list:
             if not dead[r] and all(dead_alt(syms) for syms in alts):
                 dead[r] = changed = True
     return [[syms for syms in alts if not dead_alt(syms)] for alts in rules]
+
+
+def left_recursion(name: str, line: int | None = None,
+                   column: int | None = None) -> GrammarError:
+    return GrammarError(f"left recursion in rule {name!r} (a rule that can reach itself before "
+                        f"matching any character)", line, column)
 
 
 def left_recursive_rule(rules: list[list[list[tuple[int, int]]]]) -> int | None:
@@ -526,7 +530,6 @@ def checked_grammar(names: list, rules: list, root: int) -> Grammar:
                     raise GrammarError(f"not a grammar symbol: {str(sym)[:80]}")
     rid = left_recursive_rule(rules)
     if rid is not None:
-        raise GrammarError(f"left recursion in rule {names[rid]!r} (a rule that can reach "
-                           f"itself before matching any character)")
+        raise left_recursion(names[rid])
     return Grammar(names, [[[tuple(sym) for sym in syms] for syms in alts] for alts in rules],
                    root)
