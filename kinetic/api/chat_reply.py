@@ -14,12 +14,13 @@ the request's own grammar or response_format, if any, shapes the answer.
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from kinetic.api.errors import bad_request
-from kinetic.api.offload import prompt_tokens, refuse_by_length
+from kinetic.api.offload import image_work, offload, prompt_tokens, refuse_by_length
 from kinetic.api.core import ready_grammar, shape_grammar
 from kinetic.api.params import ChatRequest
 from kinetic.chat.reasoning import (ReasoningSplitter, prompt_opens_thinking,
@@ -99,6 +100,18 @@ def plan_chat(model, req: ChatRequest, param: str = "messages") -> ChatPlan:
     elif req.options.shape is not None:
         grammar = shape_grammar(model, req.options.shape)
     return ChatPlan(prompt, images, grammar, thinking, opens, fmt, req.tools)
+
+
+async def parse_and_plan(model, parse: Callable[[], ChatRequest], has_images: bool,
+                         param: str = "messages") -> tuple[ChatRequest, ChatPlan]:
+    """parse() (which decodes a request's images) and plan_chat, each in a parse worker;
+    with images (and a projector to read them), inside offload.image_work, one such request
+    at a time. The request comes back without its images' pixels: the plan holds their
+    rows, and a request is kept while it generates."""
+    async with image_work(has_images and model.projector is not None):
+        req = await offload(parse)
+        plan = await offload(plan_chat, model, req, param)
+    return dataclasses.replace(req, images=()), plan
 
 
 class ChatReader:

@@ -24,7 +24,7 @@ out.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import functools
 import json
 import re
 import time
@@ -38,7 +38,7 @@ from quart import Blueprint, Response
 from kinetic import __version__
 from kinetic.api import embeddings as emb
 from kinetic.api.answer import fold, ndjson_line, stream
-from kinetic.api.chat_reply import ChatReader, plan_chat
+from kinetic.api.chat_reply import ChatReader, parse_and_plan
 from kinetic.api.core import (ServerState, chat_logprobs, completion_prompt_ids,
                               generation, json_body, json_response, server_state,
                               shape_grammar, token_limit)
@@ -46,7 +46,7 @@ from kinetic.api.dialects.ollama_model import (capabilities, details, file_time,
                                                 model_info)
 from kinetic.api.errors import APIError, bad_request
 from kinetic.api.metrics import Task
-from kinetic.api.offload import image_work, input_ids, offload
+from kinetic.api.offload import input_ids, offload
 from kinetic.api.params import (MAX_LOGPROBS, ChatRequest, Options, check_prompt_fits,
                                 options as read_options, parse_chat)
 from kinetic.engine.encoder import normalize
@@ -323,11 +323,9 @@ async def chat():
         raise bad_request("messages must be a list of messages", "messages")
     if not messages:
         return json_response(_ready_answer(name, "message", body.get("keep_alive")))
-    has_images = any(isinstance(m, dict) and m.get("images") for m in messages)
-    async with image_work(has_images and state.require_model().projector is not None):
-        req = await offload(chat_request, body, state, messages)
-        plan = await offload(plan_chat, state.require_model(), req)
-    req = dataclasses.replace(req, images=())   # their pixels: the plan holds what it needs
+    req, plan = await parse_and_plan(
+        state.require_model(), functools.partial(chat_request, body, state, messages),
+        any(isinstance(m, dict) and m.get("images") for m in messages))
     answer = Answer(state, name, "message", began, req.options, plan.reader())
     return await answer.respond(body, plan.prompt, plan.grammar,
                                 special_text=plan.calls is not None, images=plan.images)
@@ -337,22 +335,19 @@ async def chat():
 async def generate():
     began, state, body, name = await _text_request("generate")
     _refuse(body, ("suffix", "template", "context"))
-    model = state.require_model()
-    images = body.get("images")
-    if model.projector is None or _flag(body, "raw", False):
-        # with a projector, images go with the prompt through the chat template (a raw
-        # prompt has no place for them)
-        if model.projector is not None and images not in (None, []):
-            raise bad_request("images: a raw prompt takes no images (send them without "
-                              "\"raw\", or through /api/chat)", "images")
+    model, images, raw = state.require_model(), body.get("images"), _flag(body, "raw", False)
+    if model.projector is None:
         _refuse_images(images, "images")
+    elif raw and images not in (None, []):   # images go with the prompt through the template
+        raise bad_request("images: a raw prompt takes no images (send them without \"raw\", "
+                          "or through /api/chat)", "images")
     prompt, system = body.get("prompt"), body.get("system")
     for field, value in (("prompt", prompt), ("system", system)):
         if value is not None and not isinstance(value, str):
             raise bad_request(f"{field} must be a string", field)
     if not prompt:
         return json_response(_ready_answer(name, "response", body.get("keep_alive")))
-    if _flag(body, "raw", False):
+    if raw:
         try:
             opts = await offload(read_options, sampling_fields(body), model.default_params,
                                  _logprobs(body), model.text_tokens)
@@ -364,10 +359,8 @@ async def generate():
         return await Answer(state, name, "response", began, opts).respond(body, ids, grammar)
     messages = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": prompt, **({"images": images} if images else {})}]
-    async with image_work(bool(images) and model.projector is not None):
-        req = await offload(chat_request, body, state, messages)
-        plan = await offload(plan_chat, model, req, "prompt")
-    req = dataclasses.replace(req, images=())
+    req, plan = await parse_and_plan(
+        model, functools.partial(chat_request, body, state, messages), bool(images), "prompt")
     answer = Answer(state, name, "response", began, req.options, plan.reader())
     return await answer.respond(body, plan.prompt, plan.grammar, images=plan.images)
 

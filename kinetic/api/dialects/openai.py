@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import dataclasses
+import functools
 import json
 import secrets
 import time
@@ -34,8 +35,8 @@ from kinetic.api.core import (ServerState, chat_logprobs, completion_prompt_ids,
                               shape_grammar, sse_response, token_limit)
 from kinetic.api.errors import APIError, bad_request
 from kinetic.api.metrics import Task
-from kinetic.api.offload import image_work, input_ids, offload, rank_ids
-from kinetic.api.chat_reply import ChatReader, plan_chat, tool_call_objects
+from kinetic.api.offload import input_ids, offload, rank_ids
+from kinetic.api.chat_reply import ChatReader, parse_and_plan, tool_call_objects
 from kinetic.api.params import Options, check_prompt_fits, parse_chat, parse_completion
 from kinetic.api.receipt import receipt_maker
 from kinetic.engine.encoder import normalize
@@ -164,11 +165,9 @@ async def chat_completions():
     state = server_state()
     model = require_kind(state, "text", "chat completions")
     body = await json_body()
-    async with image_work(model.projector is not None and _has_images(body)):
-        req = await offload(parse_chat, body, model.default_params, model.text_tokens,
-                            vision=model.projector is not None)
-        plan = await offload(plan_chat, model, req)
-    req = dataclasses.replace(req, images=())   # their pixels: the plan holds what it needs
+    req, plan = await parse_and_plan(model, functools.partial(
+        parse_chat, body, model.default_params, model.text_tokens,
+        vision=model.projector is not None), _has_images(body))
     check_prompt_fits(len(plan.prompt), model.n_ctx, "messages")
     gen = _generation_request(state, plan.prompt, req.options, "messages", plan.grammar,
                               special_text=plan.calls is not None, images=plan.images)
