@@ -150,12 +150,17 @@ def entries() -> list[Entry]:
     return out
 
 
-def _size(path: Path) -> int | None:
-    """The file's size, None where it is gone (removed while the cache is listed)."""
+def file_stat(path: Path) -> os.stat_result | None:
+    """The file's stat, None where it is gone (removed while the models are listed)."""
     try:
-        return path.stat().st_size
+        return path.stat()
     except OSError:
         return None
+
+
+def _size(path: Path) -> int | None:
+    st = file_stat(path)
+    return None if st is None else st.st_size
 
 
 def remove(name: str) -> list[Path]:

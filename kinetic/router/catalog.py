@@ -26,25 +26,18 @@ def models(models_dir: str | None) -> list[Model]:
     from kinetic import store
     out: dict[str, Model] = {}
     for entry in store.entries():
-        if entry.path is not None and (st := _stat(entry.path)) is not None:
+        if entry.path is not None and (st := store.file_stat(entry.path)) is not None:
             out.setdefault(entry.name, Model(entry.name, entry.path, st.st_size, st.st_mtime,
                                              True))
     if models_dir:
         for path in sorted(Path(models_dir).expanduser().rglob("*.gguf")):
             if path.name.lower().startswith("mmproj") or not path.is_file():
                 continue
-            if (st := _stat(path)) is not None:
+            if (st := store.file_stat(path)) is not None:
                 out.setdefault(path.stem, Model(path.stem, path, st.st_size, st.st_mtime,
                                                 False))
     return list(out.values())
 
-
-def _stat(path: Path) -> os.stat_result | None:
-    """The file's stat, None where it went between being listed and this (not a model)."""
-    try:
-        return path.stat()
-    except OSError:
-        return None
 
 
 def find(name: str, available: list[Model]) -> Model | None:

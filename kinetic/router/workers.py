@@ -64,6 +64,7 @@ class Worker:
     expires: float | None = None    # monotonic time it unloads once idle (keep_alive)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     key_file: Path | None = None    # removed once the worker has read it (or has ended)
+    failed_at: float | None = None  # monotonic time its load failed (FAILED_RETRY_SECONDS)
 
     @property
     def url(self) -> str:
@@ -97,8 +98,8 @@ class Workers:
         from kinetic.api.errors import APIError
         async with self._lock:
             w = self.by_name.get(model.name)
-            if (w is not None and w.state == "failed" and not retry
-                    and time.monotonic() - w.last_used < FAILED_RETRY_SECONDS):
+            if (w is not None and w.failed_at is not None and not retry
+                    and time.monotonic() - w.failed_at < FAILED_RETRY_SECONDS):
                 # a model that just failed to load answers so at once: requests for a broken
                 # file do not start a process each
                 raise APIError(503, f"model {model.name} failed to load: {w.error}",
@@ -149,7 +150,6 @@ class Workers:
             if w.proc.poll() is not None:
                 w.state, w.error = "failed", (w.output_tail() or
                                               f"its process exited with {w.proc.returncode}")
-                w.last_used = time.monotonic()   # when it failed: FAILED_RETRY_SECONDS
                 log.error("%s failed to load: %s", w.model.name, w.error)
                 break
             if await asyncio.to_thread(_healthy, w):
@@ -158,10 +158,11 @@ class Workers:
                 break
             if time.monotonic() - began > LOAD_TIMEOUT:
                 w.state, w.error = "failed", f"not ready within {LOAD_TIMEOUT:.0f} s"
-                w.last_used = time.monotonic()
                 w.proc.kill()
                 break
             await asyncio.sleep(HEALTH_POLL)
+        if w.state == "failed":
+            w.failed_at = time.monotonic()
         _remove(w.key_file)   # read at the worker's start, before it listened
         w.ready.set()
 
